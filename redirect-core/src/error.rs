@@ -1,0 +1,85 @@
+//! The one error type of redirect-core. Every message names what was wrong, the value, and
+//! what to do about it.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::ruleset::Family;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is out of range or malformed.
+    #[error("invalid {field}: {value:?}: {expected}")]
+    Config {
+        field: &'static str,
+        value: String,
+        expected: String,
+    },
+
+    /// The namespace file could not be opened.
+    #[error("cannot open network namespace {path}: {source}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
+    NetnsOpen { path: PathBuf, source: io::Error },
+
+    /// `setns` into the namespace failed.
+    #[error("cannot enter network namespace {path}: {source}; entering a namespace needs CAP_SYS_ADMIN (run as root)")]
+    NetnsEnter { path: PathBuf, source: io::Error },
+
+    /// The thread that ran inside the namespace panicked or could not start.
+    #[error("worker thread for network namespace {path} failed: {reason}")]
+    NetnsThread { path: PathBuf, reason: String },
+
+    /// A netlink socket operation failed before the kernel answered.
+    #[error("netlink {op} failed: {source}{hint}")]
+    Netlink {
+        op: &'static str,
+        source: io::Error,
+        hint: &'static str,
+    },
+
+    /// The kernel rejected an nf_tables message.
+    #[error("the kernel rejected {what}: {source} (errno {errno}){hint}")]
+    NftRejected {
+        what: String,
+        errno: i32,
+        source: io::Error,
+        hint: &'static str,
+    },
+
+    /// A routing (rtnetlink) request failed.
+    #[error("{what} ({family}) failed: {source} (errno {errno}){hint}")]
+    Route {
+        what: String,
+        family: Family,
+        errno: i32,
+        source: io::Error,
+        hint: &'static str,
+    },
+
+    /// A rendered ruleset could not be loaded by an external tool, or the tool is missing.
+    #[error("{tool} failed: {detail}")]
+    Tool { tool: String, detail: String },
+}
+
+/// A hint for an errno returned by netlink, to put after the message.
+pub fn errno_hint(errno: i32) -> &'static str {
+    match errno {
+        libc::EPERM | libc::EACCES => {
+            "; hint: programming netfilter needs CAP_NET_ADMIN in the pod's network namespace (run as root or grant NET_ADMIN)"
+        }
+        libc::ENOENT => {
+            "; hint: a table, chain or set the message refers to does not exist, or the kernel lacks the nf_tables module for an expression (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)"
+        }
+        libc::EOPNOTSUPP | libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT => {
+            "; hint: the kernel lacks nf_tables support for this (load the nf_tables, nft_chain_nat, nft_redir, nft_tproxy and nft_ct modules, or use the iptables backend on kernels without nf_tables)"
+        }
+        libc::EINVAL => "; hint: the kernel found a message malformed or an expression not allowed in this chain",
+        libc::EBUSY => "; hint: the object is still in use (another rule or chain refers to it)",
+        libc::EEXIST => "; hint: the object exists already",
+        libc::ENOSPC | libc::ENOMEM | libc::ENOBUFS => {
+            "; hint: the kernel ran out of memory or socket buffer for the batch"
+        }
+        _ => "",
+    }
+}

@@ -1,0 +1,16 @@
+//! redirect-core: a pod's traffic capture for a service-mesh sidecar, compatible with Istio.
+//!
+//! `CaptureConfig` (what the mesh wants) → `plan()` → `Ruleset` (backend-neutral) → the nftables
+//! netlink backend (`nft`), the renderers (`render`), and later the evaluator. `routes` programs
+//! TPROXY policy routing and `::6` on `lo`; `netns` runs code inside a pod's network namespace.
+
+pub mod error;
+pub mod netns;
+pub mod routes;
+pub mod ruleset;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use error::{Error, Result};
+pub use ruleset::Ruleset;

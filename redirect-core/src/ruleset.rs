@@ -1,0 +1,278 @@
+//! The backend-neutral ruleset: what `plan()` produces and every backend consumes.
+//!
+//! It is shaped like Istio's iptables rules on purpose: one list of chains per address family,
+//! each chain at a netfilter stage (raw, mangle, nat) and, for the built-in ones, on a hook. That
+//! keeps the iptables-restore rendering direct and the parity with Istio easy to reason about;
+//! the nftables backend folds it into one `inet` table (see `nft`).
+
+use std::fmt;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// Address family of a chain. Rules of a family never see the other family's packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The nftables name of the family (`ip`, `ip6`).
+    pub fn nft_name(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+}
+
+/// The netfilter stage a chain runs at, named after the iptables table with the same priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Priority -300, before conntrack: conntrack zones.
+    Raw,
+    /// Priority -150: marks, TPROXY, invalid drop.
+    Mangle,
+    /// Priority -100, first packet of a connection only: REDIRECT.
+    Nat,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 3] = [Stage::Raw, Stage::Mangle, Stage::Nat];
+
+    /// The iptables table name.
+    pub fn table_name(self) -> &'static str {
+        match self {
+            Stage::Raw => "raw",
+            Stage::Mangle => "mangle",
+            Stage::Nat => "nat",
+        }
+    }
+
+    /// The netfilter hook priority of this stage.
+    pub fn priority(self) -> i32 {
+        match self {
+            Stage::Raw => -300,
+            Stage::Mangle => -150,
+            Stage::Nat => -100,
+        }
+    }
+}
+
+/// The netfilter hook of a built-in chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Hook {
+    Prerouting,
+    Output,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 2] = [Hook::Prerouting, Hook::Output];
+
+    /// The iptables built-in chain name.
+    pub fn chain_name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "PREROUTING",
+            Hook::Output => "OUTPUT",
+        }
+    }
+}
+
+/// Transport protocol of a match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum L4 {
+    Tcp,
+    Udp,
+}
+
+impl L4 {
+    pub fn name(self) -> &'static str {
+        match self {
+            L4::Tcp => "tcp",
+            L4::Udp => "udp",
+        }
+    }
+
+    /// IANA protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            L4::Tcp => libc::IPPROTO_TCP as u8,
+            L4::Udp => libc::IPPROTO_UDP as u8,
+        }
+    }
+}
+
+/// Conntrack states a rule can match (any of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CtStates {
+    Invalid,
+    RelatedEstablished,
+}
+
+/// A port condition. Port lists of more than one port are named sets (`InSet`), except the
+/// short negated list Istio writes as `-m multiport ! --dports 53,15008`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortMatch {
+    Eq(u16),
+    Ne(u16),
+    NotIn(Vec<u16>),
+    InSet(String),
+}
+
+/// An address condition on a CIDR, or membership of a named CIDR set.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AddrMatch {
+    Eq(IpNet),
+    Ne(IpNet),
+    InSet(String),
+}
+
+/// One condition of a rule. A port match requires an earlier `Proto` in the same rule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Match {
+    Proto(L4),
+    DPort(PortMatch),
+    SPort(PortMatch),
+    DAddr(AddrMatch),
+    SAddr(AddrMatch),
+    /// Input interface name; `negate` inverts.
+    Iif { name: String, negate: bool },
+    /// Output interface name.
+    Oif { name: String, negate: bool },
+    /// Owner UID of the local socket (output path only).
+    Uid { id: u32, negate: bool },
+    /// Owner GID of the local socket (output path only).
+    Gid { id: u32, negate: bool },
+    /// Packet mark.
+    Mark { value: u32, negate: bool },
+    /// Connection mark.
+    CtMark { value: u32 },
+    CtState(CtStates),
+}
+
+/// What a rule does when all its matches hold.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Continue in the named chain (same family and stage), then come back.
+    Jump(String),
+    /// Leave this chain; in a built-in chain, the packet goes on unchanged.
+    Return,
+    /// Stop this stage's processing; the packet goes on.
+    Accept,
+    Drop,
+    /// NAT the destination to this port on the local host (first packet of a connection).
+    Redirect(u16),
+    /// Assign to the local transparent socket on this port and set the packet mark; drop when
+    /// no such socket exists (as xt_TPROXY does).
+    Tproxy { port: u16, mark: u32 },
+    /// Set the packet mark and go on.
+    SetMark(u32),
+    /// Copy the packet mark into the connection mark and go on.
+    SaveMark,
+    /// Copy the connection mark into the packet mark and go on.
+    RestoreMark,
+    /// Put the connection in this conntrack zone and go on (raw stage only).
+    CtZone(u16),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rule {
+    pub matches: Vec<Match>,
+    pub action: Action,
+}
+
+impl Rule {
+    pub fn new(matches: Vec<Match>, action: Action) -> Self {
+        Rule { matches, action }
+    }
+}
+
+/// A chain of one family at one stage. Built-in chains (`hook` set) are named after the hook
+/// (`PREROUTING`, `OUTPUT`), the others carry Istio's names (`ISTIO_OUTPUT`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chain {
+    pub family: Family,
+    pub stage: Stage,
+    pub name: String,
+    pub hook: Option<Hook>,
+    pub rules: Vec<Rule>,
+}
+
+/// The elements of a named set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SetElements {
+    /// Ports (nft `inet_service`), sorted and without duplicates.
+    Ports(Vec<u16>),
+    /// CIDRs of one family, aggregated (no overlaps), sorted.
+    Cidrs(Vec<IpNet>),
+}
+
+/// A named set. CIDR sets belong to one family; port sets serve both.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedSet {
+    pub name: String,
+    pub family: Option<Family>,
+    pub elements: SetElements,
+}
+
+/// The whole plan for one network namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ruleset {
+    /// Chains in a stable order: by family, stage, then the order they were first used.
+    pub chains: Vec<Chain>,
+    pub sets: Vec<NamedSet>,
+}
+
+impl Ruleset {
+    pub fn chain(&self, family: Family, stage: Stage, name: &str) -> Option<&Chain> {
+        self.chains
+            .iter()
+            .find(|c| c.family == family && c.stage == stage && c.name == name)
+    }
+
+    pub fn set(&self, name: &str) -> Option<&NamedSet> {
+        self.sets.iter().find(|s| s.name == name)
+    }
+
+    /// The families that have at least one chain.
+    pub fn families(&self) -> Vec<Family> {
+        let mut f: Vec<Family> = self.chains.iter().map(|c| c.family).collect();
+        f.sort();
+        f.dedup();
+        f
+    }
+
+    /// The chains of one family and stage, in order.
+    pub fn chains_of(&self, family: Family, stage: Stage) -> impl Iterator<Item = &Chain> {
+        self.chains
+            .iter()
+            .filter(move |c| c.family == family && c.stage == stage)
+    }
+
+    /// Number of rules in all chains.
+    pub fn rule_count(&self) -> usize {
+        self.chains.iter().map(|c| c.rules.len()).sum()
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
