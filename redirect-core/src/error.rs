@@ -57,6 +57,15 @@ pub enum Error {
         hint: &'static str,
     },
 
+    /// A request about a network interface (rtnetlink link) failed.
+    #[error("{what} failed: {source} (errno {errno}){hint}")]
+    Link {
+        what: String,
+        errno: i32,
+        source: io::Error,
+        hint: &'static str,
+    },
+
     /// A rendered ruleset could not be loaded by an external tool, or the tool is missing.
     #[error("{tool} failed: {detail}")]
     Tool { tool: String, detail: String },

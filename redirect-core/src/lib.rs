@@ -4,13 +4,17 @@
 //! netlink backend (`nft`), the renderers (`render`), and later the evaluator. `routes` programs
 //! TPROXY policy routing and `::6` on `lo`; `netns` runs code inside a pod's network namespace.
 
+pub mod config;
 pub mod error;
 pub mod netns;
+pub mod plan;
 pub mod routes;
 pub mod ruleset;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use config::CaptureConfig;
 pub use error::{Error, Result};
+pub use plan::{plan, plan_with};
 pub use ruleset::Ruleset;
