@@ -7,7 +7,9 @@
 pub mod config;
 pub mod error;
 pub mod netns;
+pub mod nft;
 pub mod plan;
+pub mod render;
 pub mod routes;
 pub mod ruleset;
 

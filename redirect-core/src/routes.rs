@@ -20,8 +20,7 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr};
 
 use netlink_packet_core::{
-    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
-    NLM_F_REQUEST,
+    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
@@ -99,6 +98,9 @@ impl TproxyState {
 
 /// Adds, for each family, the rule `fwmark <mark> lookup <table>` and the route
 /// `local default dev lo table <table>`, unless they exist already.
+///
+/// `lo` must be up for IPv6: the kernel refuses an IPv6 route via a down device (ENETDOWN).
+/// In a pod it is (the runtime or the CNI `loopback` plugin brings it up).
 pub fn apply_tproxy(r: &TproxyRouting, families: &[Family]) -> Result<()> {
     r.validate()?;
     let mut nl = Rtnl::open()?;
@@ -106,7 +108,8 @@ pub fn apply_tproxy(r: &TproxyRouting, families: &[Family]) -> Result<()> {
     for &family in families {
         // `ip rule add` happily adds duplicates, and NLM_F_EXCL does not help: the kernel's
         // duplicate check compares the priority too, which it picks anew for each rule sent
-        // without one. So look before adding.
+        // without one (Linux 6.18: three adds gave rules at 32765, 32764, 32763; with an
+        // explicit priority the second add gets EEXIST). So look before adding.
         if our_rules(&mut nl, r, family)?.is_empty() {
             let errno = nl.ack(
                 RouteNetlinkMessage::NewRule(rule_message(r, family)),
@@ -122,7 +125,11 @@ pub fn apply_tproxy(r: &TproxyRouting, families: &[Family]) -> Result<()> {
             NLM_F_CREATE | NLM_F_EXCL,
         )?;
         check(errno, &[libc::EEXIST], || {
-            route_error(format!("add route {}", route_text(r, family)), family, errno)
+            route_error(
+                format!("add route {}", route_text(r, family)),
+                family,
+                errno,
+            )
         })?;
     }
     Ok(())
@@ -152,7 +159,11 @@ pub fn remove_tproxy(r: &TproxyRouting, families: &[Family]) -> Result<()> {
                 break;
             }
             check(errno, &[], || {
-                route_error(format!("delete route {}", route_text(r, family)), family, errno)
+                route_error(
+                    format!("delete route {}", route_text(r, family)),
+                    family,
+                    errno,
+                )
             })?;
         }
     }
@@ -241,7 +252,9 @@ pub fn set_link_up(name: &str) -> Result<()> {
     link.header.flags = LinkFlags::Up;
     link.header.change_mask = LinkFlags::Up;
     let errno = nl.ack(RouteNetlinkMessage::NewLink(link), 0)?;
-    check(errno, &[], || link_error(format!("set link {name} up"), errno))
+    check(errno, &[], || {
+        link_error(format!("set link {name} up"), errno)
+    })
 }
 
 // ---- messages, built as iproute2 builds them ----
@@ -305,6 +318,9 @@ fn is_our_rule(m: &RuleMessage, r: &TproxyRouting, family: Family) -> bool {
             RuleAttribute::FwMask(v) => mask = Some(*v),
             RuleAttribute::Table(v) => table = *v,
             RuleAttribute::Priority(_) | RuleAttribute::Protocol(_) => {}
+            // The kernel reports "no suppression" as -1, and does so for every rule.
+            RuleAttribute::SuppressPrefixLen(u32::MAX)
+            | RuleAttribute::SuppressIfGroup(u32::MAX) => {}
             _ => return false,
         }
     }
@@ -375,11 +391,11 @@ fn lo_v6_message(lo: u32) -> AddressMessage {
 fn link_index(nl: &mut Rtnl, name: &str) -> Result<u32> {
     let mut get = LinkMessage::default();
     get.attributes.push(LinkAttribute::IfName(name.to_owned()));
-    let (replies, errno) = nl.exchange(
-        RouteNetlinkMessage::GetLink(get),
-        NLM_F_REQUEST | NLM_F_ACK,
-    )?;
-    check(errno, &[], || link_error(format!("look up interface {name:?}"), errno))?;
+    let (replies, errno) =
+        nl.exchange(RouteNetlinkMessage::GetLink(get), NLM_F_REQUEST | NLM_F_ACK)?;
+    check(errno, &[], || {
+        link_error(format!("look up interface {name:?}"), errno)
+    })?;
     replies
         .iter()
         .find_map(|m| match m {
@@ -434,6 +450,7 @@ fn route_hint(errno: i32) -> &'static str {
         libc::EACCES => "; hint: IPv6 is disabled on the interface (sysctl net.ipv6.conf.<if>.disable_ipv6=1); enable it or turn IPv6 capture off",
         libc::EAFNOSUPPORT => "; hint: this address family is not available in the namespace (IPv6 disabled with ipv6.disable=1?); enable it or turn IPv6 capture off",
         libc::ENODEV => "; hint: no interface by that name in this network namespace",
+        libc::ENETDOWN => "; hint: an IPv6 route via lo needs lo up; bring it up first (ip link set lo up, or routes::set_link_up(\"lo\"))",
         libc::ENETUNREACH | libc::EINVAL => "; hint: the kernel found the request malformed or inconsistent",
         libc::ENOMEM | libc::ENOBUFS => "; hint: the kernel ran out of memory",
         _ => "",

@@ -1,0 +1,9 @@
+//! The same `Ruleset` as text: an `nft -f` script (dry runs, docs, and hosts where an operator
+//! wants to read or load it by hand) and `iptables-restore` input per family (the legacy
+//! backend for kernels without nf_tables).
+
+mod iptables;
+mod nft;
+
+pub use iptables::{iptables_restore, iptables_restore_all};
+pub use nft::{nft_rule, nft_script};
