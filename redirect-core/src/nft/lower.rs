@@ -338,7 +338,13 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
             let v6 = set.family == Some(Family::V6);
             let (key_type, key_len) = if v6 { (TYPE_IPV6_ADDR, 16) } else { (TYPE_IPV4_ADDR, 4) };
             let mut elements = Vec::new();
-            for (start, end) in merged_ranges(cidrs) {
+            let ranges = merged_ranges(cidrs);
+            // Like nft, open with an interval end at 0 when the first range starts above it, so
+            // every key below the first range finds an end and misses on every kernel.
+            if ranges.first().is_some_and(|(start, _)| *start > 0) {
+                elements.push(SetElem { key: int_to_key(0, key_len), interval_end: true });
+            }
+            for (start, end) in ranges {
                 elements.push(SetElem { key: int_to_key(start, key_len), interval_end: false });
                 if let Some(end) = end {
                     elements.push(SetElem { key: int_to_key(end, key_len), interval_end: true });
