@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the system packages the build and the kernel tests need (Debian/Ubuntu, as root).
+# libnftnl/libmnl: linked by the netlink backend. nftables/iptables/iproute2: used only by tests
+# and comparisons (loading Istio's rules, checking our renderings), never by our binaries.
+set -euo pipefail
+pkgs=(libnftnl-dev libmnl-dev pkg-config nftables iptables iproute2 python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# Kernel modules the capture uses; built in on many kernels, so failures are not fatal.
+for m in nf_tables nft_chain_nat nft_redir nft_tproxy nft_ct nft_nat nf_conntrack nf_tproxy_ipv4 nf_tproxy_ipv6; do
+  modprobe "$m" 2>/dev/null || true
+done
