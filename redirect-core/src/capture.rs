@@ -1,0 +1,62 @@
+//! The whole job for one namespace: plan, program the table, and the routes Istio adds beside
+//! its rules (TPROXY policy routing when inbound is tproxied; `::6` on `lo` with IPv6).
+
+use std::path::Path;
+
+use crate::config::{CaptureConfig, InterceptionMode};
+use crate::error::Result;
+use crate::plan::GroupResolver;
+use crate::routes::{self, TproxyRouting};
+use crate::ruleset::{Family, Ruleset};
+
+/// The TPROXY routing a config needs, if any (Istio adds it only with inbound capture).
+pub fn tproxy_routing(cfg: &CaptureConfig) -> Option<TproxyRouting> {
+    (cfg.mode == InterceptionMode::Tproxy && !cfg.inbound_ports.is_none()).then_some(TproxyRouting {
+        mark: cfg.tproxy_mark,
+        table: cfg.tproxy_route_table,
+    })
+}
+
+fn families(cfg: &CaptureConfig) -> Vec<Family> {
+    if cfg.ipv6 {
+        vec![Family::V4, Family::V6]
+    } else {
+        vec![Family::V4]
+    }
+}
+
+/// Plan and apply in the calling thread's namespace. The rules go first (atomically); routes
+/// are idempotent, so a retry after a route failure converges.
+pub fn apply(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
+    let rs = crate::plan::plan_with(cfg, groups)?;
+    crate::nft::apply(&rs)?;
+    if cfg.ipv6 {
+        routes::ensure_lo_v6_inbound_addr()?;
+    }
+    if let Some(r) = tproxy_routing(cfg) {
+        routes::apply_tproxy(&r, &families(cfg))?;
+    }
+    Ok(rs)
+}
+
+/// Remove our table and the routes this config would have added.
+pub fn remove(cfg: &CaptureConfig) -> Result<()> {
+    crate::nft::remove()?;
+    if let Some(r) = tproxy_routing(cfg) {
+        routes::remove_tproxy(&r, &families(cfg))?;
+    }
+    if cfg.ipv6 {
+        routes::remove_lo_v6_inbound_addr()?;
+    }
+    Ok(())
+}
+
+/// `apply` inside the namespace at `netns`.
+pub fn apply_in(netns: &Path, cfg: &CaptureConfig, groups: &(dyn GroupResolver + Sync)) -> Result<Ruleset> {
+    crate::netns::run_in(netns, || apply(cfg, groups))?
+}
+
+/// `remove` inside the namespace at `netns`.
+pub fn remove_in(netns: &Path, cfg: &CaptureConfig) -> Result<()> {
+    crate::netns::run_in(netns, || remove(cfg))?
+}

@@ -1,0 +1,65 @@
+//! Kernel test kit: real traffic through a pod-like network namespace, and where it landed.
+//!
+//! Compiled only with the `testkit` feature; used by the test suites, never by the binaries.
+//!
+//! - [`TestNetns`]: a fresh named network namespace (`/run/netns/<name>`), deleted on drop.
+//! - [`Topology`]: a `pod` and a `peer` namespace joined by veth pairs (`eth0` plus optional extra
+//!   interfaces), "remote" addresses owned by the peer, and listeners on both sides that answer every
+//!   connection with a landing report (side, listener port, `SO_ORIGINAL_DST`, local address).
+//! - [`Probe`] / [`run_probe`] / [`run_probes`]: connect from the pod (as a given uid/gid, on a
+//!   thread of its own whose credentials alone are switched) or from the peer (optionally through a
+//!   given pod interface), and report the [`Outcome`].
+//! - [`istio`]: Istio's `istio-iptables` test cases (`testdata/istio/iptables`), loading their
+//!   `iptables-restore` input into a namespace, and a probe matrix per case.
+//!
+//! Typical use, for any ruleset:
+//!
+//! ```no_run
+//! use redirect_core::testkit::{istio, kernel_tests_enabled, run_probes, Topology};
+//! if !kernel_tests_enabled() {
+//!     return;
+//! }
+//! let case = istio::IstioCase::load("tproxy");
+//! let topo = Topology::for_case(&case);
+//! istio::load_istio_case(&topo.pod, &case); // or: topo.pod.run(|| apply_our_rules())
+//! let outcomes = run_probes(&topo, &istio::probe_matrix(&case));
+//! ```
+
+mod listeners;
+pub mod netns;
+mod probe;
+mod sock;
+mod topology;
+
+pub mod istio;
+
+pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
+pub use netns::TestNetns;
+pub use probe::{
+    run_probe, run_probe_report, run_probes, run_probes_report, From, Outcome, Probe, ProbeReport,
+    Proto, Side, Timing,
+};
+pub use topology::{Link, Topology, TopologySpec, POD4, POD6, PEER4, PEER6};
+
+/// The environment variable that skips kernel tests explicitly (CI never sets it).
+pub const SKIP_ENV: &str = "REDIRECT_SKIP_KERNEL_TESTS";
+
+/// Whether kernel tests run here. `REDIRECT_SKIP_KERNEL_TESTS=1` skips them (with a notice on
+/// stderr); otherwise they need root, and without it this panics with a message that says so,
+/// so a missing privilege is a failure, never a silent pass.
+pub fn kernel_tests_enabled() -> bool {
+    if std::env::var(SKIP_ENV).is_ok_and(|v| v == "1") {
+        eprintln!(
+            "NOTICE: kernel test skipped because {SKIP_ENV}=1 (it sends real traffic through network \
+             namespaces and needs root)"
+        );
+        return false;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        panic!(
+            "kernel tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run as root or set \
+             {SKIP_ENV}=1 to skip them explicitly"
+        );
+    }
+    true
+}

@@ -1,0 +1,90 @@
+//! Istio parity on Istio's own test data: for every case of `testdata/istio/iptables/`, Istio's
+//! restore files go into one pod namespace and our rules (from the same configuration, over
+//! netlink) into another, identical one; the same matrix of real connections runs through both,
+//! and every probe must end in the same place.
+
+use std::net::IpAddr;
+
+use redirect_core::config::{
+    parse_cidr_selection, parse_cidrs, parse_groups, parse_port_selection, CaptureConfig, DnsCapture,
+    GroupRef, InterceptionMode, Selection,
+};
+use redirect_core::testkit::istio::{self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase};
+use redirect_core::testkit::{kernel_tests_enabled, run_probes, Topology};
+
+/// The case's configuration as a `CaptureConfig`, through our own parsers of Istio's syntax.
+fn config_of(case: &IstioCase) -> CaptureConfig {
+    let s = |k: &str| case.raw.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let b = |k: &str| case.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+    let ids = |k: &'static str| redirect_core::config::parse_ids(k, &s(k)).unwrap();
+    let mut servers: Vec<IpAddr> = case.dns_servers_v4.iter().map(|a| IpAddr::V4(*a)).collect();
+    servers.extend(case.dns_servers_v6.iter().map(|a| IpAddr::V6(*a)));
+    let groups_exclude = match parse_groups("x", &s("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE")) {
+        Ok(Selection::List(l)) => l,
+        _ => Vec::<GroupRef>::new(),
+    };
+    let cfg = CaptureConfig {
+        envoy_port: s("envoy-port").parse().unwrap(),
+        inbound_capture_port: s("inbound-capture-port").parse().unwrap(),
+        inbound_tunnel_port: s("inbound-tunnel-port").parse().unwrap(),
+        proxy_uids: ids("proxy-uid"),
+        proxy_gids: ids("proxy-gid"),
+        mode: InterceptionMode::parse("m", &s("istio-inbound-interception-mode")).unwrap(),
+        inbound_ports: parse_port_selection("b", &s("istio-inbound-ports")).unwrap(),
+        inbound_exclude_ports: redirect_core::config::parse_ports("d", &s("istio-local-exclude-ports")).unwrap(),
+        outbound_include_cidrs: parse_cidr_selection("i", &s("istio-service-cidr")).unwrap(),
+        outbound_exclude_cidrs: parse_cidrs("x", &s("istio-service-exclude-cidr")).unwrap(),
+        outbound_include_ports: redirect_core::config::parse_ports("q", &s("istio-outbound-ports")).unwrap(),
+        outbound_exclude_ports: redirect_core::config::parse_ports("o", &s("istio-local-outbound-ports-exclude")).unwrap(),
+        exclude_interfaces: redirect_core::config::parse_interfaces("c", &s("istio-exclude-interfaces")).unwrap(),
+        reroute_interfaces: redirect_core::config::parse_interfaces("k", &s("kube-virt-interfaces")).unwrap(),
+        tproxy_mark: s("istio-inbound-tproxy-mark").parse().unwrap(),
+        tproxy_route_table: s("istio-inbound-tproxy-route-table").parse().unwrap(),
+        dns: DnsCapture::from_istio(b("redirect-dns"), b("capture-all-dns"), &servers),
+        drop_invalid: b("drop-invalid"),
+        owner_groups_include: parse_groups("g", &s("ISTIO_OUTBOUND_OWNER_GROUPS")).unwrap(),
+        owner_groups_exclude: groups_exclude,
+        ipv4_loopback_cidr: redirect_core::config::parse_loopback_cidr("l", &s("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")).unwrap(),
+        ipv6: b("enable-ipv6"),
+    };
+    cfg.validate().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    cfg
+}
+
+#[test]
+fn every_istio_case_sends_every_probe_to_the_same_place() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let cases = list_cases();
+    assert_eq!(cases.len(), 27, "Istio's iptables test data has 27 cases");
+    let resolver = |n: &str| group_gid(n);
+    let mut mismatches = Vec::new();
+    let mut probes_run = 0;
+    for name in &cases {
+        let case = IstioCase::load(name);
+        let cfg = config_of(&case);
+        let probes = probe_matrix(&case);
+        assert!(!probes.is_empty(), "{name}: empty probe matrix");
+
+        let theirs = Topology::for_case(&case);
+        load_istio_case(&theirs.pod, &case);
+        let ours = Topology::for_case(&case);
+        redirect_core::capture::apply_in(ours.pod.path(), &cfg, &resolver)
+            .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
+
+        let want = run_probes(&theirs, &probes);
+        let got = run_probes(&ours, &probes);
+        for ((p, w), g) in probes.iter().zip(&want).zip(&got) {
+            probes_run += 1;
+            assert!(w.is_definite(), "{name}: Istio's side gave no definite outcome for {p:?}: {w:?}");
+            if w != g {
+                mismatches.push(format!("{name}: {p:?}\n    istio: {w}\n    ours:  {g}"));
+            }
+        }
+        eprintln!("{name}: {} probes compared", probes.len());
+    }
+    eprintln!("{} probes over {} cases, {} mismatches", probes_run, cases.len(), mismatches.len());
+    assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
+    let _ = istio::APP_ID;
+}
