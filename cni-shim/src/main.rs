@@ -1,1 +1,4 @@
-fn main() { eprintln!("redirect-cni: not implemented yet (see issue: redirect-cni)"); std::process::exit(1); }
+fn main() {
+    eprintln!("redirect-cni: not implemented yet (see issue: redirect-cni)");
+    std::process::exit(1);
+}

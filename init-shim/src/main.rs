@@ -1,1 +1,4 @@
-fn main() { eprintln!("redirect-init: not implemented yet (see issue: redirect-init)"); std::process::exit(1); }
+fn main() {
+    eprintln!("redirect-init: not implemented yet (see issue: redirect-init)");
+    std::process::exit(1);
+}

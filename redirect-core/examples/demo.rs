@@ -18,7 +18,10 @@ fn main() {
     }
     let cfg = CaptureConfig::istio_sidecar_default();
     let rs = plan(&cfg).expect("Istio's defaults are valid");
-    println!("== plan for Istio's default sidecar config: {} rules", rs.rule_count());
+    println!(
+        "== plan for Istio's default sidecar config: {} rules",
+        rs.rule_count()
+    );
     println!("{}", nft_script(&rs));
 
     let ns = TestNetns::new();
@@ -27,9 +30,19 @@ fn main() {
 
     let t = Instant::now();
     nft::apply_in(ns.path(), &rs).expect("apply");
-    println!("== applied over netlink in {:?} (one atomic batch, every ACK checked)", t.elapsed());
+    println!(
+        "== applied over netlink in {:?} (one atomic batch, every ACK checked)",
+        t.elapsed()
+    );
     let diff = nft::diff_in(ns.path(), &rs).expect("read back");
-    println!("== read back: {}", if diff.is_empty() { "equal to the plan".to_string() } else { format!("{diff:?}") });
+    println!(
+        "== read back: {}",
+        if diff.is_empty() {
+            "equal to the plan".to_string()
+        } else {
+            format!("{diff:?}")
+        }
+    );
 
     let results = netns::run_in(ns.path(), || {
         let listener = TcpListener::bind("0.0.0.0:15001").expect("bind 15001");
@@ -44,8 +57,14 @@ fn main() {
     println!("== proxy (uid 1337) -> 10.99.0.2:80: {}", results.1);
 
     nft::remove_in(ns.path()).expect("remove");
-    println!("== removed: table present = {}", nft::read_back_in(ns.path()).unwrap().is_some());
-    let ok = results.0.starts_with("redirected to 15001, original destination 10.99.0.2:80") && !results.1.starts_with("redirected");
+    println!(
+        "== removed: table present = {}",
+        nft::read_back_in(ns.path()).unwrap().is_some()
+    );
+    let ok = results
+        .0
+        .starts_with("redirected to 15001, original destination 10.99.0.2:80")
+        && !results.1.starts_with("redirected");
     if !ok {
         eprintln!("demo: unexpected outcome");
         std::process::exit(1);
@@ -72,19 +91,31 @@ fn probe(listener: &TcpListener, dst: SocketAddr, uid: u32) -> String {
         while Instant::now() < deadline && !client.is_finished() {
             if let Ok((mut conn, _)) = listener.accept() {
                 let orig = original_dst(&conn);
-                let _ = conn.write_all(format!("redirected to 15001, original destination {orig}").as_bytes());
+                let _ = conn.write_all(
+                    format!("redirected to 15001, original destination {orig}").as_bytes(),
+                );
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        client.join().unwrap_or_else(|_| "client thread failed".into())
+        client
+            .join()
+            .unwrap_or_else(|_| "client thread failed".into())
     })
 }
 
 fn original_dst(conn: &TcpStream) -> String {
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let rc = unsafe { libc::getsockopt(conn.as_raw_fd(), libc::SOL_IP, 80, &mut addr as *mut _ as *mut libc::c_void, &mut len) };
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_IP,
+            80,
+            &mut addr as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
     if rc != 0 {
         return "unknown".into();
     }

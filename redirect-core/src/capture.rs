@@ -11,10 +11,12 @@ use crate::ruleset::{Family, Ruleset};
 
 /// The TPROXY routing a config needs, if any (Istio adds it only with inbound capture).
 pub fn tproxy_routing(cfg: &CaptureConfig) -> Option<TproxyRouting> {
-    (cfg.mode == InterceptionMode::Tproxy && !cfg.inbound_ports.is_none()).then_some(TproxyRouting {
-        mark: cfg.tproxy_mark,
-        table: cfg.tproxy_route_table,
-    })
+    (cfg.mode == InterceptionMode::Tproxy && !cfg.inbound_ports.is_none()).then_some(
+        TproxyRouting {
+            mark: cfg.tproxy_mark,
+            table: cfg.tproxy_route_table,
+        },
+    )
 }
 
 fn families(cfg: &CaptureConfig) -> Vec<Family> {
@@ -52,7 +54,11 @@ pub fn remove(cfg: &CaptureConfig) -> Result<()> {
 }
 
 /// `apply` inside the namespace at `netns`.
-pub fn apply_in(netns: &Path, cfg: &CaptureConfig, groups: &(dyn GroupResolver + Sync)) -> Result<Ruleset> {
+pub fn apply_in(
+    netns: &Path,
+    cfg: &CaptureConfig,
+    groups: &(dyn GroupResolver + Sync),
+) -> Result<Ruleset> {
     crate::netns::run_in(netns, || apply(cfg, groups))?
 }
 

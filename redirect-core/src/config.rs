@@ -360,10 +360,19 @@ impl CaptureConfig {
                 ));
             }
         }
-        for g in self.owner_groups_include.list().iter().chain(&self.owner_groups_exclude) {
+        for g in self
+            .owner_groups_include
+            .list()
+            .iter()
+            .chain(&self.owner_groups_exclude)
+        {
             if let GroupRef::Name(n) = g {
                 if n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == ':' || c == ',') {
-                    return Err(invalid("owner_groups", n, "expected a group name or a numeric GID"));
+                    return Err(invalid(
+                        "owner_groups",
+                        n,
+                        "expected a group name or a numeric GID",
+                    ));
                 }
             }
         }
@@ -413,7 +422,11 @@ fn invalid(field: &'static str, value: &str, expected: &str) -> Error {
 }
 
 fn join<T: std::fmt::Display>(items: &[T]) -> String {
-    items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+    items
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -437,10 +450,13 @@ pub fn split_list(s: &str) -> impl Iterator<Item = &str> {
 pub fn parse_ports(field: &'static str, s: &str) -> Result<Vec<u16>> {
     split_list(s)
         .map(|p| {
-            p.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| invalid(field, p, "expected a comma-separated list of ports from 1 to 65535"))
+            p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                invalid(
+                    field,
+                    p,
+                    "expected a comma-separated list of ports from 1 to 65535",
+                )
+            })
         })
         .collect()
 }
@@ -517,7 +533,11 @@ pub fn parse_groups(field: &'static str, s: &str) -> Result<Selection<GroupRef>>
     }
     let groups: Vec<GroupRef> = split_list(s).map(GroupRef::parse).collect();
     if groups.is_empty() {
-        return Err(invalid(field, s, "expected \"*\" or a list of group names or GIDs"));
+        return Err(invalid(
+            field,
+            s,
+            "expected \"*\" or a list of group names or GIDs",
+        ));
     }
     Ok(Selection::List(groups))
 }
@@ -525,7 +545,11 @@ pub fn parse_groups(field: &'static str, s: &str) -> Result<Selection<GroupRef>>
 /// Parse the IPv4 loopback CIDR (`ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`).
 pub fn parse_loopback_cidr(field: &'static str, s: &str) -> Result<Ipv4Net> {
     let net: Ipv4Net = s.trim().parse().map_err(|_| {
-        invalid(field, s, "expected an IPv4 loopback CIDR such as 127.0.0.1/32")
+        invalid(
+            field,
+            s,
+            "expected an IPv4 loopback CIDR such as 127.0.0.1/32",
+        )
     })?;
     if !net.addr().is_loopback() || net.prefix_len() < 8 {
         return Err(invalid(
@@ -543,7 +567,10 @@ mod tests {
 
     #[test]
     fn defaults_validate_and_round_trip() {
-        for cfg in [CaptureConfig::default(), CaptureConfig::istio_sidecar_default()] {
+        for cfg in [
+            CaptureConfig::default(),
+            CaptureConfig::istio_sidecar_default(),
+        ] {
             cfg.validate().unwrap();
             let back = CaptureConfig::from_json(&cfg.to_json()).unwrap();
             assert_eq!(back, cfg);
@@ -555,7 +582,10 @@ mod tests {
         let cfg = CaptureConfig::istio_sidecar_default();
         let v: serde_json::Value = serde_json::from_str(&cfg.to_json()).unwrap();
         assert_eq!(v["inbound_ports"], "*");
-        assert_eq!(v["inbound_exclude_ports"], serde_json::json!([15090, 15021, 15020]));
+        assert_eq!(
+            v["inbound_exclude_ports"],
+            serde_json::json!([15090, 15021, 15020])
+        );
         let err = CaptureConfig::from_json(r#"{"inbound_ports":"all"}"#).unwrap_err();
         assert!(err.to_string().contains("\"*\" or a list"), "{err}");
     }
@@ -571,12 +601,21 @@ mod tests {
         assert_eq!(parse_ports("p", "6000,7000,").unwrap(), vec![6000, 7000]);
         assert_eq!(parse_ports("p", " 1 , 2 ").unwrap(), vec![1, 2]);
         assert_eq!(parse_port_selection("p", "*").unwrap(), Selection::All);
-        assert_eq!(parse_port_selection("p", "").unwrap(), Selection::List(vec![]));
+        assert_eq!(
+            parse_port_selection("p", "").unwrap(),
+            Selection::List(vec![])
+        );
         assert_eq!(
             parse_cidr_selection("i", "10.1.2.3/8, fd00::1/8").unwrap(),
-            Selection::List(vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()])
+            Selection::List(vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "fd00::/8".parse().unwrap()
+            ])
         );
-        assert_eq!(parse_cidrs("x", "1.2.3.4").unwrap(), vec!["1.2.3.4/32".parse().unwrap()]);
+        assert_eq!(
+            parse_cidrs("x", "1.2.3.4").unwrap(),
+            vec!["1.2.3.4/32".parse().unwrap()]
+        );
         assert_eq!(
             parse_groups("g", "java,202").unwrap(),
             Selection::List(vec![GroupRef::Name("java".into()), GroupRef::Id(202)])
@@ -585,17 +624,33 @@ mod tests {
 
     #[test]
     fn bad_values_name_field_value_and_fix() {
-        let e = parse_ports("istio-inbound-ports", "80,70000").unwrap_err().to_string();
-        assert!(e.contains("istio-inbound-ports") && e.contains("70000") && e.contains("1 to 65535"), "{e}");
-        let e = parse_cidrs("istio-service-exclude-cidr", "*").unwrap_err().to_string();
-        assert!(e.contains("istio-service-exclude-cidr") && e.contains("not allowed"), "{e}");
+        let e = parse_ports("istio-inbound-ports", "80,70000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("istio-inbound-ports") && e.contains("70000") && e.contains("1 to 65535"),
+            "{e}"
+        );
+        let e = parse_cidrs("istio-service-exclude-cidr", "*")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("istio-service-exclude-cidr") && e.contains("not allowed"),
+            "{e}"
+        );
         let e = parse_cidrs("x", "10.0.0.0/33").unwrap_err().to_string();
         assert!(e.contains("10.0.0.0/33"), "{e}");
-        let e = parse_loopback_cidr("l", "10.0.0.1/32").unwrap_err().to_string();
+        let e = parse_loopback_cidr("l", "10.0.0.1/32")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("loopback"), "{e}");
-        let e = InterceptionMode::parse("m", "tproxi").unwrap_err().to_string();
+        let e = InterceptionMode::parse("m", "tproxi")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("tproxi") && e.contains("TPROXY"), "{e}");
-        let e = parse_interfaces("c", "eth0,this-name-is-too-long").unwrap_err().to_string();
+        let e = parse_interfaces("c", "eth0,this-name-is-too-long")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("this-name-is-too-long"), "{e}");
     }
 
@@ -603,18 +658,60 @@ mod tests {
     fn validate_rejects_each_bad_field() {
         let base = CaptureConfig::default();
         let cases: Vec<(CaptureConfig, &str)> = vec![
-            (CaptureConfig { envoy_port: 0, ..base.clone() }, "envoy_port"),
-            (CaptureConfig { proxy_uids: vec![], ..base.clone() }, "proxy_uids"),
-            (CaptureConfig { proxy_gids: vec![], ..base.clone() }, "proxy_gids"),
-            (CaptureConfig { tproxy_mark: 0, ..base.clone() }, "tproxy_mark"),
-            (CaptureConfig { tproxy_mark: 1338, ..base.clone() }, "tproxy_mark"),
-            (CaptureConfig { tproxy_route_table: 254, ..base.clone() }, "tproxy_route_table"),
             (
-                CaptureConfig { ipv4_loopback_cidr: "127.0.0.0/7".parse().unwrap(), ..base.clone() },
+                CaptureConfig {
+                    envoy_port: 0,
+                    ..base.clone()
+                },
+                "envoy_port",
+            ),
+            (
+                CaptureConfig {
+                    proxy_uids: vec![],
+                    ..base.clone()
+                },
+                "proxy_uids",
+            ),
+            (
+                CaptureConfig {
+                    proxy_gids: vec![],
+                    ..base.clone()
+                },
+                "proxy_gids",
+            ),
+            (
+                CaptureConfig {
+                    tproxy_mark: 0,
+                    ..base.clone()
+                },
+                "tproxy_mark",
+            ),
+            (
+                CaptureConfig {
+                    tproxy_mark: 1338,
+                    ..base.clone()
+                },
+                "tproxy_mark",
+            ),
+            (
+                CaptureConfig {
+                    tproxy_route_table: 254,
+                    ..base.clone()
+                },
+                "tproxy_route_table",
+            ),
+            (
+                CaptureConfig {
+                    ipv4_loopback_cidr: "127.0.0.0/7".parse().unwrap(),
+                    ..base.clone()
+                },
                 "ipv4_loopback_cidr",
             ),
             (
-                CaptureConfig { exclude_interfaces: vec!["a/b".into()], ..base.clone() },
+                CaptureConfig {
+                    exclude_interfaces: vec!["a/b".into()],
+                    ..base.clone()
+                },
                 "exclude_interfaces",
             ),
             (
@@ -624,7 +721,13 @@ mod tests {
                 },
                 "owner_groups_include",
             ),
-            (CaptureConfig { inbound_exclude_ports: vec![0], ..base.clone() }, "inbound_exclude_ports"),
+            (
+                CaptureConfig {
+                    inbound_exclude_ports: vec![0],
+                    ..base.clone()
+                },
+                "inbound_exclude_ports",
+            ),
         ];
         for (cfg, field) in cases {
             let e = cfg.validate().unwrap_err().to_string();

@@ -182,11 +182,20 @@ impl Builder {
     /// `-A chain`.
     fn append(&mut self, stage: Stage, chain: &str, matches: Vec<Match>, action: Action) {
         self.ensure_target(stage, &action);
-        self.chain(stage, chain).rules.push(Rule::new(matches, action));
+        self.chain(stage, chain)
+            .rules
+            .push(Rule::new(matches, action));
     }
 
     /// `-I chain pos` (1-based, as iptables).
-    fn insert(&mut self, stage: Stage, chain: &str, pos: usize, matches: Vec<Match>, action: Action) {
+    fn insert(
+        &mut self,
+        stage: Stage,
+        chain: &str,
+        pos: usize,
+        matches: Vec<Match>,
+        action: Action,
+    ) {
         self.ensure_target(stage, &action);
         let rules = &mut self.chain(stage, chain).rules;
         let at = pos.saturating_sub(1).min(rules.len());
@@ -270,7 +279,12 @@ impl FamilyPlanner<'_> {
     fn of_family(&self, cidrs: &[IpNet]) -> Vec<IpNet> {
         cidrs
             .iter()
-            .filter(|c| matches!((c, self.family), (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6)))
+            .filter(|c| {
+                matches!(
+                    (c, self.family),
+                    (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6)
+                )
+            })
             .copied()
             .collect()
     }
@@ -327,19 +341,44 @@ impl FamilyPlanner<'_> {
         }
         // 3. Drop conntrack-invalid packets.
         if cfg.drop_invalid {
-            b.append(Mangle, PREROUTING, vec![Match::CtState(CtStates::Invalid)], jump(ISTIO_DROP));
+            b.append(
+                Mangle,
+                PREROUTING,
+                vec![Match::CtState(CtStates::Invalid)],
+                jump(ISTIO_DROP),
+            );
             b.append(Mangle, ISTIO_DROP, vec![], Action::Drop);
         }
         // 4. Always present: tunnel port RETURN and the two redirect chains.
-        b.append(Nat, ISTIO_INBOUND, vec![tcp(), dport(cfg.inbound_tunnel_port)], Action::Return);
-        b.append(Nat, ISTIO_REDIRECT, vec![tcp()], Action::Redirect(cfg.envoy_port));
-        b.append(Nat, ISTIO_IN_REDIRECT, vec![tcp()], Action::Redirect(cfg.inbound_capture_port));
+        b.append(
+            Nat,
+            ISTIO_INBOUND,
+            vec![tcp(), dport(cfg.inbound_tunnel_port)],
+            Action::Return,
+        );
+        b.append(
+            Nat,
+            ISTIO_REDIRECT,
+            vec![tcp()],
+            Action::Redirect(cfg.envoy_port),
+        );
+        b.append(
+            Nat,
+            ISTIO_IN_REDIRECT,
+            vec![tcp()],
+            Action::Redirect(cfg.inbound_capture_port),
+        );
 
         // 5. Inbound capture.
         if !cfg.inbound_ports.is_none() {
             let table = if tproxy { Mangle } else { Nat };
             if tproxy {
-                b.append(Mangle, ISTIO_DIVERT, vec![], Action::SetMark(cfg.tproxy_mark));
+                b.append(
+                    Mangle,
+                    ISTIO_DIVERT,
+                    vec![],
+                    Action::SetMark(cfg.tproxy_mark),
+                );
                 b.append(Mangle, ISTIO_DIVERT, vec![], Action::Accept);
                 b.append(
                     Mangle,
@@ -356,12 +395,26 @@ impl FamilyPlanner<'_> {
             match &cfg.inbound_ports {
                 Selection::All => {
                     if !cfg.inbound_exclude_ports.is_empty() {
-                        let m = self.port_match(sets, "inbound-exclude-ports", &cfg.inbound_exclude_ports);
-                        self.b.append(table, ISTIO_INBOUND, vec![tcp(), Match::DPort(m)], Action::Return);
+                        let m = self.port_match(
+                            sets,
+                            "inbound-exclude-ports",
+                            &cfg.inbound_exclude_ports,
+                        );
+                        self.b.append(
+                            table,
+                            ISTIO_INBOUND,
+                            vec![tcp(), Match::DPort(m)],
+                            Action::Return,
+                        );
                     }
                     let b = &mut self.b;
                     if tproxy {
-                        b.append(table, ISTIO_INBOUND, vec![tcp(), established], jump(ISTIO_DIVERT));
+                        b.append(
+                            table,
+                            ISTIO_INBOUND,
+                            vec![tcp(), established],
+                            jump(ISTIO_DIVERT),
+                        );
                         b.append(table, ISTIO_INBOUND, vec![tcp()], jump(ISTIO_TPROXY));
                     } else {
                         b.append(table, ISTIO_INBOUND, vec![tcp()], jump(ISTIO_IN_REDIRECT));
@@ -371,10 +424,20 @@ impl FamilyPlanner<'_> {
                     let m = Match::DPort(self.port_match(sets, "inbound-ports", ports));
                     let b = &mut self.b;
                     if tproxy {
-                        b.append(table, ISTIO_INBOUND, vec![tcp(), m.clone(), established], jump(ISTIO_DIVERT));
+                        b.append(
+                            table,
+                            ISTIO_INBOUND,
+                            vec![tcp(), m.clone(), established],
+                            jump(ISTIO_DIVERT),
+                        );
                         b.append(table, ISTIO_INBOUND, vec![tcp(), m], jump(ISTIO_TPROXY));
                     } else {
-                        b.append(table, ISTIO_INBOUND, vec![tcp(), m], jump(ISTIO_IN_REDIRECT));
+                        b.append(
+                            table,
+                            ISTIO_INBOUND,
+                            vec![tcp(), m],
+                            jump(ISTIO_IN_REDIRECT),
+                        );
                     }
                 }
             }
@@ -385,12 +448,27 @@ impl FamilyPlanner<'_> {
         // 7. Outbound port excludes, TCP and UDP.
         if !cfg.outbound_exclude_ports.is_empty() {
             let m = self.port_match(sets, "outbound-exclude-ports", &cfg.outbound_exclude_ports);
-            self.b.append(Nat, ISTIO_OUTPUT, vec![tcp(), Match::DPort(m.clone())], Action::Return);
-            self.b.append(Nat, ISTIO_OUTPUT, vec![udp(), Match::DPort(m)], Action::Return);
+            self.b.append(
+                Nat,
+                ISTIO_OUTPUT,
+                vec![tcp(), Match::DPort(m.clone())],
+                Action::Return,
+            );
+            self.b.append(
+                Nat,
+                ISTIO_OUTPUT,
+                vec![udp(), Match::DPort(m)],
+                Action::Return,
+            );
         }
         let b = &mut self.b;
         // 8. Envoy's inbound passthrough (source 127.0.0.6 / ::6) is never captured again.
-        b.append(Nat, ISTIO_OUTPUT, vec![lo(), Match::SAddr(AddrMatch::Eq(src6))], Action::Return);
+        b.append(
+            Nat,
+            ISTIO_OUTPUT,
+            vec![lo(), Match::SAddr(AddrMatch::Eq(src6))],
+            Action::Return,
+        );
 
         // 9-10. The proxy's own traffic. Istio drops the "app on loopback" RETURN when an
         // include CIDR (of either family) is a loopback address.
@@ -403,7 +481,12 @@ impl FamilyPlanner<'_> {
             } else {
                 Match::DPort(PortMatch::Ne(tunnel))
             };
-            b.append(Nat, ISTIO_OUTPUT, vec![lo(), not_lo.clone(), tcp(), dport_guard, uid(u, false)], jump(ISTIO_IN_REDIRECT));
+            b.append(
+                Nat,
+                ISTIO_OUTPUT,
+                vec![lo(), not_lo.clone(), tcp(), dport_guard, uid(u, false)],
+                jump(ISTIO_IN_REDIRECT),
+            );
             if !include_has_loopback {
                 let m = if dns {
                     vec![lo(), tcp(), Match::DPort(PortMatch::Ne(53)), uid(u, true)]
@@ -419,7 +502,13 @@ impl FamilyPlanner<'_> {
             b.append(
                 Nat,
                 ISTIO_OUTPUT,
-                vec![lo(), not_lo.clone(), tcp(), Match::DPort(PortMatch::Ne(tunnel)), gid(g, false)],
+                vec![
+                    lo(),
+                    not_lo.clone(),
+                    tcp(),
+                    Match::DPort(PortMatch::Ne(tunnel)),
+                    gid(g, false),
+                ],
                 jump(ISTIO_IN_REDIRECT),
             );
             if !include_has_loopback {
@@ -453,8 +542,18 @@ impl FamilyPlanner<'_> {
                 b.append(Nat, ISTIO_OUTPUT, vec![], jump(ISTIO_OUTPUT_DNS));
             }
             if all {
-                b.append(Nat, ISTIO_OUTPUT_DNS, vec![tcp(), dport(53)], Action::Redirect(DNS_AGENT_PORT));
-                b.append(Nat, ISTIO_OUTPUT_DNS, vec![udp(), dport(53)], Action::Redirect(DNS_AGENT_PORT));
+                b.append(
+                    Nat,
+                    ISTIO_OUTPUT_DNS,
+                    vec![tcp(), dport(53)],
+                    Action::Redirect(DNS_AGENT_PORT),
+                );
+                b.append(
+                    Nat,
+                    ISTIO_OUTPUT_DNS,
+                    vec![udp(), dport(53)],
+                    Action::Redirect(DNS_AGENT_PORT),
+                );
             } else {
                 for proto in [tcp(), udp()] {
                     for s in &servers {
@@ -469,9 +568,18 @@ impl FamilyPlanner<'_> {
             }
             // Conntrack zones keep proxy↔resolver (1) and app↔agent (2) UDP flows apart.
             b.append(Raw, OUTPUT, vec![], jump(ISTIO_OUTPUT_DNS));
-            let owners = cfg.proxy_uids.iter().map(|&u| uid(u, false)).chain(cfg.proxy_gids.iter().map(|&g| gid(g, false)));
+            let owners = cfg
+                .proxy_uids
+                .iter()
+                .map(|&u| uid(u, false))
+                .chain(cfg.proxy_gids.iter().map(|&g| gid(g, false)));
             for owner in owners {
-                b.append(Raw, ISTIO_OUTPUT_DNS, vec![udp(), dport(53), owner.clone()], Action::CtZone(1));
+                b.append(
+                    Raw,
+                    ISTIO_OUTPUT_DNS,
+                    vec![udp(), dport(53), owner.clone()],
+                    Action::CtZone(1),
+                );
                 b.append(
                     Raw,
                     ISTIO_OUTPUT_DNS,
@@ -481,35 +589,72 @@ impl FamilyPlanner<'_> {
             }
             if all {
                 b.append(Raw, PREROUTING, vec![], jump(ISTIO_INBOUND));
-                b.append(Raw, ISTIO_OUTPUT_DNS, vec![udp(), dport(53)], Action::CtZone(2));
-                b.append(Raw, ISTIO_INBOUND, vec![udp(), Match::SPort(PortMatch::Eq(53))], Action::CtZone(1));
+                b.append(
+                    Raw,
+                    ISTIO_OUTPUT_DNS,
+                    vec![udp(), dport(53)],
+                    Action::CtZone(2),
+                );
+                b.append(
+                    Raw,
+                    ISTIO_INBOUND,
+                    vec![udp(), Match::SPort(PortMatch::Eq(53))],
+                    Action::CtZone(1),
+                );
             } else if !servers.is_empty() {
                 b.append(Raw, PREROUTING, vec![], jump(ISTIO_INBOUND));
                 for s in &servers {
-                    b.append(Raw, ISTIO_OUTPUT_DNS, vec![udp(), dport(53), Match::DAddr(AddrMatch::Eq(*s))], Action::CtZone(2));
-                    b.append(Raw, ISTIO_INBOUND, vec![udp(), Match::SPort(PortMatch::Eq(53)), Match::SAddr(AddrMatch::Eq(*s))], Action::CtZone(1));
+                    b.append(
+                        Raw,
+                        ISTIO_OUTPUT_DNS,
+                        vec![udp(), dport(53), Match::DAddr(AddrMatch::Eq(*s))],
+                        Action::CtZone(2),
+                    );
+                    b.append(
+                        Raw,
+                        ISTIO_INBOUND,
+                        vec![
+                            udp(),
+                            Match::SPort(PortMatch::Eq(53)),
+                            Match::SAddr(AddrMatch::Eq(*s)),
+                        ],
+                        Action::CtZone(1),
+                    );
                 }
             }
         }
         // 13. Loopback destinations are never captured.
-        self.b.append(Nat, ISTIO_OUTPUT, vec![Match::DAddr(AddrMatch::Eq(lo_net))], Action::Return);
+        self.b.append(
+            Nat,
+            ISTIO_OUTPUT,
+            vec![Match::DAddr(AddrMatch::Eq(lo_net))],
+            Action::Return,
+        );
         // 14. Excluded CIDRs.
         let exclude = self.of_family(&cfg.outbound_exclude_cidrs);
         if !exclude.is_empty() {
             let m = self.cidr_match(sets, "exclude-cidrs", &exclude);
-            self.b.append(Nat, ISTIO_OUTPUT, vec![Match::DAddr(m)], Action::Return);
+            self.b
+                .append(Nat, ISTIO_OUTPUT, vec![Match::DAddr(m)], Action::Return);
         }
         // 15. Included outbound ports, whatever the destination.
         if !cfg.outbound_include_ports.is_empty() {
             let m = self.port_match(sets, "outbound-include-ports", &cfg.outbound_include_ports);
-            self.b.append(Nat, ISTIO_OUTPUT, vec![tcp(), Match::DPort(m)], jump(ISTIO_REDIRECT));
+            self.b.append(
+                Nat,
+                ISTIO_OUTPUT,
+                vec![tcp(), Match::DPort(m)],
+                jump(ISTIO_REDIRECT),
+            );
         }
         // 16. Included CIDRs, and the same destinations from reroute interfaces.
         match &cfg.outbound_include_cidrs {
             Selection::All => {
-                self.b.append(Nat, ISTIO_OUTPUT, vec![], jump(ISTIO_REDIRECT));
+                self.b
+                    .append(Nat, ISTIO_OUTPUT, vec![], jump(ISTIO_REDIRECT));
                 for i in &cfg.reroute_interfaces {
-                    self.b.insert(Nat, PREROUTING, 1, vec![iif(i)], jump(ISTIO_REDIRECT));
+                    self.b
+                        .insert(Nat, PREROUTING, 1, vec![iif(i)], jump(ISTIO_REDIRECT));
                 }
             }
             Selection::List(list) => {
@@ -517,9 +662,16 @@ impl FamilyPlanner<'_> {
                 if !include.is_empty() {
                     let m = Match::DAddr(self.cidr_match(sets, "include-cidrs", &include));
                     for i in &cfg.reroute_interfaces {
-                        self.b.insert(Nat, PREROUTING, 1, vec![iif(i), m.clone()], jump(ISTIO_REDIRECT));
+                        self.b.insert(
+                            Nat,
+                            PREROUTING,
+                            1,
+                            vec![iif(i), m.clone()],
+                            jump(ISTIO_REDIRECT),
+                        );
                     }
-                    self.b.append(Nat, ISTIO_OUTPUT, vec![m], jump(ISTIO_REDIRECT));
+                    self.b
+                        .append(Nat, ISTIO_OUTPUT, vec![m], jump(ISTIO_REDIRECT));
                 }
             }
         }
@@ -527,27 +679,67 @@ impl FamilyPlanner<'_> {
         if tproxy {
             let mark = cfg.tproxy_mark;
             let b = &mut self.b;
-            let marked = || Match::Mark { value: mark, negate: false };
+            let marked = || Match::Mark {
+                value: mark,
+                negate: false,
+            };
             b.append(Mangle, PREROUTING, vec![tcp(), marked()], Action::SaveMark);
             b.append(Mangle, OUTPUT, vec![tcp(), lo(), marked()], Action::Return);
-            let owners = cfg.proxy_uids.iter().map(|&u| uid(u, false)).chain(cfg.proxy_gids.iter().map(|&g| gid(g, false)));
+            let owners = cfg
+                .proxy_uids
+                .iter()
+                .map(|&u| uid(u, false))
+                .chain(cfg.proxy_gids.iter().map(|&g| gid(g, false)));
             for owner in owners {
-                b.append(Mangle, OUTPUT, vec![not_lo.clone(), tcp(), lo(), owner], Action::SetMark(OUTBOUND_MARK));
+                b.append(
+                    Mangle,
+                    OUTPUT,
+                    vec![not_lo.clone(), tcp(), lo(), owner],
+                    Action::SetMark(OUTBOUND_MARK),
+                );
             }
-            b.append(Mangle, OUTPUT, vec![tcp(), Match::CtMark { value: mark }], Action::RestoreMark);
-            b.insert(Mangle, ISTIO_INBOUND, 1, vec![tcp(), marked()], Action::Return);
+            b.append(
+                Mangle,
+                OUTPUT,
+                vec![tcp(), Match::CtMark { value: mark }],
+                Action::RestoreMark,
+            );
+            b.insert(
+                Mangle,
+                ISTIO_INBOUND,
+                1,
+                vec![tcp(), marked()],
+                Action::Return,
+            );
             b.insert(
                 Mangle,
                 ISTIO_INBOUND,
                 2,
-                vec![tcp(), Match::SAddr(AddrMatch::Eq(src6)), Match::Iif { name: "lo".into(), negate: false }],
+                vec![
+                    tcp(),
+                    Match::SAddr(AddrMatch::Eq(src6)),
+                    Match::Iif {
+                        name: "lo".into(),
+                        negate: false,
+                    },
+                ],
                 Action::Return,
             );
             b.insert(
                 Mangle,
                 ISTIO_INBOUND,
                 3,
-                vec![tcp(), Match::Iif { name: "lo".into(), negate: false }, Match::Mark { value: OUTBOUND_MARK, negate: true }],
+                vec![
+                    tcp(),
+                    Match::Iif {
+                        name: "lo".into(),
+                        negate: false,
+                    },
+                    Match::Mark {
+                        value: OUTBOUND_MARK,
+                        negate: true,
+                    },
+                ],
                 Action::Return,
             );
         }
@@ -602,10 +794,22 @@ mod tests {
         let rs = plan(&cfg).unwrap();
         let v4 = rs.set("ip-exclude-cidrs").unwrap();
         // Overlaps are aggregated: 10.1/16 is inside 10/8.
-        assert_eq!(v4.elements, SetElements::Cidrs(vec!["10.0.0.0/8".parse().unwrap(), "192.168.0.0/16".parse().unwrap()]));
-        assert!(rs.set("ip6-exclude-cidrs").is_none(), "one v6 CIDR stays inline");
+        assert_eq!(
+            v4.elements,
+            SetElements::Cidrs(vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "192.168.0.0/16".parse().unwrap()
+            ])
+        );
+        assert!(
+            rs.set("ip6-exclude-cidrs").is_none(),
+            "one v6 CIDR stays inline"
+        );
         let ports = rs.set("inbound-exclude-ports").unwrap();
-        assert_eq!(ports.elements, SetElements::Ports(vec![15020, 15021, 15090]));
+        assert_eq!(
+            ports.elements,
+            SetElements::Ports(vec![15020, 15021, 15090])
+        );
     }
 
     #[test]
@@ -626,7 +830,10 @@ mod tests {
     #[test]
     fn dns_disabled_without_servers() {
         let cfg = CaptureConfig {
-            dns: DnsCapture::Servers { v4: vec![], v6: vec![] },
+            dns: DnsCapture::Servers {
+                v4: vec![],
+                v6: vec![],
+            },
             ..CaptureConfig::default()
         };
         let rs = plan(&cfg).unwrap();

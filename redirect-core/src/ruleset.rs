@@ -147,17 +147,34 @@ pub enum Match {
     DAddr(AddrMatch),
     SAddr(AddrMatch),
     /// Input interface name; `negate` inverts.
-    Iif { name: String, negate: bool },
+    Iif {
+        name: String,
+        negate: bool,
+    },
     /// Output interface name.
-    Oif { name: String, negate: bool },
+    Oif {
+        name: String,
+        negate: bool,
+    },
     /// Owner UID of the local socket (output path only).
-    Uid { id: u32, negate: bool },
+    Uid {
+        id: u32,
+        negate: bool,
+    },
     /// Owner GID of the local socket (output path only).
-    Gid { id: u32, negate: bool },
+    Gid {
+        id: u32,
+        negate: bool,
+    },
     /// Packet mark.
-    Mark { value: u32, negate: bool },
+    Mark {
+        value: u32,
+        negate: bool,
+    },
     /// Connection mark.
-    CtMark { value: u32 },
+    CtMark {
+        value: u32,
+    },
     CtState(CtStates),
 }
 
@@ -176,7 +193,10 @@ pub enum Action {
     Redirect(u16),
     /// Assign to the local transparent socket on this port and set the packet mark; drop when
     /// no such socket exists (as xt_TPROXY does).
-    Tproxy { port: u16, mark: u32 },
+    Tproxy {
+        port: u16,
+        mark: u32,
+    },
     /// Set the packet mark and go on.
     SetMark(u32),
     /// Copy the packet mark into the connection mark and go on.

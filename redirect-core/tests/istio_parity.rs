@@ -6,15 +6,23 @@
 use std::net::IpAddr;
 
 use redirect_core::config::{
-    parse_cidr_selection, parse_cidrs, parse_groups, parse_port_selection, CaptureConfig, DnsCapture,
-    GroupRef, InterceptionMode, Selection,
+    parse_cidr_selection, parse_cidrs, parse_groups, parse_port_selection, CaptureConfig,
+    DnsCapture, GroupRef, InterceptionMode, Selection,
 };
-use redirect_core::testkit::istio::{self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase};
+use redirect_core::testkit::istio::{
+    self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase,
+};
 use redirect_core::testkit::{kernel_tests_enabled, run_probes, Topology};
 
 /// The case's configuration as a `CaptureConfig`, through our own parsers of Istio's syntax.
 fn config_of(case: &IstioCase) -> CaptureConfig {
-    let s = |k: &str| case.raw.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let s = |k: &str| {
+        case.raw
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
     let b = |k: &str| case.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
     let ids = |k: &'static str| redirect_core::config::parse_ids(k, &s(k)).unwrap();
     let mut servers: Vec<IpAddr> = case.dns_servers_v4.iter().map(|a| IpAddr::V4(*a)).collect();
@@ -31,23 +39,45 @@ fn config_of(case: &IstioCase) -> CaptureConfig {
         proxy_gids: ids("proxy-gid"),
         mode: InterceptionMode::parse("m", &s("istio-inbound-interception-mode")).unwrap(),
         inbound_ports: parse_port_selection("b", &s("istio-inbound-ports")).unwrap(),
-        inbound_exclude_ports: redirect_core::config::parse_ports("d", &s("istio-local-exclude-ports")).unwrap(),
+        inbound_exclude_ports: redirect_core::config::parse_ports(
+            "d",
+            &s("istio-local-exclude-ports"),
+        )
+        .unwrap(),
         outbound_include_cidrs: parse_cidr_selection("i", &s("istio-service-cidr")).unwrap(),
         outbound_exclude_cidrs: parse_cidrs("x", &s("istio-service-exclude-cidr")).unwrap(),
-        outbound_include_ports: redirect_core::config::parse_ports("q", &s("istio-outbound-ports")).unwrap(),
-        outbound_exclude_ports: redirect_core::config::parse_ports("o", &s("istio-local-outbound-ports-exclude")).unwrap(),
-        exclude_interfaces: redirect_core::config::parse_interfaces("c", &s("istio-exclude-interfaces")).unwrap(),
-        reroute_interfaces: redirect_core::config::parse_interfaces("k", &s("kube-virt-interfaces")).unwrap(),
+        outbound_include_ports: redirect_core::config::parse_ports("q", &s("istio-outbound-ports"))
+            .unwrap(),
+        outbound_exclude_ports: redirect_core::config::parse_ports(
+            "o",
+            &s("istio-local-outbound-ports-exclude"),
+        )
+        .unwrap(),
+        exclude_interfaces: redirect_core::config::parse_interfaces(
+            "c",
+            &s("istio-exclude-interfaces"),
+        )
+        .unwrap(),
+        reroute_interfaces: redirect_core::config::parse_interfaces(
+            "k",
+            &s("kube-virt-interfaces"),
+        )
+        .unwrap(),
         tproxy_mark: s("istio-inbound-tproxy-mark").parse().unwrap(),
         tproxy_route_table: s("istio-inbound-tproxy-route-table").parse().unwrap(),
         dns: DnsCapture::from_istio(b("redirect-dns"), b("capture-all-dns"), &servers),
         drop_invalid: b("drop-invalid"),
         owner_groups_include: parse_groups("g", &s("ISTIO_OUTBOUND_OWNER_GROUPS")).unwrap(),
         owner_groups_exclude: groups_exclude,
-        ipv4_loopback_cidr: redirect_core::config::parse_loopback_cidr("l", &s("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")).unwrap(),
+        ipv4_loopback_cidr: redirect_core::config::parse_loopback_cidr(
+            "l",
+            &s("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
+        )
+        .unwrap(),
         ipv6: b("enable-ipv6"),
     };
-    cfg.validate().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    cfg.validate()
+        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
     cfg
 }
 
@@ -77,14 +107,27 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
         let got = run_probes(&ours, &probes);
         for ((p, w), g) in probes.iter().zip(&want).zip(&got) {
             probes_run += 1;
-            assert!(w.is_definite(), "{name}: Istio's side gave no definite outcome for {p:?}: {w:?}");
+            assert!(
+                w.is_definite(),
+                "{name}: Istio's side gave no definite outcome for {p:?}: {w:?}"
+            );
             if w != g {
                 mismatches.push(format!("{name}: {p:?}\n    istio: {w}\n    ours:  {g}"));
             }
         }
         eprintln!("{name}: {} probes compared", probes.len());
     }
-    eprintln!("{} probes over {} cases, {} mismatches", probes_run, cases.len(), mismatches.len());
-    assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
+    eprintln!(
+        "{} probes over {} cases, {} mismatches",
+        probes_run,
+        cases.len(),
+        mismatches.len()
+    );
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches:\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
     let _ = istio::APP_ID;
 }

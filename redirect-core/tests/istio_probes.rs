@@ -41,18 +41,45 @@ fn without_rules_nothing_is_diverted() {
     }
     let topo = Topology::basic();
     let cases = [
-        (Probe::tcp(From::Peer, sa("10.77.0.2:8080")), landed(Side::Pod, 8080, None)),
-        (Probe::tcp(From::Peer, sa("[fd77::2]:8080")), landed(Side::Pod, 8080, None)),
-        (Probe::tcp(app(), sa("10.77.0.1:80")), landed(Side::Peer, 80, None)),
-        (Probe::tcp(app(), sa("[fd77::1]:80")), landed(Side::Peer, 80, None)),
-        (Probe::udp(app(), sa("10.77.0.1:53")), landed(Side::Peer, 53, None)),
-        (Probe::udp(app(), sa("127.0.0.53:53")), landed(Side::Pod, 53, None)),
+        (
+            Probe::tcp(From::Peer, sa("10.77.0.2:8080")),
+            landed(Side::Pod, 8080, None),
+        ),
+        (
+            Probe::tcp(From::Peer, sa("[fd77::2]:8080")),
+            landed(Side::Pod, 8080, None),
+        ),
+        (
+            Probe::tcp(app(), sa("10.77.0.1:80")),
+            landed(Side::Peer, 80, None),
+        ),
+        (
+            Probe::tcp(app(), sa("[fd77::1]:80")),
+            landed(Side::Peer, 80, None),
+        ),
+        (
+            Probe::udp(app(), sa("10.77.0.1:53")),
+            landed(Side::Peer, 53, None),
+        ),
+        (
+            Probe::udp(app(), sa("127.0.0.53:53")),
+            landed(Side::Pod, 53, None),
+        ),
         (Probe::tcp(app(), sa("10.77.0.1:81")), Outcome::Refused),
         (Probe::udp(app(), sa("10.77.0.1:54")), Outcome::Refused),
-        (Probe::tcp(proxy(), sa("127.0.0.6:15002")).bound("127.0.0.1".parse().unwrap()), Outcome::Refused),
-        (Probe::tcp(From::PeerVia("eth0".into()), sa("10.77.0.2:8080")), landed(Side::Pod, 8080, None)),
+        (
+            Probe::tcp(proxy(), sa("127.0.0.6:15002")).bound("127.0.0.1".parse().unwrap()),
+            Outcome::Refused,
+        ),
+        (
+            Probe::tcp(From::PeerVia("eth0".into()), sa("10.77.0.2:8080")),
+            landed(Side::Pod, 8080, None),
+        ),
         // Not local to the pod, and the pod does not forward: dropped.
-        (Probe::tcp(From::PeerVia("eth0".into()), sa("192.0.2.9:80")), Outcome::Timeout),
+        (
+            Probe::tcp(From::PeerVia("eth0".into()), sa("192.0.2.9:80")),
+            Outcome::Timeout,
+        ),
     ];
     for (probe, want) in &cases {
         assert_eq!(&run_probe(&topo, probe), want, "{probe}");
@@ -76,21 +103,36 @@ fn istio_cni_basic_lands_where_istio_says() {
             Probe::tcp(From::Peer, sa("10.77.0.2:8080")),
             landed(Side::Pod, 15006, Some("10.77.0.2:8080")),
         ),
-        (Probe::tcp(From::Peer, sa("10.77.0.2:15021")), landed(Side::Pod, 15021, None)),
+        (
+            Probe::tcp(From::Peer, sa("10.77.0.2:15021")),
+            landed(Side::Pod, 15021, None),
+        ),
         (
             Probe::tcp(app(), sa("10.77.0.1:80")),
             landed(Side::Pod, 15001, Some("10.77.0.1:80")),
         ),
-        (Probe::tcp(proxy(), sa("10.77.0.1:80")), landed(Side::Peer, 80, None)),
+        (
+            Probe::tcp(proxy(), sa("10.77.0.1:80")),
+            landed(Side::Peer, 80, None),
+        ),
         (
             Probe::tcp(proxy(), sa("127.0.0.6:15002")).bound(lo),
             landed(Side::Pod, 15006, Some("127.0.0.6:15002")),
         ),
-        (Probe::tcp(app(), sa("127.0.0.6:15002")).bound(lo), Outcome::Refused),
+        (
+            Probe::tcp(app(), sa("127.0.0.6:15002")).bound(lo),
+            Outcome::Refused,
+        ),
         // The CNI default excludes outbound 15020.
-        (Probe::tcp(app(), sa("10.77.0.1:15020")), landed(Side::Peer, 15020, None)),
+        (
+            Probe::tcp(app(), sa("10.77.0.1:15020")),
+            landed(Side::Peer, 15020, None),
+        ),
         // IPv6 has no rules in this case.
-        (Probe::tcp(app(), sa("[fd77::1]:80")), landed(Side::Peer, 80, None)),
+        (
+            Probe::tcp(app(), sa("[fd77::1]:80")),
+            landed(Side::Peer, 80, None),
+        ),
     ];
     for (probe, want) in &cases {
         assert_eq!(&run_probe(&topo, probe), want, "{probe}");
@@ -111,11 +153,20 @@ fn case_facts(case: &str) -> Vec<(Probe, Outcome)> {
                 Probe::tcp(via("eth2"), sa("10.77.0.2:8080")),
                 landed(Side::Pod, 15001, Some("10.77.0.2:8080")),
             ),
-            (Probe::tcp(From::Peer, sa("10.77.0.2:8080")), landed(Side::Pod, 8080, None)),
+            (
+                Probe::tcp(From::Peer, sa("10.77.0.2:8080")),
+                landed(Side::Pod, 8080, None),
+            ),
         ],
         "basic-exclude-nic" => vec![
-            (Probe::tcp(app(), sa("10.77.1.1:80")), landed(Side::Peer, 80, None)),
-            (Probe::tcp(via("not-istio-nic"), sa("10.77.0.2:8080")), landed(Side::Pod, 8080, None)),
+            (
+                Probe::tcp(app(), sa("10.77.1.1:80")),
+                landed(Side::Peer, 80, None),
+            ),
+            (
+                Probe::tcp(via("not-istio-nic"), sa("10.77.0.2:8080")),
+                landed(Side::Pod, 8080, None),
+            ),
         ],
         "tproxy" => vec![
             // Outbound include CIDR captured, but not through the excluded interface.
@@ -123,13 +174,22 @@ fn case_facts(case: &str) -> Vec<(Probe, Outcome)> {
                 Probe::tcp(app(), sa("9.9.0.1:80")),
                 landed(Side::Pod, 15001, Some("9.9.0.1:80")),
             ),
-            (Probe::tcp(app(), sa("9.9.0.2:80")), landed(Side::Peer, 80, None)),
-            (Probe::tcp(app(), sa("1.1.0.1:80")), landed(Side::Peer, 80, None)),
+            (
+                Probe::tcp(app(), sa("9.9.0.2:80")),
+                landed(Side::Peer, 80, None),
+            ),
+            (
+                Probe::tcp(app(), sa("1.1.0.1:80")),
+                landed(Side::Peer, 80, None),
+            ),
             (
                 Probe::udp(app(), sa("127.0.0.53:53")),
                 landed(Side::Pod, 15053, None),
             ),
-            (Probe::tcp(via("not-istio-nic"), sa("10.77.0.2:8080")), landed(Side::Pod, 8080, None)),
+            (
+                Probe::tcp(via("not-istio-nic"), sa("10.77.0.2:8080")),
+                landed(Side::Pod, 8080, None),
+            ),
         ],
         "dns-uid-gid" => {
             let lo = "127.0.0.1".parse().unwrap();
@@ -146,7 +206,10 @@ fn case_facts(case: &str) -> Vec<(Probe, Outcome)> {
                 ),
                 // DNS capture: UDP to the resolver lands on the agent (un-NATed replies through
                 // conntrack zone 2), the proxy's own DNS is left alone.
-                (Probe::udp(app(), sa("127.0.0.53:53")), landed(Side::Pod, 15053, None)),
+                (
+                    Probe::udp(app(), sa("127.0.0.53:53")),
+                    landed(Side::Pod, 15053, None),
+                ),
                 (
                     Probe::udp(From::Pod { uid: 3, gid: 1000 }, sa("127.0.0.53:53")),
                     landed(Side::Pod, 53, None),
@@ -169,16 +232,20 @@ fn case_facts(case: &str) -> Vec<(Probe, Outcome)> {
                 Outcome::Refused,
             ),
         ],
-        "loopback-outbound-iprange" => vec![
-            (
-                Probe::tcp(app(), sa("127.1.2.3:80")),
-                landed(Side::Pod, 15001, Some("127.1.2.3:80")),
-            ),
-        ],
+        "loopback-outbound-iprange" => vec![(
+            Probe::tcp(app(), sa("127.1.2.3:80")),
+            landed(Side::Pod, 15001, Some("127.1.2.3:80")),
+        )],
         "outbound-owner-groups" => vec![
             // The test base has no outbound capture, so group membership changes nothing.
             (
-                Probe::tcp(From::Pod { uid: 1000, gid: istio::JAVA_GID }, sa("10.77.0.1:80")),
+                Probe::tcp(
+                    From::Pod {
+                        uid: 1000,
+                        gid: istio::JAVA_GID,
+                    },
+                    sa("10.77.0.1:80"),
+                ),
                 landed(Side::Peer, 80, None),
             ),
         ],
@@ -222,7 +289,8 @@ fn every_istio_case_gives_definite_outcomes() {
             for v6 in case.families() {
                 let dst = SocketAddr::new(topo.pod_addr(v6), port);
                 let r = run_probe_report(&topo, &Probe::tcp(From::Peer, dst));
-                if r.outcome != Outcome::landed(Side::Pod, 15006, Some(dst)) || r.local != Some(dst) {
+                if r.outcome != Outcome::landed(Side::Pod, 15006, Some(dst)) || r.local != Some(dst)
+                {
                     failures.push(format!(
                         "{name}: TPROXY of {dst}: got {} with local {:?}, want pod:15006 with local {dst}",
                         r.outcome, r.local
@@ -247,7 +315,15 @@ fn every_istio_case_gives_definite_outcomes() {
                 .join(" ")
         );
     }
-    println!("== {} cases, {total} probes in {:?}", names.len(), started.elapsed());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    println!(
+        "== {} cases, {total} probes in {:?}",
+        names.len(),
+        started.elapsed()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
-

@@ -3,9 +3,9 @@
 
 use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_core::nft::{self, Difference, TABLE};
-use redirect_core::ruleset::{Action, Chain, Family, Match, Rule, Ruleset, Stage, L4};
-use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
 use redirect_core::plan;
+use redirect_core::ruleset::{Action, Chain, Family, Match, Rule, Stage, L4};
+use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn full_config() -> CaptureConfig {
     CaptureConfig {
@@ -19,7 +19,10 @@ fn full_config() -> CaptureConfig {
             "fd00::/8".parse().unwrap(),
             "2001:db8::/32".parse().unwrap(),
         ]),
-        outbound_exclude_cidrs: vec!["10.96.0.0/12".parse().unwrap(), "1.2.3.4/32".parse().unwrap()],
+        outbound_exclude_cidrs: vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "1.2.3.4/32".parse().unwrap(),
+        ],
         outbound_exclude_ports: vec![15020, 9000],
         outbound_include_ports: vec![3306, 5432],
         exclude_interfaces: vec!["eth9".into()],
@@ -32,7 +35,13 @@ fn full_config() -> CaptureConfig {
 fn configs() -> Vec<(&'static str, CaptureConfig)> {
     vec![
         ("istio default", CaptureConfig::istio_sidecar_default()),
-        ("istio default ipv6", CaptureConfig { ipv6: true, ..CaptureConfig::istio_sidecar_default() }),
+        (
+            "istio default ipv6",
+            CaptureConfig {
+                ipv6: true,
+                ..CaptureConfig::istio_sidecar_default()
+            },
+        ),
         ("base", CaptureConfig::default()),
         ("everything", full_config()),
     ]
@@ -94,10 +103,16 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
         stage: Stage::Raw,
         name: "OUTPUT".into(),
         hook: Some(redirect_core::ruleset::Hook::Output),
-        rules: vec![Rule::new(vec![Match::Proto(L4::Tcp)], Action::Redirect(15001))],
+        rules: vec![Rule::new(
+            vec![Match::Proto(L4::Tcp)],
+            Action::Redirect(15001),
+        )],
     });
     let err = nft::apply_in(ns.path(), &bad).unwrap_err().to_string();
-    assert!(err.contains("raw_ip_output"), "the error names the rule: {err}");
+    assert!(
+        err.contains("raw_ip_output"),
+        "the error names the rule: {err}"
+    );
     assert!(err.contains("errno"), "{err}");
     let after = ns.sh(&format!("nft list table inet {TABLE}"));
     assert_eq!(before, after);
@@ -118,7 +133,10 @@ fn remove_leaves_nothing_and_is_idempotent() {
     assert_eq!(ns.sh("nft list ruleset").trim(), "");
     assert!(!nft::remove_in(ns.path()).unwrap());
     assert!(nft::read_back_in(ns.path()).unwrap().is_none());
-    assert_eq!(nft::diff_in(ns.path(), &plan(&CaptureConfig::default()).unwrap()).unwrap(), vec![Difference::TableMissing]);
+    assert_eq!(
+        nft::diff_in(ns.path(), &plan(&CaptureConfig::default()).unwrap()).unwrap(),
+        vec![Difference::TableMissing]
+    );
 }
 
 #[test]
@@ -130,13 +148,20 @@ fn a_rule_deleted_by_hand_is_reported() {
     let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
     nft::apply_in(ns.path(), &rs).unwrap();
     // Delete the last rule of the v4 ISTIO_OUTPUT chain (the catch-all redirect).
-    let listing = ns.sh(&format!("nft -a list chain inet {TABLE} nat_ip_istio_output"));
+    let listing = ns.sh(&format!(
+        "nft -a list chain inet {TABLE} nat_ip_istio_output"
+    ));
     let handle = listing
         .lines()
-        .filter_map(|l| l.rsplit_once("# handle ").map(|(_, h)| h.trim().to_string()))
-        .last()
+        .filter_map(|l| {
+            l.rsplit_once("# handle ")
+                .map(|(_, h)| h.trim().to_string())
+        })
+        .next_back()
         .expect("rules have handles");
-    ns.sh(&format!("nft delete rule inet {TABLE} nat_ip_istio_output handle {handle}"));
+    ns.sh(&format!(
+        "nft delete rule inet {TABLE} nat_ip_istio_output handle {handle}"
+    ));
     let diff = nft::diff_in(ns.path(), &rs).unwrap();
     assert_eq!(diff.len(), 1, "{diff:#?}");
     match &diff[0] {
@@ -149,9 +174,14 @@ fn a_rule_deleted_by_hand_is_reported() {
     // A set element removed by hand is reported too.
     let rs6 = plan(&full_config()).unwrap();
     nft::apply_in(ns.path(), &rs6).unwrap();
-    ns.sh(&format!("nft delete element inet {TABLE} ip-exclude-cidrs {{ 1.2.3.4 }}"));
+    ns.sh(&format!(
+        "nft delete element inet {TABLE} ip-exclude-cidrs {{ 1.2.3.4 }}"
+    ));
     let diff = nft::diff_in(ns.path(), &rs6).unwrap();
-    assert!(matches!(&diff[..], [Difference::SetElements { set, .. }] if set == "ip-exclude-cidrs"), "{diff:#?}");
+    assert!(
+        matches!(&diff[..], [Difference::SetElements { set, .. }] if set == "ip-exclude-cidrs"),
+        "{diff:#?}"
+    );
 }
 
 #[test]
@@ -161,9 +191,14 @@ fn large_cidr_lists_load_as_one_set() {
     }
     let ns = TestNetns::new();
     let exclude: Vec<ipnet::IpNet> = (0..10_000u32)
-        .map(|i| ipnet::IpNet::new(std::net::Ipv4Addr::from(0x0b00_0000 + i * 512).into(), 24).unwrap())
+        .map(|i| {
+            ipnet::IpNet::new(std::net::Ipv4Addr::from(0x0b00_0000 + i * 512).into(), 24).unwrap()
+        })
         .collect();
-    let cfg = CaptureConfig { outbound_exclude_cidrs: exclude, ..CaptureConfig::istio_sidecar_default() };
+    let cfg = CaptureConfig {
+        outbound_exclude_cidrs: exclude,
+        ..CaptureConfig::istio_sidecar_default()
+    };
     let rs = plan(&cfg).unwrap();
     nft::apply_in(ns.path(), &rs).unwrap();
     assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());

@@ -18,11 +18,22 @@ fn configs() -> Vec<(&'static str, CaptureConfig)> {
             CaptureConfig {
                 ipv6: true,
                 mode: InterceptionMode::Tproxy,
-                dns: DnsCapture::Servers { v4: vec!["10.96.0.10".parse().unwrap()], v6: vec!["fd00::10".parse().unwrap()] },
+                dns: DnsCapture::Servers {
+                    v4: vec!["10.96.0.10".parse().unwrap()],
+                    v6: vec!["fd00::10".parse().unwrap()],
+                },
                 drop_invalid: true,
                 inbound_ports: Selection::List(vec![8080, 9090]),
-                outbound_include_cidrs: Selection::List(vec!["10.0.0.0/8".parse().unwrap(), "172.16.0.0/12".parse().unwrap(), "fd00::/8".parse().unwrap()]),
-                outbound_exclude_cidrs: vec!["10.96.0.0/12".parse().unwrap(), "fd00:1::/32".parse().unwrap(), "fd00:2::/32".parse().unwrap()],
+                outbound_include_cidrs: Selection::List(vec![
+                    "10.0.0.0/8".parse().unwrap(),
+                    "172.16.0.0/12".parse().unwrap(),
+                    "fd00::/8".parse().unwrap(),
+                ]),
+                outbound_exclude_cidrs: vec![
+                    "10.96.0.0/12".parse().unwrap(),
+                    "fd00:1::/32".parse().unwrap(),
+                    "fd00:2::/32".parse().unwrap(),
+                ],
                 outbound_exclude_ports: vec![15020, 9000],
                 outbound_include_ports: vec![3306, 5432],
                 exclude_interfaces: vec!["eth9".into()],
@@ -32,7 +43,14 @@ fn configs() -> Vec<(&'static str, CaptureConfig)> {
                 ..CaptureConfig::istio_sidecar_default()
             },
         ),
-        ("capture all dns", CaptureConfig { dns: DnsCapture::All, ipv6: true, ..CaptureConfig::default() }),
+        (
+            "capture all dns",
+            CaptureConfig {
+                dns: DnsCapture::All,
+                ipv6: true,
+                ..CaptureConfig::default()
+            },
+        ),
     ]
 }
 
@@ -44,12 +62,20 @@ fn pipe(ns: &TestNetns, cmd: &str, input: &str) -> Result<(), String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("{cmd}: {e}"))?;
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("{cmd}: {}\n--- input ---\n{input}", String::from_utf8_lossy(&out.stderr)))
+        Err(format!(
+            "{cmd}: {}\n--- input ---\n{input}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -83,8 +109,14 @@ fn nft_script_loads_with_nft_and_holds_the_same_rules() {
         // Same chains, sets and rule counts as the netlink backend writes.
         let shape = |t: &nft::TableState| {
             (
-                t.chains.iter().map(|c| (c.name.clone(), c.base.clone(), c.rules.len())).collect::<Vec<_>>(),
-                t.sets.iter().map(|s| (s.name.clone(), canonical(&s.elements))).collect::<Vec<_>>(),
+                t.chains
+                    .iter()
+                    .map(|c| (c.name.clone(), c.base.clone(), c.rules.len()))
+                    .collect::<Vec<_>>(),
+                t.sets
+                    .iter()
+                    .map(|s| (s.name.clone(), canonical(&s.elements)))
+                    .collect::<Vec<_>>(),
             )
         };
         assert_eq!(shape(&state), shape(&expected), "{name}");
@@ -102,9 +134,11 @@ fn iptables_restore_input_loads_with_both_variants() {
         assert_eq!(v6.is_some(), rs.families().contains(&Family::V6));
         for variant in ["nft", "legacy"] {
             let ns = TestNetns::new();
-            pipe(&ns, &format!("iptables-{variant}-restore --noflush"), &v4).unwrap_or_else(|e| panic!("{name}: {e}"));
+            pipe(&ns, &format!("iptables-{variant}-restore --noflush"), &v4)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             if let Some(v6) = &v6 {
-                pipe(&ns, &format!("ip6tables-{variant}-restore --noflush"), v6).unwrap_or_else(|e| panic!("{name}: {e}"));
+                pipe(&ns, &format!("ip6tables-{variant}-restore --noflush"), v6)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
             }
             // Every rendered rule is in the kernel.
             let saved = ns.sh(&format!("iptables-{variant}-save"));

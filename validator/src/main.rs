@@ -1,1 +1,4 @@
-fn main() { eprintln!("redirect-validate: not implemented yet (see issue: redirect-validate)"); std::process::exit(1); }
+fn main() {
+    eprintln!("redirect-validate: not implemented yet (see issue: redirect-validate)");
+    std::process::exit(1);
+}

@@ -68,13 +68,24 @@ pub enum Expr {
     /// Set a meta key from reg 1.
     MetaSet(MetaKey),
     /// Load `len` bytes at `offset` of a header into reg 1.
-    Payload { base: Base, offset: u32, len: u32 },
+    Payload {
+        base: Base,
+        offset: u32,
+        len: u32,
+    },
     /// Compare reg 1 with data.
-    Cmp { eq: bool, data: Vec<u8> },
+    Cmp {
+        eq: bool,
+        data: Vec<u8>,
+    },
     /// reg 1 = (reg 1 & mask) ^ 0.
     Mask(Vec<u8>),
     /// Look reg 1 up in a named set.
-    Lookup { set: CString, set_id: u32, invert: bool },
+    Lookup {
+        set: CString,
+        set_id: u32,
+        invert: bool,
+    },
     /// Load a conntrack key into reg 1.
     Ct(CtKey),
     /// Set a conntrack key from reg 1.
@@ -84,7 +95,9 @@ pub enum Expr {
     /// Redirect to the port in reg 1 (big-endian).
     Redir,
     /// Transparent proxy to the port in reg 1 (big-endian), for one family.
-    Tproxy { nfproto: u32 },
+    Tproxy {
+        nfproto: u32,
+    },
     Counter,
     Verdict(Verdict),
 }
@@ -103,7 +116,8 @@ const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 
 fn alloc(name: &std::ffi::CStr) -> NonNull<sys::nftnl_expr> {
     // Allocation of a few bytes failing means the process is out of memory; nftnl aborts too.
-    NonNull::new(unsafe { sys::nftnl_expr_alloc(name.as_ptr()) }).unwrap_or_else(|| std::process::abort())
+    NonNull::new(unsafe { sys::nftnl_expr_alloc(name.as_ptr()) })
+        .unwrap_or_else(|| std::process::abort())
 }
 
 unsafe fn set_u32(e: NonNull<sys::nftnl_expr>, attr: u32, v: u32) {
@@ -152,7 +166,11 @@ impl Expression for Expr {
                 Expr::Cmp { eq, data } => {
                     let e = alloc(c"cmp");
                     set_u32(e, sys::NFTNL_EXPR_CMP_SREG, REG);
-                    let op = if *eq { libc::NFT_CMP_EQ } else { libc::NFT_CMP_NEQ } as u32;
+                    let op = if *eq {
+                        libc::NFT_CMP_EQ
+                    } else {
+                        libc::NFT_CMP_NEQ
+                    } as u32;
                     set_u32(e, sys::NFTNL_EXPR_CMP_OP, op);
                     set_data(e, sys::NFTNL_EXPR_CMP_DATA, data);
                     e
@@ -166,12 +184,24 @@ impl Expression for Expr {
                     set_data(e, sys::NFTNL_EXPR_BITWISE_XOR, &vec![0u8; mask.len()]);
                     e
                 }
-                Expr::Lookup { set, set_id, invert } => {
+                Expr::Lookup {
+                    set,
+                    set_id,
+                    invert,
+                } => {
                     let e = alloc(c"lookup");
                     set_u32(e, sys::NFTNL_EXPR_LOOKUP_SREG, REG);
-                    sys::nftnl_expr_set_str(e.as_ptr(), sys::NFTNL_EXPR_LOOKUP_SET as u16, set.as_ptr());
+                    sys::nftnl_expr_set_str(
+                        e.as_ptr(),
+                        sys::NFTNL_EXPR_LOOKUP_SET as u16,
+                        set.as_ptr(),
+                    );
                     set_u32(e, sys::NFTNL_EXPR_LOOKUP_SET_ID, *set_id);
-                    let flags = if *invert { libc::NFT_LOOKUP_F_INV as u32 } else { 0 };
+                    let flags = if *invert {
+                        libc::NFT_LOOKUP_F_INV as u32
+                    } else {
+                        0
+                    };
                     set_u32(e, sys::NFTNL_EXPR_LOOKUP_FLAGS, flags);
                     e
                 }
@@ -219,7 +249,11 @@ impl Expression for Expr {
                     };
                     set_u32(e, sys::NFTNL_EXPR_IMM_VERDICT, code as u32);
                     if let Verdict::Jump(chain) = v {
-                        sys::nftnl_expr_set_str(e.as_ptr(), sys::NFTNL_EXPR_IMM_CHAIN as u16, chain.as_ptr());
+                        sys::nftnl_expr_set_str(
+                            e.as_ptr(),
+                            sys::NFTNL_EXPR_IMM_CHAIN as u16,
+                            chain.as_ptr(),
+                        );
                     }
                     e
                 }

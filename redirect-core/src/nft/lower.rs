@@ -82,7 +82,12 @@ pub fn base_chain_name(stage: Stage, hook: Hook) -> String {
 
 /// Name of a family's chain.
 pub fn chain_name(stage: Stage, family: Family, name: &str) -> String {
-    format!("{}_{}_{}", stage.table_name(), family.nft_name(), name.to_ascii_lowercase())
+    format!(
+        "{}_{}_{}",
+        stage.table_name(),
+        family.nft_name(),
+        name.to_ascii_lowercase()
+    )
 }
 
 fn hook_name(hook: Hook) -> &'static str {
@@ -135,8 +140,13 @@ pub fn lower(rs: &Ruleset) -> NftTable {
                 .map(|c| {
                     vec![
                         Expr::Meta(MetaKey::NfProto),
-                        Expr::Cmp { eq: true, data: vec![nfproto(c.family)] },
-                        Expr::Verdict(Verdict::Jump(cstring(&chain_name(stage, c.family, &c.name)))),
+                        Expr::Cmp {
+                            eq: true,
+                            data: vec![nfproto(c.family)],
+                        },
+                        Expr::Verdict(Verdict::Jump(cstring(&chain_name(
+                            stage, c.family, &c.name,
+                        )))),
                     ]
                 })
                 .collect();
@@ -199,17 +209,33 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) 
     match m {
         Match::Proto(p) => {
             out.push(Expr::Meta(MetaKey::L4Proto));
-            out.push(Expr::Cmp { eq: true, data: vec![p.number()] });
+            out.push(Expr::Cmp {
+                eq: true,
+                data: vec![p.number()],
+            });
         }
         Match::DPort(pm) | Match::SPort(pm) => {
             let offset = if matches!(m, Match::SPort(_)) { 0 } else { 2 };
-            out.push(Expr::Payload { base: Base::Transport, offset, len: 2 });
+            out.push(Expr::Payload {
+                base: Base::Transport,
+                offset,
+                len: 2,
+            });
             match pm {
-                PortMatch::Eq(p) => out.push(Expr::Cmp { eq: true, data: p.to_be_bytes().to_vec() }),
-                PortMatch::Ne(p) => out.push(Expr::Cmp { eq: false, data: p.to_be_bytes().to_vec() }),
+                PortMatch::Eq(p) => out.push(Expr::Cmp {
+                    eq: true,
+                    data: p.to_be_bytes().to_vec(),
+                }),
+                PortMatch::Ne(p) => out.push(Expr::Cmp {
+                    eq: false,
+                    data: p.to_be_bytes().to_vec(),
+                }),
                 PortMatch::NotIn(ps) => {
                     for p in ps {
-                        out.push(Expr::Cmp { eq: false, data: p.to_be_bytes().to_vec() });
+                        out.push(Expr::Cmp {
+                            eq: false,
+                            data: p.to_be_bytes().to_vec(),
+                        });
                     }
                 }
                 PortMatch::InSet(name) => out.push(set_ref(sets, name, false)),
@@ -217,35 +243,62 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) 
         }
         Match::DAddr(am) | Match::SAddr(am) => {
             let (offset, len) = addr_offset(family, matches!(m, Match::SAddr(_)));
-            out.push(Expr::Payload { base: Base::Network, offset, len });
+            out.push(Expr::Payload {
+                base: Base::Network,
+                offset,
+                len,
+            });
             match am {
                 AddrMatch::Eq(net) | AddrMatch::Ne(net) => {
                     let eq = matches!(am, AddrMatch::Eq(_));
                     if net.prefix_len() < net.max_prefix_len() {
                         out.push(Expr::Mask(addr_bytes(net.netmask())));
                     }
-                    out.push(Expr::Cmp { eq, data: addr_bytes(net.network()) });
+                    out.push(Expr::Cmp {
+                        eq,
+                        data: addr_bytes(net.network()),
+                    });
                 }
                 AddrMatch::InSet(name) => out.push(set_ref(sets, name, false)),
             }
         }
         Match::Iif { name, negate } | Match::Oif { name, negate } => {
-            let key = if matches!(m, Match::Iif { .. }) { MetaKey::IifName } else { MetaKey::OifName };
+            let key = if matches!(m, Match::Iif { .. }) {
+                MetaKey::IifName
+            } else {
+                MetaKey::OifName
+            };
             out.push(Expr::Meta(key));
-            out.push(Expr::Cmp { eq: !negate, data: ifname(name) });
+            out.push(Expr::Cmp {
+                eq: !negate,
+                data: ifname(name),
+            });
         }
         Match::Uid { id, negate } | Match::Gid { id, negate } => {
-            let key = if matches!(m, Match::Uid { .. }) { MetaKey::SkUid } else { MetaKey::SkGid };
+            let key = if matches!(m, Match::Uid { .. }) {
+                MetaKey::SkUid
+            } else {
+                MetaKey::SkGid
+            };
             out.push(Expr::Meta(key));
-            out.push(Expr::Cmp { eq: !negate, data: id.to_ne_bytes().to_vec() });
+            out.push(Expr::Cmp {
+                eq: !negate,
+                data: id.to_ne_bytes().to_vec(),
+            });
         }
         Match::Mark { value, negate } => {
             out.push(Expr::Meta(MetaKey::Mark));
-            out.push(Expr::Cmp { eq: !negate, data: value.to_ne_bytes().to_vec() });
+            out.push(Expr::Cmp {
+                eq: !negate,
+                data: value.to_ne_bytes().to_vec(),
+            });
         }
         Match::CtMark { value } => {
             out.push(Expr::Ct(CtKey::Mark));
-            out.push(Expr::Cmp { eq: true, data: value.to_ne_bytes().to_vec() });
+            out.push(Expr::Cmp {
+                eq: true,
+                data: value.to_ne_bytes().to_vec(),
+            });
         }
         Match::CtState(states) => {
             // ct state bits (nf_conntrack_common.h): INVALID 1, ESTABLISHED 2, RELATED 4.
@@ -255,7 +308,10 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) 
             };
             out.push(Expr::Ct(CtKey::State));
             out.push(Expr::Mask(mask.to_ne_bytes().to_vec()));
-            out.push(Expr::Cmp { eq: false, data: 0u32.to_ne_bytes().to_vec() });
+            out.push(Expr::Cmp {
+                eq: false,
+                data: 0u32.to_ne_bytes().to_vec(),
+            });
         }
     }
     let _ = family;
@@ -268,10 +324,18 @@ fn addr_bytes(a: IpAddr) -> Vec<u8> {
     }
 }
 
-fn lower_action(rules: &mut Vec<Vec<Expr>>, mut m: Vec<Expr>, action: &Action, stage: Stage, family: Family) {
+fn lower_action(
+    rules: &mut Vec<Vec<Expr>>,
+    mut m: Vec<Expr>,
+    action: &Action,
+    stage: Stage,
+    family: Family,
+) {
     let v = |v: Verdict| Expr::Verdict(v);
     match action {
-        Action::Jump(target) => m.push(v(Verdict::Jump(cstring(&chain_name(stage, family, target))))),
+        Action::Jump(target) => m.push(v(Verdict::Jump(cstring(&chain_name(
+            stage, family, target,
+        ))))),
         Action::Return => m.push(v(Verdict::Return)),
         Action::Accept => m.push(v(Verdict::Accept)),
         Action::Drop => m.push(v(Verdict::Drop)),
@@ -288,7 +352,9 @@ fn lower_action(rules: &mut Vec<Vec<Expr>>, mut m: Vec<Expr>, action: &Action, s
                 d
             };
             m.push(Expr::Imm(port.to_be_bytes().to_vec()));
-            m.push(Expr::Tproxy { nfproto: nfproto(family) as u32 });
+            m.push(Expr::Tproxy {
+                nfproto: nfproto(family) as u32,
+            });
             m.push(Expr::Imm(mark.to_ne_bytes().to_vec()));
             m.push(Expr::MetaSet(MetaKey::Mark));
             m.push(v(Verdict::Accept));
@@ -331,26 +397,49 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
             interval: false,
             elements: ports
                 .iter()
-                .map(|p| SetElem { key: p.to_be_bytes().to_vec(), interval_end: false })
+                .map(|p| SetElem {
+                    key: p.to_be_bytes().to_vec(),
+                    interval_end: false,
+                })
                 .collect(),
         },
         SetElements::Cidrs(cidrs) => {
             let v6 = set.family == Some(Family::V6);
-            let (key_type, key_len) = if v6 { (TYPE_IPV6_ADDR, 16) } else { (TYPE_IPV4_ADDR, 4) };
+            let (key_type, key_len) = if v6 {
+                (TYPE_IPV6_ADDR, 16)
+            } else {
+                (TYPE_IPV4_ADDR, 4)
+            };
             let mut elements = Vec::new();
             let ranges = merged_ranges(cidrs);
             // Like nft, open with an interval end at 0 when the first range starts above it, so
             // every key below the first range finds an end and misses on every kernel.
             if ranges.first().is_some_and(|(start, _)| *start > 0) {
-                elements.push(SetElem { key: int_to_key(0, key_len), interval_end: true });
+                elements.push(SetElem {
+                    key: int_to_key(0, key_len),
+                    interval_end: true,
+                });
             }
             for (start, end) in ranges {
-                elements.push(SetElem { key: int_to_key(start, key_len), interval_end: false });
+                elements.push(SetElem {
+                    key: int_to_key(start, key_len),
+                    interval_end: false,
+                });
                 if let Some(end) = end {
-                    elements.push(SetElem { key: int_to_key(end, key_len), interval_end: true });
+                    elements.push(SetElem {
+                        key: int_to_key(end, key_len),
+                        interval_end: true,
+                    });
                 }
             }
-            NftSet { name: set.name.clone(), id, key_type, key_len, interval: true, elements }
+            NftSet {
+                name: set.name.clone(),
+                id,
+                key_type,
+                key_len,
+                interval: true,
+                elements,
+            }
         }
     }
 }
@@ -362,10 +451,17 @@ pub fn merged_ranges(cidrs: &[IpNet]) -> Vec<(u128, Option<u128>)> {
         .iter()
         .map(|c| {
             let (start, last) = match c {
-                IpNet::V4(n) => (u32::from(n.network()) as u128, u32::from(n.broadcast()) as u128),
+                IpNet::V4(n) => (
+                    u32::from(n.network()) as u128,
+                    u32::from(n.broadcast()) as u128,
+                ),
                 IpNet::V6(n) => (u128::from(n.network()), u128::from(n.broadcast())),
             };
-            let top = if matches!(c, IpNet::V4(_)) { u32::MAX as u128 } else { u128::MAX };
+            let top = if matches!(c, IpNet::V4(_)) {
+                u32::MAX as u128
+            } else {
+                u128::MAX
+            };
             (start, if last == top { None } else { Some(last + 1) })
         })
         .collect();
@@ -376,10 +472,7 @@ pub fn merged_ranges(cidrs: &[IpNet]) -> Vec<(u128, Option<u128>)> {
             match last.1 {
                 None => continue,
                 Some(le) if s <= le => {
-                    last.1 = match e {
-                        None => None,
-                        Some(e) => Some(e.max(le)),
-                    };
+                    last.1 = e.map(|e| e.max(le));
                     continue;
                 }
                 _ => {}
@@ -408,10 +501,18 @@ mod tests {
 
     #[test]
     fn ranges_merge_adjacent_and_overlapping() {
-        let r = merged_ranges(&nets(&["10.0.0.0/8", "11.0.0.0/16", "10.5.0.0/16", "192.168.0.0/16"]));
+        let r = merged_ranges(&nets(&[
+            "10.0.0.0/8",
+            "11.0.0.0/16",
+            "10.5.0.0/16",
+            "192.168.0.0/16",
+        ]));
         assert_eq!(
             r,
-            vec![(0x0a00_0000, Some(0x0b01_0000)), (0xc0a8_0000, Some(0xc0a9_0000))]
+            vec![
+                (0x0a00_0000, Some(0x0b01_0000)),
+                (0xc0a8_0000, Some(0xc0a9_0000))
+            ]
         );
         let r = merged_ranges(&nets(&["0.0.0.0/0", "10.0.0.0/8"]));
         assert_eq!(r, vec![(0, None)]);
@@ -421,14 +522,25 @@ mod tests {
 
     #[test]
     fn dispatch_chains_per_family() {
-        let cfg = crate::CaptureConfig { ipv6: true, ..crate::CaptureConfig::istio_sidecar_default() };
+        let cfg = crate::CaptureConfig {
+            ipv6: true,
+            ..crate::CaptureConfig::istio_sidecar_default()
+        };
         let t = lower(&crate::plan(&cfg).unwrap());
         let out = t.chains.iter().find(|c| c.name == "nat_output").unwrap();
         assert_eq!(out.rules.len(), 2);
         assert!(t.chains.iter().any(|c| c.name == "nat_ip6_istio_output"));
         let cfg4 = crate::CaptureConfig::istio_sidecar_default();
         let t4 = lower(&crate::plan(&cfg4).unwrap());
-        assert_eq!(t4.chains.iter().find(|c| c.name == "nat_output").unwrap().rules.len(), 1);
+        assert_eq!(
+            t4.chains
+                .iter()
+                .find(|c| c.name == "nat_output")
+                .unwrap()
+                .rules
+                .len(),
+            1
+        );
         assert!(!t4.chains.iter().any(|c| c.name.contains("ip6")));
     }
 }

@@ -24,7 +24,10 @@ impl Socket {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         // Many ACKs come back at once for a large batch: give them room, and never wait forever.
         let size: libc::c_int = 8 * 1024 * 1024;
-        let tv = libc::timeval { tv_sec: 10, tv_usec: 0 };
+        let tv = libc::timeval {
+            tv_sec: 10,
+            tv_usec: 0,
+        };
         unsafe {
             let p = &size as *const _ as *const libc::c_void;
             let n = std::mem::size_of_val(&size) as libc::socklen_t;
@@ -116,7 +119,10 @@ impl Socket {
         }
         let mut iov: Vec<libc::iovec> = pages
             .iter()
-            .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            })
             .collect();
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
@@ -130,7 +136,9 @@ impl Socket {
             return Err(io::Error::last_os_error());
         }
         if sent as usize != total {
-            return Err(io::Error::other(format!("sent {sent} of {total} bytes of the batch")));
+            return Err(io::Error::other(format!(
+                "sent {sent} of {total} bytes of the batch"
+            )));
         }
         Ok(())
     }

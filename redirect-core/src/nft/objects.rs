@@ -4,7 +4,9 @@
 use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
 
-use nftnl::{Batch, Chain, ChainType, Hook as NftHook, MsgType, NlMsg, Policy, ProtoFamily, Rule, Table};
+use nftnl::{
+    Batch, Chain, ChainType, Hook as NftHook, MsgType, NlMsg, Policy, ProtoFamily, Rule, Table,
+};
 use nftnl_sys::{self as sys, libc};
 
 use super::lower::{ChainKind, NftSet, NftTable};
@@ -38,8 +40,18 @@ pub fn apply_batch(sock: &Socket, t: &NftTable) -> Result<()> {
         batch.add(&SetMsg { set, elems: None }, MsgType::Add);
         label(format!("add set {}", set.name));
         for (i, chunk) in set.elements.chunks(ELEMS_PER_MSG).enumerate() {
-            batch.add(&SetMsg { set, elems: Some(chunk) }, MsgType::Add);
-            label(format!("add elements to set {} (chunk {})", set.name, i + 1));
+            batch.add(
+                &SetMsg {
+                    set,
+                    elems: Some(chunk),
+                },
+                MsgType::Add,
+            );
+            label(format!(
+                "add elements to set {} (chunk {})",
+                set.name,
+                i + 1
+            ));
         }
     }
     let mut chains = Vec::new();
@@ -107,7 +119,8 @@ struct SetMsg<'a> {
 
 impl SetMsg<'_> {
     fn build(&self) -> NonNull<sys::nftnl_set> {
-        let s = NonNull::new(unsafe { sys::nftnl_set_alloc() }).unwrap_or_else(|| std::process::abort());
+        let s = NonNull::new(unsafe { sys::nftnl_set_alloc() })
+            .unwrap_or_else(|| std::process::abort());
         let table = CString::new(TABLE).expect("no NUL");
         let name = CString::new(self.set.name.as_str()).expect("no NUL");
         unsafe {
@@ -118,14 +131,19 @@ impl SetMsg<'_> {
             sys::nftnl_set_set_u32(p, sys::NFTNL_SET_ID as u16, self.set.id);
             match self.elems {
                 None => {
-                    let flags = if self.set.interval { libc::NFT_SET_INTERVAL as u32 } else { 0 };
+                    let flags = if self.set.interval {
+                        libc::NFT_SET_INTERVAL as u32
+                    } else {
+                        0
+                    };
                     sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FLAGS as u16, flags);
                     sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_TYPE as u16, self.set.key_type);
                     sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_LEN as u16, self.set.key_len);
                 }
                 Some(elems) => {
                     for el in elems {
-                        let e = NonNull::new(sys::nftnl_set_elem_alloc()).unwrap_or_else(|| std::process::abort());
+                        let e = NonNull::new(sys::nftnl_set_elem_alloc())
+                            .unwrap_or_else(|| std::process::abort());
                         sys::nftnl_set_elem_set(
                             e.as_ptr(),
                             sys::NFTNL_SET_ELEM_KEY as u16,
@@ -154,7 +172,10 @@ unsafe impl NlMsg for SetMsg<'_> {
         unsafe {
             let (ty, flags) = match self.elems {
                 None => (libc::NFT_MSG_NEWSET, libc::NLM_F_CREATE | libc::NLM_F_ACK),
-                Some(_) => (libc::NFT_MSG_NEWSETELEM, libc::NLM_F_CREATE | libc::NLM_F_ACK),
+                Some(_) => (
+                    libc::NFT_MSG_NEWSETELEM,
+                    libc::NLM_F_CREATE | libc::NLM_F_ACK,
+                ),
             };
             let hdr = sys::nftnl_nlmsg_build_hdr(
                 buf as *mut libc::c_char,

@@ -11,7 +11,10 @@ use crate::ruleset::{
 
 /// Both families' inputs: `(v4, Some(v6))` when the ruleset has IPv6 chains.
 pub fn iptables_restore_all(rs: &Ruleset) -> (String, Option<String>) {
-    let v6 = rs.families().contains(&Family::V6).then(|| iptables_restore(rs, Family::V6));
+    let v6 = rs
+        .families()
+        .contains(&Family::V6)
+        .then(|| iptables_restore(rs, Family::V6));
     (iptables_restore(rs, Family::V4), v6)
 }
 
@@ -48,13 +51,27 @@ fn expand(rs: &Ruleset, r: &Rule) -> Vec<String> {
         let alts = match_args(rs, m);
         lines = lines
             .iter()
-            .flat_map(|l| alts.iter().map(move |a| if l.is_empty() { a.clone() } else { format!("{l} {a}") }))
+            .flat_map(|l| {
+                alts.iter().map(move |a| {
+                    if l.is_empty() {
+                        a.clone()
+                    } else {
+                        format!("{l} {a}")
+                    }
+                })
+            })
             .collect();
     }
     let target = action_args(&r.action);
     lines
         .into_iter()
-        .map(|l| if l.is_empty() { target.clone() } else { format!("{l} {target}") })
+        .map(|l| {
+            if l.is_empty() {
+                target.clone()
+            } else {
+                format!("{l} {target}")
+            }
+        })
         .collect()
 }
 
@@ -79,23 +96,40 @@ fn match_args(rs: &Ruleset, m: &Match) -> Vec<String> {
     match m {
         Match::Proto(p) => one(format!("-p {}", p.name())),
         Match::DPort(pm) | Match::SPort(pm) => {
-            let dir = if matches!(m, Match::DPort(_)) { "dport" } else { "sport" };
+            let dir = if matches!(m, Match::DPort(_)) {
+                "dport"
+            } else {
+                "sport"
+            };
             match pm {
                 PortMatch::Eq(p) => one(format!("--{dir} {p}")),
                 PortMatch::Ne(p) => one(format!("! --{dir} {p}")),
                 PortMatch::NotIn(ps) => one(format!(
                     "-m multiport ! --{dir}s {}",
-                    ps.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")
+                    ps.iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
                 )),
-                PortMatch::InSet(set) => set_ports(rs, set).iter().map(|p| format!("--{dir} {p}")).collect(),
+                PortMatch::InSet(set) => set_ports(rs, set)
+                    .iter()
+                    .map(|p| format!("--{dir} {p}"))
+                    .collect(),
             }
         }
         Match::DAddr(am) | Match::SAddr(am) => {
-            let flag = if matches!(m, Match::DAddr(_)) { "-d" } else { "-s" };
+            let flag = if matches!(m, Match::DAddr(_)) {
+                "-d"
+            } else {
+                "-s"
+            };
             match am {
                 AddrMatch::Eq(n) => one(format!("{flag} {n}")),
                 AddrMatch::Ne(n) => one(format!("! {flag} {n}")),
-                AddrMatch::InSet(set) => set_cidrs(rs, set).iter().map(|c| format!("{flag} {c}")).collect(),
+                AddrMatch::InSet(set) => set_cidrs(rs, set)
+                    .iter()
+                    .map(|c| format!("{flag} {c}"))
+                    .collect(),
             }
         }
         Match::Iif { name, negate } => one(format!("{}-i {name}", neg(*negate))),
@@ -105,7 +139,9 @@ fn match_args(rs: &Ruleset, m: &Match) -> Vec<String> {
         Match::Mark { value, negate } => one(format!("-m mark {}--mark {value}", neg(*negate))),
         Match::CtMark { value } => one(format!("-m connmark --mark {value}")),
         Match::CtState(CtStates::Invalid) => one("-m conntrack --ctstate INVALID".into()),
-        Match::CtState(CtStates::RelatedEstablished) => one("-m conntrack --ctstate RELATED,ESTABLISHED".into()),
+        Match::CtState(CtStates::RelatedEstablished) => {
+            one("-m conntrack --ctstate RELATED,ESTABLISHED".into())
+        }
     }
 }
 
@@ -116,7 +152,9 @@ fn action_args(a: &Action) -> String {
         Action::Accept => "-j ACCEPT".into(),
         Action::Drop => "-j DROP".into(),
         Action::Redirect(p) => format!("-j REDIRECT --to-ports {p}"),
-        Action::Tproxy { port, mark } => format!("-j TPROXY --tproxy-mark {mark}/0xffffffff --on-port {port}"),
+        Action::Tproxy { port, mark } => {
+            format!("-j TPROXY --tproxy-mark {mark}/0xffffffff --on-port {port}")
+        }
         Action::SetMark(m) => format!("-j MARK --set-mark {m}"),
         Action::SaveMark => "-j CONNMARK --save-mark".into(),
         Action::RestoreMark => "-j CONNMARK --restore-mark".into(),
@@ -139,7 +177,10 @@ mod tests {
             ..CaptureConfig::istio_sidecar_default()
         };
         let ours = iptables_restore(&crate::plan(&cfg).unwrap(), Family::V4);
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/testdata/istio/cni/basic.restore");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/testdata/istio/cni/basic.restore"
+        );
         let istio = std::fs::read_to_string(path).unwrap();
         let sorted = |s: &str| {
             let mut v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();

@@ -18,9 +18,17 @@ pub fn nft_script(rs: &Ruleset) -> String {
     let _ = writeln!(s, "table inet {TABLE} {{");
     for set in &rs.sets {
         let (ty, flags, elems) = match &set.elements {
-            SetElements::Ports(p) => ("inet_service", "", p.iter().map(|p| p.to_string()).collect::<Vec<_>>()),
+            SetElements::Ports(p) => (
+                "inet_service",
+                "",
+                p.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            ),
             SetElements::Cidrs(c) => (
-                if set.family == Some(Family::V6) { "ipv6_addr" } else { "ipv4_addr" },
+                if set.family == Some(Family::V6) {
+                    "ipv6_addr"
+                } else {
+                    "ipv4_addr"
+                },
                 " flags interval;",
                 c.iter().map(|c| c.to_string()).collect(),
             ),
@@ -33,7 +41,11 @@ pub fn nft_script(rs: &Ruleset) -> String {
     }
     for stage in Stage::ALL {
         for hook in Hook::ALL {
-            let users: Vec<_> = rs.chains.iter().filter(|c| c.stage == stage && c.hook == Some(hook)).collect();
+            let users: Vec<_> = rs
+                .chains
+                .iter()
+                .filter(|c| c.stage == stage && c.hook == Some(hook))
+                .collect();
             if users.is_empty() {
                 continue;
             }
@@ -47,13 +59,21 @@ pub fn nft_script(rs: &Ruleset) -> String {
                 Hook::Output => "output",
             };
             let _ = writeln!(s, "\tchain {} {{", base_chain_name(stage, hook));
-            let _ = writeln!(s, "\t\ttype {kind} hook {hook_name} priority {}; policy accept;", stage.priority());
+            let _ = writeln!(
+                s,
+                "\t\ttype {kind} hook {hook_name} priority {}; policy accept;",
+                stage.priority()
+            );
             for c in users {
                 let proto = match c.family {
                     Family::V4 => "ipv4",
                     Family::V6 => "ipv6",
                 };
-                let _ = writeln!(s, "\t\tmeta nfproto {proto} jump {}", chain_name(stage, c.family, &c.name));
+                let _ = writeln!(
+                    s,
+                    "\t\tmeta nfproto {proto} jump {}",
+                    chain_name(stage, c.family, &c.name)
+                );
             }
             let _ = writeln!(s, "\t}}");
         }
@@ -92,7 +112,11 @@ pub fn nft_rule(r: &Rule, family: Family, stage: Stage) -> Vec<String> {
             Match::CtState(CtStates::RelatedEstablished) => "ct state established,related".into(),
         });
     }
-    let prefix = if m.is_empty() { String::new() } else { format!("{} ", m.join(" ")) };
+    let prefix = if m.is_empty() {
+        String::new()
+    } else {
+        format!("{} ", m.join(" "))
+    };
     let action = match &r.action {
         Action::Jump(t) => format!("jump {}", chain_name(stage, family, t)),
         Action::Return => "return".into(),
@@ -125,7 +149,11 @@ fn port(dir: &str, pm: &PortMatch) -> String {
     match pm {
         PortMatch::Eq(p) => format!("th {dir} {p}"),
         PortMatch::Ne(p) => format!("th {dir} != {p}"),
-        PortMatch::NotIn(ps) => ps.iter().map(|p| format!("th {dir} != {p}")).collect::<Vec<_>>().join(" "),
+        PortMatch::NotIn(ps) => ps
+            .iter()
+            .map(|p| format!("th {dir} != {p}"))
+            .collect::<Vec<_>>()
+            .join(" "),
         PortMatch::InSet(s) => format!("th {dir} @{s}"),
     }
 }

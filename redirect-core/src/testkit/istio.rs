@@ -168,9 +168,13 @@ impl IstioCase {
         };
         let port = |key: &str, default: &str| -> Result<u16, String> {
             let s = text(key, default)?;
-            s.parse().map_err(|_| format!("{key}: expected a port, got {s:?}"))
+            s.parse()
+                .map_err(|_| format!("{key}: expected a port, got {s:?}"))
         };
-        fn addrs<A: std::str::FromStr>(raw: &Map<String, Value>, key: &str) -> Result<Vec<A>, String> {
+        fn addrs<A: std::str::FromStr>(
+            raw: &Map<String, Value>,
+            key: &str,
+        ) -> Result<Vec<A>, String> {
             match raw.get(key) {
                 None | Some(Value::Null) => Ok(Vec::new()),
                 Some(Value::Array(items)) => items
@@ -185,7 +189,10 @@ impl IstioCase {
             }
         }
         let set_by_case = match raw.get("_set_by_case") {
-            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect(),
             _ => Vec::new(),
         };
         let proxy_uid = list("proxy-uid", "1337")?;
@@ -270,11 +277,17 @@ impl IstioCase {
     }
 
     pub fn proxy_uids(&self) -> Vec<u32> {
-        self.proxy_uid.iter().filter_map(|u| u.parse().ok()).collect()
+        self.proxy_uid
+            .iter()
+            .filter_map(|u| u.parse().ok())
+            .collect()
     }
 
     pub fn proxy_gids(&self) -> Vec<u32> {
-        self.proxy_gid.iter().filter_map(|g| g.parse().ok()).collect()
+        self.proxy_gid
+            .iter()
+            .filter_map(|g| g.parse().ok())
+            .collect()
     }
 
     /// The owner-group include list as GIDs; `None` for `*` (every group).
@@ -282,25 +295,38 @@ impl IstioCase {
         if self.owner_groups.iter().any(|g| g == "*") {
             return None;
         }
-        Some(self.owner_groups.iter().filter_map(|g| group_gid(g)).collect())
+        Some(
+            self.owner_groups
+                .iter()
+                .filter_map(|g| group_gid(g))
+                .collect(),
+        )
     }
 
     /// The owner-group exclude list as GIDs.
     pub fn owner_group_exclude_gids(&self) -> Vec<u32> {
-        self.owner_groups_exclude.iter().filter_map(|g| group_gid(g)).collect()
+        self.owner_groups_exclude
+            .iter()
+            .filter_map(|g| group_gid(g))
+            .collect()
     }
 
     /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR` parsed.
     pub fn loopback_cidr(&self) -> Ipv4Net {
-        self.ipv4_loopback_cidr
-            .parse()
-            .unwrap_or_else(|_| panic!("{}: bad loopback CIDR {:?}", self.name, self.ipv4_loopback_cidr))
+        self.ipv4_loopback_cidr.parse().unwrap_or_else(|_| {
+            panic!(
+                "{}: bad loopback CIDR {:?}",
+                self.name, self.ipv4_loopback_cidr
+            )
+        })
     }
 
     /// Whether DNS capture is in effect (redirect-dns and capture-all or at least one server).
     pub fn dns_effective(&self) -> bool {
         self.redirect_dns
-            && (self.capture_all_dns || !self.dns_servers_v4.is_empty() || !self.dns_servers_v6.is_empty())
+            && (self.capture_all_dns
+                || !self.dns_servers_v4.is_empty()
+                || !self.dns_servers_v6.is_empty())
     }
 
     /// The families the case programs: v4 always, v6 when `enable-ipv6`.
@@ -356,11 +382,23 @@ pub fn iptables_restore(ns: &TestNetns, v6: bool, path: &Path) {
     let group_path = std::env::temp_dir().join(format!("rdt-group-{}-{n}", std::process::id()));
     std::fs::write(&group_path, group)
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", group_path.display()));
-    let bin = if v6 { "ip6tables-restore" } else { "iptables-restore" };
+    let bin = if v6 {
+        "ip6tables-restore"
+    } else {
+        "iptables-restore"
+    };
     let script = format!("mount --bind \"$0\" /etc/group && exec {bin} --noflush \"$1\"");
     let result = run_command(
         Command::new("ip")
-            .args(["netns", "exec", ns.name(), "unshare", "-m", "--propagation", "private"])
+            .args([
+                "netns",
+                "exec",
+                ns.name(),
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+            ])
             .args(["sh", "-c", &script])
             .arg(&group_path)
             .arg(path)
@@ -418,9 +456,8 @@ pub fn nth_host(net: &IpNet, n: u32) -> Option<IpAddr> {
             }
             let size = 1u64 << (32 - v4.prefix_len());
             // Keep clear of the broadcast address.
-            ((n as u64) < size - 1).then(|| {
-                IpAddr::V4(Ipv4Addr::from(u32::from(v4.network()).wrapping_add(n)))
-            })
+            ((n as u64) < size - 1)
+                .then(|| IpAddr::V4(Ipv4Addr::from(u32::from(v4.network()).wrapping_add(n))))
         }
         IpNet::V6(v6) => {
             if v6.prefix_len() == 128 {
@@ -428,7 +465,9 @@ pub fn nth_host(net: &IpNet, n: u32) -> Option<IpAddr> {
             }
             let bits = 128 - v6.prefix_len() as u32;
             (bits >= 64 || (n as u128) < (1u128 << bits)).then(|| {
-                IpAddr::V6(Ipv6Addr::from(u128::from(v6.network()).wrapping_add(n as u128)))
+                IpAddr::V6(Ipv6Addr::from(
+                    u128::from(v6.network()).wrapping_add(n as u128),
+                ))
             })
         }
     }
@@ -444,7 +483,11 @@ fn family_cidrs(nets: Vec<IpNet>, v6: bool) -> Vec<IpNet> {
 /// [`Topology::for_case`] creates them.
 pub fn case_extra_ifaces(case: &IstioCase) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for i in case.kube_virt_interfaces.iter().chain(&case.exclude_interfaces) {
+    for i in case
+        .kube_virt_interfaces
+        .iter()
+        .chain(&case.exclude_interfaces)
+    {
         if i != "eth0" && !out.contains(i) {
             out.push(i.clone());
         }
@@ -516,8 +559,11 @@ impl Topology {
             ..TopologySpec::default()
         };
         for v6 in [false, true] {
-            spec.remote_addrs
-                .extend(cidr_targets(case, v6).into_iter().filter(|a| !a.is_loopback()));
+            spec.remote_addrs.extend(
+                cidr_targets(case, v6)
+                    .into_iter()
+                    .filter(|a| !a.is_loopback()),
+            );
             for (k, iface) in case.exclude_interfaces.iter().enumerate() {
                 let (a, routed) = exclude_iface_target(case, k, iface, v6);
                 if routed {
@@ -580,7 +626,11 @@ pub fn probe_matrix(case: &IstioCase) -> Vec<Probe> {
         let eth0 = Link::nth(0, "eth0");
         let pod = eth0.pod_addr(v6);
         let peer = eth0.peer_addr(v6);
-        let lo: IpAddr = if v6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
+        let lo: IpAddr = if v6 {
+            Ipv6Addr::LOCALHOST.into()
+        } else {
+            Ipv4Addr::LOCALHOST.into()
+        };
         let six: IpAddr = if v6 {
             Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6).into()
         } else {
@@ -601,12 +651,25 @@ pub fn probe_matrix(case: &IstioCase) -> Vec<Probe> {
         let mut ids = vec![(APP_ID, APP_ID)];
         ids.extend(uids.iter().map(|&u| (u, APP_ID)));
         ids.extend(gids.iter().map(|&g| (APP_ID, g)));
-        ids.extend(case.owner_group_gids().unwrap_or_default().into_iter().map(|g| (APP_ID, g)));
-        ids.extend(case.owner_group_exclude_gids().into_iter().map(|g| (APP_ID, g)));
+        ids.extend(
+            case.owner_group_gids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|g| (APP_ID, g)),
+        );
+        ids.extend(
+            case.owner_group_exclude_gids()
+                .into_iter()
+                .map(|g| (APP_ID, g)),
+        );
         let mut tcp_dsts = vec![at(peer, 80), at(peer, 15020)];
         tcp_dsts.extend(cidr_targets(case, v6).into_iter().map(|a| at(a, 80)));
         tcp_dsts.extend(case.outbound_port_list().into_iter().map(|p| at(peer, p)));
-        tcp_dsts.extend(case.outbound_exclude_port_list().into_iter().map(|p| at(peer, p)));
+        tcp_dsts.extend(
+            case.outbound_exclude_port_list()
+                .into_iter()
+                .map(|p| at(peer, p)),
+        );
         let tcp_dsts = dedup(tcp_dsts);
         let mut dns = dns_servers(case, v6);
         dns.push(peer);
@@ -678,12 +741,24 @@ mod tests {
     #[test]
     fn hosts() {
         let n = |s: &str| s.parse::<IpNet>().unwrap();
-        assert_eq!(nth_host(&n("9.9.0.0/16"), 1), Some("9.9.0.1".parse().unwrap()));
-        assert_eq!(nth_host(&n("127.1.2.3/32"), 1), Some("127.1.2.3".parse().unwrap()));
+        assert_eq!(
+            nth_host(&n("9.9.0.0/16"), 1),
+            Some("9.9.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            nth_host(&n("127.1.2.3/32"), 1),
+            Some("127.1.2.3".parse().unwrap())
+        );
         assert_eq!(nth_host(&n("127.1.2.3/32"), 2), None);
-        assert_eq!(nth_host(&n("10.0.0.0/30"), 2), Some("10.0.0.2".parse().unwrap()));
+        assert_eq!(
+            nth_host(&n("10.0.0.0/30"), 2),
+            Some("10.0.0.2".parse().unwrap())
+        );
         assert_eq!(nth_host(&n("10.0.0.0/30"), 3), None);
-        assert_eq!(nth_host(&n("2001:db8::/32"), 1), Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(
+            nth_host(&n("2001:db8::/32"), 1),
+            Some("2001:db8::1".parse().unwrap())
+        );
     }
 
     #[test]
@@ -693,7 +768,11 @@ mod tests {
             assert!(case.restore_path().exists(), "{name}");
             assert_eq!(case.enable_ipv6, case.restore6_path().exists(), "{name}");
             let m = probe_matrix(&case);
-            assert!(m.len() >= 10 && m.len() <= 200, "{name}: {} probes", m.len());
+            assert!(
+                m.len() >= 10 && m.len() <= 200,
+                "{name}: {} probes",
+                m.len()
+            );
         }
         for name in list_cni_cases() {
             IstioCase::load_cni(&name);

@@ -96,7 +96,10 @@ impl Drop for ListenerSet {
 }
 
 fn open_one(proto: Proto, port: u16, v6: bool, transparent: bool) -> Result<OwnedFd, String> {
-    let what = format!("{proto} {} port {port}", if v6 { "[::]" } else { "0.0.0.0" });
+    let what = format!(
+        "{proto} {} port {port}",
+        if v6 { "[::]" } else { "0.0.0.0" }
+    );
     let ty = match proto {
         Proto::Tcp => libc::SOCK_STREAM,
         Proto::Udp => libc::SOCK_DGRAM,
@@ -121,7 +124,11 @@ fn open_one(proto: Proto, port: u16, v6: bool, transparent: bool) -> Result<Owne
         Proto::Tcp => {}
         Proto::Udp => {
             if v6 {
-                opt(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, "IPV6_RECVPKTINFO")?;
+                opt(
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_RECVPKTINFO,
+                    "IPV6_RECVPKTINFO",
+                )?;
             } else {
                 opt(libc::IPPROTO_IP, libc::IP_PKTINFO, "IP_PKTINFO")?;
             }
@@ -229,7 +236,10 @@ fn serve(side: Side, socks: Vec<Sock>, stop: UnixStream) {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            eprintln!("testkit {side} listeners: poll: {}", std::io::Error::last_os_error());
+            eprintln!(
+                "testkit {side} listeners: poll: {}",
+                std::io::Error::last_os_error()
+            );
             return;
         }
         if pollfds[0].revents != 0 {
@@ -252,7 +262,11 @@ fn serve(side: Side, socks: Vec<Sock>, stop: UnixStream) {
 
 fn report(side: Side, port: u16, orig: Option<SocketAddr>, local: Option<SocketAddr>) -> String {
     let show = |a: Option<SocketAddr>| a.map_or_else(|| "-".to_string(), |a| a.to_string());
-    format!("side={side} port={port} orig={} local={}\n", show(orig), show(local))
+    format!(
+        "side={side} port={port} orig={} local={}\n",
+        show(orig),
+        show(local)
+    )
 }
 
 fn serve_tcp(side: Side, port: u16, v6: bool, listener: &TcpListener) {

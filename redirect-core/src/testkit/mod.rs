@@ -39,7 +39,7 @@ pub use probe::{
     run_probe, run_probe_report, run_probes, run_probes_report, From, Outcome, Probe, ProbeReport,
     Proto, Side, Timing,
 };
-pub use topology::{Link, Topology, TopologySpec, POD4, POD6, PEER4, PEER6};
+pub use topology::{Link, Topology, TopologySpec, PEER4, PEER6, POD4, POD6};
 
 /// The environment variable that skips kernel tests explicitly (CI never sets it).
 pub const SKIP_ENV: &str = "REDIRECT_SKIP_KERNEL_TESTS";

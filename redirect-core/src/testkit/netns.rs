@@ -185,9 +185,7 @@ pub(crate) fn run_command(
     if stdin.is_some() {
         cmd.stdin(Stdio::piped());
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run {what}: {e}"))?;
     if let Some(input) = stdin {
         let mut pipe = child.stdin.take().expect("stdin is piped");
         pipe.write_all(input)

@@ -313,7 +313,8 @@ pub fn run_probes(topo: &Topology, probes: &[Probe]) -> Vec<Outcome> {
 pub fn run_probes_report(topo: &Topology, probes: &[Probe]) -> Vec<ProbeReport> {
     const POOL: usize = 16;
     let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<ProbeReport>>> = probes.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<ProbeReport>>> =
+        probes.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..POOL.min(probes.len()) {
             s.spawn(|| loop {
@@ -350,7 +351,11 @@ fn client(probe: &Probe, device: Option<&str>, timing: &Timing) -> ProbeReport {
     }
 }
 
-fn client_inner(probe: &Probe, device: Option<&str>, timing: &Timing) -> Result<ProbeReport, Outcome> {
+fn client_inner(
+    probe: &Probe,
+    device: Option<&str>,
+    timing: &Timing,
+) -> Result<ProbeReport, Outcome> {
     let v6 = probe.dst.is_ipv6();
     let ty = match probe.proto {
         Proto::Tcp => libc::SOCK_STREAM,
@@ -365,7 +370,10 @@ fn client_inner(probe: &Probe, device: Option<&str>, timing: &Timing) -> Result<
     }
     if let Some(src) = probe.bind_src {
         if src.is_ipv6() != v6 {
-            return Err(Outcome::Other(format!("bind {src}: family differs from {}", probe.dst)));
+            return Err(Outcome::Other(format!(
+                "bind {src}: family differs from {}",
+                probe.dst
+            )));
         }
         sock::bind(raw, &SocketAddr::new(src, 0))
             .map_err(|e| Outcome::Other(format!("bind {src}: {e}")))?;
@@ -404,7 +412,12 @@ fn client_inner(probe: &Probe, device: Option<&str>, timing: &Timing) -> Result<
             let mut buf = [0u8; 512];
             match socket.recv(&mut buf) {
                 Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
                     return Err(Outcome::Timeout)
                 }
                 Err(e) => return Err(classify(&e)),
@@ -474,8 +487,12 @@ mod tests {
     #[test]
     fn reports_are_normalised() {
         // REDIRECT: the original destination differs from the local address.
-        let r = parse_report("side=pod port=15006 orig=10.77.0.2:8080 local=10.77.0.2:15006\n").unwrap();
-        assert_eq!(r.outcome, Outcome::landed(Side::Pod, 15006, Some("10.77.0.2:8080".parse().unwrap())));
+        let r = parse_report("side=pod port=15006 orig=10.77.0.2:8080 local=10.77.0.2:15006\n")
+            .unwrap();
+        assert_eq!(
+            r.outcome,
+            Outcome::landed(Side::Pod, 15006, Some("10.77.0.2:8080".parse().unwrap()))
+        );
         // Conntrack without NAT: SO_ORIGINAL_DST is the local address: not diverted.
         let r = parse_report("side=peer port=80 orig=10.77.0.1:80 local=10.77.0.1:80").unwrap();
         assert_eq!(r.outcome, Outcome::landed(Side::Peer, 80, None));
@@ -483,8 +500,12 @@ mod tests {
         let r = parse_report("side=peer port=80 orig=- local=10.77.0.1:80").unwrap();
         assert_eq!(r.outcome, Outcome::landed(Side::Peer, 80, None));
         // TPROXY: the local address is the original destination.
-        let r = parse_report("side=pod port=15006 orig=10.77.0.2:8080 local=10.77.0.2:8080").unwrap();
-        assert_eq!(r.outcome, Outcome::landed(Side::Pod, 15006, Some("10.77.0.2:8080".parse().unwrap())));
+        let r =
+            parse_report("side=pod port=15006 orig=10.77.0.2:8080 local=10.77.0.2:8080").unwrap();
+        assert_eq!(
+            r.outcome,
+            Outcome::landed(Side::Pod, 15006, Some("10.77.0.2:8080".parse().unwrap()))
+        );
         assert_eq!(r.local, Some("10.77.0.2:8080".parse().unwrap()));
         assert!(parse_report("garbage").is_none());
     }

@@ -137,8 +137,7 @@ pub(crate) fn listen(fd: RawFd) -> io::Result<()> {
 pub(crate) fn connect_start(fd: RawFd, addr: &SocketAddr) -> io::Result<bool> {
     let (storage, len) = to_raw(addr);
     // SAFETY: storage holds a valid sockaddr of length len.
-    let ret =
-        unsafe { libc::connect(fd, (&storage as *const libc::sockaddr_storage).cast(), len) };
+    let ret = unsafe { libc::connect(fd, (&storage as *const libc::sockaddr_storage).cast(), len) };
     if ret == 0 {
         return Ok(true);
     }
@@ -234,7 +233,10 @@ pub(crate) fn set_link_up(name: &str) -> io::Result<()> {
     // SAFETY: ifreq is plain old data; zeroed is valid.
     let mut ifr: libc::ifreq = unsafe { mem::zeroed() };
     if name.len() >= ifr.ifr_name.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
     }
     for (dst, src) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
         *dst = src as libc::c_char;
@@ -276,7 +278,9 @@ pub(crate) fn recv_with_dst(
     for c in msg.cmsgs().map_err(io::Error::from)? {
         match c {
             ControlMessageOwned::Ipv4PacketInfo(info) => {
-                dst = Some(IpAddr::V4(Ipv4Addr::from(info.ipi_addr.s_addr.to_ne_bytes())));
+                dst = Some(IpAddr::V4(Ipv4Addr::from(
+                    info.ipi_addr.s_addr.to_ne_bytes(),
+                )));
             }
             ControlMessageOwned::Ipv6PacketInfo(info) => {
                 dst = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
@@ -300,7 +304,12 @@ pub(crate) fn recv_with_dst(
 
 /// Sends one datagram to `to`, from the local address `src` (IP_PKTINFO / IPV6_PKTINFO), so the
 /// reply leaves from the address the request was sent to.
-pub(crate) fn send_from(fd: RawFd, data: &[u8], to: &SocketAddr, src: Option<IpAddr>) -> io::Result<()> {
+pub(crate) fn send_from(
+    fd: RawFd,
+    data: &[u8],
+    to: &SocketAddr,
+    src: Option<IpAddr>,
+) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
     let iov = [io::IoSlice::new(data)];
     let dest = SockaddrStorage::from(*to);
@@ -313,14 +322,28 @@ pub(crate) fn send_from(fd: RawFd, data: &[u8], to: &SocketAddr, src: Option<IpA
                 },
                 ipi_addr: libc::in_addr { s_addr: 0 },
             };
-            sendmsg(fd, &iov, &[ControlMessage::Ipv4PacketInfo(&info)], MsgFlags::empty(), Some(&dest))
+            sendmsg(
+                fd,
+                &iov,
+                &[ControlMessage::Ipv4PacketInfo(&info)],
+                MsgFlags::empty(),
+                Some(&dest),
+            )
         }
         Some(IpAddr::V6(a)) => {
             let info = libc::in6_pktinfo {
-                ipi6_addr: libc::in6_addr { s6_addr: a.octets() },
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: a.octets(),
+                },
                 ipi6_ifindex: 0,
             };
-            sendmsg(fd, &iov, &[ControlMessage::Ipv6PacketInfo(&info)], MsgFlags::empty(), Some(&dest))
+            sendmsg(
+                fd,
+                &iov,
+                &[ControlMessage::Ipv6PacketInfo(&info)],
+                MsgFlags::empty(),
+                Some(&dest),
+            )
         }
         None => sendmsg(fd, &iov, &[], MsgFlags::empty(), Some(&dest)),
     };

@@ -205,7 +205,10 @@ impl Topology {
                 "route add 0.0.0.0/0 via {} dev {} table {}",
                 l.pod4, l.peer_if, l.table
             ));
-            peer_cmds.push(format!("route add ::/0 via {} dev {} table {}", l.pod6, l.peer_if, l.table));
+            peer_cmds.push(format!(
+                "route add ::/0 via {} dev {} table {}",
+                l.pod6, l.peer_if, l.table
+            ));
         }
         pod_routes.push(format!("route add 0.0.0.0/0 via {PEER4} dev eth0"));
         pod_routes.push(format!("route add ::/0 via {PEER6} dev eth0"));
@@ -278,7 +281,14 @@ fn wait_ipv6_ready(ns: &TestNetns) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let out = super::netns::run_command(
-            std::process::Command::new("ip").args(["-n", ns.name(), "-6", "addr", "show", "tentative"]),
+            std::process::Command::new("ip").args([
+                "-n",
+                ns.name(),
+                "-6",
+                "addr",
+                "show",
+                "tentative",
+            ]),
             None,
             "ip -6 addr show tentative",
         )
