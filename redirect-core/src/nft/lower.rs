@@ -90,14 +90,14 @@ pub fn chain_name(stage: Stage, family: Family, name: &str) -> String {
     )
 }
 
-fn hook_name(hook: Hook) -> &'static str {
+pub(crate) fn hook_name(hook: Hook) -> &'static str {
     match hook {
         Hook::Prerouting => "prerouting",
         Hook::Output => "output",
     }
 }
 
-fn base_spec(stage: Stage, hook: Hook) -> BaseSpec {
+pub(crate) fn base_spec(stage: Stage, hook: Hook) -> BaseSpec {
     // Mangle output is a route chain so a changed mark re-routes the packet, as iptables does.
     let kind = match (stage, hook) {
         (Stage::Nat, _) => ChainKind::Nat,

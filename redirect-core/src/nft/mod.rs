@@ -10,7 +10,7 @@
 //! `netns::run_in` for a pod. The `_in` variants do that.
 
 mod expr;
-mod lower;
+pub(crate) mod lower;
 mod netlink;
 mod objects;
 mod state;

@@ -296,13 +296,9 @@ pub fn expected(t: &NftTable) -> TableState {
             .collect();
         chains.push(ChainState {
             name: c.name.clone(),
-            base: c.base.map(|b| {
-                let hook = match b.hook {
-                    crate::ruleset::Hook::Prerouting => "prerouting",
-                    crate::ruleset::Hook::Output => "output",
-                };
-                base_text(b.kind.name(), hook, b.priority)
-            }),
+            base: c
+                .base
+                .map(|b| base_text(b.kind.name(), super::lower::hook_name(b.hook), b.priority)),
             rules,
         });
     }

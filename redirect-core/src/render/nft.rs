@@ -49,20 +49,14 @@ pub fn nft_script(rs: &Ruleset) -> String {
             if users.is_empty() {
                 continue;
             }
-            let kind = match (stage, hook) {
-                (Stage::Nat, _) => "nat",
-                (Stage::Mangle, Hook::Output) => "route",
-                _ => "filter",
-            };
-            let hook_name = match hook {
-                Hook::Prerouting => "prerouting",
-                Hook::Output => "output",
-            };
+            let base = crate::nft::lower::base_spec(stage, hook);
             let _ = writeln!(s, "\tchain {} {{", base_chain_name(stage, hook));
             let _ = writeln!(
                 s,
-                "\t\ttype {kind} hook {hook_name} priority {}; policy accept;",
-                stage.priority()
+                "\t\ttype {} hook {} priority {}; policy accept;",
+                base.kind.name(),
+                crate::nft::lower::hook_name(hook),
+                base.priority
             );
             for c in users {
                 let proto = match c.family {
