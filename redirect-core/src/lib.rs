@@ -10,9 +10,11 @@ pub mod error;
 pub mod netns;
 pub mod nft;
 pub mod plan;
+pub mod probe;
 pub mod render;
 pub mod routes;
 pub mod ruleset;
+mod sockopt;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -273,7 +273,7 @@ fn serve_tcp(side: Side, port: u16, v6: bool, listener: &TcpListener) {
     loop {
         match listener.accept() {
             Ok((mut stream, _)) => {
-                let orig = sock::original_dst(stream.as_raw_fd(), v6);
+                let orig = crate::sockopt::original_dst(&stream, v6).ok();
                 let local = stream.local_addr().ok();
                 let _ = stream.set_nonblocking(false);
                 let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));

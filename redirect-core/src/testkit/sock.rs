@@ -1,5 +1,6 @@
 //! Thin, checked wrappers over the socket calls the kit needs that `std` does not offer
-//! (socket options before bind, `SO_ORIGINAL_DST`, `IP_PKTINFO`, interface flags).
+//! (socket options before bind, `IP_PKTINFO`, interface flags); `SO_ORIGINAL_DST` is in
+//! `crate::sockopt`.
 
 use std::io;
 use std::mem;
@@ -95,32 +96,6 @@ pub(crate) fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::sockle
     (storage, len as libc::socklen_t)
 }
 
-pub(crate) fn from_raw(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match storage.ss_family as libc::c_int {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin: &libc::sockaddr_in =
-                unsafe { &*(storage as *const libc::sockaddr_storage).cast() };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6: &libc::sockaddr_in6 =
-                unsafe { &*(storage as *const libc::sockaddr_storage).cast() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
 pub(crate) fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
     let (storage, len) = to_raw(addr);
     // SAFETY: storage holds a valid sockaddr of length len.
@@ -198,33 +173,6 @@ pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
         flags & !libc::O_NONBLOCK
     };
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }).map(drop)
-}
-
-/// `SO_ORIGINAL_DST` (v4: SOL_IP, v6: SOL_IPV6 / IP6T_SO_ORIGINAL_DST), i.e. the destination the
-/// client asked for before NAT; `None` when there is no conntrack entry for the connection.
-pub(crate) fn original_dst(fd: RawFd, v6: bool) -> Option<SocketAddr> {
-    // SAFETY: sockaddr_storage is plain old data; zeroed is valid.
-    let mut storage: libc::sockaddr_storage = unsafe { mem::zeroed() };
-    let (level, len) = if v6 {
-        (libc::SOL_IPV6, mem::size_of::<libc::sockaddr_in6>())
-    } else {
-        (libc::SOL_IP, mem::size_of::<libc::sockaddr_in>())
-    };
-    let mut len = len as libc::socklen_t;
-    // SAFETY: storage is large enough for the address the kernel writes, len says how much.
-    let ret = unsafe {
-        libc::getsockopt(
-            fd,
-            level,
-            libc::SO_ORIGINAL_DST, // == IP6T_SO_ORIGINAL_DST (80) for SOL_IPV6
-            (&mut storage as *mut libc::sockaddr_storage).cast(),
-            &mut len,
-        )
-    };
-    if ret != 0 {
-        return None;
-    }
-    from_raw(&storage)
 }
 
 /// Sets `IFF_UP` on the interface `name` of the calling thread's network namespace.
