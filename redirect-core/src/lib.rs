@@ -15,6 +15,7 @@ pub mod render;
 pub mod routes;
 pub mod ruleset;
 mod sockopt;
+pub mod xtables;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -10,6 +10,7 @@
 //! `netns::run_in` for a pod. The `_in` variants do that.
 
 mod expr;
+mod foreign;
 pub(crate) mod lower;
 mod netlink;
 mod objects;
@@ -17,6 +18,7 @@ mod state;
 
 use std::path::Path;
 
+pub use foreign::{has_tables_of, istio_tables, remove_istio_tables};
 pub use lower::{base_chain_name, chain_name, lower, merged_ranges, NftTable};
 pub use state::{Difference, TableState};
 

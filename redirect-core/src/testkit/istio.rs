@@ -371,6 +371,17 @@ static GROUP_FILES: AtomicU32 = AtomicU32::new(0);
 /// private mount namespace where `/etc/group` also resolves `java` and `ftp` to [`JAVA_GID`] and
 /// [`FTP_GID`] (a bind-mounted copy; the real file is never touched). Panics on failure.
 pub fn iptables_restore(ns: &TestNetns, v6: bool, path: &Path) {
+    iptables_restore_with(ns, v6, path, None);
+}
+
+/// Like [`iptables_restore`], with the given variant's binary (`iptables-legacy-restore`,
+/// `iptables-nft-restore`); `None` = the plain `iptables-restore`.
+pub fn iptables_restore_with(
+    ns: &TestNetns,
+    v6: bool,
+    path: &Path,
+    variant: Option<crate::xtables::Variant>,
+) {
     let base = std::fs::read_to_string("/etc/group").unwrap_or_default();
     let mut group: String = base
         .lines()
@@ -382,10 +393,10 @@ pub fn iptables_restore(ns: &TestNetns, v6: bool, path: &Path) {
     let group_path = std::env::temp_dir().join(format!("rdt-group-{}-{n}", std::process::id()));
     std::fs::write(&group_path, group)
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", group_path.display()));
-    let bin = if v6 {
-        "ip6tables-restore"
-    } else {
-        "iptables-restore"
+    let family = if v6 { "ip6tables" } else { "iptables" };
+    let bin = match variant {
+        Some(v) => format!("{family}-{v}-restore"),
+        None => format!("{family}-restore"),
     };
     let script = format!("mount --bind \"$0\" /etc/group && exec {bin} --noflush \"$1\"");
     let result = run_command(
@@ -418,9 +429,18 @@ pub fn iptables_restore(ns: &TestNetns, v6: bool, path: &Path) {
 /// <mark> lookup <table>` and `ip route add local 0.0.0.0/0 dev lo table <table>` (and the v6
 /// pair when `enable-ipv6`); `::6/128` on `lo` when `enable-ipv6`.
 pub fn load_istio_case(ns: &TestNetns, case: &IstioCase) {
-    iptables_restore(ns, false, &case.restore_path());
+    load_istio_case_with(ns, case, None);
+}
+
+/// Like [`load_istio_case`], loading the restore files with the given iptables variant.
+pub fn load_istio_case_with(
+    ns: &TestNetns,
+    case: &IstioCase,
+    variant: Option<crate::xtables::Variant>,
+) {
+    iptables_restore_with(ns, false, &case.restore_path(), variant);
     if case.enable_ipv6 {
-        iptables_restore(ns, true, &case.restore6_path());
+        iptables_restore_with(ns, true, &case.restore6_path(), variant);
     }
     if case.is_tproxy() && !case.inbound_ports.is_empty() {
         let (mark, table) = (case.tproxy_mark, case.tproxy_route_table);
