@@ -32,13 +32,52 @@ fn families(cfg: &CaptureConfig) -> Vec<Family> {
 pub fn apply(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
     let rs = crate::plan::plan_with(cfg, groups)?;
     crate::nft::apply(&rs)?;
+    apply_routes(cfg)?;
+    Ok(rs)
+}
+
+/// The routes beside the rules, whatever backend programmed the rules: `::6` on `lo` with
+/// IPv6, TPROXY policy routing with tproxied inbound capture.
+pub fn apply_routes(cfg: &CaptureConfig) -> Result<()> {
     if cfg.ipv6 {
         routes::ensure_lo_v6_inbound_addr()?;
     }
     if let Some(r) = tproxy_routing(cfg) {
         routes::apply_tproxy(&r, &families(cfg))?;
     }
-    Ok(rs)
+    Ok(())
+}
+
+/// What `cleanup` found and removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Our nftables table.
+    pub table: bool,
+    /// The TPROXY `ip rule` / local route, per family that had any.
+    pub tproxy: Vec<Family>,
+    /// `::6/128` on `lo`.
+    pub lo_v6: bool,
+}
+
+/// Remove everything capture may have left, whatever config put it there: our table, TPROXY
+/// routing with this mark and table in both families, and `::6` on `lo`. Istio adds the same
+/// routes and address, so this also clears Istio's.
+pub fn cleanup(routing: &TproxyRouting) -> Result<Cleaned> {
+    let mut done = Cleaned {
+        table: crate::nft::remove()?,
+        ..Cleaned::default()
+    };
+    for family in [Family::V4, Family::V6] {
+        if !routes::read_tproxy(routing, family)?.is_absent() {
+            routes::remove_tproxy(routing, &[family])?;
+            done.tproxy.push(family);
+        }
+    }
+    if routes::has_lo_v6_inbound_addr()? {
+        routes::remove_lo_v6_inbound_addr()?;
+        done.lo_v6 = true;
+    }
+    Ok(done)
 }
 
 /// Remove our table and the routes this config would have added.

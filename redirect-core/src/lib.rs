@@ -6,11 +6,13 @@
 
 pub mod capture;
 pub mod config;
+pub mod derived;
 pub mod error;
 pub mod netns;
 pub mod nft;
 pub mod plan;
 pub mod probe;
+pub mod quirks;
 pub mod render;
 pub mod routes;
 pub mod ruleset;

@@ -244,6 +244,38 @@ pub fn has_lo_v6_inbound_addr() -> Result<bool> {
     }))
 }
 
+/// Every address on every interface of this namespace, in the kernel's order (IPv4 first,
+/// then IPv6), with the interface index. Istio's host-IP detection reads the same list.
+pub fn interface_addresses() -> Result<Vec<(u32, IpAddr)>> {
+    let mut nl = Rtnl::open()?;
+    let mut out = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        let mut dump = AddressMessage::default();
+        dump.header.family = address_family(family);
+        for m in nl.dump(
+            RouteNetlinkMessage::GetAddress(dump),
+            "list addresses",
+            family,
+        )? {
+            if let RouteNetlinkMessage::NewAddress(a) = m {
+                // IFA_LOCAL is the address itself on point-to-point links; IFA_ADDRESS otherwise.
+                let local = a.attributes.iter().find_map(|at| match at {
+                    AddressAttribute::Local(ip) => Some(*ip),
+                    _ => None,
+                });
+                let addr = a.attributes.iter().find_map(|at| match at {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                });
+                if let Some(ip) = local.or(addr) {
+                    out.push((a.header.index, ip));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Brings the interface `name` up (`ip link set NAME up`).
 pub fn set_link_up(name: &str) -> Result<()> {
     let mut nl = Rtnl::open()?;
