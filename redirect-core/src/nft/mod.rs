@@ -32,7 +32,14 @@ pub const TABLE: &str = "redirect_capture";
 pub fn apply(rs: &Ruleset) -> Result<()> {
     let table = lower(rs);
     let sock = netlink::Socket::open()?;
-    objects::apply_batch(&sock, &table)
+    // A pod's first apply finds no table: create it without a delete in the batch (fast
+    // commit). If it exists, that batch fails whole and the atomic replace follows.
+    match objects::apply_batch(&sock, &table, objects::Mode::Create) {
+        Err(crate::Error::NftRejected { errno, .. }) if errno == libc::EEXIST => {
+            objects::apply_batch(&sock, &table, objects::Mode::Replace)
+        }
+        other => other,
+    }
 }
 
 /// Delete our table. Returns whether there was one.

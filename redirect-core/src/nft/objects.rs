@@ -22,19 +22,37 @@ fn table_obj() -> Table {
     Table::new(CString::new(TABLE).expect("no NUL"), ProtoFamily::Inet)
 }
 
-/// add table, delete table, add table with everything: an atomic, idempotent replace.
-pub fn apply_batch(sock: &Socket, t: &NftTable) -> Result<()> {
+/// How the batch treats an existing table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Create the table; the whole batch fails with EEXIST if it exists. Nothing is deleted,
+    /// so the commit needs no RCU grace period (a delete costs ~10 ms when the socket closes).
+    Create,
+    /// add table, delete table, add table with everything: an atomic, idempotent replace.
+    Replace,
+}
+
+/// Program a lowered table in one batch.
+pub fn apply_batch(sock: &Socket, t: &NftTable, mode: Mode) -> Result<()> {
     let table = table_obj();
     let mut batch = Batch::new();
     let mut labels: Vec<String> = Vec::new();
     let mut label = |s: String| labels.push(s);
     // Sequence numbers: begin message (if acked), then one per message.
-    batch.add(&table, MsgType::Add);
-    label(format!("add table inet {TABLE}"));
-    batch.add(&table, MsgType::Del);
-    label(format!("delete table inet {TABLE}"));
-    batch.add(&table, MsgType::Add);
-    label(format!("add table inet {TABLE}"));
+    match mode {
+        Mode::Create => {
+            batch.add(&CreateTable, MsgType::Add);
+            label(format!("create table inet {TABLE}"));
+        }
+        Mode::Replace => {
+            batch.add(&table, MsgType::Add);
+            label(format!("add table inet {TABLE}"));
+            batch.add(&table, MsgType::Del);
+            label(format!("delete table inet {TABLE}"));
+            batch.add(&table, MsgType::Add);
+            label(format!("add table inet {TABLE}"));
+        }
+    }
 
     for set in &t.sets {
         batch.add(&SetMsg { set, elems: None }, MsgType::Add);
@@ -163,6 +181,31 @@ impl SetMsg<'_> {
             }
         }
         s
+    }
+}
+
+/// `add table` with NLM_F_EXCL: fails with EEXIST when our table exists.
+struct CreateTable;
+
+unsafe impl NlMsg for CreateTable {
+    unsafe fn write(&self, buf: *mut c_void, seq: u32, _msg_type: MsgType) {
+        let name = CString::new(TABLE).expect("no NUL");
+        unsafe {
+            let t = sys::nftnl_table_alloc();
+            // As nftnl's own constructors: allocation failure is fatal.
+            assert!(!t.is_null(), "nftnl_table_alloc: out of memory");
+            sys::nftnl_table_set_str(t, sys::NFTNL_TABLE_NAME as u16, name.as_ptr());
+            sys::nftnl_table_set_u32(t, sys::NFTNL_TABLE_FLAGS as u16, 0);
+            let hdr = sys::nftnl_nlmsg_build_hdr(
+                buf as *mut libc::c_char,
+                libc::NFT_MSG_NEWTABLE as u16,
+                libc::NFPROTO_INET as u16,
+                (libc::NLM_F_CREATE | libc::NLM_F_EXCL | libc::NLM_F_ACK) as u16,
+                seq,
+            );
+            sys::nftnl_table_nlmsg_build_payload(hdr, t);
+            sys::nftnl_table_free(t);
+        }
     }
 }
 
