@@ -1,4 +1,6 @@
+//! `redirect-init`: see the crate docs in lib.rs.
+
 fn main() {
-    eprintln!("redirect-init: not implemented yet (see issue: redirect-init)");
-    std::process::exit(1);
+    let env = |name: &str| std::env::var(name).ok();
+    std::process::exit(init_shim::main_with(std::env::args_os().collect(), &env));
 }

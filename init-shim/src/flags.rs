@@ -1,0 +1,289 @@
+//! istio-iptables' command line: every flag with its short name, environment variable, aliases
+//! and default (`reference/istio-capture.md` §1.2), resolved with Istio's precedence: a flag
+//! given on the command line, else the first alias variable that is set, else the flag's own
+//! variable, else the default. Values stay strings here; `settings` types them.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, Command};
+
+/// A flag (or, with `long: None`, an environment-only setting).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Flag {
+    /// Long name without dashes; also the key of the resolved value.
+    pub key: &'static str,
+    /// Whether it exists on the command line.
+    pub long: bool,
+    pub short: Option<char>,
+    /// The label used in messages when the value came from the command line.
+    pub label: &'static str,
+    /// The flag's own variable (`None` for `--envoy-port`, which Istio does not bind).
+    pub env: Option<&'static str>,
+    /// Variables that win over `env` (Istio's "additional env").
+    pub aliases: &'static [&'static str],
+    pub default: &'static str,
+    pub boolean: bool,
+    pub help: &'static str,
+}
+
+const fn flag(
+    key: &'static str,
+    short: Option<char>,
+    label: &'static str,
+    env: Option<&'static str>,
+    default: &'static str,
+    help: &'static str,
+) -> Flag {
+    Flag {
+        key,
+        long: true,
+        short,
+        label,
+        env,
+        aliases: &[],
+        default,
+        boolean: false,
+        help,
+    }
+}
+
+const fn boolean(
+    key: &'static str,
+    label: &'static str,
+    env: &'static str,
+    aliases: &'static [&'static str],
+    help: &'static str,
+) -> Flag {
+    Flag {
+        key,
+        long: true,
+        short: None,
+        label,
+        env: Some(env),
+        aliases,
+        default: "false",
+        boolean: true,
+        help,
+    }
+}
+
+const fn env_only(key: &'static str, default: &'static str, help: &'static str) -> Flag {
+    Flag {
+        key,
+        long: false,
+        short: None,
+        label: key,
+        env: Some(key),
+        aliases: &[],
+        default,
+        boolean: false,
+        help,
+    }
+}
+
+/// Every setting redirect-init reads, in Istio's order, then ours.
+pub static FLAGS: &[Flag] = &[
+    flag("envoy-port", Some('p'), "--envoy-port (-p)", None, "15001", "Port to which all outbound TCP traffic is redirected (Envoy's outbound listener)"),
+    flag("inbound-capture-port", Some('z'), "--inbound-capture-port (-z)", Some("INBOUND_CAPTURE_PORT"), "15006", "Port to which all inbound TCP traffic is redirected or tproxied"),
+    flag("inbound-tunnel-port", Some('e'), "--inbound-tunnel-port (-e)", Some("INBOUND_TUNNEL_PORT"), "15008", "HBONE tunnel port: never captured inbound"),
+    flag("proxy-uid", Some('u'), "--proxy-uid (-u)", Some("PROXY_UID"), "", "Comma-separated UIDs of the proxy, whose traffic is never captured (default: the UID of $ENVOY_USER, else 1337)"),
+    flag("proxy-gid", Some('g'), "--proxy-gid (-g)", Some("PROXY_GID"), "", "Comma-separated GIDs of the proxy (default: the proxy UIDs)"),
+    flag("istio-inbound-interception-mode", Some('m'), "--istio-inbound-interception-mode (-m)", Some("ISTIO_INBOUND_INTERCEPTION_MODE"), "", "REDIRECT (default) or TPROXY"),
+    flag("istio-inbound-ports", Some('b'), "--istio-inbound-ports (-b)", Some("ISTIO_INBOUND_PORTS"), "", "Inbound ports to capture, '*' for all; empty captures no inbound traffic"),
+    flag("istio-local-exclude-ports", Some('d'), "--istio-local-exclude-ports (-d)", Some("ISTIO_LOCAL_EXCLUDE_PORTS"), "", "Inbound ports never captured (used with -b '*')"),
+    flag("istio-exclude-interfaces", Some('c'), "--istio-exclude-interfaces (-c)", Some("ISTIO_EXCLUDE_INTERFACES"), "", "Interfaces on which nothing is captured"),
+    flag("istio-service-cidr", Some('i'), "--istio-service-cidr (-i)", Some("ISTIO_SERVICE_CIDR"), "", "Outbound destinations to capture, '*' for all; empty captures none by address"),
+    flag("istio-service-exclude-cidr", Some('x'), "--istio-service-exclude-cidr (-x)", Some("ISTIO_SERVICE_EXCLUDE_CIDR"), "", "Outbound destinations never captured"),
+    flag("istio-outbound-ports", Some('q'), "--istio-outbound-ports (-q)", Some("ISTIO_OUTBOUND_PORTS"), "", "Outbound TCP ports captured whatever the destination"),
+    flag("istio-local-outbound-ports-exclude", Some('o'), "--istio-local-outbound-ports-exclude (-o)", Some("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE"), "", "Outbound TCP and UDP ports never captured"),
+    flag("kube-virt-interfaces", Some('k'), "--kube-virt-interfaces (-k)", Some("KUBE_VIRT_INTERFACES"), "", "Interfaces whose inbound traffic is treated as outbound (KubeVirt VMs)"),
+    flag("istio-inbound-tproxy-mark", Some('t'), "--istio-inbound-tproxy-mark (-t)", Some("ISTIO_INBOUND_TPROXY_MARK"), "1337", "TPROXY packet mark"),
+    flag("istio-inbound-tproxy-route-table", Some('r'), "--istio-inbound-tproxy-route-table (-r)", Some("ISTIO_INBOUND_TPROXY_ROUTE_TABLE"), "133", "TPROXY policy-routing table"),
+    Flag { short: Some('n'), ..boolean("dry-run", "--dry-run (-n)", "DRY_RUN", &[], "Print what would be applied; touch nothing") },
+    flag("iptables-probe-port", None, "--iptables-probe-port", Some("IPTABLES_PROBE_PORT"), "15002", "Validation: the original destination port the probe connects to"),
+    flag("probe-timeout", None, "--probe-timeout", Some("PROBE_TIMEOUT"), "5s", "Validation: overall timeout (Go duration: 5s, 500ms, 1m)"),
+    boolean("skip-rule-apply", "--skip-rule-apply", "SKIP_RULE_APPLY", &[], "Program nothing (with --run-validation: only validate)"),
+    boolean("run-validation", "--run-validation", "RUN_VALIDATION", &[], "Run the validation probe; exit 126 when capture does not work"),
+    boolean("redirect-dns", "--redirect-dns", "REDIRECT_DNS", &["ISTIO_META_DNS_CAPTURE"], "Capture DNS to the agent on port 15053"),
+    boolean("capture-all-dns", "--capture-all-dns", "CAPTURE_ALL_DNS", &[], "With --redirect-dns: capture all port-53 traffic, not only to resolv.conf servers"),
+    boolean("drop-invalid", "--drop-invalid", "DROP_INVALID", &["INVALID_DROP"], "Drop packets conntrack finds INVALID"),
+    boolean("dual-stack", "--dual-stack", "DUAL_STACK", &["ISTIO_DUAL_STACK"], "Program IPv6 rules when the pod has any IPv6 address"),
+    flag("network-namespace", None, "--network-namespace", Some("NETWORK_NAMESPACE"), "", "Network namespace file to act in (default: this process's namespace)"),
+    boolean("cni-mode", "--cni-mode", "CNI_MODE", &[], "Accepted for compatibility (the native backend needs no xtables lock sandbox)"),
+    boolean("reconcile", "--reconcile", "RECONCILE", &[], "Replace rules that differ from this config, ours or Istio's"),
+    boolean("cleanup-only", "--cleanup-only", "CLEANUP_ONLY", &[], "Remove our rules, routes and ::6, and Istio's leftovers; apply nothing"),
+    boolean("force-apply", "--force-apply", "FORCE_APPLY", &[], "Apply even when the rules are already in place"),
+    boolean("native-nftables", "--native-nftables", "NATIVE_NFTABLES", &[], "Accepted for compatibility: the native netlink backend is the default"),
+    flag("force-iptables-binary", None, "--force-iptables-binary", Some("FORCE_IPTABLES_BINARY"), "", "With --backend iptables: 'legacy' or 'nft'"),
+    flag("backend", None, "--backend", Some("REDIRECT_BACKEND"), "native", "native (nftables over netlink, no binary) or iptables (iptables-restore, for kernels without nf_tables)"),
+    flag("dry-run-format", None, "--dry-run-format", Some("DRY_RUN_FORMAT"), "nft", "What --dry-run prints: nft (an nft -f script), iptables (iptables-restore input per family) or json"),
+    env_only("ISTIO_OUTBOUND_OWNER_GROUPS", "*", "Only these groups' outbound traffic is captured ('*' = all)"),
+    env_only("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", "These groups' outbound traffic is not captured (with owner groups '*')"),
+    env_only("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32", "The IPv4 loopback range treated as the pod itself"),
+    env_only("ENVOY_USER", "istio-proxy", "The proxy's account, for the default proxy UID"),
+    env_only("DRY_RUN_FILE_PATH", "", "With --dry-run: also write the output to this file"),
+];
+
+/// Istio's logging flags, accepted and ignored (the injector passes `--log_output_level`).
+const IGNORED_LOG_FLAGS: &[&str] = &[
+    "log_output_level",
+    "log_as_json",
+    "log_caller",
+    "log_stacktrace_level",
+    "log_target",
+    "log_rotate",
+    "log_rotate_max_age",
+    "log_rotate_max_backups",
+    "log_rotate_max_size",
+];
+
+/// Where a resolved value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Flag,
+    Env(&'static str),
+    Default,
+}
+
+/// One resolved setting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Value {
+    pub value: String,
+    pub source: Source,
+    pub flag: &'static Flag,
+}
+
+impl Value {
+    /// How to name this setting in a message: the flag or the variable it came from.
+    pub fn field(&self) -> &'static str {
+        match self.source {
+            Source::Env(name) => name,
+            _ => self.flag.label,
+        }
+    }
+}
+
+/// Every setting, resolved, by key.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub values: BTreeMap<&'static str, Value>,
+}
+
+impl Resolved {
+    pub fn get(&self, key: &str) -> &Value {
+        self.values
+            .get(key)
+            .unwrap_or_else(|| panic!("unknown setting {key}: not in FLAGS"))
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Parsed {
+    Run(Resolved),
+    /// `--help` or `--version`: print this and exit 0.
+    Info(String),
+}
+
+/// The clap command for the flags in `FLAGS`.
+pub fn command() -> Command {
+    let mut cmd = Command::new("redirect-init")
+        .about("Programs a pod's traffic capture for a service-mesh sidecar: a drop-in for istio-iptables")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args_override_self(true)
+        .disable_help_subcommand(true);
+    for f in FLAGS.iter().filter(|f| f.long) {
+        let mut arg = Arg::new(f.key).long(f.key).help(f.help);
+        if let Some(s) = f.short {
+            arg = arg.short(s);
+        }
+        if let Some(e) = f.env {
+            arg = arg.help(format!("{} [env: {e}{}]", f.help, aliases_note(f)));
+        }
+        arg = if f.boolean {
+            // Go's bool flags: `--flag`, `--flag=true`, `--flag=false`.
+            arg.num_args(0..=1)
+                .require_equals(true)
+                .default_missing_value("true")
+                .value_name("BOOL")
+        } else {
+            arg.num_args(1)
+                .allow_hyphen_values(false)
+                .value_name("VALUE")
+        };
+        cmd = cmd.arg(arg.action(ArgAction::Set));
+    }
+    for name in IGNORED_LOG_FLAGS {
+        cmd = cmd.arg(
+            Arg::new(*name)
+                .long(*name)
+                .num_args(0..=1)
+                .require_equals(false)
+                .default_missing_value("true")
+                .hide(true)
+                .action(ArgAction::Set),
+        );
+    }
+    cmd
+}
+
+fn aliases_note(f: &Flag) -> String {
+    f.aliases.iter().map(|a| format!(", {a}")).collect()
+}
+
+/// Resolve every setting from the command line and an environment lookup.
+pub fn parse(
+    args: impl IntoIterator<Item = OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Parsed, String> {
+    let matches = match command().try_get_matches_from(args) {
+        Ok(m) => m,
+        Err(e) => {
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    Ok(Parsed::Info(e.to_string()))
+                }
+                _ => Err(e.to_string().trim_end().to_string()),
+            }
+        }
+    };
+    let mut values = BTreeMap::new();
+    for f in FLAGS {
+        let from_flag = f
+            .long
+            .then(|| {
+                (matches.value_source(f.key) == Some(ValueSource::CommandLine))
+                    .then(|| matches.get_one::<String>(f.key).cloned())
+                    .flatten()
+            })
+            .flatten();
+        // Unset and empty variables both mean "not given", as Go's os.Getenv sees them.
+        let from_env = || {
+            f.aliases
+                .iter()
+                .chain(f.env.as_slice())
+                .find_map(|name| env(name).filter(|v| !v.is_empty()).map(|v| (*name, v)))
+        };
+        let v = match (from_flag, from_env()) {
+            (Some(value), _) => Value {
+                value,
+                source: Source::Flag,
+                flag: f,
+            },
+            (None, Some((name, value))) => Value {
+                value,
+                source: Source::Env(name),
+                flag: f,
+            },
+            (None, None) => Value {
+                value: f.default.to_string(),
+                source: Source::Default,
+                flag: f,
+            },
+        };
+        values.insert(f.key, v);
+    }
+    Ok(Parsed::Run(Resolved { values }))
+}

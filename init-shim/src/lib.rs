@@ -1,0 +1,43 @@
+//! redirect-init: a drop-in for Istio's `istio-iptables` in the init container. Thin: flags and
+//! environment become a `redirect_core` config (`flags`, `settings`); `run` calls the library.
+
+pub mod flags;
+pub mod report;
+pub mod run;
+pub mod settings;
+
+use std::ffi::OsString;
+
+use flags::Parsed;
+use run::{Failure, EXIT_ERROR, EXIT_OK};
+
+/// The whole program, from arguments and an environment lookup to an exit code.
+pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    let resolved = match flags::parse(args, env) {
+        Ok(Parsed::Run(r)) => r,
+        Ok(Parsed::Info(text)) => {
+            print!("{text}");
+            return EXIT_OK;
+        }
+        Err(msg) => {
+            eprintln!("{msg}");
+            return EXIT_ERROR;
+        }
+    };
+    eprint!("{}", report::environment(env));
+    let result = settings::Settings::from_resolved(&resolved)
+        .map_err(Failure::from)
+        .and_then(|s| match s.network_namespace.clone() {
+            Some(path) => redirect_core::netns::run_in(&path, move || run::run(s))
+                .map_err(Failure::from)
+                .and_then(|r| r),
+            None => run::run(s),
+        });
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(f) => {
+            eprintln!("error\t{}", f.message);
+            f.code
+        }
+    }
+}

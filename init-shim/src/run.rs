@@ -1,0 +1,293 @@
+//! What redirect-init does once its settings are typed: derive, then one of cleanup, dry-run
+//! or apply, then optionally the validation probe. Logs go to stderr; stdout carries only the
+//! ruleset (the dry-run output, or what was applied).
+
+use std::io::Write;
+
+use redirect_core::capture;
+use redirect_core::derived::{self, HostAddress};
+use redirect_core::nft::{self, Difference};
+use redirect_core::plan::SystemGroups;
+use redirect_core::render::{iptables_restore_all, nft_script};
+use redirect_core::routes::TproxyRouting;
+use redirect_core::ruleset::Ruleset;
+use redirect_core::{probe, xtables, Error};
+
+use crate::report;
+use crate::settings::{self, Backend, DryRunFormat, Settings};
+
+/// Istio's exit codes.
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_ERROR: i32 = 1;
+pub const EXIT_VALIDATION: i32 = 126;
+
+/// A failure and the exit code it maps to.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure {
+            code: EXIT_ERROR,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn fail(message: String) -> Failure {
+    Failure {
+        code: EXIT_ERROR,
+        message,
+    }
+}
+
+pub fn info(msg: &str) {
+    eprintln!("info\t{msg}");
+}
+
+pub fn warn(msg: &str) {
+    eprintln!("warn\t{msg}");
+}
+
+/// Run in the current namespace (the caller entered `--network-namespace` already).
+pub fn run(mut s: Settings) -> Result<(), Failure> {
+    let host = if s.cleanup_only {
+        None
+    } else {
+        Some(derived::detect_host_address(s.dual_stack)?)
+    };
+    let (user_uid, nameservers, ignored) = settings::system_facts(&s)?;
+    ignored.iter().for_each(|w| warn(w));
+    if let Some(h) = &host {
+        for w in s.finish(h, user_uid, &nameservers)? {
+            warn(&w);
+        }
+        info(&format!(
+            "pod address {} ({})",
+            h.ip,
+            if h.ipv6 { "IPv6 rules on" } else { "IPv4 only" }
+        ));
+    }
+    eprint!("{}", report::variables(&s));
+
+    if s.cleanup_only {
+        return cleanup(&s);
+    }
+    let host = host.expect("derived above unless cleanup-only");
+    let rs = redirect_core::plan_with(&s.config, &SystemGroups)?;
+    if s.dry_run {
+        return dry_run(&s, &rs);
+    }
+    if s.skip_rule_apply {
+        info("--skip-rule-apply: programming nothing");
+    } else {
+        match s.backend {
+            Backend::Native => apply_native(&s, &rs)?,
+            Backend::Iptables => apply_iptables(&s, &rs)?,
+        }
+    }
+    if s.run_validation {
+        validate(&s, &host)?;
+    }
+    Ok(())
+}
+
+fn routing(s: &Settings) -> TproxyRouting {
+    TproxyRouting {
+        mark: s.config.tproxy_mark,
+        table: s.config.tproxy_route_table,
+    }
+}
+
+/// `--cleanup-only`: ours (table, routes, `::6`) and Istio's (nft tables, ISTIO_* chains).
+fn cleanup(s: &Settings) -> Result<(), Failure> {
+    if s.dry_run {
+        let ours = nft::read_back()?.is_some();
+        let tables = nft::istio_tables()?;
+        let chains = xtables::find_istio_leftovers()?;
+        info(&format!(
+            "--dry-run: would remove: our table: {ours}; Istio nft tables: {tables:?}; Istio iptables chains: {}",
+            describe_leftovers(&chains)
+        ));
+        return Ok(());
+    }
+    let done = capture::cleanup(&routing(s))?;
+    let tables = nft::remove_istio_tables()?;
+    let chains = xtables::remove_istio_leftovers()?;
+    info(&format!(
+        "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {tables:?}; Istio iptables chains removed: {}",
+        done.table,
+        done.tproxy,
+        done.lo_v6,
+        describe_leftovers(&chains)
+    ));
+    Ok(())
+}
+
+fn describe_leftovers(l: &[xtables::Leftover]) -> String {
+    if l.is_empty() {
+        return "none".into();
+    }
+    l.iter()
+        .map(|x| format!("{}/{}/{}/{}", x.variant, x.family, x.table, x.chain))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn dry_run(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
+    let text = match s.dry_run_format {
+        DryRunFormat::Nft => nft_script(rs),
+        DryRunFormat::Iptables => {
+            let (v4, v6) = iptables_restore_all(rs);
+            match v6 {
+                Some(v6) => format!("{v4}{IP6TABLES_MARKER}\n{v6}"),
+                None => v4,
+            }
+        }
+        DryRunFormat::Json => {
+            let doc = serde_json::json!({ "config": s.config, "ruleset": rs });
+            serde_json::to_string_pretty(&doc).expect("serializable") + "\n"
+        }
+    };
+    if let Some(path) = &s.dry_run_file {
+        std::fs::write(path, &text).map_err(|e| {
+            fail(format!(
+                "cannot write DRY_RUN_FILE_PATH {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    print_stdout(&text);
+    Ok(())
+}
+
+/// Separates the IPv4 and IPv6 iptables-restore inputs in `--dry-run-format iptables`.
+pub const IP6TABLES_MARKER: &str = "# ---- ip6tables-restore input ----";
+
+fn print_stdout(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// Istio's tables and chains found here, as one line for a message.
+fn istio_rules_here() -> Result<(Vec<String>, Vec<xtables::Leftover>), Failure> {
+    Ok((nft::istio_tables()?, xtables::find_istio_leftovers()?))
+}
+
+fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
+    let (istio_tables, istio_chains) = istio_rules_here()?;
+    let istio_present = !istio_tables.is_empty() || !istio_chains.is_empty();
+    if istio_present && !s.reconcile {
+        return Err(fail(format!(
+            "this namespace already holds Istio's capture rules (nft tables {istio_tables:?}; iptables chains {}): both sets of rules would act on every packet. Rerun with --reconcile to replace them with ours, or with --cleanup-only to remove them",
+            describe_leftovers(&istio_chains)
+        )));
+    }
+    let diff = nft::diff(rs)?;
+    let ours_present = !diff.contains(&Difference::TableMissing);
+    if ours_present && diff.is_empty() && !s.force_apply && !istio_present {
+        info("the rules are already in place; nothing to apply (--force-apply reapplies)");
+        capture::apply_routes(&s.config)?;
+    } else {
+        if ours_present && !diff.is_empty() && !s.reconcile && !s.force_apply {
+            let lines: Vec<String> = diff.iter().take(10).map(|d| format!("  {d}")).collect();
+            return Err(fail(format!(
+                "this namespace already has our rules for another configuration ({} differences):\n{}\nRerun with --reconcile to replace them atomically",
+                diff.len(),
+                lines.join("\n")
+            )));
+        }
+        capture::apply(&s.config, &SystemGroups)?;
+        info(&format!(
+            "applied {} rules in {} chains to table inet {} in one transaction",
+            rs.rule_count(),
+            rs.chains.len(),
+            nft::TABLE
+        ));
+    }
+    if istio_present {
+        // Ours are in place first, so no packet goes uncaptured while Istio's go.
+        let tables = nft::remove_istio_tables()?;
+        let chains = xtables::remove_istio_leftovers()?;
+        info(&format!(
+            "--reconcile: removed Istio's nft tables {tables:?} and iptables chains {}",
+            describe_leftovers(&chains)
+        ));
+    }
+    print_stdout(&nft_script(rs));
+    Ok(())
+}
+
+fn apply_iptables(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
+    let chains = xtables::find_istio_leftovers()?;
+    if !chains.is_empty() {
+        if !s.reconcile {
+            return Err(fail(format!(
+                "ISTIO_* chains exist already ({}); iptables-restore cannot create them again. Rerun with --reconcile to replace them, or --cleanup-only to remove them",
+                describe_leftovers(&chains)
+            )));
+        }
+        xtables::remove_istio_leftovers()?;
+        info(&format!(
+            "--reconcile: removed {}",
+            describe_leftovers(&chains)
+        ));
+    }
+    if s.reconcile && nft::remove()? {
+        info(&format!(
+            "--reconcile: removed our nft table {}",
+            nft::TABLE
+        ));
+    }
+    let tools = xtables::apply(rs, s.force_iptables_binary)?;
+    capture::apply_routes(&s.config)?;
+    for t in &tools {
+        info(&format!(
+            "applied {} rules with {} ({} {}, {})",
+            t.family, t.restore, t.variant, t.version, t.save
+        ));
+    }
+    let (v4, v6) = iptables_restore_all(rs);
+    print_stdout(&v4);
+    if let Some(v6) = v6 {
+        print_stdout(&format!("{IP6TABLES_MARKER}\n{v6}"));
+    }
+    Ok(())
+}
+
+/// Istio's probe; its failure is exit 126 with what the probe saw and what to check.
+fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
+    let spec = s.probe_spec(host.ip.is_ipv6());
+    info(&format!(
+        "validation: connecting to {}:{} as uid {}, expecting a redirect to port {} or {}",
+        if spec.ipv6 { "[::6]" } else { "127.0.0.6" },
+        spec.probe_port,
+        nix_uid(),
+        spec.envoy_port,
+        spec.inbound_capture_port
+    ));
+    match probe::run(&spec) {
+        Ok(ok) => {
+            info(&format!(
+                "Validation passed, iptables rules established (redirected to port {} in {} ms)",
+                ok.listener_port,
+                ok.elapsed.as_millis()
+            ));
+            Ok(())
+        }
+        Err(e) => Err(Failure {
+            code: EXIT_VALIDATION,
+            message: format!(
+                "iptables validation failed; workload is not ready for Istio: {e}. When using Istio CNI, this can occur if a pod is scheduled before the node is ready; run `redirect-validate` for a diagnosis"
+            ),
+        }),
+    }
+}
+
+fn nix_uid() -> u32 {
+    nix::unistd::getuid().as_raw()
+}
