@@ -139,6 +139,8 @@ impl Settings {
             owner_groups_exclude: groups_exclude,
             ipv4_loopback_cidr: typed(v("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"), parse_loopback_cidr)?,
             ipv6: false,
+            bypass_uids: Vec::new(),
+            bypass_gids: Vec::new(),
         };
         let dry_run_format = match v("dry-run-format")
             .value

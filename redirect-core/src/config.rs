@@ -227,6 +227,11 @@ pub struct CaptureConfig {
     pub ipv4_loopback_cidr: Ipv4Net,
     /// Whether IPv6 rules are programmed. With false, no rule touches IPv6 traffic.
     pub ipv6: bool,
+    /// Ours: UIDs whose outbound traffic (DNS included) is never captured, checked before
+    /// anything else; for init containers that must reach the network before the proxy runs.
+    pub bypass_uids: Vec<u32>,
+    /// Ours: the same by GID.
+    pub bypass_gids: Vec<u32>,
 }
 
 impl Default for CaptureConfig {
@@ -254,6 +259,8 @@ impl Default for CaptureConfig {
             owner_groups_exclude: Vec::new(),
             ipv4_loopback_cidr: Ipv4Net::new(Ipv4Addr::LOCALHOST, 32).expect("valid /32"),
             ipv6: false,
+            bypass_uids: Vec::new(),
+            bypass_gids: Vec::new(),
         }
     }
 }
@@ -374,6 +381,18 @@ impl CaptureConfig {
                         "expected a group name or a numeric GID",
                     ));
                 }
+            }
+        }
+        for (field, bypass, proxy) in [
+            ("bypass_uids", &self.bypass_uids, &self.proxy_uids),
+            ("bypass_gids", &self.bypass_gids, &self.proxy_gids),
+        ] {
+            if let Some(id) = bypass.iter().find(|id| proxy.contains(id)) {
+                return Err(invalid(
+                    field,
+                    &id.to_string(),
+                    "a proxy UID/GID cannot bypass capture: its loopback redirect and the validation probe would stop working; list only the init containers' IDs",
+                ));
             }
         }
         Ok(())

@@ -445,6 +445,15 @@ impl FamilyPlanner<'_> {
 
         // 6. Outbound entry.
         self.b.append(Nat, OUTPUT, vec![], jump(ISTIO_OUTPUT));
+        // Ours: bypass UIDs/GIDs (init containers) leave before any capture, DNS included.
+        for u in &cfg.bypass_uids {
+            self.b
+                .append(Nat, ISTIO_OUTPUT, vec![uid(*u, false)], Action::Return);
+        }
+        for g in &cfg.bypass_gids {
+            self.b
+                .append(Nat, ISTIO_OUTPUT, vec![gid(*g, false)], Action::Return);
+        }
         // 7. Outbound port excludes, TCP and UDP.
         if !cfg.outbound_exclude_ports.is_empty() {
             let m = self.port_match(sets, "outbound-exclude-ports", &cfg.outbound_exclude_ports);

@@ -75,6 +75,8 @@ fn config_of(case: &IstioCase) -> CaptureConfig {
         )
         .unwrap(),
         ipv6: b("enable-ipv6"),
+        bypass_uids: Vec::new(),
+        bypass_gids: Vec::new(),
     };
     cfg.validate()
         .unwrap_or_else(|e| panic!("{}: {e}", case.name));
