@@ -1,0 +1,48 @@
+//! The installer's error type: each message names what was wrong, the value or path, and what to
+//! do about it. No message ever carries the service-account token.
+
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The command line could not be parsed (clap's message).
+    #[error("{0}")]
+    Usage(String),
+
+    #[error("invalid value {value:?} for {setting}: {reason}")]
+    InvalidSetting {
+        setting: &'static str,
+        value: String,
+        reason: String,
+    },
+
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("{path} is not a CNI config that can be chained into: {reason}")]
+    BadCniConfig { path: PathBuf, reason: String },
+
+    #[error("{0}")]
+    Kubeconfig(String),
+
+    #[error("cannot set up the watch: {0}")]
+    Watch(String),
+}
+
+impl Error {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Error::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,69 @@
+//! Our plugin's entry in the CNI config: the chained entry (no `cniVersion`, the list's applies)
+//! and the standalone config (`cniVersion` 1.0.0 plus the entry).
+
+use serde_json::{Map, Value};
+
+use super::settings::Settings;
+
+/// The `type` (and binary name) of our plugin; an entry with this type is ours.
+pub const PLUGIN_TYPE: &str = "redirect-cni";
+
+/// The CNI version of the standalone config.
+pub const STANDALONE_CNI_VERSION: &str = "1.0.0";
+
+/// The entry appended to a chained `.conflist`: our settings, then `--plugin-config-json`
+/// merged in (objects merged key by key, anything else replaced).
+pub fn plugin_entry(s: &Settings) -> Value {
+    let mut m = Map::new();
+    m.insert("type".into(), PLUGIN_TYPE.into());
+    m.insert("name".into(), PLUGIN_TYPE.into());
+    m.insert("log_level".into(), s.plugin_log_level.clone().into());
+    m.insert(
+        "cni_agent_run_dir".into(),
+        s.cni_agent_run_dir.to_string_lossy().into_owned().into(),
+    );
+    m.insert(
+        "kubeconfig".into(),
+        s.kubeconfig_path().to_string_lossy().into_owned().into(),
+    );
+    m.insert(
+        "exclude_namespaces".into(),
+        s.exclude_namespaces.clone().into(),
+    );
+    m.insert("pod_namespace".into(), s.pod_namespace.clone().into());
+    let mut caps = Map::new();
+    caps.insert("io.kubernetes.cri.pod-annotations".into(), true.into());
+    m.insert("capabilities".into(), caps.into());
+    merge(&mut m, &s.plugin_config);
+    Value::Object(m)
+}
+
+/// The standalone config file: `{"cniVersion": "1.0.0", <entry>}`.
+pub fn standalone_conf(s: &Settings) -> Value {
+    let mut m = Map::new();
+    m.insert("cniVersion".into(), STANDALONE_CNI_VERSION.into());
+    if let Value::Object(entry) = plugin_entry(s) {
+        for (k, v) in entry {
+            if k != "cniVersion" {
+                m.insert(k, v);
+            }
+        }
+    }
+    Value::Object(m)
+}
+
+fn merge(into: &mut Map<String, Value>, extra: &Map<String, Value>) {
+    for (k, v) in extra {
+        match (into.get_mut(k), v) {
+            (Some(Value::Object(a)), Value::Object(b)) => merge(a, b),
+            _ => {
+                into.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Whether a plugin entry is ours (by `type`).
+pub fn is_ours(plugin: &Value) -> bool {
+    plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
+}

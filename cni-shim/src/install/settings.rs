@@ -1,0 +1,479 @@
+//! `redirect-cni install`'s flags. Each flag can also come from an environment variable, named
+//! as Istio's install-cni names it where Istio has one (`a-b` ↔ `A_B`): a flag given on the
+//! command line wins, then a non-empty variable, then the default.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, Command};
+use serde_json::{Map, Value};
+
+use super::error::{Error, Result};
+use super::plugin_entry::PLUGIN_TYPE;
+
+/// Where Kubernetes mounts a pod's service-account token and CA.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// One flag: long name (also the key), its variable, its default and its help.
+struct Spec {
+    key: &'static str,
+    env: Option<&'static str>,
+    default: &'static str,
+    boolean: bool,
+    aliases: &'static [&'static str],
+    help: &'static str,
+}
+
+const fn s(
+    key: &'static str,
+    env: Option<&'static str>,
+    default: &'static str,
+    help: &'static str,
+) -> Spec {
+    Spec {
+        key,
+        env,
+        default,
+        boolean: false,
+        aliases: &[],
+        help,
+    }
+}
+
+const fn b(
+    key: &'static str,
+    env: &'static str,
+    default: &'static str,
+    help: &'static str,
+) -> Spec {
+    Spec {
+        key,
+        env: Some(env),
+        default,
+        boolean: true,
+        aliases: &[],
+        help,
+    }
+}
+
+const SPECS: &[Spec] = &[
+    s(
+        "mounted-cni-net-dir",
+        Some("MOUNTED_CNI_NET_DIR"),
+        "/host/etc/cni/net.d",
+        "The host's CNI config directory as mounted in this container",
+    ),
+    s(
+        "cni-net-dir",
+        Some("CNI_NET_DIR"),
+        "/etc/cni/net.d",
+        "The same directory as the host sees it (used in messages)",
+    ),
+    s(
+        "cni-bin-dir",
+        Some("CNI_BIN_DIR"),
+        "/host/opt/cni/bin",
+        "Comma-separated host CNI bin directories (as mounted here) to copy the plugin into",
+    ),
+    s(
+        "binary",
+        None,
+        "",
+        "The plugin binary to copy (default: this executable)",
+    ),
+    s(
+        "cni-conf-name",
+        Some("CNI_CONF_NAME"),
+        "",
+        "Chained: the config file to chain into (default: the one kubelet uses); \
+         standalone: the file to write (default: redirect-cni.conf)",
+    ),
+    Spec {
+        aliases: &["chained"],
+        ..b(
+            "chained-cni-plugin",
+            "CHAINED_CNI_PLUGIN",
+            "true",
+            "Chain into the node's CNI config (false: write a standalone config, for Multus)",
+        )
+    },
+    s(
+        "cni-agent-run-dir",
+        Some("CNI_AGENT_RUN_DIR"),
+        "/var/run/redirect-cni",
+        "Run directory shared with the plugin (same path on the host): kubeconfig and state",
+    ),
+    s(
+        "kubeconfig-mode",
+        Some("KUBECONFIG_MODE"),
+        "0600",
+        "File mode of the kubeconfig, octal",
+    ),
+    b(
+        "cni-conf-group-read",
+        "CNI_CONF_GROUP_READ",
+        "false",
+        "Standalone config mode 0640 instead of 0600",
+    ),
+    s(
+        "kube-ca-file",
+        Some("KUBE_CA_FILE"),
+        "",
+        "CA bundle for the kubeconfig (default: the service account's ca.crt)",
+    ),
+    b(
+        "skip-tls-verify",
+        "SKIP_TLS_VERIFY",
+        "false",
+        "Write insecure-skip-tls-verify instead of the CA into the kubeconfig",
+    ),
+    s(
+        "service-account-dir",
+        None,
+        SERVICE_ACCOUNT_DIR,
+        "Directory holding the service account's token and ca.crt",
+    ),
+    s(
+        "kubernetes-service-host",
+        Some("KUBERNETES_SERVICE_HOST"),
+        "",
+        "API server host for the kubeconfig",
+    ),
+    s(
+        "kubernetes-service-port",
+        Some("KUBERNETES_SERVICE_PORT"),
+        "443",
+        "API server port for the kubeconfig",
+    ),
+    s(
+        "kubernetes-service-protocol",
+        Some("KUBERNETES_SERVICE_PROTOCOL"),
+        "https",
+        "API server scheme for the kubeconfig",
+    ),
+    s(
+        "exclude-namespaces",
+        Some("EXCLUDE_NAMESPACES"),
+        "",
+        "Comma-separated namespaces whose pods the plugin leaves alone",
+    ),
+    s(
+        "pod-namespace",
+        Some("POD_NAMESPACE"),
+        "",
+        "This DaemonSet's namespace (the plugin leaves its pods alone)",
+    ),
+    s(
+        "plugin-log-level",
+        Some("PLUGIN_LOG_LEVEL"),
+        "info",
+        "The plugin's log level (log_level in its config)",
+    ),
+    s(
+        "plugin-config-json",
+        Some("PLUGIN_CONFIG_JSON"),
+        "",
+        "A JSON object merged into the plugin's config entry",
+    ),
+    b(
+        "cleanup-on-exit",
+        "CLEANUP_ON_EXIT",
+        "true",
+        "On SIGTERM/SIGINT remove everything that was installed",
+    ),
+];
+
+/// Everything `redirect-cni install` was told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub mounted_cni_net_dir: PathBuf,
+    pub cni_net_dir: PathBuf,
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// `None`: this executable.
+    pub binary: Option<PathBuf>,
+    pub cni_conf_name: Option<String>,
+    pub chained: bool,
+    pub cni_agent_run_dir: PathBuf,
+    pub kubeconfig_mode: u32,
+    pub cni_conf_group_read: bool,
+    pub kube_ca_file: Option<PathBuf>,
+    pub skip_tls_verify: bool,
+    pub service_account_dir: PathBuf,
+    pub kubernetes_service_host: Option<String>,
+    pub kubernetes_service_port: String,
+    pub kubernetes_service_protocol: String,
+    pub exclude_namespaces: Vec<String>,
+    pub pod_namespace: String,
+    pub plugin_log_level: String,
+    /// Extra fields for the plugin's entry (`--plugin-config-json`).
+    pub plugin_config: Map<String, Value>,
+    pub cleanup_on_exit: bool,
+}
+
+impl Default for Settings {
+    /// The defaults of every flag, as with no flag and no variable.
+    fn default() -> Self {
+        match parse(Vec::<OsString>::new(), &|_| None) {
+            Ok(Parsed::Run(s)) => *s,
+            _ => unreachable!("the defaults parse"),
+        }
+    }
+}
+
+impl Settings {
+    /// The standalone config's mode: 0600, or 0640 with `CNI_CONF_GROUP_READ`.
+    pub fn standalone_conf_mode(&self) -> u32 {
+        if self.cni_conf_group_read {
+            0o640
+        } else {
+            0o600
+        }
+    }
+
+    /// The standalone config's file name.
+    pub fn standalone_conf_name(&self) -> &str {
+        self.cni_conf_name.as_deref().unwrap_or("redirect-cni.conf")
+    }
+
+    /// Where the kubeconfig goes (the same path inside this container and on the host).
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.cni_agent_run_dir.join("redirect-cni-kubeconfig")
+    }
+
+    /// Where the record of what was changed goes (to undo it exactly, also after a restart).
+    pub fn state_path(&self) -> PathBuf {
+        self.cni_agent_run_dir
+            .join("redirect-cni-install-state.json")
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.service_account_dir.join("token")
+    }
+
+    pub fn ca_path(&self) -> Option<PathBuf> {
+        if self.skip_tls_verify {
+            None
+        } else {
+            Some(
+                self.kube_ca_file
+                    .clone()
+                    .unwrap_or_else(|| self.service_account_dir.join("ca.crt")),
+            )
+        }
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Parsed {
+    Run(Box<Settings>),
+    /// `--help` or `--version`: print this on stdout and exit 0.
+    Info(String),
+}
+
+/// The clap command (for `--help`).
+pub fn command() -> Command {
+    let mut cmd = Command::new("redirect-cni install")
+        .about(
+            "Installs the redirect-cni plugin on this node (binary, CNI config, kubeconfig), \
+             keeps it installed, and removes exactly what it added on SIGTERM",
+        )
+        .version(env!("CARGO_PKG_VERSION"))
+        .args_override_self(true)
+        .disable_help_subcommand(true);
+    for f in SPECS {
+        let help = match f.env {
+            Some(e) => format!("{} [env: {e}] [default: {:?}]", f.help, f.default),
+            None => format!("{} [default: {:?}]", f.help, f.default),
+        };
+        let mut arg = Arg::new(f.key)
+            .long(f.key)
+            .help(help)
+            .action(ArgAction::Set);
+        for a in f.aliases {
+            arg = arg.alias(*a);
+        }
+        arg = if f.boolean {
+            // Go's bool flags: `--flag`, `--flag=true`, `--flag=false`.
+            arg.num_args(0..=1)
+                .require_equals(true)
+                .default_missing_value("true")
+                .value_name("BOOL")
+        } else {
+            arg.num_args(1).value_name("VALUE")
+        };
+        cmd = cmd.arg(arg);
+    }
+    cmd
+}
+
+/// Resolve every setting from the arguments following `install` and an environment lookup.
+///
+/// Leading words up to and including `install` are skipped, so the whole command line
+/// (`redirect-cni install --flag ...`) may be passed as well.
+pub fn parse(
+    args: impl IntoIterator<Item = OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Parsed> {
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    if let Some(i) = args
+        .iter()
+        .take_while(|a| !a.to_string_lossy().starts_with('-'))
+        .position(|a| a == "install")
+    {
+        args.drain(..=i);
+    }
+    let argv = std::iter::once(OsString::from("redirect-cni install")).chain(args);
+    let matches = match command().try_get_matches_from(argv) {
+        Ok(m) => m,
+        Err(e) => {
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    Ok(Parsed::Info(e.to_string()))
+                }
+                _ => Err(Error::Usage(e.to_string().trim_end().to_string())),
+            }
+        }
+    };
+    let value = |key: &str| -> (String, &'static str) {
+        let f = SPECS.iter().find(|f| f.key == key).expect("known key");
+        if matches.value_source(key) == Some(ValueSource::CommandLine) {
+            if let Some(v) = matches.get_one::<String>(key) {
+                return (v.clone(), f.key);
+            }
+        }
+        if let Some(name) = f.env {
+            if let Some(v) = env(name).filter(|v| !v.is_empty()) {
+                return (v, name);
+            }
+        }
+        (f.default.to_string(), f.key)
+    };
+    let string = |key: &str| value(key).0;
+    let boolean = |key: &str| -> Result<bool> {
+        let (v, from) = value(key);
+        parse_bool(&v).ok_or_else(|| Error::InvalidSetting {
+            setting: from,
+            value: v,
+            reason: "expected true or false (also 1, 0, t, f)".into(),
+        })
+    };
+    let non_empty = |key: &str| Some(string(key)).filter(|v| !v.is_empty());
+
+    let cni_bin_dirs: Vec<PathBuf> = split_list(&string("cni-bin-dir"))
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    if cni_bin_dirs.is_empty() {
+        let (value, setting) = value("cni-bin-dir");
+        return Err(Error::InvalidSetting {
+            setting,
+            value,
+            reason: "at least one directory is needed, e.g. /host/opt/cni/bin".into(),
+        });
+    }
+    let (mode, mode_from) = value("kubeconfig-mode");
+    let kubeconfig_mode = parse_mode(&mode).ok_or_else(|| Error::InvalidSetting {
+        setting: mode_from,
+        value: mode.clone(),
+        reason: "expected an octal file mode such as 0600".into(),
+    })?;
+    let plugin_config = match non_empty("plugin-config-json") {
+        None => Map::new(),
+        Some(text) => parse_plugin_config(&text).map_err(|reason| Error::InvalidSetting {
+            setting: value("plugin-config-json").1,
+            value: text.clone(),
+            reason,
+        })?,
+    };
+    let (plugin_log_level, level_from) = value("plugin-log-level");
+    if !PLUGIN_LOG_LEVELS.contains(&plugin_log_level.as_str()) {
+        return Err(Error::InvalidSetting {
+            setting: level_from,
+            value: plugin_log_level,
+            reason: format!("expected one of {}", PLUGIN_LOG_LEVELS.join(", ")),
+        });
+    }
+    let cni_conf_name = non_empty("cni-conf-name");
+    if let Some(name) = &cni_conf_name {
+        if name.contains('/') || name == "." || name == ".." {
+            return Err(Error::InvalidSetting {
+                setting: value("cni-conf-name").1,
+                value: name.clone(),
+                reason: "a file name inside the CNI net dir is expected, without '/'".into(),
+            });
+        }
+    }
+
+    Ok(Parsed::Run(Box::new(Settings {
+        mounted_cni_net_dir: string("mounted-cni-net-dir").into(),
+        cni_net_dir: string("cni-net-dir").into(),
+        cni_bin_dirs,
+        binary: non_empty("binary").map(PathBuf::from),
+        cni_conf_name,
+        chained: boolean("chained-cni-plugin")?,
+        cni_agent_run_dir: string("cni-agent-run-dir").into(),
+        kubeconfig_mode,
+        cni_conf_group_read: boolean("cni-conf-group-read")?,
+        kube_ca_file: non_empty("kube-ca-file").map(PathBuf::from),
+        skip_tls_verify: boolean("skip-tls-verify")?,
+        service_account_dir: string("service-account-dir").into(),
+        kubernetes_service_host: non_empty("kubernetes-service-host"),
+        kubernetes_service_port: string("kubernetes-service-port"),
+        kubernetes_service_protocol: string("kubernetes-service-protocol"),
+        exclude_namespaces: split_list(&string("exclude-namespaces")),
+        pod_namespace: string("pod-namespace"),
+        plugin_log_level,
+        plugin_config,
+        cleanup_on_exit: boolean("cleanup-on-exit")?,
+    })))
+}
+
+/// The levels the plugin accepts in `log_level`.
+pub const PLUGIN_LOG_LEVELS: &[&str] = &["debug", "info", "warn", "error", "none"];
+
+/// Go's `strconv.ParseBool`.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// An octal mode: `0600`, `600` or `0o600`, at most 0777.
+pub fn parse_mode(v: &str) -> Option<u32> {
+    let digits = v.strip_prefix("0o").unwrap_or(v);
+    if digits.is_empty() || digits.len() > 4 {
+        return None;
+    }
+    u32::from_str_radix(digits, 8).ok().filter(|m| *m <= 0o777)
+}
+
+fn split_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn parse_plugin_config(text: &str) -> std::result::Result<Map<String, Value>, String> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => {
+            match map.get("type") {
+                Some(Value::String(t)) if t == PLUGIN_TYPE => {}
+                None => {}
+                Some(other) => {
+                    return Err(format!(
+                        "\"type\" must stay {PLUGIN_TYPE:?} (got {other}); remove it"
+                    ))
+                }
+            }
+            Ok(map)
+        }
+        Ok(_) => Err("a JSON object such as {\"key\": \"value\"} is expected".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
