@@ -17,3 +17,9 @@ fi
 for m in nf_tables nft_chain_nat nft_redir nft_tproxy nft_ct nft_nat nf_conntrack nf_tproxy_ipv4 nf_tproxy_ipv6; do
   modprobe "$m" 2>/dev/null || true
 done
+# The CNI reference client (cnitool) and Debian's reference plugins (/usr/lib/cni) for the
+# plugin's end-to-end tests, built offline from Debian packages once into .tools/.
+SHARED=${SHARED:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
+if [ ! -x .tools/cnitool ] || [ ! -x /usr/lib/cni/bridge ]; then
+  bash "$SHARED/tools/build-cnitool.sh" .tools
+fi

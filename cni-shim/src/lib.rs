@@ -1,4 +1,26 @@
-//! redirect-cni: the CNI plugin and its node installer.
+//! redirect-cni: the CNI plugin (`cni`, `plugin`) and its node installer (`install`). Thin:
+//! CNI stdin, CNI_ARGS and pod annotations become a `redirect_core` config; the library does
+//! the rest.
 
+pub mod cni;
 pub mod install;
 pub mod kube;
+pub mod log;
+pub mod plugin;
+
+/// The plugin's process: stdout gets the result or the CNI error object; returns the exit code.
+pub fn plugin_main(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> i32 {
+    use std::io::Write;
+    let inv = plugin::Invocation { env, stdin };
+    let (out, code) = match plugin::run(&inv) {
+        Ok(out) => (out, 0),
+        Err((e, version)) => {
+            eprintln!("error\tredirect-cni\t{e}");
+            (e.to_json(&version), 1)
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(out.as_bytes());
+    let _ = stdout.flush();
+    code
+}

@@ -1,4 +1,7 @@
-//! `redirect-cni`: the node installer as `redirect-cni install`; the plugin comes next.
+//! `redirect-cni`: a CNI plugin when the runtime runs it, the node installer as
+//! `redirect-cni install`.
+
+use std::io::Read;
 
 fn main() {
     let env = |name: &str| std::env::var(name).ok();
@@ -6,6 +9,8 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "install") {
         std::process::exit(cni_shim::install::main(args[1..].to_vec(), &env));
     }
-    eprintln!("redirect-cni: the CNI plugin is not implemented yet");
-    std::process::exit(1);
+    let mut stdin = Vec::new();
+    // VERSION may come with no stdin at all; an unreadable stdin is an empty config.
+    let _ = std::io::stdin().read_to_end(&mut stdin);
+    std::process::exit(cni_shim::plugin_main(&env, &stdin));
 }

@@ -1019,3 +1019,61 @@ fn env_from_a_reference_hides_an_earlier_literal() {
     assert_eq!(proxy.run_as_user, None);
 }
 
+/// The plugin end to end on the API path: the runtime sends no annotations, so ADD reads the
+/// pod from the stand-in and takes the proxy UID from istio-proxy's runAsUser (OpenShift's
+/// per-namespace UID), and the rules in the pod's namespace carry it.
+#[test]
+fn plugin_add_reads_the_pod_when_the_runtime_sends_no_annotations() {
+    if !redirect_core::testkit::kernel_tests_enabled() {
+        return;
+    }
+    let s = setup(
+        vec![Reply::Status(503, "warming up".into())],
+        Reply::Ok(OPENSHIFT_POD),
+    );
+    let ns = redirect_core::testkit::TestNetns::new();
+    ns.sh("ip link add eth0 type veth peer name p0 && ip addr add 10.44.0.5/24 dev eth0 && ip link set eth0 up");
+    let conf = serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
+        "kubeconfig": s.kubeconfig, "kube_attempts": 3, "kube_interval_ms": 50});
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redirect-cni"))
+        .env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_NETNS", ns.path())
+        .env("CNI_IFNAME", "eth0")
+        .env(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=bookinfo;K8S_POD_NAME=productpage-v1-7c9b5d8f6-q4m8d",
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "ADD failed: {}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(s.server.hits(), 2, "one 503, then the pod");
+    assert!(
+        stderr.contains("reading the pod from the Kubernetes API"),
+        "{stderr}"
+    );
+    let table = ns.sh("nft list table inet redirect_capture");
+    assert!(
+        table.contains("skuid 1000620000"),
+        "the proxy UID is not OpenShift's:\n{table}"
+    );
+    assert!(
+        !table.contains("skuid 1337 "),
+        "1337 used as the proxy UID:\n{table}"
+    );
+}

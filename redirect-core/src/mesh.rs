@@ -255,13 +255,15 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
     };
     let mut exclude_in = match typed(ann, EXCLUDE_INBOUND_PORTS, "15020", parse_port_selection)? {
         Selection::List(l) => l,
-        Selection::All => return Err(Error::Config {
-            field: EXCLUDE_INBOUND_PORTS,
-            value: ann.get(EXCLUDE_INBOUND_PORTS).cloned().unwrap_or_default(),
-            expected: format!(
+        Selection::All => {
+            return Err(Error::Config {
+                field: EXCLUDE_INBOUND_PORTS,
+                value: ann.get(EXCLUDE_INBOUND_PORTS).cloned().unwrap_or_default(),
+                expected: format!(
                 "a port list; to capture no inbound traffic set {INCLUDE_INBOUND_PORTS} to \"\""
             ),
-        }),
+            })
+        }
     };
     for p in ALWAYS_EXCLUDED_INBOUND {
         if !exclude_in.contains(&p) {

@@ -158,7 +158,7 @@ pub(crate) fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> T 
 
 /// Switches the credentials of the calling thread only (raw syscalls: glibc's wrappers would
 /// change every thread of the process). Clears supplementary groups first.
-pub(crate) fn become_ids(uid: u32, gid: u32) -> std::io::Result<()> {
+pub fn become_ids(uid: u32, gid: u32) -> std::io::Result<()> {
     // SAFETY: plain syscalls with integer arguments (and a null list for setgroups).
     unsafe {
         if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0 {

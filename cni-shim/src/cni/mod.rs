@@ -1,0 +1,71 @@
+//! The CNI protocol as the plugin sees it (spec 1.1): versions, the error object, CNI_ARGS,
+//! the network config on stdin and the result on stdout.
+
+pub mod args;
+pub mod conf;
+pub mod result;
+
+use serde_json::json;
+
+/// The versions we speak. 0.1.0 and 0.2.0 predate chaining (no prevResult) and are refused.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// Error codes of the CNI spec, and ours (100 and up are plugin-specific).
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENV: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODE: u32 = 6;
+    pub const INVALID_CONFIG: u32 = 7;
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    pub const NOT_AVAILABLE: u32 = 50;
+    /// Ours: CHECK found rules that differ from what the pod's annotations ask for.
+    pub const RULES_DIFFER: u32 = 100;
+    /// Ours: a pod annotation has a bad value.
+    pub const BAD_ANNOTATION: u32 = 101;
+    /// Ours: the Kubernetes API could not tell us about the pod.
+    pub const POD_UNKNOWN: u32 = 102;
+    /// Ours: refusing to program the namespace the plugin runs in (the host's).
+    pub const HOST_NETNS: u32 = 103;
+}
+
+/// A CNI error: printed as JSON on stdout, exit 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniError {
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+}
+
+impl CniError {
+    pub fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> CniError {
+        CniError {
+            code,
+            msg: msg.into(),
+            details: details.into(),
+        }
+    }
+
+    /// The spec's error object, in the config's version (or the newest when unknown).
+    pub fn to_json(&self, version: &str) -> String {
+        let v = if SUPPORTED_VERSIONS.contains(&version) {
+            version
+        } else {
+            "1.1.0"
+        };
+        json!({"cniVersion": v, "code": self.code, "msg": self.msg, "details": self.details})
+            .to_string()
+    }
+}
+
+impl std::fmt::Display for CniError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CNI error {}: {}", self.code, self.msg)?;
+        if !self.details.is_empty() {
+            write!(f, " ({})", self.details)?;
+        }
+        Ok(())
+    }
+}

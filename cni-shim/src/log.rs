@@ -1,0 +1,60 @@
+//! Plugin logs: stderr and, when the config names one, a file. Never stdout (the protocol).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::cni::conf::NetConf;
+
+pub struct Log {
+    level: u8,
+    file: Option<PathBuf>,
+}
+
+fn rank(level: &str) -> u8 {
+    match level {
+        "debug" => 0,
+        "info" => 1,
+        "warn" => 2,
+        "error" => 3,
+        _ => 4,
+    }
+}
+
+impl Log {
+    pub fn new(conf: &NetConf) -> Log {
+        Log {
+            level: rank(&conf.log_level),
+            file: conf.log_file.clone(),
+        }
+    }
+
+    fn write(&self, level: &str, msg: &str) {
+        if rank(level) < self.level {
+            return;
+        }
+        let line = format!("{level}\tredirect-cni\t{msg}\n");
+        let _ = std::io::stderr().write_all(line.as_bytes());
+        if let Some(path) = &self.file {
+            // A log file we cannot write must not fail the pod.
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+    }
+
+    pub fn info(&self, msg: &str) {
+        self.write("info", msg);
+    }
+
+    pub fn warn(&self, msg: &str) {
+        self.write("warn", msg);
+    }
+
+    pub fn error(&self, msg: &str) {
+        self.write("error", msg);
+    }
+}

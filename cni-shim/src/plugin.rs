@@ -1,0 +1,361 @@
+//! The CNI commands. ADD programs a mesh pod's namespace; everything else about a pod that is
+//! not in the mesh is a pass-through, so the plugin never breaks a pod it does not capture.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use redirect_core::capture;
+use redirect_core::derived;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::nft;
+use redirect_core::plan::SystemGroups;
+use redirect_core::pod::PodInfo;
+use redirect_core::routes::TproxyRouting;
+use redirect_core::CaptureConfig;
+
+use crate::cni::args::{self, CniArgs};
+use crate::cni::conf::{self, NetConf};
+use crate::cni::result::passthrough;
+use crate::cni::{code, CniError, SUPPORTED_VERSIONS};
+use crate::log::Log;
+
+/// Prefixes of the node DaemonSet's pods (ours, and Istio's for a drop-in), skipped in the
+/// DaemonSet's namespace: fetching them would wait for the plugin's own kubeconfig.
+const OWN_POD_PREFIXES: &[&str] = &["redirect-cni-node-", "istio-cni-node-"];
+
+/// The process's inputs.
+pub struct Invocation<'a> {
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    pub stdin: &'a [u8],
+}
+
+/// Runs one command: `Ok(stdout)` or a CNI error (printed as JSON, exit 1).
+pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
+    let command = (inv.env)("CNI_COMMAND").unwrap_or_default();
+    if command == "VERSION" {
+        return Ok(version(inv.stdin));
+    }
+    let conf = conf::parse(inv.stdin).map_err(|e| (e, conf::requested_version(inv.stdin)))?;
+    let log = Log::new(&conf);
+    if conf.ambient_enabled {
+        log.warn("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
+    }
+    let v = conf.cni_version.clone();
+    let with_version = |e: CniError| (e, v.clone());
+    match command.as_str() {
+        "ADD" => add(inv, &conf, &log).map_err(with_version),
+        "DEL" => del(inv, &conf, &log).map(|_| String::new()).map_err(with_version),
+        "CHECK" => check(inv, &conf, &log).map(|_| String::new()).map_err(with_version),
+        "STATUS" => status(&conf, &log).map(|_| String::new()).map_err(with_version),
+        "GC" => {
+            log.info("GC: nothing to collect: the rules live in the pod's namespace and go with it");
+            Ok(String::new())
+        }
+        "" => Err(with_version(CniError::new(
+            code::INVALID_ENV,
+            "CNI_COMMAND is not set",
+            "redirect-cni is a CNI plugin: the runtime runs it with CNI_COMMAND=ADD|DEL|CHECK|STATUS|GC|VERSION; the installer runs as `redirect-cni install`",
+        ))),
+        other => Err(with_version(CniError::new(
+            code::INVALID_ENV,
+            format!("CNI_COMMAND {other:?} is not a CNI command"),
+            "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
+        ))),
+    }
+}
+
+fn version(stdin: &[u8]) -> String {
+    serde_json::json!({
+        "cniVersion": conf::requested_version(stdin),
+        "supportedVersions": SUPPORTED_VERSIONS,
+    })
+    .to_string()
+}
+
+/// Who the pod is, from CNI_ARGS; `None` when it is not a Kubernetes pod.
+fn pod_identity(inv: &Invocation) -> Result<Option<(String, String)>, CniError> {
+    let a: CniArgs = args::parse(&(inv.env)("CNI_ARGS").unwrap_or_default())?;
+    Ok(match (a.pod_namespace, a.pod_name) {
+        (Some(ns), Some(name)) => Some((ns, name)),
+        _ => None,
+    })
+}
+
+/// What to do for this pod: `None` = pass through; else the config and dual-stack flag.
+fn plan_for(
+    inv: &Invocation,
+    conf: &NetConf,
+    log: &Log,
+) -> Result<Option<(CaptureConfig, bool)>, CniError> {
+    let Some((ns, name)) = pod_identity(inv)? else {
+        log.info(
+            "no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",
+        );
+        return Ok(None);
+    };
+    if conf.pod_namespace.as_deref() == Some(ns.as_str())
+        && OWN_POD_PREFIXES.iter().any(|p| name.starts_with(p))
+    {
+        log.info(&format!(
+            "{ns}/{name} is the plugin's own DaemonSet pod: skipped"
+        ));
+        return Ok(None);
+    }
+    if conf.exclude_namespaces.contains(&ns) {
+        log.info(&format!("{ns}/{name}: namespace {ns} is excluded"));
+        return Ok(None);
+    }
+    let defaults = MeshDefaults {
+        proxy_uid: conf.proxy_uid,
+        proxy_gid: conf.proxy_gid,
+        dns_capture: conf.dns_capture,
+        dual_stack: conf.dual_stack,
+        drop_invalid: conf.drop_invalid,
+        bypass_uids: conf.bypass_uids.clone(),
+        bypass_gids: conf.bypass_gids.clone(),
+    };
+    let mut pod = match &conf.pod_annotations {
+        Some(a) => PodInfo {
+            namespace: ns.clone(),
+            name: name.clone(),
+            annotations: a.clone(),
+            ..PodInfo::default()
+        },
+        None => fetch(conf, &ns, &name, log, "the runtime sent no pod annotations")?,
+    };
+    let mut decision = decide(&pod, &defaults)?;
+    if let Decision::NeedSpec(why) = &decision {
+        pod = fetch(conf, &ns, &name, log, why)?;
+        decision = decide(&pod, &defaults)?;
+    }
+    match decision {
+        Decision::Skip(why) => {
+            log.info(&format!("{ns}/{name}: not captured: {why}"));
+            Ok(None)
+        }
+        Decision::NeedSpec(why) => Err(CniError::new(
+            code::POD_UNKNOWN,
+            format!("{ns}/{name}: cannot decide the capture: {why}"),
+            "",
+        )),
+        Decision::Capture {
+            config,
+            dual_stack,
+            warnings,
+        } => {
+            for w in warnings {
+                log.warn(&format!("{ns}/{name}: {w}"));
+            }
+            Ok(Some((*config, dual_stack)))
+        }
+    }
+}
+
+fn decide(pod: &PodInfo, d: &MeshDefaults) -> Result<Decision, CniError> {
+    mesh::decide(pod, d).map_err(|e| {
+        CniError::new(
+            code::BAD_ANNOTATION,
+            format!(
+                "pod {}/{}: annotation value error: {e}",
+                pod.namespace, pod.name
+            ),
+            "fix the pod's annotation; nothing was applied",
+        )
+    })
+}
+
+fn fetch(conf: &NetConf, ns: &str, name: &str, log: &Log, why: &str) -> Result<PodInfo, CniError> {
+    log.info(&format!(
+        "{ns}/{name}: reading the pod from the Kubernetes API ({why})"
+    ));
+    let policy = crate::kube::FetchPolicy {
+        attempts: conf.kube_attempts,
+        interval: Duration::from_millis(conf.kube_interval_ms),
+        ..crate::kube::FetchPolicy::default()
+    };
+    crate::kube::fetch_pod(&conf.kubeconfig, ns, name, &policy).map_err(|e| {
+        CniError::new(
+            code::POD_UNKNOWN,
+            format!("{ns}/{name}: cannot read the pod from the Kubernetes API: {e}"),
+            "the pod's capture depends on its spec; nothing was applied",
+        )
+    })
+}
+
+/// The pod's namespace file, checked: set, present, and not the plugin's own.
+fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<PathBuf, CniError> {
+    let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
+    if netns.is_empty() {
+        return Err(CniError::new(
+            code::INVALID_ENV,
+            "CNI_NETNS is empty for a pod in the mesh",
+            "the runtime must give the pod's network namespace",
+        ));
+    }
+    let path = PathBuf::from(&netns);
+    let target = redirect_core::netns::netns_id_of(&path).map_err(|e| {
+        CniError::new(
+            code::UNKNOWN_CONTAINER,
+            format!("CNI_NETNS {netns}: {e}"),
+            "the pod's network namespace does not exist (any more)",
+        )
+    })?;
+    if !conf.allow_host_netns {
+        let own = redirect_core::netns::current_netns_id().map_err(|e| {
+            CniError::new(
+                code::IO_FAILURE,
+                format!("cannot read our own network namespace: {e}"),
+                "",
+            )
+        })?;
+        if own == target {
+            return Err(CniError::new(
+                code::HOST_NETNS,
+                format!("CNI_NETNS {netns} is the namespace the plugin runs in (the host's): refusing to capture its traffic"),
+                "a pod must have its own network namespace; set \"allow_host_netns\": true only for tests",
+            ));
+        }
+    }
+    Ok(path)
+}
+
+fn kernel_error(what: &str, e: redirect_core::Error) -> CniError {
+    let code = match e {
+        redirect_core::Error::NetnsOpen { .. } => code::UNKNOWN_CONTAINER,
+        redirect_core::Error::Config { .. } => code::INVALID_CONFIG,
+        _ => code::IO_FAILURE,
+    };
+    CniError::new(code, format!("{what}: {e}"), "")
+}
+
+/// In the pod's namespace: the pod's own addresses decide IPv6 (as Istio), then apply.
+fn apply_in(
+    netns: &Path,
+    mut cfg: CaptureConfig,
+    dual_stack: bool,
+) -> Result<CaptureConfig, CniError> {
+    redirect_core::netns::run_in(
+        netns,
+        move || -> Result<CaptureConfig, redirect_core::Error> {
+            cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
+            capture::apply(&cfg, &SystemGroups)?;
+            Ok(cfg)
+        },
+    )
+    .and_then(|r| r)
+    .map_err(|e| kernel_error("programming the pod's capture", e))
+}
+
+fn add(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<String, CniError> {
+    let out = passthrough(&conf.cni_version, conf.prev_result.as_ref());
+    let Some((cfg, dual_stack)) = plan_for(inv, conf, log)? else {
+        return Ok(out);
+    };
+    let netns = netns_of(inv, conf)?;
+    let cfg = apply_in(&netns, cfg, dual_stack)?;
+    log.info(&format!(
+        "captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
+        netns.display(),
+        describe(&cfg.inbound_ports),
+        describe(&cfg.outbound_include_cidrs),
+        cfg.ipv6,
+        cfg.mode
+    ));
+    Ok(out)
+}
+
+fn describe<T: std::fmt::Display>(s: &redirect_core::config::Selection<T>) -> String {
+    match s {
+        redirect_core::config::Selection::All => "*".into(),
+        redirect_core::config::Selection::List(l) => l
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+/// DEL: remove ours when the namespace is still there; everything else succeeds.
+fn del(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
+    let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
+    if netns.is_empty() || !Path::new(&netns).exists() {
+        log.info("DEL: no network namespace any more: nothing to remove");
+        return Ok(());
+    }
+    let path = PathBuf::from(&netns);
+    if !conf.allow_host_netns
+        && redirect_core::netns::netns_id_of(&path).ok()
+            == redirect_core::netns::current_netns_id().ok()
+    {
+        log.warn("DEL: CNI_NETNS is the plugin's own namespace: nothing removed");
+        return Ok(());
+    }
+    let removed = redirect_core::netns::run_in(&path, || -> Result<bool, redirect_core::Error> {
+        // Only a namespace we programmed has routes and ::6 of ours.
+        if nft::read_back()?.is_none() {
+            return Ok(false);
+        }
+        capture::cleanup(&TproxyRouting::ISTIO)?;
+        Ok(true)
+    })
+    .and_then(|r| r)
+    .map_err(|e| kernel_error("removing the pod's capture", e))?;
+    log.info(&format!(
+        "DEL {netns}: {}",
+        if removed {
+            "rules removed"
+        } else {
+            "no rules of ours"
+        }
+    ));
+    Ok(())
+}
+
+/// CHECK: the namespace's rules must be what the pod's annotations ask for.
+fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
+    let Some((cfg, dual_stack)) = plan_for(inv, conf, log)? else {
+        return Ok(());
+    };
+    let netns = netns_of(inv, conf)?;
+    let diff = redirect_core::netns::run_in(&netns, move || -> Result<_, redirect_core::Error> {
+        let mut cfg = cfg;
+        cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
+        let rs = redirect_core::plan_with(&cfg, &SystemGroups)?;
+        let mut diff: Vec<String> = nft::diff(&rs)?.iter().map(|d| d.to_string()).collect();
+        if let Some(r) = capture::tproxy_routing(&cfg) {
+            for f in rs.families() {
+                if !redirect_core::routes::read_tproxy(&r, f)?.is_complete() {
+                    diff.push(format!("TPROXY routing ({f}) missing"));
+                }
+            }
+        }
+        if cfg.ipv6 && !redirect_core::routes::has_lo_v6_inbound_addr()? {
+            diff.push("::6/128 missing on lo".into());
+        }
+        Ok(diff)
+    })
+    .and_then(|r| r)
+    .map_err(|e| kernel_error("reading the pod's capture back", e))?;
+    if diff.is_empty() {
+        log.info("CHECK: the rules match the pod's annotations");
+        return Ok(());
+    }
+    Err(CniError::new(
+        code::RULES_DIFFER,
+        format!("the capture rules in {} differ from what the pod's annotations ask for ({} differences)", netns.display(), diff.len()),
+        diff.iter().take(20).cloned().collect::<Vec<_>>().join("; "),
+    ))
+}
+
+/// STATUS: ready when the config parsed (done) and nf_tables answers.
+fn status(_conf: &NetConf, log: &Log) -> Result<(), CniError> {
+    nft::has_tables_of(redirect_core::ruleset::Family::V4).map_err(|e| {
+        CniError::new(
+            code::NOT_AVAILABLE,
+            format!("nf_tables does not answer: {e}"),
+            "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
+        )
+    })?;
+    log.info("STATUS: ready");
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Test helpers: run the plugin binary, and see where a real connection lands in a namespace
+//! programmed by the plugin.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use redirect_core::testkit::netns::become_ids;
+use redirect_core::testkit::TestNetns;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_redirect-cni");
+
+/// The status annotation the injector writes for a CNI pod.
+pub const STATUS_CNI: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}"#;
+
+/// Output of one plugin run.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// Run the plugin directly with this environment (only these variables) and stdin.
+pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Out {
+    let mut cmd = Command::new(BIN);
+    cmd.env_clear().envs(env.iter().copied());
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn redirect-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Listeners in `ns` on `ports` (all addresses, v4); each accepted connection reports its
+/// listener port and SO_ORIGINAL_DST (or its local address when not NATed).
+pub struct Listeners {
+    rx: mpsc::Receiver<(u16, SocketAddr)>,
+}
+
+pub fn listen(ns: &TestNetns, ports: &[u16]) -> Listeners {
+    let (tx, rx) = mpsc::channel();
+    let path = ns.path().to_path_buf();
+    for &port in ports {
+        let tx = tx.clone();
+        let path = path.clone();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let l = TcpListener::bind(("0.0.0.0", port)).unwrap();
+            ready_tx.send(()).unwrap();
+            for s in l.incoming().flatten() {
+                let orig = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::OriginalDst)
+                    .map(|a| {
+                        SocketAddr::from((
+                            std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                            u16::from_be(a.sin_port),
+                        ))
+                    })
+                    .unwrap_or_else(|_| s.local_addr().unwrap());
+                let _ = tx.send((port, orig));
+                let mut s = s;
+                let _ = s.write_all(b"ok");
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("listener ready");
+    }
+    Listeners { rx }
+}
+
+impl Listeners {
+    /// Connect from `from` (as `uid`, or root) to `dst`; where it landed, or None.
+    pub fn probe(
+        &self,
+        from: &TestNetns,
+        uid: Option<u32>,
+        dst: SocketAddr,
+    ) -> Option<(u16, SocketAddr)> {
+        while self.rx.try_recv().is_ok() {}
+        let ok = from.run(move || {
+            if let Some(u) = uid {
+                become_ids(u, u).unwrap();
+            }
+            match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
+                Ok(mut s) => {
+                    let mut b = [0u8; 2];
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    s.read_exact(&mut b).is_ok()
+                }
+                Err(_) => false,
+            }
+        });
+        if !ok {
+            return None;
+        }
+        self.rx.recv_timeout(Duration::from_secs(2)).ok()
+    }
+}
