@@ -256,23 +256,12 @@ fn add(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<String, CniError> 
     log.info(&format!(
         "captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
         netns.display(),
-        describe(&cfg.inbound_ports),
-        describe(&cfg.outbound_include_cidrs),
+        cfg.inbound_ports,
+        cfg.outbound_include_cidrs,
         cfg.ipv6,
         cfg.mode
     ));
     Ok(out)
-}
-
-fn describe<T: std::fmt::Display>(s: &redirect_core::config::Selection<T>) -> String {
-    match s {
-        redirect_core::config::Selection::All => "*".into(),
-        redirect_core::config::Selection::List(l) => l
-            .iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(","),
-    }
 }
 
 /// DEL: remove ours when the namespace is still there; everything else succeeds.
@@ -349,7 +338,7 @@ fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
 
 /// STATUS: ready when the config parsed (done) and nf_tables answers.
 fn status(_conf: &NetConf, log: &Log) -> Result<(), CniError> {
-    nft::has_tables_of(redirect_core::ruleset::Family::V4).map_err(|e| {
+    nft::families_with_tables().map_err(|e| {
         CniError::new(
             code::NOT_AVAILABLE,
             format!("nf_tables does not answer: {e}"),

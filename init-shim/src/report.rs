@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use redirect_core::config::{DnsCapture, Selection};
+use redirect_core::config::{join, DnsCapture};
 
 use crate::settings::{Backend, Settings};
 
@@ -31,26 +31,11 @@ pub fn environment(env: &dyn Fn(&str) -> Option<String>) -> String {
     s
 }
 
-fn list<T: std::fmt::Display>(items: &[T]) -> String {
-    items
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn selection<T: std::fmt::Display>(s: &Selection<T>) -> String {
-    match s {
-        Selection::All => "*".into(),
-        Selection::List(l) => list(l),
-    }
-}
-
 /// "Istio iptables variables:": the effective settings after derivation.
 pub fn variables(s: &Settings) -> String {
     let c = &s.config;
     let (dns_v4, dns_v6) = match &c.dns {
-        DnsCapture::Servers { v4, v6 } => (list(v4), list(v6)),
+        DnsCapture::Servers { v4, v6 } => (join(v4), join(v6)),
         _ => (String::new(), String::new()),
     };
     let backend = match s.backend {
@@ -65,8 +50,8 @@ pub fn variables(s: &Settings) -> String {
             c.inbound_capture_port.to_string(),
         ),
         ("PROXY_TUNNEL_PORT", c.inbound_tunnel_port.to_string()),
-        ("PROXY_UID", list(&c.proxy_uids)),
-        ("PROXY_GID", list(&c.proxy_gids)),
+        ("PROXY_UID", join(&c.proxy_uids)),
+        ("PROXY_GID", join(&c.proxy_gids)),
         (
             "INBOUND_INTERCEPTION_MODE",
             format!("{:?}", c.mode).to_uppercase(),
@@ -76,27 +61,27 @@ pub fn variables(s: &Settings) -> String {
             "INBOUND_TPROXY_ROUTE_TABLE",
             c.tproxy_route_table.to_string(),
         ),
-        ("INBOUND_PORTS_INCLUDE", selection(&c.inbound_ports)),
-        ("INBOUND_PORTS_EXCLUDE", list(&c.inbound_exclude_ports)),
+        ("INBOUND_PORTS_INCLUDE", c.inbound_ports.to_string()),
+        ("INBOUND_PORTS_EXCLUDE", join(&c.inbound_exclude_ports)),
         (
             "OUTBOUND_OWNER_GROUPS_INCLUDE",
-            selection(&c.owner_groups_include),
+            c.owner_groups_include.to_string(),
         ),
         (
             "OUTBOUND_OWNER_GROUPS_EXCLUDE",
-            list(&c.owner_groups_exclude),
+            join(&c.owner_groups_exclude),
         ),
         (
             "OUTBOUND_IP_RANGES_INCLUDE",
-            selection(&c.outbound_include_cidrs),
+            c.outbound_include_cidrs.to_string(),
         ),
         (
             "OUTBOUND_IP_RANGES_EXCLUDE",
-            list(&c.outbound_exclude_cidrs),
+            join(&c.outbound_exclude_cidrs),
         ),
-        ("OUTBOUND_PORTS_INCLUDE", list(&c.outbound_include_ports)),
-        ("OUTBOUND_PORTS_EXCLUDE", list(&c.outbound_exclude_ports)),
-        ("KUBE_VIRT_INTERFACES", list(&c.reroute_interfaces)),
+        ("OUTBOUND_PORTS_INCLUDE", join(&c.outbound_include_ports)),
+        ("OUTBOUND_PORTS_EXCLUDE", join(&c.outbound_exclude_ports)),
+        ("KUBE_VIRT_INTERFACES", join(&c.reroute_interfaces)),
         ("ENABLE_INBOUND_IPV6", c.ipv6.to_string()),
         ("DUAL_STACK", s.dual_stack.to_string()),
         ("DNS_CAPTURE", s.redirect_dns.to_string()),
@@ -110,7 +95,7 @@ pub fn variables(s: &Settings) -> String {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
         ),
-        ("EXCLUDE_INTERFACES", list(&c.exclude_interfaces)),
+        ("EXCLUDE_INTERFACES", join(&c.exclude_interfaces)),
         (
             "OUTBOUND_IPV4_LOOPBACK_CIDR",
             c.ipv4_loopback_cidr.to_string(),

@@ -201,7 +201,9 @@ fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
                 lines.join("\n")
             )));
         }
-        capture::apply(&s.config, &SystemGroups)?;
+        // Planned once above: program that ruleset, then the routes beside it.
+        nft::apply(rs)?;
+        capture::apply_routes(&s.config)?;
         info(&format!(
             "applied {} rules in {} chains to table inet {} in one transaction",
             rs.rule_count(),

@@ -327,11 +327,8 @@ fn number(v: &Value) -> Result<u32> {
 
 /// Go's strconv.ParseBool, which Istio's flags and variables use.
 pub fn boolean(v: &Value) -> Result<bool> {
-    match v.value.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(bad(v, "expected true or false (also 1/0, t/f)")),
-    }
+    redirect_core::config::parse_go_bool(v.value.trim())
+        .ok_or_else(|| bad(v, "expected true or false (also 1/0, t/f)"))
 }
 
 /// A Go duration: a sequence of number+unit (`5s`, `500ms`, `1m30s`, `1.5s`); a bare number

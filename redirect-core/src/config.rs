@@ -75,6 +75,16 @@ impl<T> Selection<T> {
     }
 }
 
+impl<T: std::fmt::Display> std::fmt::Display for Selection<T> {
+    /// `*`, or the list as Istio writes it (`80,443`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selection::All => f.write_str("*"),
+            Selection::List(l) => f.write_str(&join(l)),
+        }
+    }
+}
+
 impl<T: Serialize> Serialize for Selection<T> {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         match self {
@@ -440,7 +450,8 @@ fn invalid(field: &'static str, value: &str, expected: &str) -> Error {
     }
 }
 
-fn join<T: std::fmt::Display>(items: &[T]) -> String {
+/// Items as Istio writes a list: comma-separated, no spaces.
+pub fn join<T: std::fmt::Display>(items: &[T]) -> String {
     items
         .iter()
         .map(|i| i.to_string())
@@ -457,6 +468,15 @@ fn truncate(s: &str, n: usize) -> String {
             end -= 1;
         }
         format!("{}...", &s[..end])
+    }
+}
+
+/// Go's `strconv.ParseBool`, which Istio uses for every boolean flag, variable and env value.
+pub fn parse_go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
     }
 }
 

@@ -95,13 +95,9 @@ struct InjectStatus {
     containers: Vec<String>,
 }
 
-/// Go's strconv.ParseBool.
-pub fn parse_bool(s: &str) -> Option<bool> {
-    match s.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
+/// Go's strconv.ParseBool, after trimming (annotation and env values are hand-written).
+fn parse_bool(s: &str) -> Option<bool> {
+    crate::config::parse_go_bool(s.trim())
 }
 
 /// Decide for a pod. Errors are bad annotation values (named with their key).

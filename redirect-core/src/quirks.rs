@@ -2,7 +2,7 @@
 //! Istio sends it) but that surprise operators. `warnings` names the ones a config triggers,
 //! so redirect-init and redirect-validate can say so instead of leaving it to a packet trace.
 
-use crate::config::{CaptureConfig, InterceptionMode, Selection};
+use crate::config::{join, CaptureConfig, InterceptionMode, Selection};
 
 /// One reproduced Istio quirk that applies to a config, with what it does to traffic.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,10 +73,6 @@ pub fn warnings(cfg: &CaptureConfig) -> Vec<Quirk> {
         });
     }
     out
-}
-
-fn join(ids: &[u32]) -> String {
-    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]

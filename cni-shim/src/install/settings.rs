@@ -433,14 +433,8 @@ pub fn parse(
 /// The levels the plugin accepts in `log_level`.
 pub const PLUGIN_LOG_LEVELS: &[&str] = &["debug", "info", "warn", "error", "none"];
 
-/// Go's `strconv.ParseBool`.
-pub fn parse_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
+/// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).
+pub use redirect_core::config::parse_go_bool as parse_bool;
 
 /// An octal mode: `0600`, `600` or `0o600`, at most 0777.
 pub fn parse_mode(v: &str) -> Option<u32> {

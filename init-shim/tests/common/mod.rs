@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use redirect_core::testkit::istio::{FTP_GID, JAVA_GID};
+use redirect_core::testkit::istio::group_file;
 use redirect_core::testkit::TestNetns;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_redirect-init");
@@ -75,14 +75,7 @@ impl Ran {
 /// `/etc/group` also knows `java` and `ftp` (Istio's owner-group test cases name them) and
 /// whose `/etc/resolv.conf` is `run.resolv_conf`. The environment is cleared except PATH.
 pub fn run_in(ns: &TestNetns, run: &Run) -> Ran {
-    let base = std::fs::read_to_string("/etc/group").unwrap_or_default();
-    let mut group: String = base
-        .lines()
-        .filter(|l| !l.starts_with("java:") && !l.starts_with("ftp:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    group.push_str(&format!("java:x:{JAVA_GID}:\nftp:x:{FTP_GID}:\n"));
-    let group_file = temp_file("group", &group);
+    let group_file = group_file();
     let resolv_file = temp_file("resolv", &run.resolv_conf);
     let mut cmd = Command::new("ip");
     cmd.args([

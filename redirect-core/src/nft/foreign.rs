@@ -18,17 +18,21 @@ pub fn istio_tables() -> Result<Vec<String>> {
     list(&Socket::open()?)
 }
 
-/// Whether any nf_tables table of this family (`ip` or `ip6`) exists in the current netns:
-/// iptables-nft keeps its rules in such tables, so without one there is nothing to look for and
-/// no `iptables-nft-save` to run.
-pub fn has_tables_of(family: crate::ruleset::Family) -> Result<bool> {
-    let want = match family {
-        crate::ruleset::Family::V4 => libc::NFPROTO_IPV4,
-        crate::ruleset::Family::V6 => libc::NFPROTO_IPV6,
-    } as u32;
-    Ok(tables(&Socket::open()?, libc::NFPROTO_UNSPEC as u16)?
-        .iter()
-        .any(|(f, _)| *f == want))
+/// The families (`ip`, `ip6`) that have any nf_tables table in the current netns, from one
+/// dump: iptables-nft keeps its rules in such tables, so in a family without one there is
+/// nothing to look for and no `iptables-nft-save` to run.
+pub fn families_with_tables() -> Result<Vec<crate::ruleset::Family>> {
+    use crate::ruleset::Family;
+    let all = tables(&Socket::open()?, libc::NFPROTO_UNSPEC as u16)?;
+    let has = |p: i32| all.iter().any(|(f, _)| *f == p as u32);
+    Ok([
+        (Family::V4, libc::NFPROTO_IPV4),
+        (Family::V6, libc::NFPROTO_IPV6),
+    ]
+    .into_iter()
+    .filter(|(_, p)| has(*p))
+    .map(|(f, _)| f)
+    .collect())
 }
 
 /// Delete every table [`istio_tables`] lists, in one batch (all or none). Returns the names.

@@ -18,7 +18,7 @@ mod state;
 
 use std::path::Path;
 
-pub use foreign::{has_tables_of, istio_tables, remove_istio_tables};
+pub use foreign::{families_with_tables, istio_tables, remove_istio_tables};
 pub use lower::{base_chain_name, chain_name, lower, merged_ranges, NftTable};
 pub use state::{Difference, TableState};
 

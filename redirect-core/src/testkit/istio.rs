@@ -367,6 +367,24 @@ fn cidrs(items: &[String]) -> Vec<IpNet> {
 
 static GROUP_FILES: AtomicU32 = AtomicU32::new(0);
 
+/// A copy of `/etc/group` where `java` and `ftp` resolve to [`JAVA_GID`] and [`FTP_GID`] (the
+/// names Istio's owner-group cases use), to bind-mount over `/etc/group` in a private mount
+/// namespace. A fresh temp file per call; the caller removes it.
+pub fn group_file() -> PathBuf {
+    let base = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    let mut group: String = base
+        .lines()
+        .filter(|l| !l.starts_with("java:") && !l.starts_with("ftp:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    group.push_str(&format!("java:x:{JAVA_GID}:\nftp:x:{FTP_GID}:\n"));
+    let n = GROUP_FILES.fetch_add(1, Ordering::Relaxed);
+    let group_path = std::env::temp_dir().join(format!("rdt-group-{}-{n}", std::process::id()));
+    std::fs::write(&group_path, group)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", group_path.display()));
+    group_path
+}
+
 /// Runs `iptables-restore --noflush` (or `ip6tables-restore`) with `path` inside `ns`, in a
 /// private mount namespace where `/etc/group` also resolves `java` and `ftp` to [`JAVA_GID`] and
 /// [`FTP_GID`] (a bind-mounted copy; the real file is never touched). Panics on failure.
@@ -382,17 +400,7 @@ pub fn iptables_restore_with(
     path: &Path,
     variant: Option<crate::xtables::Variant>,
 ) {
-    let base = std::fs::read_to_string("/etc/group").unwrap_or_default();
-    let mut group: String = base
-        .lines()
-        .filter(|l| !l.starts_with("java:") && !l.starts_with("ftp:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    group.push_str(&format!("java:x:{JAVA_GID}:\nftp:x:{FTP_GID}:\n"));
-    let n = GROUP_FILES.fetch_add(1, Ordering::Relaxed);
-    let group_path = std::env::temp_dir().join(format!("rdt-group-{}-{n}", std::process::id()));
-    std::fs::write(&group_path, group)
-        .unwrap_or_else(|e| panic!("cannot write {}: {e}", group_path.display()));
+    let group_path = group_file();
     let family = if v6 { "ip6tables" } else { "iptables" };
     let bin = match variant {
         Some(v) => format!("{family}-{v}-restore"),

@@ -230,8 +230,9 @@ impl Found {
 
 /// Whether the kernel holds any table of this iptables variant and family in the current
 /// netns: legacy tables are listed in `/proc/thread-self/net/ip{,6}_tables_names` (absent when
-/// the module is not loaded), iptables-nft tables are nf_tables tables of family ip or ip6.
-fn has_tables(family: Family, variant: Variant) -> Result<bool> {
+/// the module is not loaded), iptables-nft tables are nf_tables tables of family ip or ip6
+/// (`nft_families`, read once per scan).
+fn has_tables(family: Family, variant: Variant, nft_families: &[Family]) -> Result<bool> {
     match variant {
         Variant::Legacy => {
             let file = match family {
@@ -242,16 +243,17 @@ fn has_tables(family: Family, variant: Variant) -> Result<bool> {
             let path = format!("/proc/thread-self/net/{file}");
             Ok(std::fs::read_to_string(path).is_ok_and(|t| !t.trim().is_empty()))
         }
-        Variant::Nft => crate::nft::has_tables_of(family),
+        Variant::Nft => Ok(nft_families.contains(&family)),
     }
 }
 
 fn scan() -> Result<Vec<Found>> {
     let mut out = Vec::new();
+    let nft_families = crate::nft::families_with_tables()?;
     for family in Family::ALL {
         for variant in [Variant::Legacy, Variant::Nft] {
             // Most pods have no iptables tables at all: ask the kernel before running a binary.
-            if !has_tables(family, variant)? {
+            if !has_tables(family, variant, &nft_families)? {
                 continue;
             }
             let n = names(family, Some(variant));
