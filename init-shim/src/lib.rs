@@ -1,10 +1,10 @@
 //! redirect-init: a drop-in for Istio's `istio-iptables` in the init container. Thin: flags and
 //! environment become a `redirect_core` config (`flags`, `settings`); `run` calls the library.
 
-pub mod flags;
 pub mod report;
 pub mod run;
-pub mod settings;
+
+pub use redirect_core::istio_cli::{flags, settings};
 
 use std::ffi::OsString;
 

@@ -14,7 +14,7 @@ use redirect_core::ruleset::Ruleset;
 use redirect_core::{probe, xtables, Error};
 
 use crate::report;
-use crate::settings::{self, Backend, DryRunFormat, Settings};
+use redirect_core::istio_cli::settings::{self, Backend, DryRunFormat, Settings};
 
 /// Istio's exit codes.
 pub const EXIT_OK: i32 = 0;

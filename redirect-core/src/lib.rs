@@ -8,6 +8,9 @@ pub mod capture;
 pub mod config;
 pub mod derived;
 pub mod error;
+pub mod eval;
+#[cfg(feature = "cli")]
+pub mod istio_cli;
 pub mod mesh;
 pub mod netns;
 pub mod nft;

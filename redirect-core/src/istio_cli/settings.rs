@@ -5,17 +5,17 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redirect_core::config::{
+use crate::config::{
     parse_cidr_selection, parse_cidrs, parse_groups, parse_ids, parse_interfaces,
     parse_loopback_cidr, parse_port_selection, parse_ports, CaptureConfig, DnsCapture, GroupRef,
     InterceptionMode, Selection,
 };
-use redirect_core::derived::{self, HostAddress, DEFAULT_PROXY_UID};
-use redirect_core::probe::ProbeSpec;
-use redirect_core::xtables::Variant;
-use redirect_core::{Error, Result};
+use crate::derived::{self, HostAddress, DEFAULT_PROXY_UID};
+use crate::probe::ProbeSpec;
+use crate::xtables::Variant;
+use crate::{Error, Result};
 
-use crate::flags::{Resolved, Value};
+use super::flags::{Resolved, Value};
 
 /// Which backend programs the rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,7 +217,7 @@ impl Settings {
         }
         self.config.validate()?;
         warnings.extend(
-            redirect_core::quirks::warnings(&self.config)
+            crate::quirks::warnings(&self.config)
                 .into_iter()
                 .map(|q| format!("{} (quirk {})", q.message, q.id)),
         );
@@ -327,7 +327,7 @@ fn number(v: &Value) -> Result<u32> {
 
 /// Go's strconv.ParseBool, which Istio's flags and variables use.
 pub fn boolean(v: &Value) -> Result<bool> {
-    redirect_core::config::parse_go_bool(v.value.trim())
+    crate::config::parse_go_bool(v.value.trim())
         .ok_or_else(|| bad(v, "expected true or false (also 1/0, t/f)"))
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, Command};
+use clap::{Arg, ArgAction, ArgMatches, Command};
 
 /// A flag (or, with `long: None`, an environment-only setting).
 #[derive(Debug, PartialEq, Eq)]
@@ -169,6 +169,8 @@ impl Value {
 #[derive(Clone, Debug)]
 pub struct Resolved {
     pub values: BTreeMap<&'static str, Value>,
+    /// The whole parse, for the arguments a program adds of its own (see [`parse_command`]).
+    pub matches: ArgMatches,
 }
 
 impl Resolved {
@@ -187,10 +189,19 @@ pub enum Parsed {
     Info(String),
 }
 
-/// The clap command for the flags in `FLAGS`.
+/// redirect-init's command: the flags in `FLAGS`.
 pub fn command() -> Command {
-    let mut cmd = Command::new("redirect-init")
-        .about("Programs a pod's traffic capture for a service-mesh sidecar: a drop-in for istio-iptables")
+    istio_command(
+        "redirect-init",
+        "Programs a pod's traffic capture for a service-mesh sidecar: a drop-in for istio-iptables",
+    )
+}
+
+/// A command named `name` that takes every flag in `FLAGS` (and Istio's ignored log flags); a
+/// program adds its own arguments to it and parses with [`parse_command`].
+pub fn istio_command(name: &'static str, about: &'static str) -> Command {
+    let mut cmd = Command::new(name)
+        .about(about)
         .version(env!("CARGO_PKG_VERSION"))
         .args_override_self(true)
         .disable_help_subcommand(true);
@@ -233,12 +244,21 @@ fn aliases_note(f: &Flag) -> String {
     f.aliases.iter().map(|a| format!(", {a}")).collect()
 }
 
-/// Resolve every setting from the command line and an environment lookup.
+/// Resolve every setting of redirect-init from the command line and an environment lookup.
 pub fn parse(
     args: impl IntoIterator<Item = OsString>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Parsed, String> {
-    let matches = match command().try_get_matches_from(args) {
+    parse_command(command(), args, env)
+}
+
+/// Resolve every setting of `FLAGS` with a command built by [`istio_command`].
+pub fn parse_command(
+    cmd: Command,
+    args: impl IntoIterator<Item = OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Parsed, String> {
+    let matches = match cmd.try_get_matches_from(args) {
         Ok(m) => m,
         Err(e) => {
             return match e.kind() {
@@ -285,5 +305,5 @@ pub fn parse(
         };
         values.insert(f.key, v);
     }
-    Ok(Parsed::Run(Resolved { values }))
+    Ok(Parsed::Run(Resolved { values, matches }))
 }
