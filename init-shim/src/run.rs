@@ -281,12 +281,19 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             ));
             Ok(())
         }
-        Err(e) => Err(Failure {
-            code: EXIT_VALIDATION,
-            message: format!(
-                "iptables validation failed; workload is not ready for Istio: {e}. When using Istio CNI, this can occur if a pod is scheduled before the node is ready; run `redirect-validate` for a diagnosis"
-            ),
-        }),
+        Err(e) => {
+            let d = redirect_core::validation::diagnose(
+                &e,
+                &redirect_core::validation::gather_facts(&spec, &e, &s.config),
+            );
+            Err(Failure {
+                code: EXIT_VALIDATION,
+                message: format!(
+                    "iptables validation failed; workload is not ready for Istio: {e}. Diagnosis: {}: {} Fix: {}",
+                    d.cause, d.summary, d.fix
+                ),
+            })
+        }
     }
 }
 

@@ -22,6 +22,7 @@ pub mod render;
 pub mod routes;
 pub mod ruleset;
 mod sockopt;
+pub mod validation;
 pub mod xtables;
 
 #[cfg(feature = "testkit")]

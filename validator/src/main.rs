@@ -1,4 +1,4 @@
 fn main() {
-    eprintln!("redirect-validate: not implemented yet (see issue: redirect-validate)");
-    std::process::exit(1);
+    let env = |name: &str| std::env::var(name).ok();
+    std::process::exit(validator::main_with(std::env::args_os().collect(), &env));
 }

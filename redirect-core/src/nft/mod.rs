@@ -9,6 +9,7 @@
 //! Every function acts on the calling thread's network namespace; wrap it in
 //! `netns::run_in` for a pod. The `_in` variants do that.
 
+pub mod decode;
 mod expr;
 mod foreign;
 pub(crate) mod lower;

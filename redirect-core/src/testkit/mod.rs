@@ -25,6 +25,7 @@
 //! let outcomes = run_probes(&topo, &istio::probe_matrix(&case));
 //! ```
 
+pub mod binary;
 mod listeners;
 pub mod netns;
 mod probe;

@@ -1,0 +1,171 @@
+//! `explain`: where a flow goes under the rules Istio's flags describe, and the rules on the
+//! way. No privilege, no namespace: the evaluator reads the plan.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+
+use redirect_core::config::{CaptureConfig, DNS_AGENT_PORT};
+use redirect_core::derived::{self, HostAddress};
+use redirect_core::eval::{self, Evaluation, Flow, Verdict};
+use serde::Serialize;
+
+use crate::args::{self, Parse};
+use crate::{EXIT_ERROR, EXIT_OK};
+
+const ABOUT: &str = "Shows where a flow goes under the capture rules that Istio's flags describe, and the rules it crosses (no privilege needed)";
+
+#[derive(Serialize)]
+struct Explained {
+    #[serde(flatten)]
+    evaluation: Evaluation,
+    /// What the verdict's port is, for this config.
+    meaning: String,
+}
+
+pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    let extra = vec![
+        args::value("flow", "FLOW", "The flow, e.g. 'out tcp uid=1000 10.1.2.3:80' or 'in tcp 10.244.1.7:8080 src=10.0.0.9' (repeatable; keys: uid, gid, src, sport, iif, oif, mark, ct)")
+            .action(clap::ArgAction::Append)
+            .required(true),
+        args::value("pod-ip", "IPS", "The pod's addresses (comma-separated); an IPv6 one turns IPv6 rules on, as Istio derives it (default: an IPv4 pod)"),
+        args::value("nameservers", "IPS", "The pod's resolv.conf servers, for --redirect-dns without --capture-all-dns"),
+        args::switch("all-rules", "Also list the rules tested that did not match"),
+        args::switch("json", "Print a JSON array, one object per flow (flow, verdict, steps, mark, ct_zone, notes, meaning)"),
+    ];
+    let r = match args::parse("redirect-validate explain", ABOUT, extra, args, env) {
+        Parse::Run(r) => r,
+        Parse::Info(text) => {
+            print!("{text}");
+            return EXIT_OK;
+        }
+        Parse::Error(msg) => {
+            eprintln!("{msg}");
+            return EXIT_ERROR;
+        }
+    };
+    match run(&r) {
+        Ok((out, notes)) => {
+            if r.matches.get_flag("json") {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&out).expect("serializes")
+                );
+            } else {
+                for n in notes {
+                    eprintln!("note\t{n}");
+                }
+                print!("{}", text(&out, r.matches.get_flag("all-rules")));
+            }
+            EXIT_OK
+        }
+        Err(msg) => {
+            eprintln!("error\t{msg}");
+            EXIT_ERROR
+        }
+    }
+}
+
+fn run(
+    r: &redirect_core::istio_cli::flags::Resolved,
+) -> Result<(Vec<Explained>, Vec<String>), String> {
+    let flows: Vec<Flow> = r
+        .matches
+        .get_many::<String>("flow")
+        .into_iter()
+        .flatten()
+        .map(|f| f.parse::<Flow>().map_err(|e| format!("--flow: {e}")))
+        .collect::<Result<_, _>>()?;
+    let pod_ips = match args::get(&r.matches, "pod-ip") {
+        Some(v) => args::ip_list("pod-ip", v)?,
+        None => Vec::new(),
+    };
+    let nameservers = match args::get(&r.matches, "nameservers") {
+        Some(v) => args::ip_list("nameservers", v)?,
+        None => Vec::new(),
+    };
+    let dual_stack = redirect_core::istio_cli::settings::Settings::from_resolved(r)
+        .map_err(|e| e.to_string())?
+        .dual_stack;
+    let mut notes = Vec::new();
+    let host = if pod_ips.is_empty() {
+        if flows.iter().any(|f| f.dst.is_ipv6()) {
+            notes.push("no --pod-ip: planned for an IPv4 pod, which has no IPv6 rules; give the pod's IPv6 address to plan them".into());
+        }
+        HostAddress {
+            ip: IpAddr::from([10, 0, 0, 1]),
+            ipv6: false,
+        }
+    } else {
+        derived::host_address(&pod_ips, dual_stack).ok_or_else(|| {
+            format!("--pod-ip {pod_ips:?}: no usable address (loopback and link-local ones do not count)")
+        })?
+    };
+    let (_, cfg, warnings) = args::config_for(r, &host, &nameservers)?;
+    notes.extend(warnings);
+    let rs = redirect_core::plan(&cfg).map_err(|e| e.to_string())?;
+    let out = flows
+        .iter()
+        .map(|f| {
+            let evaluation = eval::evaluate(&rs, f);
+            let meaning = meaning(&evaluation, &cfg);
+            Explained {
+                evaluation,
+                meaning,
+            }
+        })
+        .collect();
+    Ok((out, notes))
+}
+
+/// What the verdict means for the mesh.
+fn meaning(e: &Evaluation, cfg: &CaptureConfig) -> String {
+    let orig = e.flow.dst;
+    let port = match &e.verdict {
+        Verdict::Redirect { port, .. } | Verdict::Tproxy { port, .. } => *port,
+        Verdict::Pass => return format!("not captured: goes to {orig} directly"),
+        Verdict::Drop => return "dropped".into(),
+    };
+    let who = if port == cfg.envoy_port {
+        "the proxy's outbound listener (-p)"
+    } else if port == cfg.inbound_capture_port {
+        "the proxy's inbound listener (-z)"
+    } else if port == DNS_AGENT_PORT {
+        "the DNS proxy of istio-agent"
+    } else {
+        "a local listener"
+    };
+    format!("captured: {who} on port {port} gets it, with original destination {orig}")
+}
+
+fn text(out: &[Explained], all: bool) -> String {
+    let mut s = String::new();
+    for (i, x) in out.iter().enumerate() {
+        if i > 0 {
+            s.push('\n');
+        }
+        let e = &x.evaluation;
+        s += &format!("flow:    {}\n", e.flow);
+        s += &format!("verdict: {}\n", e.verdict);
+        s += &format!("         {}\n", x.meaning);
+        if e.mark != e.flow.mark {
+            s += &format!("mark:    {:#x}\n", e.mark);
+        }
+        if let Some(z) = e.ct_zone {
+            s += &format!("ct zone: {z}\n");
+        }
+        let shown: Vec<_> = e.steps.iter().filter(|st| all || st.matched).collect();
+        if shown.is_empty() {
+            s += "path:    no rule matched\n";
+        } else {
+            s += "path:\n";
+            for st in shown {
+                let mark = if st.matched { "" } else { "(no match) " };
+                s += &format!("  {mark}{st}\n");
+            }
+        }
+        for n in &e.notes {
+            s += &format!("note:    {n}\n");
+        }
+    }
+    s
+}

@@ -1,0 +1,395 @@
+//! `inspect`: the rules a pod's namespace holds (our table read back over netlink, Istio's
+//! leftovers, the TPROXY routing and `::6`), in readable form, and when given the expected
+//! configuration (Istio's flags, or the pod's annotations) how they differ. Needs root.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use redirect_core::derived::{self, HostAddress};
+use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::nft::{self, decode, Difference, TableState};
+use redirect_core::routes::{self, TproxyRouting};
+use redirect_core::ruleset::{Family, Ruleset};
+use redirect_core::{netns, pod, xtables, CaptureConfig};
+use serde::Serialize;
+
+use crate::args::{self, Parse};
+use crate::{EXIT_DIFFERS, EXIT_ERROR, EXIT_OK};
+
+const ABOUT: &str = "Shows the capture rules in a pod's network namespace and, given the pod's flags or annotations, how they differ from what it should have (exit 0 equal, 2 different; needs root)";
+
+#[derive(Serialize)]
+struct Chain {
+    name: String,
+    base: Option<String>,
+    rules: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Set {
+    name: String,
+    elements: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Found {
+    netns: PathBuf,
+    pod_address: Option<String>,
+    table: Option<Vec<Chain>>,
+    sets: Vec<Set>,
+    istio_nft_tables: Vec<String>,
+    istio_iptables: Vec<String>,
+    tproxy_routing: Vec<String>,
+    lo_v6: bool,
+    notes: Vec<String>,
+    /// Where the expected configuration came from; `None` when none was given.
+    expected_from: Option<String>,
+    differences: Vec<String>,
+    equal: Option<bool>,
+}
+
+pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    let extra = vec![
+        args::value("netns", "PATH", "The pod's network namespace: /proc/<pid>/ns/net, /var/run/netns/<name>, or CNI_NETNS").required(true),
+        args::value("annotations", "FILE", "The expected configuration from the pod: `kubectl get pod -o json` output, a JSON object of annotations, or a Downward API annotations file; Istio's flags act as the plugin's defaults"),
+        args::value("nameservers", "IPS", "The pod's resolv.conf servers, for --redirect-dns without --capture-all-dns (default: /proc/<pid>/root/etc/resolv.conf when --netns is /proc/<pid>/ns/net)"),
+        args::switch("json", "Print one JSON object on stdout"),
+    ];
+    let r = match args::parse("redirect-validate inspect", ABOUT, extra, args, env) {
+        Parse::Run(r) => r,
+        Parse::Info(text) => {
+            print!("{text}");
+            return EXIT_OK;
+        }
+        Parse::Error(msg) => {
+            eprintln!("{msg}");
+            return EXIT_ERROR;
+        }
+    };
+    match run(&r) {
+        Ok(found) => {
+            if r.matches.get_flag("json") {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&found).expect("serializes")
+                );
+            } else {
+                print!("{}", text(&found));
+            }
+            if found.equal == Some(false) {
+                EXIT_DIFFERS
+            } else {
+                EXIT_OK
+            }
+        }
+        Err(msg) => {
+            eprintln!("error\t{msg}");
+            EXIT_ERROR
+        }
+    }
+}
+
+/// What the caller expects the namespace to hold: a plan, or "nothing" for a pod outside the mesh.
+enum Expected {
+    Rules(Box<CaptureConfig>, Ruleset),
+    Nothing(String),
+}
+
+fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
+    let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
+    std::fs::metadata(&path).map_err(|e| {
+        format!("--netns {}: {e}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net", path.display())
+    })?;
+    let settings = redirect_core::istio_cli::settings::Settings::from_resolved(r)
+        .map_err(|e| e.to_string())?;
+    let annotations = args::get(&r.matches, "annotations").map(PathBuf::from);
+    // The pod's address decides IPv6, as where the rules were written.
+    let mut dual_stack = settings.dual_stack;
+    let pod_info = match &annotations {
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("--annotations {}: {e}", file.display()))?;
+            Some(
+                pod::pod_from_text(&text)
+                    .map_err(|e| format!("--annotations {}: {e}", file.display()))?,
+            )
+        }
+        None => None,
+    };
+    let decision = match &pod_info {
+        Some(p) => {
+            let defaults = MeshDefaults {
+                proxy_uid: settings.config.proxy_uids.first().copied(),
+                proxy_gid: settings.config.proxy_gids.first().copied(),
+                dns_capture: settings.redirect_dns,
+                dual_stack: settings.dual_stack,
+                drop_invalid: settings.config.drop_invalid,
+                ..MeshDefaults::default()
+            };
+            let d = mesh::decide(p, &defaults).map_err(|e| format!("--annotations: {e}"))?;
+            if let Decision::Capture { dual_stack: ds, .. } = &d {
+                dual_stack = *ds;
+            }
+            Some(d)
+        }
+        None => None,
+    };
+    let host = netns::run_in(&path, move || derived::detect_host_address(dual_stack))
+        .map_err(|e| e.to_string())?
+        .ok();
+    let expected = match decision {
+        Some(Decision::Skip(why)) => Some((
+            "the pod's annotations".to_string(),
+            Expected::Nothing(why),
+        )),
+        Some(Decision::NeedSpec(why)) => {
+            return Err(format!("--annotations: {why}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u"))
+        }
+        Some(Decision::Capture { mut config, .. }) => {
+            let h = host.ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
+            config.ipv6 = h.ipv6;
+            let rs = redirect_core::plan(&config).map_err(|e| e.to_string())?;
+            Some(("the pod's annotations".to_string(), Expected::Rules(config, rs)))
+        }
+        None if args::config_given(r) => {
+            let h = host.ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
+            let servers = nameservers(r, &path)?;
+            let (_, cfg, _) = args::config_for(r, &h, &servers)?;
+            let rs = redirect_core::plan(&cfg).map_err(|e| e.to_string())?;
+            Some(("Istio's flags".to_string(), Expected::Rules(Box::new(cfg), rs)))
+        }
+        None => None,
+    };
+    let routing = match &expected {
+        Some((_, Expected::Rules(cfg, _))) => TproxyRouting {
+            mark: cfg.tproxy_mark,
+            table: cfg.tproxy_route_table,
+        },
+        _ => TproxyRouting::ISTIO,
+    };
+    let plan = match &expected {
+        Some((_, Expected::Rules(_, rs))) => Some(rs.clone()),
+        _ => None,
+    };
+    let kernel = netns::run_in(&path, move || read(&routing, plan.as_ref()))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| {
+            format!("{e} (inspect reads nf_tables over netlink: run it as root on the node)")
+        })?;
+    Ok(found(path, host, kernel, expected))
+}
+
+/// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
+fn nameservers(
+    r: &redirect_core::istio_cli::flags::Resolved,
+    netns: &Path,
+) -> Result<Vec<IpAddr>, String> {
+    if !args::wants_nameservers(r) {
+        return Ok(Vec::new());
+    }
+    if let Some(v) = args::get(&r.matches, "nameservers") {
+        return args::ip_list("nameservers", v);
+    }
+    let pid_root = netns
+        .strip_prefix("/proc")
+        .ok()
+        .and_then(|rest| rest.components().next())
+        .map(|pid| Path::new("/proc").join(pid).join("root/etc/resolv.conf"));
+    match pid_root {
+        Some(file) => args::nameservers_of(&file),
+        None => Err("--redirect-dns without --capture-all-dns captures DNS to the pod's resolv.conf servers: give them with --nameservers (or --netns /proc/<pid>/ns/net, whose resolv.conf is read)".into()),
+    }
+}
+
+struct Kernel {
+    table: Option<TableState>,
+    differences: Option<Vec<Difference>>,
+    istio_nft_tables: Vec<String>,
+    istio_iptables: Result<Vec<String>, String>,
+    tproxy: Vec<String>,
+    lo_v6: bool,
+}
+
+fn read(routing: &TproxyRouting, plan: Option<&Ruleset>) -> redirect_core::Result<Kernel> {
+    let table = nft::read_back()?;
+    let differences = match plan {
+        Some(rs) => Some(nft::diff(rs)?),
+        None => None,
+    };
+    let mut tproxy = Vec::new();
+    for family in Family::ALL {
+        let st = routes::read_tproxy(routing, family)?;
+        if !st.is_absent() {
+            tproxy.push(format!(
+                "{family}: {} rule(s) fwmark {} lookup {}, local default route in table {}: {}",
+                st.rules,
+                routing.mark,
+                routing.table,
+                routing.table,
+                if st.route { "present" } else { "missing" }
+            ));
+        }
+    }
+    Ok(Kernel {
+        table,
+        differences,
+        istio_nft_tables: nft::istio_tables()?,
+        istio_iptables: xtables::find_istio_leftovers()
+            .map(|l| l.iter().map(|x| x.to_string()).collect())
+            .map_err(|e| e.to_string()),
+        tproxy,
+        lo_v6: routes::has_lo_v6_inbound_addr().unwrap_or(false),
+    })
+}
+
+fn found(
+    netns: PathBuf,
+    host: Option<HostAddress>,
+    k: Kernel,
+    expected: Option<(String, Expected)>,
+) -> Found {
+    let mut notes = Vec::new();
+    let istio_iptables = k.istio_iptables.unwrap_or_else(|e| {
+        notes.push(format!("Istio's iptables chains not listed: {e}"));
+        Vec::new()
+    });
+    let (expected_from, differences) = match expected {
+        None => (None, Vec::new()),
+        Some((from, Expected::Nothing(why))) => {
+            notes.push(format!("this pod is not captured: {why}"));
+            let d = if k.table.is_some() {
+                vec![format!(
+                    "table inet {} exists, but the pod should have no capture rules",
+                    nft::TABLE
+                )]
+            } else {
+                Vec::new()
+            };
+            (Some(from), d)
+        }
+        Some((from, Expected::Rules(..))) => {
+            let d = k.differences.unwrap_or_default();
+            (Some(from), d.iter().map(decode::difference).collect())
+        }
+    };
+    let equal = expected_from.as_ref().map(|_| differences.is_empty());
+    Found {
+        netns,
+        pod_address: host.map(|h| {
+            format!(
+                "{} ({})",
+                h.ip,
+                if h.ipv6 {
+                    "IPv6 rules expected"
+                } else {
+                    "IPv4 rules only"
+                }
+            )
+        }),
+        sets: k
+            .table
+            .as_ref()
+            .map(|t| {
+                t.sets
+                    .iter()
+                    .map(|s| Set {
+                        name: s.name.clone(),
+                        elements: decode::set_elements(s),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        table: k.table.map(|t| {
+            t.chains
+                .into_iter()
+                .map(|c| Chain {
+                    rules: c.rules.iter().map(|r| decode::rule(r)).collect(),
+                    name: c.name,
+                    base: c.base,
+                })
+                .collect()
+        }),
+        istio_nft_tables: k.istio_nft_tables,
+        istio_iptables,
+        tproxy_routing: k.tproxy,
+        lo_v6: k.lo_v6,
+        notes,
+        expected_from,
+        differences,
+        equal,
+    }
+}
+
+fn text(f: &Found) -> String {
+    let mut s = format!("network namespace {}\n", f.netns.display());
+    if let Some(a) = &f.pod_address {
+        s += &format!("pod address: {a}\n");
+    }
+    match &f.table {
+        None => {
+            s += &format!(
+                "table inet {}: absent (no capture rules of ours)\n",
+                nft::TABLE
+            )
+        }
+        Some(chains) => {
+            let rules: usize = chains.iter().map(|c| c.rules.len()).sum();
+            s += &format!(
+                "table inet {}: {} chains, {rules} rules, {} sets\n",
+                nft::TABLE,
+                chains.len(),
+                f.sets.len()
+            );
+            for set in &f.sets {
+                s += &format!("  set {} {{ {} }}\n", set.name, set.elements.join(", "));
+            }
+            for c in chains {
+                match &c.base {
+                    Some(b) => s += &format!("  chain {} ({b})\n", c.name),
+                    None => s += &format!("  chain {}\n", c.name),
+                }
+                for (i, r) in c.rules.iter().enumerate() {
+                    s += &format!("    {:>2}  {r}\n", i + 1);
+                }
+            }
+        }
+    }
+    let leftovers: Vec<String> = f
+        .istio_nft_tables
+        .iter()
+        .map(|t| format!("nft table {t}"))
+        .chain(f.istio_iptables.iter().cloned())
+        .collect();
+    if leftovers.is_empty() {
+        s += "Istio's rules: none (no ISTIO_* iptables chains, no istio nft tables)\n";
+    } else {
+        s += "Istio's rules (leftovers next to ours, or another capture tool's):\n";
+        for l in leftovers {
+            s += &format!("  {l}\n");
+        }
+    }
+    if f.tproxy_routing.is_empty() {
+        s += "TPROXY routing: none\n";
+    } else {
+        for t in &f.tproxy_routing {
+            s += &format!("TPROXY routing {t}\n");
+        }
+    }
+    s += &format!("::6 on lo: {}\n", if f.lo_v6 { "yes" } else { "no" });
+    for n in &f.notes {
+        s += &format!("note: {n}\n");
+    }
+    match (&f.expected_from, f.equal) {
+        (Some(from), Some(true)) => s += &format!("expected ({from}): the rules match\n"),
+        (Some(from), Some(false)) => {
+            s += &format!("expected ({from}): {} difference(s)\n", f.differences.len());
+            for d in &f.differences {
+                s += &format!("  - {d}\n");
+            }
+        }
+        _ => s +=
+            "expected: not given (pass the pod's Istio flags or --annotations FILE to compare)\n",
+    }
+    s
+}

@@ -1,0 +1,37 @@
+//! redirect-validate: Istio's `istio-validation` probe (the default mode, same flags), and two
+//! tools for people debugging a pod: `inspect` (the rules a namespace holds, against what it
+//! should hold) and `explain` (where a flow goes, and why). Thin: the probe, the diagnosis, the
+//! evaluator and the read-back live in redirect-core.
+
+mod args;
+mod explain;
+mod inspect;
+mod probe;
+
+use std::ffi::OsString;
+
+/// Exit codes. 126 is Istio's "validation failed", which repair controllers key on.
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_ERROR: i32 = 1;
+/// `inspect`: the rules differ from the expected configuration.
+pub const EXIT_DIFFERS: i32 = 2;
+pub const EXIT_VALIDATION: i32 = 126;
+
+/// The whole program, from arguments and an environment lookup to an exit code.
+pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("inspect") => inspect::main(without_word(args), env),
+        Some("explain") => explain::main(without_word(args), env),
+        _ => probe::main(args, env),
+    }
+}
+
+/// `redirect-validate inspect ...` parses as `redirect-validate-inspect ...`.
+fn without_word(mut args: Vec<OsString>) -> Vec<OsString> {
+    let word = args.remove(1);
+    if let Some(first) = args.first_mut() {
+        first.push(" ");
+        first.push(word);
+    }
+    args
+}

@@ -1,0 +1,160 @@
+//! The default mode: Istio's validation probe, run as Istio's `istio-validation` container runs
+//! it (same flags, unprivileged, as the proxy UID), with a diagnosis when it fails.
+
+use std::ffi::OsString;
+
+use redirect_core::derived;
+use redirect_core::istio_cli::settings::Settings;
+use redirect_core::probe::{self, ProbeFailure};
+use redirect_core::validation::{self, Diagnosis};
+use serde::Serialize;
+
+use crate::args::{self, Parse};
+use crate::{EXIT_ERROR, EXIT_OK, EXIT_VALIDATION};
+
+const ABOUT: &str = "Checks that a pod's traffic capture works, as Istio's istio-validation does (same flags, exit 126 on failure), and says why it does not";
+
+/// Istio's words, kept for people and tools that search logs for them.
+const ISTIO_FAILED: &str = "iptables validation failed; workload is not ready for Istio. When using Istio CNI, this can occur if a pod is scheduled before the node is ready. If installed with 'cni.repair.deletePods=true', this pod should automatically be deleted and retry. Otherwise, this pod will need to be manually removed so that it is scheduled on a node with istio-cni running, allowing iptables rules to be established.";
+const ISTIO_PASSED: &str = "Validation passed, iptables rules established";
+
+#[derive(Serialize)]
+struct Report {
+    passed: bool,
+    exit_code: i32,
+    uid: u32,
+    gid: u32,
+    /// `127.0.0.6:15002` or `[::6]:15002`.
+    target: String,
+    listener_port: Option<u16>,
+    elapsed_ms: u128,
+    message: String,
+    diagnosis: Option<Diagnosis>,
+    warnings: Vec<String>,
+}
+
+pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    let extra = vec![args::switch(
+        "json",
+        "Print one JSON object on stdout (passed, exit_code, diagnosis{cause,summary,fix,evidence}, ...)",
+    )];
+    let r = match args::parse("redirect-validate", ABOUT, extra, args, env) {
+        Parse::Run(r) => r,
+        Parse::Info(text) => {
+            print!("{text}");
+            return EXIT_OK;
+        }
+        Parse::Error(msg) => {
+            eprintln!("{msg}");
+            return EXIT_ERROR;
+        }
+    };
+    let json = r.matches.get_flag("json");
+    match run(&r) {
+        Ok(report) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("report serializes")
+                );
+            } else {
+                print_text(&report);
+            }
+            report.exit_code
+        }
+        Err(msg) => {
+            eprintln!("error\t{msg}");
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"passed": false, "exit_code": EXIT_ERROR, "error": msg})
+                );
+            }
+            EXIT_ERROR
+        }
+    }
+}
+
+fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Report, String> {
+    let dual_stack = Settings::from_resolved(r)
+        .map_err(|e| e.to_string())?
+        .dual_stack;
+    // Istio probes the family of the pod's address.
+    let host = derived::detect_host_address(dual_stack).map_err(|e| e.to_string())?;
+    let nameservers = if args::wants_nameservers(r) {
+        args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let (s, cfg, mut warnings) = args::config_for(r, &host, &nameservers)?;
+    let spec = s.probe_spec(host.ip.is_ipv6());
+    let uid = nix::unistd::getuid().as_raw();
+    let gid = nix::unistd::getgid().as_raw();
+    let target = spec.target().to_string();
+    match probe::run(&spec) {
+        Ok(ok) => {
+            warnings.extend(ok.listen_errors.iter().map(|(p, e)| {
+                format!(
+                    "could not listen on port {p} ({e}); the probe passed on port {}",
+                    ok.listener_port
+                )
+            }));
+            Ok(Report {
+                passed: true,
+                exit_code: EXIT_OK,
+                uid,
+                gid,
+                target,
+                listener_port: Some(ok.listener_port),
+                elapsed_ms: ok.elapsed.as_millis(),
+                message: ISTIO_PASSED.into(),
+                diagnosis: None,
+                warnings,
+            })
+        }
+        Err(failure) => {
+            let facts = validation::gather_facts(&spec, &failure, &cfg);
+            let elapsed = match &failure {
+                ProbeFailure::Timeout { after, .. } => after.as_millis(),
+                ProbeFailure::NoListener { .. } => 0,
+            };
+            let diagnosis = validation::diagnose(&failure, &facts);
+            Ok(Report {
+                passed: false,
+                exit_code: EXIT_VALIDATION,
+                uid,
+                gid,
+                target,
+                listener_port: None,
+                elapsed_ms: elapsed,
+                message: ISTIO_FAILED.into(),
+                diagnosis: Some(diagnosis),
+                warnings,
+            })
+        }
+    }
+}
+
+fn print_text(r: &Report) {
+    for w in &r.warnings {
+        eprintln!("warn\t{w}");
+    }
+    match &r.diagnosis {
+        None => eprintln!(
+            "info\t{} (probe to {} as uid {} redirected to port {} in {} ms)",
+            r.message,
+            r.target,
+            r.uid,
+            r.listener_port.unwrap_or_default(),
+            r.elapsed_ms
+        ),
+        Some(d) => {
+            eprintln!("error\t{}", r.message);
+            eprintln!("error\tdiagnosis: {}: {}", d.cause, d.summary);
+            eprintln!("error\tfix: {}", d.fix);
+            for e in &d.evidence {
+                eprintln!("error\tevidence: {e}");
+            }
+        }
+    }
+}

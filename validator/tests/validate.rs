@@ -1,0 +1,481 @@
+//! redirect-validate as Istio runs it and as an operator does: the real binary, in fresh pod-like
+//! namespaces, with real connections.
+//!
+//! - The probe (default mode) as the proxy UID: passes with rules, fails with exit 126 and the
+//!   right diagnosis without rules, as another UID, for an IPv6 pod with IPv4-only rules, and
+//!   with a capture port taken.
+//! - `inspect`: a clean comparison after apply; a rule deleted by hand is named; annotations as
+//!   the expected configuration; Istio's leftovers noticed.
+//! - `explain`: the verdict and the path, in text and JSON.
+//! - Bad input: exit 1, a message naming the value, the namespace unchanged.
+
+use std::io::Read;
+use std::net::TcpListener;
+
+use redirect_core::capture;
+use redirect_core::config::CaptureConfig;
+use redirect_core::plan::SystemGroups;
+use redirect_core::testkit::binary::{run_in, snapshot, Ran, Run};
+use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redirect-validate");
+
+/// Istio's validation container arguments for the default sidecar (istio-init's, plus
+/// `--run-validation --skip-rule-apply`), with a short timeout.
+const ISTIO_ARGS: &[&str] = &[
+    "--run-validation",
+    "--skip-rule-apply",
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+    "--log_output_level=default:info",
+];
+
+/// A pod namespace with `eth0` holding `addr` (a veth whose peer stays in the namespace).
+fn pod(addr: &str) -> TestNetns {
+    let ns = TestNetns::with_prefix("rdv");
+    let family = if addr.contains(':') { "-6" } else { "-4" };
+    ns.sh(&format!(
+        "ip link add eth0 type veth peer name peer0 && ip {family} addr add {addr} dev eth0 nodad 2>/dev/null || ip {family} addr add {addr} dev eth0; ip link set eth0 up; ip link set peer0 up"
+    ));
+    ns
+}
+
+fn apply(ns: &TestNetns, cfg: &CaptureConfig) {
+    ns.run(|| capture::apply(cfg, &SystemGroups))
+        .unwrap_or_else(|e| panic!("apply: {e}"));
+}
+
+fn validate(ns: &TestNetns, extra: &[&str], uid: u32) -> Ran {
+    let mut args: Vec<&str> = ISTIO_ARGS.to_vec();
+    args.extend_from_slice(extra);
+    run_in(BIN, ns, &Run::args(&args).user(uid, uid))
+}
+
+fn json(r: &Ran) -> Value {
+    serde_json::from_str(&r.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\nstderr:\n{}", r.stdout, r.stderr))
+}
+
+fn cause(r: &Ran) -> String {
+    json(r)["diagnosis"]["cause"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn probe_passes_with_rules_in_place() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let r = validate(&ns, &["--probe-timeout", "5s"], 1337);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("Validation passed, iptables rules established"),
+        "{}",
+        r.stderr
+    );
+    let r = validate(&ns, &["--probe-timeout", "5s", "--json"], 1337);
+    let v = json(&r);
+    assert_eq!((r.code, v["passed"].as_bool()), (0, Some(true)), "{v}");
+    assert_eq!(v["listener_port"], 15006);
+    // "Well within the timeout": the first attempt is redirected.
+    assert!(v["elapsed_ms"].as_u64().unwrap() < 1000, "{v}");
+}
+
+#[test]
+fn probe_without_rules_is_126_no_rules() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    let r = validate(&ns, &["--probe-timeout", "1s"], 1337);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("iptables validation failed"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("diagnosis: no_rules"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("fix: the rules were never programmed"),
+        "{}",
+        r.stderr
+    );
+    let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1337);
+    assert_eq!(r.code, 126);
+    assert_eq!(cause(&r), "no_rules");
+    assert!(json(&r)["elapsed_ms"].as_u64().unwrap() >= 1000);
+    // Run as root, the probe reads nf_tables and confirms it.
+    let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 0);
+    assert_eq!(cause(&r), "no_rules", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("confirmed by reading nf_tables"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn probe_as_another_uid_is_126_not_proxy_uid() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1000);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    assert_eq!(cause(&r), "not_proxy_uid", "{}", r.stdout);
+    let summary = json(&r)["diagnosis"]["summary"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        summary.contains("uid 1000") && summary.contains("1337"),
+        "{summary}"
+    );
+    // The same UID passes once it is the proxy's (OpenShift's random UIDs).
+    let mut args = ISTIO_ARGS.to_vec();
+    let u = args.iter().position(|a| *a == "-u").unwrap();
+    args[u + 1] = "1000";
+    args.extend(["--probe-timeout", "1s"]);
+    let mut cfg = CaptureConfig::istio_sidecar_default();
+    cfg.proxy_uids = vec![1000];
+    cfg.proxy_gids = vec![1000];
+    apply(&ns, &cfg);
+    let r = run_in(BIN, &ns, &Run::args(&args).user(1000, 1000));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn ipv6_pod_with_ipv4_rules_is_126_ipv6_rules_missing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("fd77::2/64");
+    // IPv4 rules only, as for an IPv4 pod.
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1337);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    let v = json(&r);
+    assert_eq!(v["target"], "[::6]:15002");
+    assert_eq!(cause(&r), "ipv6_rules_missing", "{v}");
+    let evidence = v["diagnosis"]["evidence"].to_string();
+    assert!(
+        evidence.contains("over IPv4 (127.0.0.6) passed"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("::6 is not on lo"), "{evidence}");
+    // With IPv6 rules (and ::6 on lo) the same pod passes.
+    let cfg = CaptureConfig {
+        ipv6: true,
+        ..CaptureConfig::istio_sidecar_default()
+    };
+    apply(&ns, &cfg);
+    let r = validate(&ns, &["--probe-timeout", "5s"], 1337);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn taken_capture_port_is_126_listener_port_taken() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    // Another process holds 15006 without SO_REUSEPORT and answers every connection.
+    let held = ns.run(|| TcpListener::bind("127.0.0.1:15006").unwrap());
+    std::thread::spawn(move || {
+        for mut s in held.incoming().flatten() {
+            let _ = s.read(&mut [0u8; 16]);
+        }
+    });
+    let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1337);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    assert_eq!(cause(&r), "listener_port_taken", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("cannot listen on port 15006"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn bad_flags_exit_1_name_the_value_and_touch_nothing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let before = snapshot(&ns);
+    let cases: &[(&[&str], &str)] = &[
+        (&["-p", "notaport"], "notaport"),
+        (&["--probe-timeout", "5"], "--probe-timeout"),
+        (&["-m", "SIDEWAYS"], "SIDEWAYS"),
+        (&["--no-such-flag"], "--no-such-flag"),
+        (&["-u", "13x7"], "13x7"),
+    ];
+    for (args, needle) in cases {
+        let r = validate(&ns, args, 1337);
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
+    }
+    for (args, needle) in [
+        (
+            vec!["explain", "--flow", "sideways tcp 10.0.0.1:80"],
+            "sideways",
+        ),
+        (
+            vec![
+                "explain",
+                "--flow",
+                "out tcp 10.0.0.1:80",
+                "--pod-ip",
+                "ten",
+            ],
+            "ten",
+        ),
+        (
+            vec!["inspect", "--netns", "/nonexistent/ns"],
+            "/nonexistent/ns",
+        ),
+        (
+            vec![
+                "inspect",
+                "--netns",
+                ns.path().to_str().unwrap(),
+                "--annotations",
+                "/nonexistent/a",
+            ],
+            "/nonexistent/a",
+        ),
+    ] {
+        let r = run_in(BIN, &ns, &Run::args(&args));
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
+    }
+    assert_eq!(snapshot(&ns), before, "a failed run changed the namespace");
+}
+
+fn inspect(ns: &TestNetns, extra: &[&str]) -> Ran {
+    let path = ns.path().to_str().unwrap().to_string();
+    let mut args = vec!["inspect", "--netns", path.as_str()];
+    args.extend_from_slice(extra);
+    // From the host namespace, as an operator on the node.
+    let r = std::process::Command::new(BIN)
+        .args(&args)
+        .output()
+        .unwrap();
+    Ran {
+        code: r.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn inspect_compares_and_names_a_deleted_rule() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    let flags: Vec<&str> = ISTIO_ARGS[2..ISTIO_ARGS.len() - 1].to_vec();
+    // Nothing there yet: the table is missing.
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("absent"), "{}", r.stdout);
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("expected (Istio's flags): the rules match"),
+        "{}",
+        r.stdout
+    );
+    // Readable: the proxy's loopback redirect, in nft syntax.
+    assert!(
+        r.stdout.contains("oifname \"lo\" ip daddr != 127.0.0.1/32 meta l4proto tcp th dport != 15008 meta skuid 1337 jump nat_ip_istio_in_redirect"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("set inbound-exclude-ports { 15020, 15021, 15090 }"),
+        "{}",
+        r.stdout
+    );
+    // Delete that rule by hand.
+    let listing = ns.sh("nft -a list chain inet redirect_capture nat_ip_istio_output");
+    let handle = listing
+        .lines()
+        .find(|l| l.contains("skuid 1337") && l.contains("istio_in_redirect"))
+        .and_then(|l| l.rsplit("# handle ").next())
+        .unwrap_or_else(|| panic!("no such rule in:\n{listing}"))
+        .trim()
+        .to_string();
+    ns.sh(&format!(
+        "nft delete rule inet redirect_capture nat_ip_istio_output handle {handle}"
+    ));
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("chain nat_ip_istio_output: rule 2 is missing: oifname \"lo\" ip daddr != 127.0.0.1/32 meta l4proto tcp th dport != 15008 meta skuid 1337 jump nat_ip_istio_in_redirect"),
+        "{}",
+        r.stdout
+    );
+    let v: Value =
+        serde_json::from_str(&inspect(&ns, &[&flags[..], &["--json"]].concat()).stdout).unwrap();
+    assert_eq!(v["equal"], false);
+    assert!(!v["differences"].as_array().unwrap().is_empty());
+    // Without a configuration, inspect only shows what is there.
+    let r = inspect(&ns, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("expected: not given"), "{}", r.stdout);
+}
+
+#[test]
+fn inspect_with_annotations_and_istio_leftovers() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#;
+    let file = std::env::temp_dir().join(format!("rdv-annotations-{}", std::process::id()));
+    let downward = format!(
+        "sidecar.istio.io/status={}\ntraffic.sidecar.istio.io/excludeInboundPorts=\"8080\"\n",
+        serde_json::to_string(status).unwrap()
+    );
+    std::fs::write(&file, downward).unwrap();
+    let mut cfg = CaptureConfig::istio_sidecar_default();
+    cfg.inbound_exclude_ports = vec![8080, 15020, 15021, 15090];
+    cfg.outbound_exclude_ports = vec![15020];
+    apply(&ns, &cfg);
+    let a = file.to_str().unwrap();
+    let r = inspect(&ns, &["--annotations", a]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("expected (the pod's annotations): the rules match"),
+        "{}",
+        r.stdout
+    );
+    // Other annotations: the port set differs.
+    std::fs::write(
+        &file,
+        format!(
+            "sidecar.istio.io/status={}\n",
+            serde_json::to_string(status).unwrap()
+        ),
+    )
+    .unwrap();
+    let r = inspect(&ns, &["--annotations", a]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("set inbound-exclude-ports"),
+        "{}",
+        r.stdout
+    );
+    // Istio's chains beside ours are noticed.
+    ns.sh("iptables-nft -t nat -N ISTIO_OUTPUT && iptables-nft -t nat -A OUTPUT -p tcp -j ISTIO_OUTPUT");
+    let r = inspect(&ns, &[]);
+    assert!(r.stdout.contains("ISTIO_OUTPUT"), "{}", r.stdout);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn explain_prints_the_verdict_and_the_path() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = TestNetns::with_prefix("rdv");
+    let flags: Vec<&str> = ISTIO_ARGS[2..ISTIO_ARGS.len() - 1].to_vec();
+    let mut args = vec!["explain"];
+    args.extend(&flags);
+    args.extend([
+        "--flow",
+        "out tcp uid=1000 10.1.2.3:80",
+        "--flow",
+        "in tcp 10.77.0.2:15021",
+    ]);
+    // No privilege needed.
+    let r = run_in(BIN, &ns, &Run::args(&args).user(1000, 1000));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout
+            .contains("verdict: redirected to port 15001 (127.0.0.1:15001)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("the proxy's outbound listener (-p)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("ip nat OUTPUT > ISTIO_REDIRECT #1: meta l4proto tcp redirect to :15001"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("verdict: passed (not captured)"),
+        "{}",
+        r.stdout
+    );
+    args.push("--json");
+    let r = run_in(BIN, &ns, &Run::args(&args).user(1000, 1000));
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v[0]["verdict"]["kind"], "redirect");
+    assert_eq!(v[0]["verdict"]["port"], 15001);
+    assert_eq!(v[1]["verdict"]["kind"], "pass");
+    assert!(v[0]["steps"].as_array().unwrap().len() > 3);
+}
+
+/// Run as root the probe reads the rules, and tells stale rules of ours from Istio's.
+#[test]
+fn probe_tells_stale_rules_from_istio_rules() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    // Our table for proxy UID 1337; the validation says the proxy is uid 0 (root).
+    let ns = pod("10.77.0.2/24");
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let mut args = ISTIO_ARGS.to_vec();
+    let u = args.iter().position(|a| *a == "-u").unwrap();
+    args[u + 1] = "0";
+    args.extend(["--probe-timeout", "1s", "--json"]);
+    let r = run_in(BIN, &ns, &Run::args(&args).user(0, 0));
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    assert_eq!(cause(&r), "rules_stale", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("meta skuid"),
+        "the differences are listed: {}",
+        r.stdout
+    );
+    // Istio's rules for uid 1337 (iptables-nft), none of ours.
+    let ns = pod("10.77.0.2/24");
+    ns.sh("iptables-nft -t nat -N ISTIO_OUTPUT && iptables-nft -t nat -A OUTPUT -p tcp -j ISTIO_OUTPUT && iptables-nft -t nat -A ISTIO_OUTPUT -o lo -m owner ! --uid-owner 1337 -j RETURN");
+    let r = run_in(BIN, &ns, &Run::args(&args).user(0, 0));
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    assert_eq!(cause(&r), "rules_not_ours", "{}", r.stdout);
+    assert!(r.stdout.contains("ISTIO_OUTPUT"), "{}", r.stdout);
+}
