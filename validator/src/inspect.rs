@@ -301,7 +301,10 @@ fn found(
             })
             .unwrap_or_default(),
         table: k.table.map(|t| {
-            t.chains
+            let mut chains = t.chains;
+            // Hooked chains first: where packets enter.
+            chains.sort_by_key(|c| c.base.is_none());
+            chains
                 .into_iter()
                 .map(|c| Chain {
                     rules: c.rules.iter().map(|r| decode::rule(r)).collect(),
