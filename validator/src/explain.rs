@@ -106,7 +106,15 @@ fn run(
     let out = flows
         .iter()
         .map(|f| {
-            let evaluation = eval::evaluate(&rs, f);
+            // The pod's own address is reached through lo, as the kernel routes it.
+            let mut f = f.clone();
+            if f.direction == eval::Direction::Out
+                && f.oif.is_none()
+                && pod_ips.contains(&f.dst.ip())
+            {
+                f.oif = Some("lo".into());
+            }
+            let evaluation = eval::evaluate(&rs, &f);
             let meaning = meaning(&evaluation, &cfg);
             Explained {
                 evaluation,

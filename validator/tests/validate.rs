@@ -448,6 +448,22 @@ fn explain_prints_the_verdict_and_the_path() {
     assert_eq!(v[0]["verdict"]["port"], 15001);
     assert_eq!(v[1]["verdict"]["kind"], "pass");
     assert!(v[0]["steps"].as_array().unwrap().len() > 3);
+    // The proxy calling its own pod's address goes through lo: inbound capture.
+    let mut args = vec!["explain"];
+    args.extend(&flags);
+    args.extend([
+        "--pod-ip",
+        "10.77.0.2",
+        "--flow",
+        "out tcp uid=1337 10.77.0.2:8080",
+    ]);
+    let r = run_in(BIN, &ns, &Run::args(&args).user(1000, 1000));
+    assert!(r.stdout.contains("oif=lo"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("redirected to port 15006"),
+        "{}",
+        r.stdout
+    );
 }
 
 /// Run as root the probe reads the rules, and tells stale rules of ours from Istio's.

@@ -36,13 +36,16 @@ use crate::ruleset::{
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Verdict {
     /// NATed to `to` (a local address) on `port`: a process listening there gets it, and reads
-    /// the original destination with `SO_ORIGINAL_DST`.
+    /// the original destination with `SO_ORIGINAL_DST`. At OUTPUT `to` is the loopback
+    /// address; at PREROUTING the kernel uses the input interface's first address, which the
+    /// evaluator does not know, so `to` keeps the destination address.
     Redirect {
         port: u16,
         to: SocketAddr,
     },
     /// Handed to the transparent socket on `port` with the packet mark set; the original
-    /// destination stays the local address. Dropped when no such socket listens.
+    /// destination stays the local address (unless nat PREROUTING redirected it too, as for a
+    /// reroute interface: then a note says so). Dropped when no such socket listens.
     Tproxy {
         port: u16,
         mark: u32,
@@ -180,6 +183,12 @@ pub fn evaluate(rs: &Ruleset, flow: &Flow) -> Evaluation {
         w.notes.push(format!(
             "TPROXY hands the connection to a socket listening on port {port} with IP_TRANSPARENT; without one, the packet is dropped"
         ));
+        if let Some(to) = redirect {
+            w.notes.push(format!(
+                "nat PREROUTING also redirected it to port {}: the socket's local address is that, not the original destination",
+                to.port()
+            ));
+        }
         Verdict::Tproxy { port, mark }
     } else if let Some(to) = redirect {
         Verdict::Redirect {
