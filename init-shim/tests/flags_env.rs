@@ -62,28 +62,7 @@ fn no_flags_give_istio_flag_defaults() {
 
 #[test]
 fn the_injectors_command_gives_istios_sidecar_default() {
-    let s = ok(
-        &[
-            "-p",
-            "15001",
-            "-z",
-            "15006",
-            "-u",
-            "1337",
-            "-m",
-            "REDIRECT",
-            "-i",
-            "*",
-            "-x",
-            "",
-            "-b",
-            "*",
-            "-d",
-            "15090,15021,15020",
-            "--log_output_level=default:info",
-        ],
-        &[],
-    );
+    let s = ok(redirect_core::testkit::istio::SIDECAR_ARGS, &[]);
     assert_eq!(s.config, CaptureConfig::istio_sidecar_default());
     assert!(!s.proxy_uid_from_user);
 }

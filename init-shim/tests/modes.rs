@@ -13,25 +13,7 @@ use redirect_core::testkit::{
     kernel_tests_enabled, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
 };
 
-const ISTIO_ARGS: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--log_output_level=default:info",
-];
+use redirect_core::testkit::istio::SIDECAR_ARGS as ISTIO_ARGS;
 
 fn istio_args_with(extra: &[&str]) -> Vec<&'static str> {
     let mut v: Vec<&'static str> = ISTIO_ARGS.to_vec();

@@ -11,7 +11,7 @@ use std::io;
 
 use serde::Serialize;
 
-use crate::nft::{self, Difference};
+use crate::nft::{self, Difference, TableState};
 use std::time::Duration;
 
 use crate::config::CaptureConfig;
@@ -88,10 +88,14 @@ pub struct Facts {
 /// The rules in the namespace, compared with what the configuration plans.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct KernelView {
+    /// Our table as read back; `None` when there is none.
+    #[serde(skip)]
+    pub table: Option<TableState>,
     pub our_table: bool,
     /// Families our table has chains for.
     pub our_families: Vec<Family>,
-    /// Our table against the plan; empty when equal.
+    /// Our table against the plan (`TableMissing` when there is none); empty when equal or
+    /// when no plan was given.
     pub differences: Vec<Difference>,
     pub istio_nft_tables: Vec<String>,
     /// Istio's iptables chains, as `IPv4 nft nat ISTIO_OUTPUT: 9 rule(s), ...`.
@@ -106,15 +110,15 @@ impl KernelView {
     }
 }
 
-/// Read the calling thread's namespace: our table against `expected`, and Istio's rules.
-/// Needs CAP_NET_ADMIN; the error says so.
-pub fn read_kernel(expected: &Ruleset) -> crate::Result<KernelView> {
-    let actual = nft::read_back()?;
-    let differences = match &actual {
-        Some(_) => nft::diff(expected)?,
+/// Read the calling thread's namespace: our table (compared with `expected` when given; one
+/// dump either way), and Istio's rules. Needs CAP_NET_ADMIN; the error says so.
+pub fn read_kernel(expected: Option<&Ruleset>) -> crate::Result<KernelView> {
+    let table = nft::read_back()?;
+    let differences = match expected {
+        Some(rs) => nft::compare(rs, table.as_ref()),
         None => Vec::new(),
     };
-    let our_families = match &actual {
+    let our_families = match &table {
         Some(t) => Family::ALL
             .into_iter()
             .filter(|f| {
@@ -134,7 +138,8 @@ pub fn read_kernel(expected: &Ruleset) -> crate::Result<KernelView> {
         }
     };
     Ok(KernelView {
-        our_table: actual.is_some(),
+        our_table: table.is_some(),
+        table,
         our_families,
         differences,
         istio_nft_tables: nft::istio_tables()?,
@@ -372,7 +377,7 @@ pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &CaptureConfi
         };
         facts.ipv4_probe_passed = Some(crate::probe::run(&v4).is_ok());
     }
-    match crate::plan(cfg).and_then(|rs| read_kernel(&rs)) {
+    match crate::plan(cfg).and_then(|rs| read_kernel(Some(&rs))) {
         Ok(k) => facts.kernel = Some(k),
         Err(e) => {
             let denied = matches!(&e, crate::Error::NftRejected { errno, .. } if *errno == libc::EPERM)

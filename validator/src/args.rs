@@ -6,36 +6,40 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use redirect_core::config::CaptureConfig;
 use redirect_core::derived::{self, HostAddress};
 use redirect_core::istio_cli::flags::{self, Parsed, Resolved, Source};
 use redirect_core::istio_cli::settings::Settings;
 
-/// What a mode's command line asked for.
-pub enum Parse {
-    Run(Box<Resolved>),
-    /// `--help` / `--version` text: print, exit 0.
-    Info(String),
-    /// A usage error: print, exit 1.
-    Error(String),
-}
+use crate::{EXIT_ERROR, EXIT_OK};
 
-/// Parse Istio's flags plus `extra` arguments.
+/// Parse Istio's flags plus `extra` arguments. `Err` is the exit code once `--help` or
+/// `--version` was printed (0) or a usage error was (1).
 pub fn parse(
     name: &'static str,
     about: &'static str,
     extra: Vec<Arg>,
     args: Vec<OsString>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Parse {
+) -> Result<Box<Resolved>, i32> {
     let cmd = extra
         .into_iter()
         .fold(flags::istio_command(name, about), Command::arg);
     match flags::parse_command(cmd, args, env) {
-        Ok(Parsed::Run(r)) => Parse::Run(Box::new(r)),
-        Ok(Parsed::Info(text)) => Parse::Info(text),
-        Err(msg) => Parse::Error(msg),
+        Ok(Parsed::Run(r)) => Ok(Box::new(r)),
+        Ok(Parsed::Info(text)) => {
+            print!("{text}");
+            Err(EXIT_OK)
+        }
+        Err(msg) => {
+            eprintln!("{msg}");
+            Err(EXIT_ERROR)
+        }
     }
+}
+
+/// Istio's settings, typed; the error names the flag or variable.
+pub fn settings(r: &Resolved) -> Result<Settings, String> {
+    Settings::from_resolved(r).map_err(|e| e.to_string())
 }
 
 /// `--NAME`, a switch.
@@ -79,23 +83,15 @@ pub fn ip_list(flag: &str, value: &str) -> Result<Vec<IpAddr>, String> {
         .collect()
 }
 
-/// The capture config Istio's flags describe for a pod with address `host` and these DNS
-/// servers, plus the warnings on the way (as redirect-init derives it in the pod).
-pub fn config_for(
-    r: &Resolved,
+/// Finish `s` for a pod with address `host` and these DNS servers, as redirect-init derives
+/// it in the pod; returns the warnings on the way. The config is `s.config`.
+pub fn finish(
+    s: &mut Settings,
     host: &HostAddress,
     nameservers: &[IpAddr],
-) -> Result<(Settings, CaptureConfig, Vec<String>), String> {
-    let mut s = Settings::from_resolved(r).map_err(|e| e.to_string())?;
-    let uid = s
-        .proxy_uid_from_user
-        .then(|| derived::uid_of_user(&s.envoy_user))
-        .flatten();
-    let warnings = s
-        .finish(host, uid, nameservers)
-        .map_err(|e| e.to_string())?;
-    let cfg = s.config.clone();
-    Ok((s, cfg, warnings))
+) -> Result<Vec<String>, String> {
+    let uid = s.envoy_user_uid();
+    s.finish(host, uid, nameservers).map_err(|e| e.to_string())
 }
 
 /// The servers of a resolv.conf, or an error naming the file.
@@ -103,9 +99,4 @@ pub fn nameservers_of(path: &Path) -> Result<Vec<IpAddr>, String> {
     derived::read_resolv_conf(path)
         .map(|n| n.servers)
         .map_err(|e| e.to_string())
-}
-
-/// The settings redirect-init would use for DNS: the servers when they matter.
-pub fn wants_nameservers(r: &Resolved) -> bool {
-    Settings::from_resolved(r).is_ok_and(|s| s.wants_nameservers())
 }

@@ -9,7 +9,7 @@ use redirect_core::derived::{self, HostAddress};
 use redirect_core::eval::{self, Evaluation, Flow, Verdict};
 use serde::Serialize;
 
-use crate::args::{self, Parse};
+use crate::args;
 use crate::{EXIT_ERROR, EXIT_OK};
 
 const ABOUT: &str = "Shows where a flow goes under the capture rules that Istio's flags describe, and the rules it crosses (no privilege needed)";
@@ -33,15 +33,8 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         args::switch("json", "Print a JSON array, one object per flow (flow, verdict, steps, mark, ct_zone, notes, meaning)"),
     ];
     let r = match args::parse("redirect-validate explain", ABOUT, extra, args, env) {
-        Parse::Run(r) => r,
-        Parse::Info(text) => {
-            print!("{text}");
-            return EXIT_OK;
-        }
-        Parse::Error(msg) => {
-            eprintln!("{msg}");
-            return EXIT_ERROR;
-        }
+        Ok(r) => r,
+        Err(code) => return code,
     };
     match run(&r) {
         Ok((out, notes)) => {
@@ -83,9 +76,7 @@ fn run(
         Some(v) => args::ip_list("nameservers", v)?,
         None => Vec::new(),
     };
-    let dual_stack = redirect_core::istio_cli::settings::Settings::from_resolved(r)
-        .map_err(|e| e.to_string())?
-        .dual_stack;
+    let mut s = args::settings(r)?;
     let mut notes = Vec::new();
     let host = if pod_ips.is_empty() {
         if flows.iter().any(|f| f.dst.is_ipv6()) {
@@ -96,12 +87,12 @@ fn run(
             ipv6: false,
         }
     } else {
-        derived::host_address(&pod_ips, dual_stack).ok_or_else(|| {
+        derived::host_address(&pod_ips, s.dual_stack).ok_or_else(|| {
             format!("--pod-ip {pod_ips:?}: no usable address (loopback and link-local ones do not count)")
         })?
     };
-    let (_, cfg, warnings) = args::config_for(r, &host, &nameservers)?;
-    notes.extend(warnings);
+    notes.extend(args::finish(&mut s, &host, &nameservers)?);
+    let cfg = s.config;
     let rs = redirect_core::plan(&cfg).map_err(|e| e.to_string())?;
     let out = flows
         .iter()

@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 
 use redirect_core::derived::{self, HostAddress};
 use redirect_core::mesh::{self, Decision, MeshDefaults};
-use redirect_core::nft::{self, decode, Difference, TableState};
+use redirect_core::nft::{self, decode};
 use redirect_core::routes::{self, TproxyRouting};
 use redirect_core::ruleset::{Family, Ruleset};
-use redirect_core::{netns, pod, xtables, CaptureConfig};
+use redirect_core::validation::{self, KernelView};
+use redirect_core::{netns, pod, CaptureConfig};
 use serde::Serialize;
 
-use crate::args::{self, Parse};
+use crate::args;
 use crate::{EXIT_DIFFERS, EXIT_ERROR, EXIT_OK};
 
 const ABOUT: &str = "Shows the capture rules in a pod's network namespace and, given the pod's flags or annotations, how they differ from what it should have (exit 0 equal, 2 different; needs root)";
@@ -57,15 +58,8 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         args::switch("json", "Print one JSON object on stdout"),
     ];
     let r = match args::parse("redirect-validate inspect", ABOUT, extra, args, env) {
-        Parse::Run(r) => r,
-        Parse::Info(text) => {
-            print!("{text}");
-            return EXIT_OK;
-        }
-        Parse::Error(msg) => {
-            eprintln!("{msg}");
-            return EXIT_ERROR;
-        }
+        Ok(r) => r,
+        Err(code) => return code,
     };
     match run(&r) {
         Ok(found) => {
@@ -101,8 +95,7 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
     std::fs::metadata(&path).map_err(|e| {
         format!("--netns {}: {e}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net", path.display())
     })?;
-    let settings = redirect_core::istio_cli::settings::Settings::from_resolved(r)
-        .map_err(|e| e.to_string())?;
+    let mut settings = args::settings(r)?;
     let annotations = args::get(&r.matches, "annotations").map(PathBuf::from);
     // The pod's address decides IPv6, as where the rules were written.
     let mut dual_stack = settings.dual_stack;
@@ -154,10 +147,13 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
         }
         None if args::config_given(r) => {
             let h = host.ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
-            let servers = nameservers(r, &path)?;
-            let (_, cfg, _) = args::config_for(r, &h, &servers)?;
-            let rs = redirect_core::plan(&cfg).map_err(|e| e.to_string())?;
-            Some(("Istio's flags".to_string(), Expected::Rules(Box::new(cfg), rs)))
+            let servers = nameservers(r, settings.wants_nameservers(), &path)?;
+            args::finish(&mut settings, &h, &servers)?;
+            let rs = redirect_core::plan(&settings.config).map_err(|e| e.to_string())?;
+            Some((
+                "Istio's flags".to_string(),
+                Expected::Rules(Box::new(settings.config), rs),
+            ))
         }
         None => None,
     };
@@ -183,9 +179,10 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
 /// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
 fn nameservers(
     r: &redirect_core::istio_cli::flags::Resolved,
+    wanted: bool,
     netns: &Path,
 ) -> Result<Vec<IpAddr>, String> {
-    if !args::wants_nameservers(r) {
+    if !wanted {
         return Ok(Vec::new());
     }
     if let Some(v) = args::get(&r.matches, "nameservers") {
@@ -202,21 +199,16 @@ fn nameservers(
     }
 }
 
+/// Our table and Istio's rules (`validation::read_kernel`, compared with the plan when there is
+/// one), and beside them the TPROXY routing and `::6`.
 struct Kernel {
-    table: Option<TableState>,
-    differences: Option<Vec<Difference>>,
-    istio_nft_tables: Vec<String>,
-    istio_iptables: Result<Vec<String>, String>,
+    view: KernelView,
     tproxy: Vec<String>,
     lo_v6: bool,
 }
 
 fn read(routing: &TproxyRouting, plan: Option<&Ruleset>) -> redirect_core::Result<Kernel> {
-    let table = nft::read_back()?;
-    let differences = match plan {
-        Some(rs) => Some(nft::diff(rs)?),
-        None => None,
-    };
+    let view = validation::read_kernel(plan)?;
     let mut tproxy = Vec::new();
     for family in Family::ALL {
         let st = routes::read_tproxy(routing, family)?;
@@ -232,12 +224,7 @@ fn read(routing: &TproxyRouting, plan: Option<&Ruleset>) -> redirect_core::Resul
         }
     }
     Ok(Kernel {
-        table,
-        differences,
-        istio_nft_tables: nft::istio_tables()?,
-        istio_iptables: xtables::find_istio_leftovers()
-            .map(|l| l.iter().map(|x| x.to_string()).collect())
-            .map_err(|e| e.to_string()),
+        view,
         tproxy,
         lo_v6: routes::has_lo_v6_inbound_addr().unwrap_or(false),
     })
@@ -249,11 +236,12 @@ fn found(
     k: Kernel,
     expected: Option<(String, Expected)>,
 ) -> Found {
-    let mut notes = Vec::new();
-    let istio_iptables = k.istio_iptables.unwrap_or_else(|e| {
-        notes.push(format!("Istio's iptables chains not listed: {e}"));
-        Vec::new()
-    });
+    let Kernel {
+        view: k,
+        tproxy,
+        lo_v6,
+    } = k;
+    let mut notes: Vec<String> = k.unread.iter().map(|u| format!("not read: {u}")).collect();
     let (expected_from, differences) = match expected {
         None => (None, Vec::new()),
         Some((from, Expected::Nothing(why))) => {
@@ -268,10 +256,10 @@ fn found(
             };
             (Some(from), d)
         }
-        Some((from, Expected::Rules(..))) => {
-            let d = k.differences.unwrap_or_default();
-            (Some(from), d.iter().map(decode::difference).collect())
-        }
+        Some((from, Expected::Rules(..))) => (
+            Some(from),
+            k.differences.iter().map(decode::difference).collect(),
+        ),
     };
     let equal = expected_from.as_ref().map(|_| differences.is_empty());
     Found {
@@ -314,9 +302,9 @@ fn found(
                 .collect()
         }),
         istio_nft_tables: k.istio_nft_tables,
-        istio_iptables,
-        tproxy_routing: k.tproxy,
-        lo_v6: k.lo_v6,
+        istio_iptables: k.istio_iptables,
+        tproxy_routing: tproxy,
+        lo_v6,
         notes,
         expected_from,
         differences,

@@ -4,12 +4,11 @@
 use std::ffi::OsString;
 
 use redirect_core::derived;
-use redirect_core::istio_cli::settings::Settings;
 use redirect_core::probe::{self, ProbeFailure};
 use redirect_core::validation::{self, Diagnosis};
 use serde::Serialize;
 
-use crate::args::{self, Parse};
+use crate::args;
 use crate::{EXIT_ERROR, EXIT_OK, EXIT_VALIDATION};
 
 const ABOUT: &str = "Checks that a pod's traffic capture works, as Istio's istio-validation does (same flags, exit 126 on failure), and says why it does not";
@@ -39,15 +38,8 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         "Print one JSON object on stdout (passed, exit_code, diagnosis{cause,summary,fix,evidence}, ...)",
     )];
     let r = match args::parse("redirect-validate", ABOUT, extra, args, env) {
-        Parse::Run(r) => r,
-        Parse::Info(text) => {
-            print!("{text}");
-            return EXIT_OK;
-        }
-        Parse::Error(msg) => {
-            eprintln!("{msg}");
-            return EXIT_ERROR;
-        }
+        Ok(r) => r,
+        Err(code) => return code,
     };
     let json = r.matches.get_flag("json");
     match run(&r) {
@@ -76,17 +68,15 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
 }
 
 fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Report, String> {
-    let dual_stack = Settings::from_resolved(r)
-        .map_err(|e| e.to_string())?
-        .dual_stack;
+    let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let host = derived::detect_host_address(dual_stack).map_err(|e| e.to_string())?;
-    let nameservers = if args::wants_nameservers(r) {
+    let host = derived::detect_host_address(s.dual_stack).map_err(|e| e.to_string())?;
+    let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()
     } else {
         Vec::new()
     };
-    let (s, cfg, mut warnings) = args::config_for(r, &host, &nameservers)?;
+    let mut warnings = args::finish(&mut s, &host, &nameservers)?;
     let spec = s.probe_spec(host.ip.is_ipv6());
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
@@ -113,7 +103,7 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Report, String> 
             })
         }
         Err(failure) => {
-            let facts = validation::gather_facts(&spec, &failure, &cfg);
+            let facts = validation::gather_facts(&spec, &failure, &s.config);
             let elapsed = match &failure {
                 ProbeFailure::Timeout { after, .. } => after.as_millis(),
                 ProbeFailure::NoListener { .. } => 0,

@@ -16,34 +16,19 @@ use redirect_core::capture;
 use redirect_core::config::CaptureConfig;
 use redirect_core::plan::SystemGroups;
 use redirect_core::testkit::binary::{run_in, snapshot, Ran, Run};
+use redirect_core::testkit::istio::SIDECAR_ARGS;
 use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redirect-validate");
 
-/// Istio's validation container arguments for the default sidecar (istio-init's, plus
-/// `--run-validation --skip-rule-apply`), with a short timeout.
-const ISTIO_ARGS: &[&str] = &[
-    "--run-validation",
-    "--skip-rule-apply",
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--log_output_level=default:info",
-];
+/// Istio's validation container arguments for the default sidecar: istio-init's, after
+/// `--run-validation --skip-rule-apply`.
+fn validation_args() -> Vec<&'static str> {
+    let mut args = vec!["--run-validation", "--skip-rule-apply"];
+    args.extend_from_slice(SIDECAR_ARGS);
+    args
+}
 
 /// A pod namespace with `eth0` holding `addr` (a veth whose peer stays in the namespace).
 fn pod(addr: &str) -> TestNetns {
@@ -61,7 +46,7 @@ fn apply(ns: &TestNetns, cfg: &CaptureConfig) {
 }
 
 fn validate(ns: &TestNetns, extra: &[&str], uid: u32) -> Ran {
-    let mut args: Vec<&str> = ISTIO_ARGS.to_vec();
+    let mut args = validation_args();
     args.extend_from_slice(extra);
     run_in(BIN, ns, &Run::args(&args).user(uid, uid))
 }
@@ -153,7 +138,7 @@ fn probe_as_another_uid_is_126_not_proxy_uid() {
         "{summary}"
     );
     // The same UID passes once it is the proxy's (OpenShift's random UIDs).
-    let mut args = ISTIO_ARGS.to_vec();
+    let mut args = validation_args();
     let u = args.iter().position(|a| *a == "-u").unwrap();
     args[u + 1] = "1000";
     args.extend(["--probe-timeout", "1s"]);
@@ -297,7 +282,7 @@ fn inspect_compares_and_names_a_deleted_rule() {
         return;
     }
     let ns = pod("10.77.0.2/24");
-    let flags: Vec<&str> = ISTIO_ARGS[2..ISTIO_ARGS.len() - 1].to_vec();
+    let flags: Vec<&str> = SIDECAR_ARGS.to_vec();
     // Nothing there yet: the table is missing.
     let r = inspect(&ns, &flags);
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
@@ -407,7 +392,7 @@ fn explain_prints_the_verdict_and_the_path() {
         return;
     }
     let ns = TestNetns::with_prefix("rdv");
-    let flags: Vec<&str> = ISTIO_ARGS[2..ISTIO_ARGS.len() - 1].to_vec();
+    let flags: Vec<&str> = SIDECAR_ARGS.to_vec();
     let mut args = vec!["explain"];
     args.extend(&flags);
     args.extend([
@@ -475,7 +460,7 @@ fn probe_tells_stale_rules_from_istio_rules() {
     // Our table for proxy UID 1337; the validation says the proxy is uid 0 (root).
     let ns = pod("10.77.0.2/24");
     apply(&ns, &CaptureConfig::istio_sidecar_default());
-    let mut args = ISTIO_ARGS.to_vec();
+    let mut args = validation_args();
     let u = args.iter().position(|a| *a == "-u").unwrap();
     args[u + 1] = "0";
     args.extend(["--probe-timeout", "1s", "--json"]);

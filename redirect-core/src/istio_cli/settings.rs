@@ -236,6 +236,14 @@ impl Settings {
         }
     }
 
+    /// The UID of `ENVOY_USER`, looked up only when `-u` was empty (NSS may consult slow
+    /// sources for a user that is not there).
+    pub fn envoy_user_uid(&self) -> Option<u32> {
+        self.proxy_uid_from_user
+            .then(|| derived::uid_of_user(&self.envoy_user))
+            .flatten()
+    }
+
     /// The resolv.conf whose servers DNS capture needs, if any.
     pub fn wants_nameservers(&self) -> bool {
         self.redirect_dns && !self.capture_all_dns
@@ -244,11 +252,7 @@ impl Settings {
 
 /// Read the system's view for `finish`: the ENVOY_USER account and resolv.conf's servers.
 pub fn system_facts(s: &Settings) -> Result<(Option<u32>, Vec<IpAddr>, Vec<String>)> {
-    // Only looked up when needed: NSS may consult slow sources for a user that is not there.
-    let uid = s
-        .proxy_uid_from_user
-        .then(|| derived::uid_of_user(&s.envoy_user))
-        .flatten();
+    let uid = s.envoy_user_uid();
     if !s.wants_nameservers() {
         return Ok((uid, Vec::new(), Vec::new()));
     }

@@ -66,8 +66,12 @@ pub fn expected(rs: &Ruleset) -> TableState {
 
 /// Compare the kernel's table with a ruleset; empty when they are equal.
 pub fn diff(rs: &Ruleset) -> Result<Vec<Difference>> {
-    let actual = read_back()?;
-    Ok(state::compare(&expected(rs), actual.as_ref()))
+    Ok(compare(rs, read_back()?.as_ref()))
+}
+
+/// Compare a table already read back (None = no table) with a ruleset.
+pub fn compare(rs: &Ruleset, actual: Option<&TableState>) -> Vec<Difference> {
+    state::compare(&expected(rs), actual)
 }
 
 /// `apply` inside the namespace at `netns`.

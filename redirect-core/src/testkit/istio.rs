@@ -16,6 +16,28 @@ use super::netns::{run_command, TestNetns};
 use super::probe::{From, Probe};
 use super::topology::{Link, Topology, TopologySpec};
 
+/// The arguments Istio's injector gives `istio-init` for the default sidecar (and, after
+/// `--run-validation --skip-rule-apply`, `istio-validation`): `CaptureConfig::istio_sidecar_default`.
+pub const SIDECAR_ARGS: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+    "--log_output_level=default:info",
+];
+
 /// The GID the group name `java` resolves to while Istio's rules load (and for our side).
 pub const JAVA_GID: u32 = 3001;
 /// The GID the group name `ftp` resolves to while Istio's rules load (and for our side).
