@@ -10,6 +10,7 @@
 //! `netns::run_in` for a pod. The `_in` variants do that.
 
 pub mod decode;
+mod elements;
 mod expr;
 mod foreign;
 pub(crate) mod lower;
@@ -21,6 +22,7 @@ use std::path::Path;
 
 pub use foreign::{families_with_tables, istio_tables, remove_istio_tables};
 pub use lower::{base_chain_name, chain_name, lower, merged_ranges, NftTable};
+pub use objects::Encoded;
 pub use state::{Difference, TableState};
 
 use crate::error::Result;
@@ -41,6 +43,12 @@ pub fn apply(rs: &Ruleset) -> Result<()> {
         }
         other => other,
     }
+}
+
+/// The batch `apply` sends into a namespace without our table, encoded but not sent: the
+/// config → plan → netlink path without a kernel (benchmarks, size checks).
+pub fn encode(rs: &Ruleset) -> Encoded {
+    objects::encode(&lower(rs), objects::Mode::Create)
 }
 
 /// Delete our table. Returns whether there was one.

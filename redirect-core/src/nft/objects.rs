@@ -5,10 +5,14 @@ use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
 
 use nftnl::{
-    Batch, Chain, ChainType, Hook as NftHook, MsgType, NlMsg, Policy, ProtoFamily, Rule, Table,
+    Batch, Chain, ChainType, FinalizedBatch, Hook as NftHook, MsgType, NlMsg, Policy, ProtoFamily,
+    Rule, Table,
 };
 use nftnl_sys::{self as sys, libc};
 
+use netlink_packet_core::Emitable;
+
+use super::elements::Elements;
 use super::lower::{ChainKind, NftSet, NftTable};
 use super::netlink::Socket;
 use super::TABLE;
@@ -32,47 +36,94 @@ pub enum Mode {
     Replace,
 }
 
-/// Program a lowered table in one batch.
-pub fn apply_batch(sock: &Socket, t: &NftTable, mode: Mode) -> Result<()> {
+/// What one message of a batch does, for the error that names it. Kept as indices and
+/// built into text only when the kernel refuses a message (formatting every rule up front
+/// cost more than encoding it).
+#[derive(Clone, Copy, Debug)]
+enum Label {
+    CreateTable,
+    AddTable,
+    DeleteTable,
+    AddSet(usize),
+    AddElements { set: usize, chunk: usize },
+    AddChain(usize),
+    AddRule { chain: usize, rule: usize },
+}
+
+impl Label {
+    fn describe(self, t: &NftTable) -> String {
+        match self {
+            Label::CreateTable => format!("create table inet {TABLE}"),
+            Label::AddTable => format!("add table inet {TABLE}"),
+            Label::DeleteTable => format!("delete table inet {TABLE}"),
+            Label::AddSet(i) => format!("add set {}", t.sets[i].name),
+            Label::AddElements { set, chunk } => {
+                format!(
+                    "add elements to set {} (chunk {})",
+                    t.sets[set].name,
+                    chunk + 1
+                )
+            }
+            Label::AddChain(i) => format!("add chain {}", t.chains[i].name),
+            Label::AddRule { chain, rule } => {
+                let c = &t.chains[chain];
+                format!("rule {} of chain {}: {:?}", rule + 1, c.name, c.rules[rule])
+            }
+        }
+    }
+}
+
+/// A batch encoded for the kernel, with what each of its messages does.
+pub struct Encoded {
+    batch: FinalizedBatch,
+    labels: Vec<Label>,
+}
+
+impl Encoded {
+    /// The bytes one `sendmsg` carries.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.batch.iter().flatten().copied().collect()
+    }
+
+    /// Number of messages between BEGIN and END.
+    pub fn messages(&self) -> usize {
+        self.labels.len()
+    }
+}
+
+/// Encode the batch that programs a lowered table.
+pub fn encode(t: &NftTable, mode: Mode) -> Encoded {
     let table = table_obj();
     let mut batch = Batch::new();
-    let mut labels: Vec<String> = Vec::new();
-    let mut label = |s: String| labels.push(s);
-    // Sequence numbers: begin message (if acked), then one per message.
+    let mut labels: Vec<Label> = Vec::new();
     match mode {
         Mode::Create => {
             batch.add(&CreateTable, MsgType::Add);
-            label(format!("create table inet {TABLE}"));
+            labels.push(Label::CreateTable);
         }
         Mode::Replace => {
             batch.add(&table, MsgType::Add);
-            label(format!("add table inet {TABLE}"));
             batch.add(&table, MsgType::Del);
-            label(format!("delete table inet {TABLE}"));
             batch.add(&table, MsgType::Add);
-            label(format!("add table inet {TABLE}"));
+            labels.extend([Label::AddTable, Label::DeleteTable, Label::AddTable]);
         }
     }
 
-    for set in &t.sets {
+    for (si, set) in t.sets.iter().enumerate() {
         batch.add(&SetMsg { set, elems: None }, MsgType::Add);
-        label(format!("add set {}", set.name));
-        for (i, chunk) in set.elements.chunks(ELEMS_PER_MSG).enumerate() {
+        labels.push(Label::AddSet(si));
+        for (chunk, elems) in set.elements.chunks(ELEMS_PER_MSG).enumerate() {
             batch.add(
                 &SetMsg {
                     set,
-                    elems: Some(chunk),
+                    elems: Some(elems),
                 },
                 MsgType::Add,
             );
-            label(format!(
-                "add elements to set {} (chunk {})",
-                set.name,
-                i + 1
-            ));
+            labels.push(Label::AddElements { set: si, chunk });
         }
     }
-    let mut chains = Vec::new();
+    let mut chains = Vec::with_capacity(t.chains.len());
     for c in &t.chains {
         let mut chain = Chain::new(CString::new(c.name.as_str()).expect("no NUL"), &table);
         if let Some(base) = c.base {
@@ -90,43 +141,57 @@ pub fn apply_batch(sock: &Socket, t: &NftTable, mode: Mode) -> Result<()> {
         }
         chains.push(chain);
     }
-    for (c, chain) in t.chains.iter().zip(&chains) {
+    for (ci, chain) in chains.iter().enumerate() {
         batch.add(chain, MsgType::Add);
-        label(format!("add chain {}", c.name));
+        labels.push(Label::AddChain(ci));
     }
-    for (c, chain) in t.chains.iter().zip(&chains) {
-        for (i, exprs) in c.rules.iter().enumerate() {
+    for (ci, (c, chain)) in t.chains.iter().zip(&chains).enumerate() {
+        for (ri, exprs) in c.rules.iter().enumerate() {
             let mut rule = Rule::new(chain);
             for e in exprs {
                 rule.add_expr(e);
             }
             batch.add(&rule, MsgType::Add);
-            label(format!("rule {} of chain {}: {:?}", i + 1, c.name, exprs));
+            labels.push(Label::AddRule {
+                chain: ci,
+                rule: ri,
+            });
         }
     }
-    send(sock, batch, labels)
+    Encoded {
+        batch: batch.finalize(),
+        labels,
+    }
+}
+
+/// Program a lowered table in one batch.
+pub fn apply_batch(sock: &Socket, t: &NftTable, mode: Mode) -> Result<()> {
+    send(sock, &encode(t, mode), t)
 }
 
 /// Delete our table in one batch.
 pub fn delete_batch(sock: &Socket) -> Result<()> {
-    let table = table_obj();
     let mut batch = Batch::new();
-    batch.add(&table, MsgType::Del);
-    send(sock, batch, vec![format!("delete table inet {TABLE}")])
+    batch.add(&table_obj(), MsgType::Del);
+    let encoded = Encoded {
+        batch: batch.finalize(),
+        labels: vec![Label::DeleteTable],
+    };
+    send(sock, &encoded, &NftTable::default())
 }
 
-fn send(sock: &Socket, batch: Batch, labels: Vec<String>) -> Result<()> {
-    let batch = batch.finalize();
-    let seqs = batch.sequence_numbers();
+fn send(sock: &Socket, encoded: &Encoded, t: &NftTable) -> Result<()> {
+    let seqs = encoded.batch.sequence_numbers();
     // The begin and end messages take a sequence number each when the kernel acks them.
     let total = (seqs.end - seqs.start) as usize;
-    let first = seqs.start + (total.saturating_sub(labels.len()) / 2) as u32;
-    let describe = move |seq: u32| -> String {
+    let first = seqs.start + (total.saturating_sub(encoded.labels.len()) / 2) as u32;
+    let describe = |seq: u32| -> String {
         seq.checked_sub(first)
-            .and_then(|i| labels.get(i as usize).cloned())
+            .and_then(|i| encoded.labels.get(i as usize))
+            .map(|l| l.describe(t))
             .unwrap_or_else(|| format!("the batch (message {seq})"))
     };
-    sock.send_batch(&batch, &describe)
+    sock.send_batch(&encoded.batch, &describe)
 }
 
 /// A set definition (`elems: None`) or a chunk of its elements.
@@ -147,37 +212,17 @@ impl SetMsg<'_> {
             sys::nftnl_set_set_str(p, sys::NFTNL_SET_TABLE as u16, table.as_ptr());
             sys::nftnl_set_set_str(p, sys::NFTNL_SET_NAME as u16, name.as_ptr());
             sys::nftnl_set_set_u32(p, sys::NFTNL_SET_ID as u16, self.set.id);
-            match self.elems {
-                None => {
-                    let flags = if self.set.interval {
-                        libc::NFT_SET_INTERVAL as u32
-                    } else {
-                        0
-                    };
-                    sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FLAGS as u16, flags);
-                    sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_TYPE as u16, self.set.key_type);
-                    sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_LEN as u16, self.set.key_len);
-                }
-                Some(elems) => {
-                    for el in elems {
-                        let e = NonNull::new(sys::nftnl_set_elem_alloc())
-                            .unwrap_or_else(|| std::process::abort());
-                        sys::nftnl_set_elem_set(
-                            e.as_ptr(),
-                            sys::NFTNL_SET_ELEM_KEY as u16,
-                            el.key.as_ptr() as *const c_void,
-                            el.key.len() as u32,
-                        );
-                        if el.interval_end {
-                            sys::nftnl_set_elem_set_u32(
-                                e.as_ptr(),
-                                sys::NFTNL_SET_ELEM_FLAGS as u16,
-                                libc::NFT_SET_ELEM_INTERVAL_END as u32,
-                            );
-                        }
-                        sys::nftnl_set_elem_add(p, e.as_ptr());
-                    }
-                }
+            // A definition carries the set's type; a chunk of elements is appended after
+            // the set's attributes (see `write`).
+            if self.elems.is_none() {
+                let flags = if self.set.interval {
+                    libc::NFT_SET_INTERVAL as u32
+                } else {
+                    0
+                };
+                sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FLAGS as u16, flags);
+                sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_TYPE as u16, self.set.key_type);
+                sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_LEN as u16, self.set.key_len);
             }
         }
         s
@@ -229,7 +274,19 @@ unsafe impl NlMsg for SetMsg<'_> {
             );
             match self.elems {
                 None => sys::nftnl_set_nlmsg_build_payload(hdr, s.as_ptr()),
-                Some(_) => sys::nftnl_set_elems_nlmsg_build_payload(hdr, s.as_ptr()),
+                Some(elems) => {
+                    // Table, set name and id from libnftnl (no elements: no list attribute),
+                    // then the element list ourselves, within the message's maximum size
+                    // (ELEMS_PER_MSG keeps a chunk far below it).
+                    sys::nftnl_set_elems_nlmsg_build_payload(hdr, s.as_ptr());
+                    let list = Elements(elems);
+                    let n = list.buffer_len();
+                    let len = (*hdr).nlmsg_len as usize;
+                    assert!(len + n <= nftnl::nft_nlmsg_maxsize() as usize);
+                    let tail = std::slice::from_raw_parts_mut((hdr as *mut u8).add(len), n);
+                    list.emit(tail);
+                    (*hdr).nlmsg_len += n as u32;
+                }
             }
             sys::nftnl_set_free(s.as_ptr());
         }
