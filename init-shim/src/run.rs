@@ -187,7 +187,11 @@ fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
             describe_leftovers(&istio_chains)
         )));
     }
-    let diff = nft::diff(rs)?;
+    // A pod's first run finds no table: skip building the expected state to compare with.
+    let diff = match nft::read_back()? {
+        None => vec![Difference::TableMissing],
+        Some(actual) => nft::compare(rs, Some(&actual)),
+    };
     let ours_present = !diff.contains(&Difference::TableMissing);
     if ours_present && diff.is_empty() && !s.force_apply && !istio_present {
         info("the rules are already in place; nothing to apply (--force-apply reapplies)");
