@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages the build and the kernel tests need (Debian/Ubuntu, as root).
-# libnftnl/libmnl: linked by the netlink backend. nftables/iptables/iproute2: used only by tests
+# libnftnl/libmnl: linked by the netlink backend. nftables/iptables/iproute2/time: used only by tests
 # and comparisons (loading Istio's rules, checking our renderings), never by our binaries.
 set -euo pipefail
-pkgs=(libnftnl-dev libmnl-dev pkg-config nftables iptables iproute2 python3)
+pkgs=(libnftnl-dev libmnl-dev pkg-config nftables iptables iproute2 python3 time)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,0 +1,29 @@
+//! config → plan → netlink messages, no kernel: what a pod's apply computes before it talks
+//! to the kernel.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use redirect_benches::configs;
+use redirect_core::{nft, plan};
+use std::hint::black_box;
+
+fn pipeline(c: &mut Criterion) {
+    for (name, cfg) in configs() {
+        let rs = plan(&cfg).expect("plan");
+        let encoded = nft::encode(&rs);
+        let mut g = c.benchmark_group(name);
+        g.throughput(Throughput::Elements(encoded.messages() as u64));
+        g.bench_function("plan", |b| b.iter(|| plan(black_box(&cfg)).unwrap()));
+        g.bench_function("encode", |b| b.iter(|| nft::encode(black_box(&rs))));
+        g.bench_function("config-to-batch", |b| {
+            b.iter_batched(
+                || cfg.clone(),
+                |cfg| nft::encode(&plan(&cfg).unwrap()).bytes().len(),
+                BatchSize::SmallInput,
+            )
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, pipeline);
+criterion_main!(benches);

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Whole-process time to program a pod's capture in a fresh network namespace, side by side:
+# our programs (release builds) against Istio's rules for the same configuration loaded the way
+# Istio loads them (iptables-restore per family, or `nft -f` for Istio's native nftables backend).
+#
+# Scenarios (Istio's rules come from ../shared/testdata/istio via target/release/bench-data):
+#   default     Istio's sidecar default, IPv4 pod:
+#                 redirect-init -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x '' -b '*' -d 15090,15021,15020 -o 15020
+#               vs iptables-restore (what Istio runs for an IPv4 pod), iptables-restore +
+#               ip6tables-restore (a dual-stack pod), nft -f of Istio's nftables rules, and the
+#               commands istio-iptables itself runs (save v4+v6, restore, save v4+v6; its own Go
+#               start-up not counted).
+#   dual-stack  Istio's dns-uid-gid case (DNS, 2 UIDs, 2 GIDs, IPv4 + IPv6): both restores.
+#   exclude-10k the default with 10,000 excluded CIDRs (-x): ours (one interval set) vs Istio's
+#               10,000 RETURN rules (iptables-restore, nft -f) and vs nft -f of our own table.
+#   cni         redirect-cni ADD (chained, annotations from runtimeConfig, no API call), run from
+#               the host namespace as a runtime does, for the default and the 10k case.
+#
+# Each run gets its own namespace (veth with a pod address, lo up); the time is taken around the
+# command alone with bash's $EPOCHREALTIME (no extra fork): exec, start-up, kernel work, exit.
+# The tools are interleaved within each round so machine drift hits all alike.
+# A footprint section follows: binary sizes and peak RSS (/usr/bin/time).
+#
+# Usage (root): bash benches/compare.sh [RUNS]   (default 30; the 10k scenarios run RUNS/3, min 5)
+set -euo pipefail
+
+RUNS=${1:-${RUNS:-30}}
+RUNS_10K=$(( RUNS / 3 > 5 ? RUNS / 3 : 5 ))
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SHARED=${SHARED:-$ROOT/../shared}
+REL=$ROOT/target/release
+bash "$ROOT/scripts/install-deps.sh"
+for b in redirect-init redirect-cni redirect-validate bench-data; do
+  if [ ! -x "$REL/$b" ]; then
+    (cd "$ROOT" && cargo build --release -q -p init-shim -p cni-shim -p validator -p redirect-benches)
+    break
+  fi
+done
+CNI_BASIC=$SHARED/testdata/istio/cni/basic.restore
+DNS4=$SHARED/testdata/istio/iptables/dns-uid-gid.restore
+DNS6=$SHARED/testdata/istio/iptables/dns-uid-gid.restore6
+for f in "$CNI_BASIC" "$DNS4" "$DNS6"; do
+  [ -r "$f" ] || { echo "missing $f (set SHARED=path/to/shared)" >&2; exit 1; }
+done
+
+NS_PREFIX="rdcmp$$"
+DATA=$(mktemp -d /tmp/rdcmp.XXXXXX)
+cleanup() {
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "/etc/netns/$ns"
+  done
+  rm -rf "$DATA"
+}
+trap cleanup EXIT
+
+"$REL/bench-data" "$DATA" "$CNI_BASIC" 10000
+EXCLUDE=$(cat "$DATA/exclude.list")
+
+# CNI ADD input: a chained plugin's config with the pod's annotations from the runtime and the
+# previous plugin's result (the pod's address).
+STATUS='{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}'
+cni_conf() { # $1: extra annotations as JSON members (may be empty)
+  local extra=${1:+,$1}
+  printf '{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"redirect-cni","proxy_uid":1337,"proxy_gid":1337,'
+  printf '"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"sidecar.istio.io/status":%s%s}},' \
+    "$(printf '%s' "$STATUS" | sed 's/"/\\"/g; s/^/"/; s/$/"/')" "$extra"
+  printf '"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"v0","sandbox":"x"}],'
+  printf '"ips":[{"address":"10.99.0.2/24","interface":0}],"dns":{}}}\n'
+}
+cni_conf "" > "$DATA/cni-default.json"
+cni_conf "\"traffic.sidecar.istio.io/excludeOutboundIPRanges\":\"$EXCLUDE\"" > "$DATA/cni-exclude.json"
+
+# fresh_ns NAME: a namespace with lo up and a veth carrying 10.99.0.2/24 and fd99::2/64.
+fresh_ns() {
+  ip netns add "$1"
+  ip -n "$1" link set lo up
+  ip -n "$1" link add v0 type veth peer name v1
+  ip -n "$1" addr add 10.99.0.2/24 dev v0
+  ip -n "$1" addr add fd99::2/64 dev v0 nodad
+  ip -n "$1" link set v0 up
+  mkdir -p "/etc/netns/$1"
+  printf 'nameserver 127.0.0.53\nnameserver ::127.0.0.53\n' > "/etc/netns/$1/resolv.conf"
+}
+
+# timed_in NAME SCRIPT: run SCRIPT with bash inside namespace NAME; print its duration in µs.
+timed_in() {
+  ip netns exec "$1" bash -c '
+    t0=$EPOCHREALTIME
+    eval "$0" >/dev/null 2>/tmp/rdcmp.err || { cat /tmp/rdcmp.err >&2; exit 1; }
+    t1=$EPOCHREALTIME
+    echo $(( ${t1/./} - ${t0/./} ))' "$2"
+}
+
+# timed_cni NAME CONF: one redirect-cni ADD from the host namespace into NAME; µs.
+timed_cni() {
+  NETNS=/run/netns/$1 CONF=$2 BIN=$REL/redirect-cni bash -c '
+    export CNI_COMMAND=ADD CNI_CONTAINERID=bench CNI_NETNS=$NETNS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin
+    export CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
+    t0=$EPOCHREALTIME
+    "$BIN" <"$CONF" >/tmp/rdcmp.out 2>/tmp/rdcmp.err || { cat /tmp/rdcmp.out /tmp/rdcmp.err >&2; exit 1; }
+    t1=$EPOCHREALTIME
+    echo $(( ${t1/./} - ${t0/./} ))'
+}
+
+INIT_DEFAULT="$REL/redirect-init -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x '' -b '*' -d 15090,15021,15020 -o 15020"
+declare -A CMDS
+CMDS[default/redirect-init]=$INIT_DEFAULT
+CMDS[default/iptables-nft-restore]="iptables-nft-restore --noflush $DATA/istio-default.restore"
+CMDS[default/iptables-nft-restore+ip6tables-nft-restore]="iptables-nft-restore --noflush $DATA/istio-default.restore && ip6tables-nft-restore --noflush $DATA/istio-default.restore6"
+CMDS[default/iptables-legacy-restore]="iptables-legacy-restore --noflush $DATA/istio-default.restore"
+CMDS[default/iptables-legacy-restore+ip6tables-legacy-restore]="iptables-legacy-restore --noflush $DATA/istio-default.restore && ip6tables-legacy-restore --noflush $DATA/istio-default.restore6"
+CMDS[default/nft-f-istio-rules]="nft -f $DATA/istio-default.nft"
+CMDS[default/istio-iptables-commands]="iptables-nft-save; ip6tables-nft-save; iptables-nft-restore --noflush $DATA/istio-default.restore && iptables-nft-save && ip6tables-nft-save"
+CMDS[default/redirect-cni-ADD]="cni:$DATA/cni-default.json"
+CMDS[dual-stack/redirect-init]="$REL/redirect-init -p 15001 -z 15006 -u 3,4 -g 1,2 --redirect-dns --dual-stack"
+CMDS[dual-stack/iptables-nft-restore+ip6tables-nft-restore]="iptables-nft-restore --noflush $DNS4 && ip6tables-nft-restore --noflush $DNS6"
+CMDS[dual-stack/iptables-legacy-restore+ip6tables-legacy-restore]="iptables-legacy-restore --noflush $DNS4 && ip6tables-legacy-restore --noflush $DNS6"
+# The list goes in as one argument (125 KB; the kernel's limit per argument is 128 KiB).
+CMDS[exclude-10k/redirect-init]="$REL/redirect-init -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x $EXCLUDE -b '*' -d 15090,15021,15020 -o 15020"
+CMDS[exclude-10k/iptables-nft-restore]="iptables-nft-restore --noflush $DATA/istio-exclude.restore"
+CMDS[exclude-10k/iptables-legacy-restore]="iptables-legacy-restore --noflush $DATA/istio-exclude.restore"
+CMDS[exclude-10k/nft-f-istio-rules]="nft -f $DATA/istio-exclude.nft"
+CMDS[exclude-10k/nft-f-our-set]="nft -f $DATA/ours-exclude.nft"
+CMDS[exclude-10k/redirect-cni-ADD]="cni:$DATA/cni-exclude.json"
+ORDER=(default/redirect-init default/iptables-nft-restore
+       default/iptables-nft-restore+ip6tables-nft-restore default/iptables-legacy-restore
+       default/iptables-legacy-restore+ip6tables-legacy-restore default/nft-f-istio-rules
+       default/istio-iptables-commands default/redirect-cni-ADD
+       dual-stack/redirect-init dual-stack/iptables-nft-restore+ip6tables-nft-restore
+       dual-stack/iptables-legacy-restore+ip6tables-legacy-restore
+       exclude-10k/redirect-init exclude-10k/iptables-nft-restore exclude-10k/iptables-legacy-restore
+       exclude-10k/nft-f-istio-rules exclude-10k/nft-f-our-set exclude-10k/redirect-cni-ADD)
+
+median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.0f", m}'; }
+
+declare -A RESULTS
+n=0
+for ((i = 0; i < RUNS; i++)); do
+  for key in "${ORDER[@]}"; do
+    [[ $key == exclude-10k/* ]] && (( i >= RUNS_10K )) && continue
+    ns="$NS_PREFIX-$n"; n=$((n + 1))
+    fresh_ns "$ns"
+    cmd=${CMDS[$key]}
+    if [[ $cmd == cni:* ]]; then
+      us=$(timed_cni "$ns" "${cmd#cni:}")
+    else
+      us=$(timed_in "$ns" "$cmd")
+    fi
+    RESULTS[$key]+="$us "
+    ip netns del "$ns"; rm -rf "/etc/netns/$ns"
+  done
+done
+
+# A fork+exec of /bin/true timed the same way: the floor every whole-process number includes.
+fresh_ns "$NS_PREFIX-floor"
+for ((i = 0; i < RUNS; i++)); do RESULTS[floor]+="$(timed_in "$NS_PREFIX-floor" /bin/true) "; done
+
+med() { tr ' ' '\n' <<<"${RESULTS[$1]}" | grep . | median; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1fx", a/b}'; }
+echo "machine: $(nproc) cores, $(uname -r), runs: $RUNS ($RUNS_10K for exclude-10k), fresh namespace each"
+floor=$(med floor)
+echo "fork+exec of /bin/true (the floor of every number below): $floor µs"
+printf '%-62s %10s %9s %14s\n' "command" "median µs" "vs ours" "minus floor"
+for scen in default dual-stack exclude-10k; do
+  ours=$(med "$scen/redirect-init")
+  for key in "${ORDER[@]}"; do
+    [[ $key == $scen/* ]] || continue
+    m=$(med "$key")
+    printf '%-62s %10s %9s %14s\n' "$key" "$m" "$(ratio "$m" "$ours")" \
+      "$(ratio $(( m - floor )) $(( ours - floor )))"
+  done
+done
+echo "(vs ours: the command's median over redirect-init's in the same scenario; minus floor: the"
+echo " same ratio after taking the /bin/true floor off both, i.e. the work beyond starting a process)"
+
+echo
+echo "footprint (release, stripped):"
+for b in redirect-init redirect-cni redirect-validate; do
+  printf '  %-18s %6.2f MB\n' "$b" "$(awk -v s="$(stat -c %s "$REL/$b")" 'BEGIN{print s/1e6}')"
+done
+rss_in() { ip netns exec "$1" /usr/bin/time -f %M bash -c "$2 >/dev/null 2>&1" 2>&1 | tail -1; }
+fresh_ns "$NS_PREFIX-rss1"
+echo "  peak RSS, redirect-init apply (default):     $(rss_in "$NS_PREFIX-rss1" "exec $INIT_DEFAULT") KB"
+fresh_ns "$NS_PREFIX-rss2"
+echo "  peak RSS, redirect-init apply (10k CIDRs):   $(rss_in "$NS_PREFIX-rss2" "exec ${CMDS[exclude-10k/redirect-init]}") KB"
+for case in default exclude; do
+  fresh_ns "$NS_PREFIX-rss-$case"
+  kb=$(CNI_COMMAND=ADD CNI_CONTAINERID=bench CNI_NETNS=/run/netns/$NS_PREFIX-rss-$case CNI_IFNAME=v0 \
+       CNI_PATH=/opt/cni/bin CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0" \
+       /usr/bin/time -f %M "$REL/redirect-cni" <"$DATA/cni-$case.json" 2>&1 >/dev/null | tail -1)
+  printf '  %-44s %s KB\n' "peak RSS, redirect-cni ADD ($case):" "$kb"
+done
+fresh_ns "$NS_PREFIX-rss3"
+echo "  peak RSS, iptables-nft-restore (default):    $(rss_in "$NS_PREFIX-rss3" "exec iptables-nft-restore --noflush $DATA/istio-default.restore") KB"
+fresh_ns "$NS_PREFIX-rss4"
+echo "  peak RSS, nft -f Istio rules (10k CIDRs):    $(rss_in "$NS_PREFIX-rss4" "exec nft -f $DATA/istio-exclude.nft") KB"
