@@ -9,9 +9,18 @@ pub mod log;
 pub mod plugin;
 
 /// The plugin's process: stdout gets the result or the CNI error object; returns the exit code.
-pub fn plugin_main(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> i32 {
+/// `env_error`: a CNI variable that is not UTF-8 (`redirect_core::environ::check_utf8`).
+pub fn plugin_main(
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &[u8],
+    env_error: Option<String>,
+) -> i32 {
     use std::io::Write;
-    let inv = plugin::Invocation { env, stdin };
+    let inv = plugin::Invocation {
+        env,
+        stdin,
+        env_error,
+    };
     let (out, code) = match plugin::run(&inv) {
         Ok(out) => (out, 0),
         Err((e, version)) => {

@@ -12,5 +12,7 @@ fn main() {
     let mut stdin = Vec::new();
     // VERSION may come with no stdin at all; an unreadable stdin is an empty config.
     let _ = std::io::stdin().read_to_end(&mut stdin);
-    std::process::exit(cni_shim::plugin_main(&env, &stdin));
+    let env_error =
+        redirect_core::environ::check_utf8(cni_shim::plugin::ENV_NAMES.iter().copied()).err();
+    std::process::exit(cni_shim::plugin_main(&env, &stdin, env_error));
 }

@@ -23,10 +23,23 @@ use crate::log::Log;
 /// DaemonSet's namespace: fetching them would wait for the plugin's own kubeconfig.
 const OWN_POD_PREFIXES: &[&str] = &["redirect-cni-node-", "istio-cni-node-"];
 
+/// The variables the runtime passes (CNI spec), checked for UTF-8 before anything runs.
+pub const ENV_NAMES: &[&str] = &[
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+    "CNI_PATH",
+];
+
 /// The process's inputs.
 pub struct Invocation<'a> {
     pub env: &'a dyn Fn(&str) -> Option<String>,
     pub stdin: &'a [u8],
+    /// Set when one of `ENV_NAMES` is not UTF-8: read as unset, it would drop the pod's
+    /// capture silently.
+    pub env_error: Option<String>,
 }
 
 /// Runs one command: `Ok(stdout)` or a CNI error (printed as JSON, exit 1).
@@ -42,6 +55,13 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     }
     let v = conf.cni_version.clone();
     let with_version = |e: CniError| (e, v.clone());
+    if let Some(msg) = &inv.env_error {
+        return Err(with_version(CniError::new(
+            code::INVALID_ENV,
+            msg.clone(),
+            "the runtime must pass the CNI variables as UTF-8",
+        )));
+    }
     match command.as_str() {
         "ADD" => add(inv, &conf, &log).map_err(with_version),
         "DEL" => del(inv, &conf, &log).map(|_| String::new()).map_err(with_version),
@@ -193,13 +213,21 @@ fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<PathBuf, CniError> {
         ));
     }
     let path = PathBuf::from(&netns);
-    let target = redirect_core::netns::netns_id_of(&path).map_err(|e| {
+    let missing = |e: std::io::Error| {
         CniError::new(
             code::UNKNOWN_CONTAINER,
             format!("CNI_NETNS {netns}: {e}"),
             "the pod's network namespace does not exist (any more)",
         )
-    })?;
+    };
+    let target = redirect_core::netns::netns_id_of(&path).map_err(missing)?;
+    if !redirect_core::netns::is_namespace_file(&path).map_err(missing)? {
+        return Err(CniError::new(
+            code::UNKNOWN_CONTAINER,
+            format!("CNI_NETNS {netns} is not a network namespace (a regular file or a directory)"),
+            "the runtime must pass the pod's namespace file (/proc/PID/ns/net or /run/netns/NAME)",
+        ));
+    }
     if !conf.allow_host_netns {
         let own = redirect_core::netns::current_netns_id().map_err(|e| {
             CniError::new(

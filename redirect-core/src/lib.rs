@@ -7,6 +7,7 @@
 pub mod capture;
 pub mod config;
 pub mod derived;
+pub mod environ;
 pub mod error;
 pub mod eval;
 #[cfg(feature = "cli")]

@@ -85,3 +85,10 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
         "(a panic payload that is not a string)"
     }
 }
+
+/// Whether `path` is a namespace file (nsfs: `/proc/PID/ns/net` or a bind mount of it under
+/// `/run/netns`), not a regular file or a directory that merely exists.
+pub fn is_namespace_file(path: &Path) -> io::Result<bool> {
+    let fs = nix::sys::statfs::statfs(path).map_err(io::Error::from)?;
+    Ok(fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+}

@@ -83,6 +83,13 @@ const fn env_only(key: &'static str, default: &'static str, help: &'static str) 
     }
 }
 
+/// Every environment variable the flags read (their own and Istio's aliases).
+pub fn env_names() -> impl Iterator<Item = &'static str> {
+    FLAGS
+        .iter()
+        .flat_map(|f| f.env.into_iter().chain(f.aliases.iter().copied()))
+}
+
 /// Every setting redirect-init reads, in Istio's order, then ours.
 pub static FLAGS: &[Flag] = &[
     flag("envoy-port", Some('p'), "--envoy-port (-p)", None, "15001", "Port to which all outbound TCP traffic is redirected (Envoy's outbound listener)"),
@@ -252,12 +259,33 @@ pub fn parse(
     parse_command(command(), args, env)
 }
 
+/// A command-line argument that is not UTF-8, named with its flag (clap's own message names
+/// neither).
+fn non_utf8_argument(args: &[OsString]) -> Result<(), String> {
+    for (i, a) in args.iter().enumerate().skip(1) {
+        if a.to_str().is_some() {
+            continue;
+        }
+        let text = a.to_string_lossy();
+        let flag = match text.split_once('=') {
+            Some((flag, _)) if flag.starts_with('-') => flag.to_string(),
+            _ => args[i - 1].to_string_lossy().into_owned(),
+        };
+        return Err(format!(
+            "error: the value of {flag} is not valid UTF-8 ({text:?}); pass it as UTF-8"
+        ));
+    }
+    Ok(())
+}
+
 /// Resolve every setting of `FLAGS` with a command built by [`istio_command`].
 pub fn parse_command(
     cmd: Command,
     args: impl IntoIterator<Item = OsString>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Parsed, String> {
+    let args: Vec<OsString> = args.into_iter().collect();
+    non_utf8_argument(&args)?;
     let matches = match cmd.try_get_matches_from(args) {
         Ok(m) => m,
         Err(e) => {
