@@ -57,8 +57,11 @@ pub fn remove() -> Result<bool> {
     if state::dump(&sock)?.is_none() {
         return Ok(false);
     }
-    objects::delete_batch(&sock)?;
-    Ok(true)
+    match objects::delete_batch(&sock) {
+        // Another remover (a concurrent DEL) won the race since the dump: it is gone either way.
+        Err(crate::Error::NftRejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
+        other => other.map(|()| true),
+    }
 }
 
 /// Read our table back; `None` when it does not exist.
