@@ -173,6 +173,16 @@ fn plan_for(
 
 fn decide(pod: &PodInfo, d: &MeshDefaults) -> Result<Decision, CniError> {
     mesh::decide(pod, d).map_err(|e| {
+        // The plugin config's own lists conflicting with the proxy's IDs: a config error.
+        if let redirect_core::Error::Config { field, .. } = &e {
+            if matches!(*field, "bypass_uids" | "bypass_gids") {
+                return CniError::new(
+                    code::INVALID_CONFIG,
+                    format!("config field {e}"),
+                    "fix the plugin's config; nothing was applied",
+                );
+            }
+        }
         CniError::new(
             code::BAD_ANNOTATION,
             format!(

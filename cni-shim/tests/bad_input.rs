@@ -615,8 +615,7 @@ fn bad_annotations() {
 }
 
 #[test]
-#[ignore = "bug: config bypass_uids/bypass_gids containing the proxy_uid/proxy_gid is refused with code 101 blaming the annotation redirect.io/bypass-uids (not set) instead of code 7 naming the config field bypass_uids"]
-fn bug_config_bypass_conflict_blames_an_annotation() {
+fn config_bypass_conflict_names_the_config_field() {
     run_kind("conflicts", conflict_rows());
 }
 

@@ -276,10 +276,10 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
     } else {
         KUBEVIRT_INTERFACES
     };
-    let mut bypass_uids = d.bypass_uids.clone();
-    bypass_uids.extend(typed(ann, BYPASS_UIDS, "", parse_ids)?);
-    let mut bypass_gids = d.bypass_gids.clone();
-    bypass_gids.extend(typed(ann, BYPASS_GIDS, "", parse_ids)?);
+    let ann_bypass_uids: Vec<u32> = typed(ann, BYPASS_UIDS, "", parse_ids)?;
+    let ann_bypass_gids: Vec<u32> = typed(ann, BYPASS_GIDS, "", parse_ids)?;
+    let bypass_uids = [d.bypass_uids.as_slice(), &ann_bypass_uids].concat();
+    let bypass_gids = [d.bypass_gids.as_slice(), &ann_bypass_gids].concat();
     let config = CaptureConfig {
         proxy_uids: vec![uid],
         proxy_gids: vec![gid],
@@ -308,15 +308,21 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
             field,
             value,
             expected,
-        } if field.starts_with("bypass") => Error::Config {
-            field: if field == "bypass_uids" {
-                BYPASS_UIDS
+        } if field.starts_with("bypass") => {
+            // Blame the annotation only when it brought the conflicting ID; otherwise it came
+            // from the plugin's config (`bypass_uids`/`bypass_gids`), whose name stays.
+            let (key, from_ann) = if field == "bypass_uids" {
+                (BYPASS_UIDS, &ann_bypass_uids)
             } else {
-                BYPASS_GIDS
-            },
-            value,
-            expected,
-        },
+                (BYPASS_GIDS, &ann_bypass_gids)
+            };
+            let in_ann = value.parse::<u32>().is_ok_and(|id| from_ann.contains(&id));
+            Error::Config {
+                field: if in_ann { key } else { field },
+                value,
+                expected,
+            }
+        }
         other => other,
     })?;
     Ok((config, dual_stack, warnings))
