@@ -744,3 +744,79 @@ fn non_utf8_cni_args_rows() -> Vec<Row> {
 fn non_utf8_cni_args_is_refused_by_name() {
     run_kind("non-UTF-8 CNI_ARGS", non_utf8_cni_args_rows());
 }
+
+/// The installer's settings (`redirect-cni install` flags and env), in process: every bad value
+/// is refused with a message naming the setting and the value, before anything is written.
+#[test]
+fn bad_installer_settings() {
+    use cni_shim::install::settings::parse;
+    let rows: &[(&str, &[&str], &[(&str, &str)], &[&str])] = &[
+        (
+            "mode not octal",
+            &["--kubeconfig-mode", "abc"],
+            &[],
+            &["kubeconfig-mode", "abc"],
+        ),
+        (
+            "mode too long",
+            &["--kubeconfig-mode", "077777"],
+            &[],
+            &["kubeconfig-mode", "077777"],
+        ),
+        (
+            "mode digit 9",
+            &["--kubeconfig-mode", "0699"],
+            &[],
+            &["kubeconfig-mode", "0699"],
+        ),
+        (
+            "mode from env",
+            &[],
+            &[("KUBECONFIG_MODE", "rw-------")],
+            &["KUBECONFIG_MODE", "rw-------"],
+        ),
+        (
+            "boolean flag value",
+            &["--chained-cni-plugin=maybe"],
+            &[],
+            &["chained-cni-plugin", "maybe"],
+        ),
+        (
+            "boolean env",
+            &[],
+            &[("CNI_CONF_GROUP_READ", "yes please")],
+            &["CNI_CONF_GROUP_READ", "yes please"],
+        ),
+        (
+            "boolean env, TLS",
+            &[],
+            &[("SKIP_TLS_VERIFY", "2")],
+            &["SKIP_TLS_VERIFY", "2"],
+        ),
+        (
+            "unknown flag",
+            &["--cni-net-dri", "/x"],
+            &[],
+            &["--cni-net-dri"],
+        ),
+        (
+            "flag without value",
+            &["--cni-conf-name"],
+            &[],
+            &["--cni-conf-name"],
+        ),
+    ];
+    for (what, args, env, names) in rows {
+        let env_map: std::collections::HashMap<&str, &str> = env.iter().copied().collect();
+        let lookup = |k: &str| env_map.get(k).map(|v| v.to_string());
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let msg = match parse(args, &lookup) {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        for n in *names {
+            assert!(msg.contains(n), "{what}: {msg:?} does not name {n:?}");
+        }
+    }
+    eprintln!("installer settings: {} rows refused by name", rows.len());
+}
