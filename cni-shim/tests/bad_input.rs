@@ -750,7 +750,14 @@ fn non_utf8_cni_args_is_refused_by_name() {
 #[test]
 fn bad_installer_settings() {
     use cni_shim::install::settings::parse;
-    let rows: &[(&str, &[&str], &[(&str, &str)], &[&str])] = &[
+    // (what, args, env, what the message must name)
+    type SettingsRow<'a> = (
+        &'a str,
+        &'a [&'a str],
+        &'a [(&'a str, &'a str)],
+        &'a [&'a str],
+    );
+    let rows: &[SettingsRow] = &[
         (
             "mode not octal",
             &["--kubeconfig-mode", "abc"],
