@@ -12,12 +12,10 @@ use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
 use std::process::{Command, Stdio};
 
-use common::{BIN, STATUS_CNI};
+use common::{pod_ns, ARGS, BIN, STATUS_CNI};
 use redirect_core::testkit::binary::snapshot;
 use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::{json, Value};
-
-const ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
 
 struct Row {
     what: String,
@@ -26,12 +24,6 @@ struct Row {
     stdin: Vec<u8>,
     code: u64,
     names: Vec<String>,
-}
-
-fn pod_ns() -> TestNetns {
-    let ns = TestNetns::new();
-    ns.sh("ip link add eth0 type veth peer name peer0 && ip addr add 10.33.0.5/24 dev eth0 && ip link set eth0 up");
-    ns
 }
 
 fn mesh() -> Value {

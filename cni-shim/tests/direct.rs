@@ -5,28 +5,8 @@
 
 mod common;
 
-use common::{plugin, Out, STATUS_CNI};
+use common::{cni_env as env, plugin, pod_ns, Out, ARGS, STATUS_CNI};
 use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
-
-const ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
-
-fn env<'a>(cmd: &'a str, netns: &'a str, args: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("CNI_COMMAND", cmd),
-        ("CNI_CONTAINERID", "c0ffee"),
-        ("CNI_NETNS", netns),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", "/opt/cni/bin"),
-        ("CNI_ARGS", args),
-    ]
-}
-
-/// A pod namespace with an address (the primary network is up), as after the chain's first plugin.
-fn pod_ns() -> TestNetns {
-    let ns = TestNetns::new();
-    ns.sh("ip link add eth0 type veth peer name peer0 && ip addr add 10.33.0.5/24 dev eth0 && ip link set eth0 up");
-    ns
-}
 
 fn conf(version: &str, annotations: Option<serde_json::Value>, extra: serde_json::Value) -> String {
     let mut c = serde_json::json!({"cniVersion": version, "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337});

@@ -10,21 +10,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{plugin, Out, BIN, STATUS_CNI};
+use common::{cni_env, plugin, pod_ns, Out, ARGS, BIN, STATUS_CNI};
 use redirect_core::testkit::binary::snapshot;
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
-
-const ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
+use redirect_core::testkit::kernel_tests_enabled;
 
 fn env<'a>(cmd: &'a str, netns: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("CNI_COMMAND", cmd),
-        ("CNI_CONTAINERID", "c0ffee"),
-        ("CNI_NETNS", netns),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", "/opt/cni/bin"),
-        ("CNI_ARGS", ARGS),
-    ]
+    cni_env(cmd, netns, ARGS)
 }
 
 /// A mesh pod's conf (no prevResult, as Multus runs a standalone conf).
@@ -32,14 +23,6 @@ fn mesh_conf() -> String {
     serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337,
         "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": STATUS_CNI}}})
     .to_string()
-}
-
-fn pod_ns() -> TestNetns {
-    let ns = TestNetns::new();
-    ns.sh(
-        "ip link add eth0 type veth peer name peer0 && ip addr add 10.33.0.5/24 dev eth0 && ip link set eth0 up",
-    );
-    ns
 }
 
 fn spawn(cmd: &mut Command, env: &[(&str, &str)], stdin: &str) -> Child {

@@ -17,6 +17,29 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_redirect-cni");
 /// The status annotation the injector writes for a CNI pod.
 pub const STATUS_CNI: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}"#;
 
+/// A Kubernetes pod's CNI_ARGS, as containerd sends them.
+pub const ARGS: &str =
+    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
+
+/// The runtime's variables for `cmd` on the namespace at `netns`.
+pub fn cni_env<'a>(cmd: &'a str, netns: &'a str, args: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("CNI_COMMAND", cmd),
+        ("CNI_CONTAINERID", "c0ffee"),
+        ("CNI_NETNS", netns),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/opt/cni/bin"),
+        ("CNI_ARGS", args),
+    ]
+}
+
+/// A pod namespace with an address (the primary network is up), as after the chain's first plugin.
+pub fn pod_ns() -> TestNetns {
+    let ns = TestNetns::new();
+    ns.sh("ip link add eth0 type veth peer name peer0 && ip addr add 10.33.0.5/24 dev eth0 && ip link set eth0 up");
+    ns
+}
+
 /// Output of one plugin run.
 #[derive(Debug)]
 pub struct Out {
