@@ -23,7 +23,10 @@ pub enum Error {
     NetnsOpen { path: PathBuf, source: io::Error },
 
     /// `setns` into the namespace failed.
-    #[error("cannot enter network namespace {path}: {source}; entering a namespace needs CAP_SYS_ADMIN (run as root)")]
+    #[error(
+        "cannot enter network namespace {path}: {source}; {}",
+        enter_hint(source)
+    )]
     NetnsEnter { path: PathBuf, source: io::Error },
 
     /// The thread that ran inside the namespace panicked or could not start.
@@ -72,6 +75,16 @@ pub enum Error {
 }
 
 /// A hint for an errno returned by netlink, to put after the message.
+/// Why `setns` failed: EINVAL means the file is no namespace at all, not a missing privilege.
+fn enter_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => {
+            "the path is not a network namespace file (use /proc/PID/ns/net or /run/netns/NAME)"
+        }
+        _ => "entering a namespace needs CAP_SYS_ADMIN (run as root)",
+    }
+}
+
 pub fn errno_hint(errno: i32) -> &'static str {
     match errno {
         libc::EPERM | libc::EACCES => {

@@ -245,6 +245,11 @@ fn run_in_on_a_file_that_is_no_namespace_is_netns_enter() {
         }
         other => panic!("expected NetnsEnter, got {other:?}"),
     }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("not a network namespace file") && !msg.contains("CAP_SYS_ADMIN"),
+        "{msg}"
+    );
     assert!(!ran.load(Ordering::SeqCst), "the closure must not run");
 }
 
