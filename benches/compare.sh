@@ -29,6 +29,7 @@ RUNS_10K=$(( RUNS / 3 > 5 ? RUNS / 3 : 5 ))
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SHARED=${SHARED:-$ROOT/../shared}
 REL=$ROOT/target/release
+. "$ROOT/benches/lib.sh"
 bash "$ROOT/scripts/install-deps.sh"
 for b in redirect-init redirect-cni redirect-validate bench-data; do
   if [ ! -x "$REL/$b" ]; then
@@ -46,30 +47,13 @@ done
 NS_PREFIX="rdcmp$$"
 DATA=$(mktemp -d /tmp/rdcmp.XXXXXX)
 cleanup() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" || true); do
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "/etc/netns/$ns"
-  done
+  delete_namespaces "$NS_PREFIX"
   rm -rf "$DATA"
 }
 trap cleanup EXIT
 
 "$REL/bench-data" "$DATA" "$CNI_BASIC" 10000
 EXCLUDE=$(cat "$DATA/exclude.list")
-
-# CNI ADD input: a chained plugin's config with the pod's annotations from the runtime and the
-# previous plugin's result (the pod's address).
-STATUS='{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}'
-cni_conf() { # $1: extra annotations as JSON members (may be empty)
-  local extra=${1:+,$1}
-  printf '{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"redirect-cni","proxy_uid":1337,"proxy_gid":1337,'
-  printf '"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"sidecar.istio.io/status":%s%s}},' \
-    "$(printf '%s' "$STATUS" | sed 's/"/\\"/g; s/^/"/; s/$/"/')" "$extra"
-  printf '"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"v0","sandbox":"x"}],'
-  printf '"ips":[{"address":"10.99.0.2/24","interface":0}],"dns":{}}}\n'
-}
-cni_conf "" > "$DATA/cni-default.json"
-cni_conf "\"traffic.sidecar.istio.io/excludeOutboundIPRanges\":\"$EXCLUDE\"" > "$DATA/cni-exclude.json"
 
 # fresh_ns NAME: a namespace with lo up and a veth carrying 10.99.0.2/24 and fd99::2/64.
 fresh_ns() {
@@ -131,8 +115,6 @@ ORDER=(default/redirect-init default/iptables-nft-restore
        dual-stack/iptables-legacy-restore+ip6tables-legacy-restore
        exclude-10k/redirect-init exclude-10k/iptables-nft-restore exclude-10k/iptables-legacy-restore
        exclude-10k/nft-f-istio-rules exclude-10k/nft-f-our-set exclude-10k/redirect-cni-ADD)
-
-median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.0f", m}'; }
 
 declare -A RESULTS
 n=0

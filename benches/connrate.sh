@@ -19,6 +19,7 @@ SECS=${2:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SHARED=${SHARED:-$ROOT/../shared}
 REL=$ROOT/target/release
+. "$ROOT/benches/lib.sh"
 CNI_BASIC=$SHARED/testdata/istio/cni/basic.restore
 [ -r "$CNI_BASIC" ] || { echo "missing $CNI_BASIC (set SHARED=path/to/shared)" >&2; exit 1; }
 if [ ! -x "$REL/redirect-init" ] || [ ! -x "$REL/connrate" ] || [ ! -x "$REL/bench-data" ]; then
@@ -28,9 +29,7 @@ fi
 NS_PREFIX="rdconn$$"
 DATA=$(mktemp -d)
 cleanup() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" || true); do
-    ip netns del "$ns" 2>/dev/null || true
-  done
+  delete_namespaces "$NS_PREFIX"
   rm -rf "$DATA"
 }
 trap cleanup EXIT
@@ -62,7 +61,6 @@ declare -A CMDS=(
 )
 TOOLS=(ours iptables-nft iptables-legacy istio-nft)
 
-median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.0f", m}'; }
 field() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p"; }
 
 declare -A RATES FAILS ACCEPTED CONNS

@@ -13,27 +13,22 @@ N=${1:-${N:-200}}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SHARED=${SHARED:-$ROOT/../shared}
 REL=$ROOT/target/release
+. "$ROOT/benches/lib.sh"
 bash "$ROOT/scripts/install-deps.sh"
-[ -x "$REL/redirect-cni" ] || (cd "$ROOT" && cargo build --release -q -p cni-shim)
+[ -x "$REL/redirect-cni" ] && [ -x "$REL/bench-data" ] ||
+  (cd "$ROOT" && cargo build --release -q -p cni-shim -p redirect-benches)
 BASIC=$SHARED/testdata/istio/cni/basic.restore
 [ -r "$BASIC" ] || { echo "missing $BASIC (set SHARED=path/to/shared)" >&2; exit 1; }
 
 PREFIX="rdpar$$"
 WORK=$(mktemp -d /tmp/rdpar.XXXXXX)
 cleanup() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX" || true); do
-    ip netns del "$ns" 2>/dev/null || true
-  done
+  delete_namespaces "$PREFIX"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-STATUS='{\"initContainers\":[\"istio-validation\"],\"containers\":[\"istio-proxy\"],\"volumes\":[],\"imagePullSecrets\":null}'
-cat >"$WORK/conf.json" <<EOF
-{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"redirect-cni","proxy_uid":1337,"proxy_gid":1337,
- "runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"sidecar.istio.io/status":"$STATUS"}},
- "prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"v0","sandbox":"x"}],"ips":[{"address":"10.99.0.2/24","interface":0}],"dns":{}}}
-EOF
+"$REL/bench-data" "$WORK" "$BASIC" 10 # the ADD config: cni-default.json
 
 make_namespaces() { # $1: tag
   for ((i = 0; i < N; i++)); do
@@ -93,7 +88,7 @@ report() { # $1: tag, $2: label
 echo "machine: $(nproc) cores, $(uname -r); $N namespaces per burst"
 
 make_namespaces cni
-burst cni 'CNI_COMMAND=ADD CNI_CONTAINERID=c$NS CNI_NETNS=/run/netns/$NS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=$NS" '"$REL/redirect-cni <$WORK/conf.json"
+burst cni 'CNI_COMMAND=ADD CNI_CONTAINERID=c$NS CNI_NETNS=/run/netns/$NS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=$NS" '"$REL/redirect-cni <$WORK/cni-default.json"
 report cni "redirect-cni ADD"
 missing=0
 for ((i = 0; i < N; i++)); do

@@ -1,6 +1,6 @@
-//! Writes the inputs of `benches/compare.sh` into a directory: Istio's rules for the measured
-//! configurations (iptables-restore input, `nft -f` scripts), our own rules as an `nft -f`
-//! script, and the excluded-CIDR list as `-x` takes it.
+//! Writes the inputs of the scripts in `benches/` into a directory: Istio's rules for the
+//! measured configurations (iptables-restore input, `nft -f` scripts), our own rules as an
+//! `nft -f` script, the excluded-CIDR list as `-x` takes it, and redirect-cni ADD configs.
 //!
 //! Usage: bench-data OUT_DIR ISTIO_CNI_BASIC_RESTORE [N_CIDRS]
 
@@ -63,6 +63,32 @@ fn main() {
     );
     write(&out, "ours-exclude.nft", &ours(with_excluded(n)));
     write(&out, "exclude.list", &cidr_list(&cidrs));
+    write(&out, "cni-default.json", &cni_conf(None));
+    let exclude = (
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges",
+        cidr_list(&cidrs),
+    );
+    write(&out, "cni-exclude.json", &cni_conf(Some(exclude)));
+}
+
+/// A chained plugin's ADD config for a sidecar pod: the annotations from the runtime (no API
+/// call) and the previous plugin's result (the pod's address on v0).
+fn cni_conf(extra_annotation: Option<(&str, String)>) -> String {
+    let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}"#;
+    let mut annotations = serde_json::json!({ "sidecar.istio.io/status": status });
+    if let Some((k, v)) = extra_annotation {
+        annotations[k] = v.into();
+    }
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "redirect-cni",
+        "proxy_uid": 1337, "proxy_gid": 1337,
+        "runtimeConfig": { "io.kubernetes.cri.pod-annotations": annotations },
+        "prevResult": {
+            "cniVersion": "1.0.0", "interfaces": [{ "name": "v0", "sandbox": "x" }],
+            "ips": [{ "address": "10.99.0.2/24", "interface": 0 }], "dns": {}
+        }
+    });
+    conf.to_string() + "\n"
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
