@@ -3,16 +3,19 @@
 
 use std::ffi::OsString;
 use std::net::IpAddr;
+use std::path::Path;
 
 use redirect_core::config::{CaptureConfig, DNS_AGENT_PORT};
 use redirect_core::derived::{self, HostAddress};
 use redirect_core::eval::{self, Evaluation, Flow, Verdict};
+use redirect_core::mesh::Decision;
+use redirect_core::ruleset::Ruleset;
 use serde::Serialize;
 
-use crate::args;
+use crate::{args, pod_file};
 use crate::{EXIT_ERROR, EXIT_OK};
 
-const ABOUT: &str = "Shows where a flow goes under the capture rules that Istio's flags describe, and the rules it crosses (no privilege needed)";
+const ABOUT: &str = "Shows where a flow goes under the capture rules that Istio's flags (or a pod's annotations) describe, and the rules it crosses (no privilege needed)";
 
 #[derive(Serialize)]
 struct Explained {
@@ -27,6 +30,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         args::value("flow", "FLOW", "The flow, e.g. 'out tcp uid=1000 10.1.2.3:80' or 'in tcp 10.244.1.7:8080 src=10.0.0.9' (repeatable; keys: uid, gid, src, sport, iif, oif, mark, ct)")
             .action(clap::ArgAction::Append)
             .required(true),
+        args::value("annotations", "FILE", "Plan for this pod as redirect-cni would: `kubectl get pod -o json` output, a JSON object of annotations, or a Downward API annotations file; Istio's flags act as the plugin's defaults"),
         args::value("pod-ip", "IPS", "The pod's addresses (comma-separated); an IPv6 one turns IPv6 rules on, as Istio derives it (default: an IPv4 pod)"),
         args::value("nameservers", "IPS", "The pod's resolv.conf servers, for --redirect-dns without --capture-all-dns"),
         args::switch("all-rules", "Also list the rules tested that did not match"),
@@ -38,15 +42,15 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     };
     match run(&r) {
         Ok((out, notes)) => {
+            for n in notes {
+                eprintln!("note\t{n}");
+            }
             if r.matches.get_flag("json") {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&out).expect("serializes")
                 );
             } else {
-                for n in notes {
-                    eprintln!("note\t{n}");
-                }
                 print!("{}", text(&out, r.matches.get_flag("all-rules")));
             }
             EXIT_OK
@@ -78,6 +82,14 @@ fn run(
     };
     let mut s = args::settings(r)?;
     let mut notes = Vec::new();
+    let decision = match args::get(&r.matches, "annotations") {
+        Some(file) => Some(pod_file::decide(Path::new(file), &s)?),
+        None => None,
+    };
+    let dual_stack = match &decision {
+        Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
+        _ => s.dual_stack,
+    };
     let host = if pod_ips.is_empty() {
         if flows.iter().any(|f| f.dst.is_ipv6()) {
             notes.push("no --pod-ip: planned for an IPv4 pod, which has no IPv6 rules; give the pod's IPv6 address to plan them".into());
@@ -87,12 +99,41 @@ fn run(
             ipv6: false,
         }
     } else {
-        derived::host_address(&pod_ips, s.dual_stack).ok_or_else(|| {
+        derived::host_address(&pod_ips, dual_stack).ok_or_else(|| {
             format!("--pod-ip {pod_ips:?}: no usable address (loopback and link-local ones do not count)")
         })?
     };
-    notes.extend(args::finish(&mut s, &host, &nameservers)?);
-    let cfg = s.config;
+    let cfg = match decision {
+        Some(Decision::Capture {
+            mut config,
+            warnings,
+            ..
+        }) => {
+            notes.extend(warnings);
+            config.ipv6 = host.ipv6;
+            *config
+        }
+        Some(Decision::Skip(why)) => {
+            notes.push(format!(
+                "the pod is not captured ({why}): redirect-cni writes no rules for it, so no flow is captured"
+            ));
+            let out = flows
+                .iter()
+                .map(|f| Explained {
+                    evaluation: eval::evaluate(&Ruleset::default(), f),
+                    meaning: format!("not captured: goes to {} directly", f.dst),
+                })
+                .collect();
+            return Ok((out, notes));
+        }
+        Some(Decision::NeedSpec(why)) => {
+            unreachable!("pod_file::decide returns it as an error: {why}")
+        }
+        None => {
+            notes.extend(args::finish(&mut s, &host, &nameservers)?);
+            s.config
+        }
+    };
     let rs = redirect_core::plan(&cfg).map_err(|e| e.to_string())?;
     let out = flows
         .iter()

@@ -7,15 +7,15 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use redirect_core::derived::{self, HostAddress};
-use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::mesh::Decision;
 use redirect_core::nft::{self, decode};
 use redirect_core::routes::{self, TproxyRouting};
 use redirect_core::ruleset::{Family, Ruleset};
 use redirect_core::validation::{self, KernelView};
-use redirect_core::{netns, pod, CaptureConfig};
+use redirect_core::{netns, CaptureConfig};
 use serde::Serialize;
 
-use crate::args;
+use crate::{args, pod_file};
 use crate::{EXIT_DIFFERS, EXIT_ERROR, EXIT_OK};
 
 const ABOUT: &str = "Shows the capture rules in a pod's network namespace and, given the pod's flags or annotations, how they differ from what it should have (exit 0 equal, 2 different; needs root)";
@@ -96,57 +96,38 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
         format!("--netns {}: {e}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net", path.display())
     })?;
     let mut settings = args::settings(r)?;
-    let annotations = args::get(&r.matches, "annotations").map(PathBuf::from);
-    // The pod's address decides IPv6, as where the rules were written.
-    let mut dual_stack = settings.dual_stack;
-    let pod_info = match &annotations {
-        Some(file) => {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| format!("--annotations {}: {e}", file.display()))?;
-            Some(
-                pod::pod_from_text(&text)
-                    .map_err(|e| format!("--annotations {}: {e}", file.display()))?,
-            )
-        }
+    let decision = match args::get(&r.matches, "annotations") {
+        Some(file) => Some(pod_file::decide(Path::new(file), &settings)?),
         None => None,
     };
-    let decision = match &pod_info {
-        Some(p) => {
-            let defaults = MeshDefaults {
-                proxy_uid: settings.config.proxy_uids.first().copied(),
-                proxy_gid: settings.config.proxy_gids.first().copied(),
-                dns_capture: settings.redirect_dns,
-                dual_stack: settings.dual_stack,
-                drop_invalid: settings.config.drop_invalid,
-                ..MeshDefaults::default()
-            };
-            let d = mesh::decide(p, &defaults).map_err(|e| format!("--annotations: {e}"))?;
-            if let Decision::Capture { dual_stack: ds, .. } = &d {
-                dual_stack = *ds;
-            }
-            Some(d)
-        }
-        None => None,
+    // The pod's address decides IPv6, as where the rules were written.
+    let dual_stack = match &decision {
+        Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
+        _ => settings.dual_stack,
     };
     let host = netns::run_in(&path, move || derived::detect_host_address(dual_stack))
         .map_err(|e| e.to_string())?
         .ok();
     let expected = match decision {
-        Some(Decision::Skip(why)) => Some((
-            "the pod's annotations".to_string(),
-            Expected::Nothing(why),
-        )),
+        Some(Decision::Skip(why)) => {
+            Some(("the pod's annotations".to_string(), Expected::Nothing(why)))
+        }
         Some(Decision::NeedSpec(why)) => {
-            return Err(format!("--annotations: {why}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u"))
+            unreachable!("pod_file::decide returns it as an error: {why}")
         }
         Some(Decision::Capture { mut config, .. }) => {
-            let h = host.ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
+            let h = host
+                .ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
             config.ipv6 = h.ipv6;
             let rs = redirect_core::plan(&config).map_err(|e| e.to_string())?;
-            Some(("the pod's annotations".to_string(), Expected::Rules(config, rs)))
+            Some((
+                "the pod's annotations".to_string(),
+                Expected::Rules(config, rs),
+            ))
         }
         None if args::config_given(r) => {
-            let h = host.ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
+            let h = host
+                .ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
             let servers = nameservers(r, settings.wants_nameservers(), &path)?;
             args::finish(&mut settings, &h, &servers)?;
             let rs = redirect_core::plan(&settings.config).map_err(|e| e.to_string())?;

@@ -6,6 +6,7 @@
 mod args;
 mod explain;
 mod inspect;
+mod pod_file;
 mod probe;
 
 use std::ffi::OsString;

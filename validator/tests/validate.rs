@@ -451,6 +451,115 @@ fn explain_prints_the_verdict_and_the_path() {
     );
 }
 
+/// `explain --annotations`: the pod decided as redirect-cni decides it. An init container's
+/// bypass UID passes, the app is captured, a pod outside the mesh has nothing captured, and a
+/// bypass UID that is the proxy's is refused, naming the annotation.
+#[test]
+fn explain_plans_from_a_pods_annotations() {
+    let dir = std::env::temp_dir().join(format!("rdv-explain-ann-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, json: Value| {
+        let p = dir.join(name);
+        std::fs::write(&p, json.to_string()).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#;
+    let mesh = write(
+        "mesh.json",
+        serde_json::json!({"sidecar.istio.io/status": status, "redirect.io/bypass-uids": "1337",
+                           "traffic.sidecar.istio.io/excludeOutboundPorts": "5432"}),
+    );
+    let outside = write("outside.json", serde_json::json!({"app": "x"}));
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .arg("explain")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let flows = [
+        "--flow",
+        "out udp uid=1337 10.96.0.10:53",
+        "--flow",
+        "out tcp uid=1000 10.96.0.10:80",
+        "--flow",
+        "out tcp uid=1000 10.96.0.11:5432",
+        "--json",
+    ];
+    let (code, stdout, stderr) =
+        run(&[&["--annotations", &mesh, "-u", "1000650001"][..], &flows].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v[0]["verdict"]["kind"], "pass", "the bypass UID: {stdout}");
+    assert_eq!(v[1]["verdict"]["kind"], "redirect", "{stdout}");
+    assert_eq!(v[1]["verdict"]["port"], 15001, "{stdout}");
+    assert_eq!(
+        v[2]["verdict"]["kind"], "pass",
+        "the annotation's port: {stdout}"
+    );
+    // The init container's TCP: passed with the bypass, captured by Istio's flags alone.
+    let (code, stdout, _) = run(&[
+        "--annotations",
+        &mesh,
+        "-u",
+        "1000650001",
+        "--flow",
+        "out tcp uid=1337 10.96.0.10:443",
+    ]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("verdict: passed (not captured)"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = run(&[
+        "-u",
+        "1000650001",
+        "-i",
+        "*",
+        "--flow",
+        "out tcp uid=1337 10.96.0.10:443",
+    ]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("redirected to port 15001"),
+        "without the bypass: {stdout}"
+    );
+
+    let (code, stdout, stderr) = run(&[&["--annotations", &outside][..], &flows].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("the pod is not captured"), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["verdict"]["kind"] == "pass"),
+        "{stdout}"
+    );
+
+    let (code, _, stderr) = run(&[&["--annotations", &mesh, "-u", "1337"][..], &flows].concat());
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("redirect.io/bypass-uids") && stderr.contains("1337"),
+        "{stderr}"
+    );
+    let missing = dir.join("missing.json");
+    let (code, _, stderr) = run(&[
+        "--annotations",
+        missing.to_str().unwrap(),
+        "--flow",
+        "out tcp 10.0.0.1:80",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("missing.json"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Run as root the probe reads the rules, and tells stale rules of ours from Istio's.
 #[test]
 fn probe_tells_stale_rules_from_istio_rules() {

@@ -1,0 +1,32 @@
+//! `--annotations FILE` (inspect, explain): the pod decided as redirect-cni decides it (the same
+//! redirect-core code), Istio's flags standing in for the plugin's config defaults.
+
+use std::path::Path;
+
+use redirect_core::istio_cli::settings::Settings;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::pod;
+
+/// The file's pod (`kubectl get pod -o json`, a JSON object of annotations, or a Downward API
+/// annotations file), decided. An error names the file or the annotation.
+pub fn decide(file: &Path, settings: &Settings) -> Result<Decision, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("--annotations {}: {e}", file.display()))?;
+    let pod =
+        pod::pod_from_text(&text).map_err(|e| format!("--annotations {}: {e}", file.display()))?;
+    let defaults = MeshDefaults {
+        proxy_uid: settings.config.proxy_uids.first().copied(),
+        proxy_gid: settings.config.proxy_gids.first().copied(),
+        dns_capture: settings.redirect_dns,
+        dual_stack: settings.dual_stack,
+        drop_invalid: settings.config.drop_invalid,
+        ..MeshDefaults::default()
+    };
+    let decision = mesh::decide(&pod, &defaults).map_err(|e| format!("--annotations: {e}"))?;
+    if let Decision::NeedSpec(why) = &decision {
+        return Err(format!(
+            "--annotations: {why}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u"
+        ));
+    }
+    Ok(decision)
+}
