@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: pure ones and kernel ones (fresh network namespaces, real sockets; root).
+# Runs every test: pure ones and kernel ones (fresh network namespaces, real sockets; root),
+# then the demo, which fails when capture does not work end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo test --workspace --all-targets
+target=${CARGO_TARGET_DIR:-target}
+REDIRECT_BIN_DIR="$target/debug" CNITOOL=.tools/cnitool "$target/debug/examples/demo"

@@ -308,10 +308,11 @@ fn text(f: &Found) -> String {
         Some(chains) => {
             let rules: usize = chains.iter().map(|c| c.rules.len()).sum();
             s += &format!(
-                "table inet {}: {} chains, {rules} rules, {} sets\n",
+                "table inet {}: {}, {}, {}\n",
                 nft::TABLE,
-                chains.len(),
-                f.sets.len()
+                counted(chains.len(), "chain"),
+                counted(rules, "rule"),
+                counted(f.sets.len(), "set")
             );
             for set in &f.sets {
                 s += &format!("  set {} {{ {} }}\n", set.name, set.elements.join(", "));
@@ -364,4 +365,13 @@ fn text(f: &Found) -> String {
             "expected: not given (pass the pod's Istio flags or --annotations FILE to compare)\n",
     }
     s
+}
+
+/// "1 set", "3 sets".
+fn counted(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }

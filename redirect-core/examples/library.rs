@@ -1,6 +1,8 @@
-//! Demo: Istio's default sidecar capture (`-p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -b '*'
-//! -d 15090,15021,15020`) programmed over netlink into a throwaway network namespace, read back,
-//! exercised with real connections, and removed. Run as root: `bash scripts/demo.sh`.
+//! redirect-core as a library: Istio's default sidecar capture (`-p 15001 -z 15006 -u 1337 -m
+//! REDIRECT -i '*' -b '*' -d 15090,15021,15020`) planned, programmed over netlink into a
+//! throwaway network namespace, read back, exercised with real connections, and removed. Run as
+//! root: `cargo run -p redirect-core --example library`. (The project's demo is
+//! `bash scripts/demo.sh`.)
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -13,7 +15,7 @@ use redirect_core::{netns, nft, plan, CaptureConfig};
 
 fn main() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("demo: needs root (it creates a network namespace and programs nftables in it)");
+        eprintln!("library example: needs root (it creates a network namespace and programs nftables in it)");
         std::process::exit(1);
     }
     let cfg = CaptureConfig::istio_sidecar_default();
