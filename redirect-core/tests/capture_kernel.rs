@@ -152,3 +152,77 @@ fn tproxy_mode_captures_as_istio_says() {
         check(InterceptionMode::Tproxy);
     }
 }
+
+/// An init container's IDs, for the bypass test.
+const INIT: From = From::Pod {
+    uid: 4000,
+    gid: 4000,
+};
+const INIT_GID_ONLY: From = From::Pod {
+    uid: 4100,
+    gid: 4200,
+};
+
+/// The init-container story (docs/init-containers.md): with DNS capture on, an init container
+/// running as a bypass UID (or GID) reaches DNS and services directly, both families, and the
+/// DNS answers come back through the conntrack zones the DNS rules set; the application's
+/// traffic and inbound traffic are still captured.
+#[test]
+fn bypass_ids_reach_dns_and_services_directly_while_the_app_is_captured() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let cfg = CaptureConfig {
+        bypass_uids: vec![4000],
+        bypass_gids: vec![4200],
+        ..config(InterceptionMode::Redirect)
+    };
+    let topo = Topology::basic();
+    redirect_core::capture::apply_in(topo.pod.path(), &cfg, &SystemGroups).unwrap();
+    let cases: Vec<(Probe, Outcome)> = vec![
+        (
+            Probe::udp(INIT, sa("10.77.0.1:53")),
+            landed(Side::Peer, 53, None),
+        ),
+        (
+            Probe::udp(INIT, sa("[fd77::1]:53")),
+            landed(Side::Peer, 53, None),
+        ),
+        (
+            Probe::tcp(INIT, sa("10.77.0.1:53")),
+            landed(Side::Peer, 53, None),
+        ),
+        (
+            Probe::tcp(INIT, sa("10.77.0.1:80")),
+            landed(Side::Peer, 80, None),
+        ),
+        (
+            Probe::udp(INIT_GID_ONLY, sa("10.77.0.1:53")),
+            landed(Side::Peer, 53, None),
+        ),
+        (
+            Probe::tcp(INIT_GID_ONLY, sa("[fd77::1]:80")),
+            landed(Side::Peer, 80, None),
+        ),
+        (
+            Probe::udp(APP, sa("10.77.0.1:53")),
+            landed(Side::Pod, 15053, None),
+        ),
+        (
+            Probe::tcp(APP, sa("10.77.0.1:80")),
+            landed(Side::Pod, 15001, Some("10.77.0.1:80")),
+        ),
+        (
+            Probe::tcp(From::Peer, sa("10.77.0.2:8080")),
+            landed(Side::Pod, 15006, Some("10.77.0.2:8080")),
+        ),
+    ];
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(probe, want)| {
+            let got = run_probe(&topo, probe);
+            (&got != want).then(|| format!("{probe}: want {want}, got {got}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
