@@ -47,6 +47,17 @@ pub const ANNOTATIONS: &[&str] = &[
     BYPASS_GIDS,
 ];
 
+/// Every pod label this module reads (`sidecar.istio.io/inject` is read as a label first).
+pub const LABELS: &[&str] = &[INJECT];
+
+/// Every `istio-proxy` environment variable this module reads from the pod spec.
+pub const PROXY_ENV: &[&str] = &[
+    "DISABLE_ENVOY",
+    "ISTIO_META_DNS_CAPTURE",
+    "ISTIO_DUAL_STACK",
+    "INVALID_DROP",
+];
+
 const PROXY: &str = "istio-proxy";
 /// Ports istio-cni always excludes inbound (agent status, Envoy health, Envoy metrics).
 const ALWAYS_EXCLUDED_INBOUND: [u16; 3] = [15020, 15021, 15090];
@@ -332,6 +343,106 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
 mod tests {
     use super::*;
     use crate::pod::{ContainerInfo, PodSpecInfo};
+
+    /// This file's code without whitespace (and without its tests), for the list checks below.
+    fn code_without_whitespace() -> String {
+        let src = include_str!("mesh.rs");
+        let code = &src[..src.find("#[cfg(test)]").expect("the tests module")];
+        code.lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<String>()
+            .split_whitespace()
+            .collect()
+    }
+
+    /// The first argument of every `pattern(...)` call in `code`.
+    fn first_args<'a>(code: &'a str, pattern: &str) -> Vec<&'a str> {
+        code.match_indices(pattern)
+            .map(|(i, _)| {
+                let rest = &code[i + pattern.len()..];
+                &rest[..rest.find([',', ')']).expect("an argument list")]
+            })
+            .collect()
+    }
+
+    /// The value of `pub const NAME: &str = "...";` in `code`.
+    fn const_value<'a>(code: &'a str, name: &str) -> Option<&'a str> {
+        let decl = format!("pubconst{name}:&str=\"");
+        let i = code.find(&decl)? + decl.len();
+        Some(&code[i..i + code[i..].find('"')?])
+    }
+
+    #[test]
+    fn every_annotation_label_and_env_read_is_listed() {
+        let code = code_without_whitespace();
+        // Every annotation-like constant is listed (so the docs check covers it).
+        for (i, _) in code.match_indices("pubconst") {
+            let name = code[i + "pubconst".len()..].split(':').next().unwrap_or("");
+            if let Some(value) = const_value(&code, name).filter(|v| v.contains('/')) {
+                assert!(
+                    ANNOTATIONS.contains(&value) || LABELS.contains(&value),
+                    "{name} = {value:?} is not in ANNOTATIONS or LABELS"
+                );
+            }
+        }
+        // Every annotation read names a listed constant (or a variable set from them).
+        let mut reads = 0;
+        for pattern in [
+            "ann.get(",
+            "ann.contains_key(",
+            "typed(ann,",
+            "annotations.get(",
+        ] {
+            for arg in first_args(&code, pattern) {
+                reads += 1;
+                assert!(
+                    !arg.starts_with('"'),
+                    "annotation {arg} read by literal: use a constant in ANNOTATIONS"
+                );
+                if arg.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                    let value = const_value(&code, arg)
+                        .unwrap_or_else(|| panic!("{arg}: no such constant"));
+                    assert!(
+                        ANNOTATIONS.contains(&value),
+                        "annotation {arg} = {value:?} is read but not in ANNOTATIONS"
+                    );
+                }
+            }
+        }
+        assert!(
+            reads >= ANNOTATIONS.len(),
+            "found only {reads} annotation reads: is the pattern stale?"
+        );
+        let labels = first_args(&code, "labels.get(");
+        assert!(
+            !labels.is_empty(),
+            "no label read found: is the pattern stale?"
+        );
+        for arg in labels {
+            let value =
+                const_value(&code, arg).unwrap_or_else(|| panic!("label {arg}: not a constant"));
+            assert!(
+                LABELS.contains(&value),
+                "label {arg} = {value:?} is read but not in LABELS"
+            );
+        }
+        let envs: Vec<&str> = ["env.get(", "env_bool("]
+            .iter()
+            .flat_map(|p| first_args(&code, p))
+            .filter(|a| a.starts_with('"'))
+            .map(|a| a.trim_matches('"'))
+            .collect();
+        assert!(
+            envs.len() >= PROXY_ENV.len(),
+            "found only {envs:?}: is the pattern stale?"
+        );
+        for name in envs {
+            assert!(
+                PROXY_ENV.contains(&name),
+                "istio-proxy env {name} is read but not in PROXY_ENV"
+            );
+        }
+    }
 
     fn pod(ann: &[(&str, &str)], spec: Option<PodSpecInfo>) -> PodInfo {
         PodInfo {

@@ -77,6 +77,14 @@ pub const FIELDS: &[&str] = &[
     "native_nftables",
 ];
 
+/// Every key read inside an object field: `(field, key)`. Documented as `field.key` (or both
+/// names in one paragraph).
+pub const NESTED_FIELDS: &[(&str, &str)] = &[
+    ("kubernetes", "kubeconfig"),
+    ("kubernetes", "exclude_namespaces"),
+    ("runtimeConfig", POD_ANNOTATIONS_CAPABILITY),
+];
+
 fn invalid(field: &str, v: &Value, expected: &str) -> CniError {
     let mut shown = v.to_string();
     if shown.len() > 80 {
@@ -90,11 +98,36 @@ fn invalid(field: &str, v: &Value, expected: &str) -> CniError {
     )
 }
 
-struct Fields<'a>(&'a Map<String, Value>);
+/// The fields of the config (`parent: None`) or of one of its objects. Every read goes
+/// through [`Fields::get`], which insists (in debug builds, so in tests) that the key is listed
+/// in [`FIELDS`] or [`NESTED_FIELDS`]: a field read but not listed would go undocumented.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    parent: Option<&'static str>,
+}
 
-impl Fields<'_> {
-    fn get(&self, k: &str) -> Option<&Value> {
-        self.0.get(k).filter(|v| !v.is_null())
+impl<'a> Fields<'a> {
+    fn top(map: &'a Map<String, Value>) -> Self {
+        Fields { map, parent: None }
+    }
+
+    fn nested(parent: &'static str, map: &'a Map<String, Value>) -> Self {
+        Fields {
+            map,
+            parent: Some(parent),
+        }
+    }
+
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        debug_assert!(
+            match self.parent {
+                None => FIELDS.contains(&k),
+                Some(p) => NESTED_FIELDS.contains(&(p, k)),
+            },
+            "config field {}{k:?} is read but not listed in FIELDS/NESTED_FIELDS (and so not checked against docs/redirect-cni.md)",
+            self.parent.map(|p| format!("{p}.")).unwrap_or_default()
+        );
+        self.map.get(k).filter(|v| !v.is_null())
     }
 
     fn string(&self, k: &str) -> Result<Option<String>, CniError> {
@@ -170,7 +203,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     let Value::Object(map) = &value else {
         return Err(invalid("(config)", &value, "a JSON object"));
     };
-    let f = Fields(map);
+    let f = Fields::top(map);
     let cni_version = f.string("cniVersion")?.ok_or_else(|| {
         CniError::new(
             code::INCOMPATIBLE_VERSION,
@@ -192,28 +225,30 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     };
     let pod_annotations = match f.get("runtimeConfig") {
         None => None,
-        Some(Value::Object(rc)) => match rc.get(POD_ANNOTATIONS_CAPABILITY) {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(a)) => Some(
-                a.iter()
-                    .map(|(k, v)| match v {
-                        Value::String(s) => Ok((k.clone(), s.clone())),
-                        other => Err(invalid(
-                            &format!("runtimeConfig.{POD_ANNOTATIONS_CAPABILITY}.{k}"),
-                            other,
-                            "a string (annotation values are strings)",
-                        )),
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
-            Some(v) => {
-                return Err(invalid(
-                    &format!("runtimeConfig.{POD_ANNOTATIONS_CAPABILITY}"),
-                    v,
-                    "an object of annotations",
-                ))
+        Some(Value::Object(rc)) => {
+            match Fields::nested("runtimeConfig", rc).get(POD_ANNOTATIONS_CAPABILITY) {
+                None => None,
+                Some(Value::Object(a)) => Some(
+                    a.iter()
+                        .map(|(k, v)| match v {
+                            Value::String(s) => Ok((k.clone(), s.clone())),
+                            other => Err(invalid(
+                                &format!("runtimeConfig.{POD_ANNOTATIONS_CAPABILITY}.{k}"),
+                                other,
+                                "a string (annotation values are strings)",
+                            )),
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
+                Some(v) => {
+                    return Err(invalid(
+                        &format!("runtimeConfig.{POD_ANNOTATIONS_CAPABILITY}"),
+                        v,
+                        "an object of annotations",
+                    ))
+                }
             }
-        },
+        }
         Some(v) => return Err(invalid("runtimeConfig", v, "an object")),
     };
     // istio-cni ≤ 1.23 kept these under "kubernetes".
@@ -222,7 +257,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         Some(v) => return Err(invalid("kubernetes", v, "an object")),
         None => None,
     };
-    let legacy = legacy.map(Fields);
+    let legacy = legacy.map(|k| Fields::nested("kubernetes", k));
     let run_dir = PathBuf::from(
         f.string("cni_agent_run_dir")?
             .unwrap_or_else(|| DEFAULT_RUN_DIR.into()),

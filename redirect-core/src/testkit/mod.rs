@@ -26,6 +26,7 @@
 //! ```
 
 pub mod binary;
+pub mod docs;
 mod listeners;
 pub mod netns;
 mod probe;
