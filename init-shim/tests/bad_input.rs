@@ -266,6 +266,8 @@ const CIDR_FLAGS: &[(&str, &str, &str)] = &[
 const ID_FLAGS: &[(&str, &str, &str)] = &[
     ("--proxy-uid", "--proxy-uid (-u)", "PROXY_UID"),
     ("--proxy-gid", "--proxy-gid (-g)", "PROXY_GID"),
+    ("--bypass-uids", "--bypass-uids", "REDIRECT_BYPASS_UIDS"),
+    ("--bypass-gids", "--bypass-gids", "REDIRECT_BYPASS_GIDS"),
 ];
 
 const IFACE_FLAGS: &[(&str, &str, &str)] = &[
@@ -442,6 +444,10 @@ fn id_rows() -> Vec<Row> {
             flag_and_env(&mut rows, (flag, label, var), v, needle);
         }
         rows.push(non_utf8_flag(flag, "", b"13\xff37"));
+    }
+    // A bypass ID that is the proxy's (1337 by default) would stop its loopback redirect.
+    for ids in &ID_FLAGS[2..] {
+        flag_and_env(&mut rows, *ids, "4000,1337", "cannot bypass capture");
     }
     rows
 }

@@ -262,6 +262,16 @@ fn flag_cases() -> Vec<Case> {
             value: "json",
             check: |s| s.dry_run_format == DryRunFormat::Json,
         },
+        Case {
+            key: "bypass-uids",
+            value: "4000, 4001",
+            check: |s| s.config.bypass_uids == [4000, 4001],
+        },
+        Case {
+            key: "bypass-gids",
+            value: "4100",
+            check: |s| s.config.bypass_gids == [4100],
+        },
     ]
 }
 

@@ -124,6 +124,8 @@ pub static FLAGS: &[Flag] = &[
     boolean("force-apply", "--force-apply", "FORCE_APPLY", &[], "Apply even when the rules are already in place"),
     boolean("native-nftables", "--native-nftables", "NATIVE_NFTABLES", &[], "Accepted for compatibility: the native netlink backend is the default"),
     flag("force-iptables-binary", None, "--force-iptables-binary", Some("FORCE_IPTABLES_BINARY"), "", "With --backend iptables: 'legacy' or 'nft'"),
+    flag("bypass-uids", None, "--bypass-uids", Some("REDIRECT_BYPASS_UIDS"), "", "Comma-separated UIDs whose outbound traffic, DNS included, is never captured (init containers; not the proxy's)"),
+    flag("bypass-gids", None, "--bypass-gids", Some("REDIRECT_BYPASS_GIDS"), "", "Comma-separated GIDs whose outbound traffic, DNS included, is never captured"),
     flag("backend", None, "--backend", Some("REDIRECT_BACKEND"), "native", "native (nftables over netlink, no binary) or iptables (iptables-restore, for kernels without nf_tables)"),
     flag("dry-run-format", None, "--dry-run-format", Some("DRY_RUN_FORMAT"), "nft", "What --dry-run prints: nft (an nft -f script), iptables (iptables-restore input per family) or json"),
     env_only("ISTIO_OUTBOUND_OWNER_GROUPS", "*", "Only these groups' outbound traffic is captured ('*' = all)"),

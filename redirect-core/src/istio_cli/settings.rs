@@ -139,8 +139,8 @@ impl Settings {
             owner_groups_exclude: groups_exclude,
             ipv4_loopback_cidr: typed(v("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"), parse_loopback_cidr)?,
             ipv6: false,
-            bypass_uids: Vec::new(),
-            bypass_gids: Vec::new(),
+            bypass_uids: typed(v("bypass-uids"), parse_ids)?,
+            bypass_gids: typed(v("bypass-gids"), parse_ids)?,
         };
         let dry_run_format = match v("dry-run-format")
             .value
@@ -279,6 +279,8 @@ const CORE_FIELDS: &[(&str, &str)] = &[
     ("ipv4_loopback_cidr", "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
     ("exclude_interfaces", "istio-exclude-interfaces"),
     ("reroute_interfaces", "kube-virt-interfaces"),
+    ("bypass_uids", "bypass-uids"),
+    ("bypass_gids", "bypass-gids"),
 ];
 
 fn name_the_flag(e: Error, r: &Resolved) -> Error {
