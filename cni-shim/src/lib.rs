@@ -23,10 +23,8 @@ pub fn plugin_main(
     };
     let (out, code) = match plugin::run(&inv) {
         Ok(out) => (out, 0),
-        Err((e, version)) => {
-            eprintln!("error\tredirect-cni\t{e}");
-            (e.to_json(&version), 1)
-        }
+        // plugin::run has logged it (stderr, and the log file when the config names one).
+        Err((e, version)) => (e.to_json(&version), 1),
     };
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(out.as_bytes());

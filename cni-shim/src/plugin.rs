@@ -48,39 +48,62 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     if command == "VERSION" {
         return Ok(version(inv.stdin));
     }
-    let conf = conf::parse(inv.stdin).map_err(|e| (e, conf::requested_version(inv.stdin)))?;
+    let conf = match conf::parse(inv.stdin) {
+        Ok(conf) => conf,
+        Err(e) => {
+            // No config, so no log file to write to: stderr only.
+            eprintln!("error\tredirect-cni\t{command}: {e}");
+            return Err((e, conf::requested_version(inv.stdin)));
+        }
+    };
     let log = Log::new(&conf);
+    let result = dispatch(inv, &command, &conf, &log);
+    if let Err(e) = &result {
+        // Into the log file too: a failed ADD is what an operator looks for there.
+        let who = match pod_identity(inv) {
+            Ok(Some((ns, name))) => format!(" {ns}/{name}"),
+            _ => String::new(),
+        };
+        log.error(&format!("{command}{who}: {e}"));
+    }
+    result.map_err(|e| (e, conf.cni_version.clone()))
+}
+
+fn dispatch(
+    inv: &Invocation,
+    command: &str,
+    conf: &NetConf,
+    log: &Log,
+) -> Result<String, CniError> {
     if conf.ambient_enabled {
         log.warn("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
     }
-    let v = conf.cni_version.clone();
-    let with_version = |e: CniError| (e, v.clone());
     if let Some(msg) = &inv.env_error {
-        return Err(with_version(CniError::new(
+        return Err(CniError::new(
             code::INVALID_ENV,
             msg.clone(),
             "the runtime must pass the CNI variables as UTF-8",
-        )));
+        ));
     }
-    match command.as_str() {
-        "ADD" => add(inv, &conf, &log).map_err(with_version),
-        "DEL" => del(inv, &conf, &log).map(|_| String::new()).map_err(with_version),
-        "CHECK" => check(inv, &conf, &log).map(|_| String::new()).map_err(with_version),
-        "STATUS" => status(&conf, &log).map(|_| String::new()).map_err(with_version),
+    match command {
+        "ADD" => add(inv, conf, log),
+        "DEL" => del(inv, conf, log).map(|_| String::new()),
+        "CHECK" => check(inv, conf, log).map(|_| String::new()),
+        "STATUS" => status(conf, log).map(|_| String::new()),
         "GC" => {
             log.info("GC: nothing to collect: the rules live in the pod's namespace and go with it");
             Ok(String::new())
         }
-        "" => Err(with_version(CniError::new(
+        "" => Err(CniError::new(
             code::INVALID_ENV,
             "CNI_COMMAND is not set",
             "redirect-cni is a CNI plugin: the runtime runs it with CNI_COMMAND=ADD|DEL|CHECK|STATUS|GC|VERSION; the installer runs as `redirect-cni install`",
-        ))),
-        other => Err(with_version(CniError::new(
+        )),
+        other => Err(CniError::new(
             code::INVALID_ENV,
             format!("CNI_COMMAND {other:?} is not a CNI command"),
             "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
-        ))),
+        )),
     }
 }
 

@@ -611,6 +611,40 @@ fn config_bypass_conflict_names_the_config_field() {
     run_kind("conflicts", conflict_rows());
 }
 
+/// A failed ADD is in the plugin's log file too (with the pod), not only on stderr: the log file
+/// is where an operator looks on the node.
+#[test]
+fn a_failed_add_is_written_to_the_log_file() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod_ns();
+    let log = std::env::temp_dir().join(format!("rdc-errlog-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut a = mesh();
+    a["sidecar.istio.io/interceptionMode"] = "TPROXYY".into();
+    let stdin = conf_with(json!({"log_file": log,
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": a}}));
+    let out = plugin(&ns, &row("bad mode, logged", stdin, 101, &[]));
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("error"))
+        .unwrap_or_else(|| panic!("no error line in the log file: {text:?}"));
+    for needle in [
+        "ADD",
+        "sidecar.istio.io/interceptionMode",
+        "TPROXYY",
+        "CNI error 101",
+    ] {
+        assert!(line.contains(needle), "{needle} not in {line:?}");
+    }
+    // Once, on stderr too.
+    assert_eq!(out.stderr.matches("TPROXYY").count(), 1, "{}", out.stderr);
+    let _ = std::fs::remove_file(&log);
+}
+
 /// CNI_NETNS that exists but is not a namespace file.
 fn not_a_netns_rows() -> Vec<Row> {
     let s = |v: &str| Some(OsString::from(v));
