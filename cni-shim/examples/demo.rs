@@ -16,31 +16,13 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use redirect_core::testkit::istio::SIDECAR_ARGS;
 use redirect_core::testkit::netns::become_ids;
 use redirect_core::testkit::TestNetns;
 use serde_json::{json, Value};
 
 /// What Istio's injector leaves on a pod for the CNI plugin, with Istio's default settings.
 const STATUS: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"imagePullSecrets":null}"#;
-/// istio-init's (and istio-validation's) arguments for the same defaults.
-const ISTIO_ARGS: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
 const NETWORK: &str = "podnet";
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 22, 0, 1);
 
@@ -223,7 +205,7 @@ impl Demo {
         // 3. istio-validation's job: the probe, unprivileged, as the proxy's UID.
         section("3. The validation probe (istio-validation's job), as UID 1337 with no capability");
         let mut args = vec!["--run-validation", "--skip-rule-apply"];
-        args.extend(ISTIO_ARGS);
+        args.extend(SIDECAR_ARGS);
         let probe = self.show(
             Command::new("ip")
                 .args(["netns", "exec", self.pod.name()])

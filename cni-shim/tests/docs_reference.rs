@@ -3,9 +3,10 @@
 //! docs/deploy/README.md's "Settings" table documents every flag and variable of
 //! `redirect-cni install`. Both directions where cheap: what the pages name still exists.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use redirect_core::testkit::docs::*;
 
@@ -14,7 +15,7 @@ use redirect_core::mesh::{ANNOTATIONS, LABELS, PROXY_ENV};
 
 const PAGE: &str = "docs/redirect-cni.md";
 const DEPLOY: &str = "docs/deploy/README.md";
-const BIN: &str = env!("CARGO_BIN_EXE_redirect-cni");
+use common::BIN;
 
 // ---- the checks ----
 
@@ -186,23 +187,11 @@ fn every_cni_command_is_documented_and_exists() {
     // through, so nothing on this machine changes.
     let mut gone = Vec::new();
     for cmd in &documented {
-        let mut child = Command::new(BIN)
-            .env_clear()
-            .env("CNI_COMMAND", cmd)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(br#"{"cniVersion":"1.0.0","name":"docs","type":"redirect-cni"}"#)
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let out = common::plugin(
+            &[("CNI_COMMAND", cmd)],
+            r#"{"cniVersion":"1.0.0","name":"docs","type":"redirect-cni"}"#,
+        );
+        let stdout = out.stdout;
         if stdout.contains("is not a CNI command") {
             gone.push(format!("{cmd}: {stdout}"));
         }
