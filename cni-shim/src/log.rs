@@ -35,6 +35,12 @@ impl Log {
         let line = format!("{level}\tredirect-cni\t{msg}\n");
         let _ = std::io::stderr().write_all(line.as_bytes());
         if let Some(path) = &self.file {
+            // The file gathers every pod's lines on the node: each needs its time. (The
+            // runtime stamps stderr itself.)
+            let line = format!(
+                "{}\t{line}",
+                humantime::format_rfc3339_millis(std::time::SystemTime::now())
+            );
             // A log file we cannot write must not fail the pod.
             if let Ok(mut f) = std::fs::OpenOptions::new()
                 .create(true)

@@ -60,11 +60,7 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     let result = dispatch(inv, &command, &conf, &log);
     if let Err(e) = &result {
         // Into the log file too: a failed ADD is what an operator looks for there.
-        let who = match pod_identity(inv) {
-            Ok(Some((ns, name))) => format!(" {ns}/{name}"),
-            _ => String::new(),
-        };
-        log.error(&format!("{command}{who}: {e}"));
+        log.error(&format!("{command} {}{e}", pod_label(inv)));
     }
     result.map_err(|e| (e, conf.cni_version.clone()))
 }
@@ -122,6 +118,14 @@ fn pod_identity(inv: &Invocation) -> Result<Option<(String, String)>, CniError> 
         (Some(ns), Some(name)) => Some((ns, name)),
         _ => None,
     })
+}
+
+/// `"<namespace>/<name> "` for log lines, or nothing when the pod is not known.
+fn pod_label(inv: &Invocation) -> String {
+    match pod_identity(inv) {
+        Ok(Some((ns, name))) => format!("{ns}/{name} "),
+        _ => String::new(),
+    }
 }
 
 /// What to do for this pod: `None` = pass through; else the config and dual-stack flag.
@@ -315,7 +319,8 @@ fn add(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<String, CniError> 
     let netns = netns_of(inv, conf)?;
     let cfg = apply_in(&netns, cfg, dual_stack)?;
     log.info(&format!(
-        "captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
+        "{}captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
+        pod_label(inv),
         netns.display(),
         cfg.inbound_ports,
         cfg.outbound_include_cidrs,

@@ -630,7 +630,7 @@ fn a_failed_add_is_written_to_the_log_file() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let line = text
         .lines()
-        .find(|l| l.starts_with("error"))
+        .find(|l| l.contains("\terror\t"))
         .unwrap_or_else(|| panic!("no error line in the log file: {text:?}"));
     for needle in [
         "ADD",
