@@ -5,5 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo test --workspace --all-targets
-target=${CARGO_TARGET_DIR:-target}
-REDIRECT_BIN_DIR="$target/debug" CNITOOL=.tools/cnitool "$target/debug/examples/demo"
+bash scripts/demo.sh
