@@ -103,7 +103,8 @@ fn run(
             format!("--pod-ip {pod_ips:?}: no usable address (loopback and link-local ones do not count)")
         })?
     };
-    let cfg = match decision {
+    // A pod outside the mesh has no rules: every flow is evaluated against an empty ruleset.
+    let (cfg, rs) = match decision {
         Some(Decision::Capture {
             mut config,
             warnings,
@@ -111,30 +112,24 @@ fn run(
         }) => {
             notes.extend(warnings);
             config.ipv6 = host.ipv6;
-            *config
+            let rs = redirect_core::plan(&config).map_err(|e| e.to_string())?;
+            (*config, rs)
         }
         Some(Decision::Skip(why)) => {
             notes.push(format!(
                 "the pod is not captured ({why}): redirect-cni writes no rules for it, so no flow is captured"
             ));
-            let out = flows
-                .iter()
-                .map(|f| Explained {
-                    evaluation: eval::evaluate(&Ruleset::default(), f),
-                    meaning: format!("not captured: goes to {} directly", f.dst),
-                })
-                .collect();
-            return Ok((out, notes));
+            (s.config, Ruleset::default())
         }
         Some(Decision::NeedSpec(why)) => {
             unreachable!("pod_file::decide returns it as an error: {why}")
         }
         None => {
             notes.extend(args::finish(&mut s, &host, &nameservers)?);
-            s.config
+            let rs = redirect_core::plan(&s.config).map_err(|e| e.to_string())?;
+            (s.config, rs)
         }
     };
-    let rs = redirect_core::plan(&cfg).map_err(|e| e.to_string())?;
     let out = flows
         .iter()
         .map(|f| {
