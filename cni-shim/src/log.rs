@@ -28,6 +28,15 @@ impl Log {
         }
     }
 
+    /// Before the config is read (so before its level and file are known): stderr, every level
+    /// from info up.
+    pub fn stderr_only() -> Log {
+        Log {
+            level: rank("info"),
+            file: None,
+        }
+    }
+
     fn write(&self, level: &str, msg: &str) {
         if rank(level) < self.level {
             return;

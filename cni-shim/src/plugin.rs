@@ -51,8 +51,7 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     let conf = match conf::parse(inv.stdin) {
         Ok(conf) => conf,
         Err(e) => {
-            // No config, so no log file to write to: stderr only.
-            eprintln!("error\tredirect-cni\t{command}: {e}");
+            Log::stderr_only().error(&format!("{command} {}{e}", pod_label(inv)));
             return Err((e, conf::requested_version(inv.stdin)));
         }
     };
