@@ -3,6 +3,7 @@
 # libnftnl/libmnl: linked by the netlink backend. nftables/iptables/iproute2/time: used only by tests
 # and comparisons (loading Istio's rules, checking our renderings), never by our binaries.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 pkgs=(libnftnl-dev libmnl-dev pkg-config nftables iptables iproute2 python3 time)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -17,9 +18,8 @@ fi
 for m in nf_tables nft_chain_nat nft_redir nft_tproxy nft_ct nft_nat nf_conntrack nf_tproxy_ipv4 nf_tproxy_ipv6; do
   modprobe "$m" 2>/dev/null || true
 done
-# The CNI reference client (cnitool) and Debian's reference plugins (/usr/lib/cni) for the
-# plugin's end-to-end tests, built offline from Debian packages once into .tools/.
-SHARED=${SHARED:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
+# The CNI reference client (cnitool) and the reference plugins (/usr/lib/cni) for the
+# plugin's end-to-end tests and the demo, from the distribution's packages, once into .tools/.
 if [ ! -x .tools/cnitool ] || [ ! -x /usr/lib/cni/bridge ]; then
-  bash "$SHARED/tools/build-cnitool.sh" .tools
+  bash scripts/install-cnitool.sh .tools
 fi

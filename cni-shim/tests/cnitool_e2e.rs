@@ -19,7 +19,7 @@ fn cnitool() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/cnitool"));
     assert!(
         p.exists() && std::path::Path::new("/usr/lib/cni/bridge").exists(),
-        "cnitool or Debian's CNI plugins are missing: run `bash scripts/install-deps.sh` (it builds them with ../shared/tools/build-cnitool.sh)"
+        "cnitool or Debian's CNI plugins are missing: run `bash scripts/install-deps.sh` (it builds them with scripts/install-cnitool.sh)"
     );
     p
 }

@@ -60,10 +60,28 @@ pub fn group_gid(name: &str) -> Option<u32> {
     }
 }
 
-/// `<workspace>/../shared/testdata/istio`.
+/// `<workspace>/../shared/testdata/istio`: Istio's own test data, which lives beside the
+/// repository (a user's clone has no `../shared`). When it is missing, the calling test fails
+/// with one line naming the folder and the test: it never passes without the data.
 pub fn istio_testdata_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata/istio");
-    dir.canonicalize().unwrap_or(dir)
+    match dir.canonicalize() {
+        Ok(d) if d.is_dir() => d,
+        _ => panic!("{}", missing_testdata(&dir)),
+    }
+}
+
+/// The one line a test that needs Istio's data fails with when the folder is missing.
+pub fn missing_testdata(dir: &Path) -> String {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("(unnamed test)")
+        .to_string();
+    format!(
+        "Istio's reference data is missing: {} does not exist; test `{test}` needs it \
+         (place the shared folder beside the repository)",
+        dir.display()
+    )
 }
 
 fn list_json(sub: &str) -> Vec<String> {
