@@ -64,7 +64,12 @@ pub fn group_gid(name: &str) -> Option<u32> {
 /// repository (a user's clone has no `../shared`). When it is missing, the calling test fails
 /// with one line naming the folder and the test: it never passes without the data.
 pub fn istio_testdata_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata/istio");
+    // CARGO_MANIFEST_DIR is <clone>/redirect-core: the shared folder sits beside <clone>.
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = beside
+        .canonicalize()
+        .unwrap_or(beside)
+        .join("shared/testdata/istio");
     match dir.canonicalize() {
         Ok(d) if d.is_dir() => d,
         _ => panic!("{}", missing_testdata(&dir)),
