@@ -238,7 +238,7 @@ pub fn diagnose(failure: &ProbeFailure, facts: &Facts) -> Diagnosis {
     }
     if let Some(k) = &facts.kernel {
         if k.our_table && !k.differences.is_empty() {
-            evidence.extend(k.differences.iter().take(5).map(nft::decode::difference));
+            evidence.extend(k.differences.iter().take(5).map(|d| d.to_string()));
             return Diagnosis {
                 cause: Cause::RulesStale,
                 summary: format!(

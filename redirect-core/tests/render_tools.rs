@@ -115,7 +115,10 @@ fn nft_script_loads_with_nft_and_holds_the_same_rules() {
                     .collect::<Vec<_>>(),
                 t.sets
                     .iter()
-                    .map(|s| (s.name.clone(), canonical(&s.elements)))
+                    .map(|s| {
+                        let keys: Vec<String> = s.elements.iter().map(nft::text::key).collect();
+                        (s.name.clone(), canonical(&keys))
+                    })
                     .collect::<Vec<_>>(),
             )
         };

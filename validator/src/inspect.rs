@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use redirect_core::derived::{self, HostAddress};
 use redirect_core::mesh::Decision;
-use redirect_core::nft::{self, decode};
+use redirect_core::nft::{self, text};
 use redirect_core::routes::{self, TproxyRouting};
 use redirect_core::ruleset::{Family, Ruleset};
 use redirect_core::validation::{self, KernelView};
@@ -239,7 +239,7 @@ fn found(
         }
         Some((from, Expected::Rules(..))) => (
             Some(from),
-            k.differences.iter().map(decode::difference).collect(),
+            k.differences.iter().map(|d| d.to_string()).collect(),
         ),
     };
     let equal = expected_from.as_ref().map(|_| differences.is_empty());
@@ -264,7 +264,7 @@ fn found(
                     .iter()
                     .map(|s| Set {
                         name: s.name.clone(),
-                        elements: decode::set_elements(s),
+                        elements: text::set_elements(s),
                     })
                     .collect()
             })
@@ -276,9 +276,9 @@ fn found(
             chains
                 .into_iter()
                 .map(|c| Chain {
-                    rules: c.rules.iter().map(|r| decode::rule(r)).collect(),
+                    rules: c.rules.iter().map(|r| text::exprs(r)).collect(),
                     name: c.name,
-                    base: c.base,
+                    base: c.base.map(|b| b.to_string()),
                 })
                 .collect()
         }),

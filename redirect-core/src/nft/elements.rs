@@ -11,7 +11,6 @@ use super::lower::SetElem;
 
 const NLA_F_NESTED: u16 = 1 << 15;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_FLAGS: u16 = 3;
 const NFTA_DATA_VALUE: u16 = 1;
@@ -20,26 +19,37 @@ const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 /// The `NFTA_SET_ELEM_LIST_ELEMENTS` attribute holding `elems`.
 pub struct Elements<'a>(pub &'a [SetElem]);
 
-struct Element<'a>(&'a SetElem);
+/// An element and its position in the list: libnftnl numbers list members 1, 2, 3... (the
+/// kernel reads any type there), and we write them as libnftnl does.
+struct Element<'a>(&'a SetElem, u16);
 struct Key<'a>(&'a [u8]);
 struct Value<'a>(&'a [u8]);
 struct Flags(u32);
 
 impl Nla for Elements<'_> {
     fn value_len(&self) -> usize {
-        self.0.iter().map(|e| Element(e).buffer_len()).sum()
+        self.elements().map(|e| e.buffer_len()).sum()
     }
     fn kind(&self) -> u16 {
         NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED
     }
     fn emit_value(&self, buffer: &mut [u8]) {
         let mut at = 0;
-        for e in self.0 {
-            let e = Element(e);
+        for e in self.elements() {
             let n = e.buffer_len();
             e.emit(&mut buffer[at..at + n]);
             at += n;
         }
+    }
+}
+
+impl Elements<'_> {
+    fn elements(&self) -> impl Iterator<Item = Element<'_>> {
+        // At most ELEMS_PER_MSG elements a message: the position fits in the type's 14 bits.
+        self.0
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Element(e, (i + 1) as u16))
     }
 }
 
@@ -56,7 +66,7 @@ impl Nla for Element<'_> {
         self.flags().map_or(0, |f| f.buffer_len()) + Key(&self.0.key).buffer_len()
     }
     fn kind(&self) -> u16 {
-        NFTA_LIST_ELEM | NLA_F_NESTED
+        self.1 | NLA_F_NESTED
     }
     fn emit_value(&self, buffer: &mut [u8]) {
         let mut at = 0;
@@ -129,7 +139,7 @@ mod tests {
             &[44, 0, 3, 0x80][..],                       // ELEMENTS, nested, 44 bytes
             &[16, 0, 1, 0x80], &[12, 0, 1, 0x80],        //   ELEM { KEY {
             &[8, 0, 1, 0], &[10, 0, 0, 0],               //     VALUE 10.0.0.0 } }
-            &[24, 0, 1, 0x80], &[8, 0, 3, 0], &[0, 0, 0, 1], //   ELEM { FLAGS 1 (big-endian)
+            &[24, 0, 2, 0x80], &[8, 0, 3, 0], &[0, 0, 0, 1], //   ELEM #2 { FLAGS 1 (big-endian)
             &[12, 0, 1, 0x80], &[8, 0, 1, 0], &[11, 0, 0, 0], //   KEY { VALUE 11.0.0.0 } }
         ]
         .concat();

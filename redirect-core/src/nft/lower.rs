@@ -5,7 +5,6 @@
 //! each family (`<stage>_<family>_<name>`). So a family without rules never matches anything, and
 //! a RETURN in a family's built-in chain ends the stage for that packet, as in iptables.
 
-use std::ffi::CString;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -144,9 +143,7 @@ pub fn lower(rs: &Ruleset) -> NftTable {
                             eq: true,
                             data: vec![nfproto(c.family)],
                         },
-                        Expr::Verdict(Verdict::Jump(cstring(&chain_name(
-                            stage, c.family, &c.name,
-                        )))),
+                        Expr::Verdict(Verdict::Jump(chain_name(stage, c.family, &c.name))),
                     ]
                 })
                 .collect();
@@ -162,7 +159,7 @@ pub fn lower(rs: &Ruleset) -> NftTable {
         for r in &c.rules {
             let mut m = Vec::new();
             for cond in &r.matches {
-                lower_match(&mut m, cond, c.family, &table.sets);
+                lower_match(&mut m, cond, c.family);
             }
             lower_action(&mut rules, m, &r.action, c.stage, c.family);
         }
@@ -175,17 +172,10 @@ pub fn lower(rs: &Ruleset) -> NftTable {
     table
 }
 
-fn cstring(s: &str) -> CString {
-    // Names are ours (chain and set names built from fixed words): never contain NUL.
-    CString::new(s).expect("names have no NUL byte")
-}
-
-fn set_ref(sets: &[NftSet], name: &str, invert: bool) -> Expr {
-    let set = sets.iter().find(|s| s.name == name);
+fn set_ref(name: &str) -> Expr {
     Expr::Lookup {
-        set: cstring(name),
-        set_id: set.map_or(0, |s| s.id),
-        invert,
+        set: name.into(),
+        invert: false,
     }
 }
 
@@ -205,7 +195,7 @@ fn addr_offset(family: Family, src: bool) -> (u32, u32) {
     }
 }
 
-fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) {
+fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family) {
     match m {
         Match::Proto(p) => {
             out.push(Expr::Meta(MetaKey::L4Proto));
@@ -238,7 +228,7 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) 
                         });
                     }
                 }
-                PortMatch::InSet(name) => out.push(set_ref(sets, name, false)),
+                PortMatch::InSet(name) => out.push(set_ref(name)),
             }
         }
         Match::DAddr(am) | Match::SAddr(am) => {
@@ -259,7 +249,7 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) 
                         data: addr_bytes(net.network()),
                     });
                 }
-                AddrMatch::InSet(name) => out.push(set_ref(sets, name, false)),
+                AddrMatch::InSet(name) => out.push(set_ref(name)),
             }
         }
         Match::Iif { name, negate } | Match::Oif { name, negate } => {
@@ -314,7 +304,6 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family, sets: &[NftSet]) 
             });
         }
     }
-    let _ = family;
 }
 
 fn addr_bytes(a: IpAddr) -> Vec<u8> {
@@ -333,9 +322,7 @@ fn lower_action(
 ) {
     let v = |v: Verdict| Expr::Verdict(v);
     match action {
-        Action::Jump(target) => m.push(v(Verdict::Jump(cstring(&chain_name(
-            stage, family, target,
-        ))))),
+        Action::Jump(target) => m.push(v(Verdict::Jump(chain_name(stage, family, target)))),
         Action::Return => m.push(v(Verdict::Return)),
         Action::Accept => m.push(v(Verdict::Accept)),
         Action::Drop => m.push(v(Verdict::Drop)),

@@ -1,29 +1,46 @@
-//! The nftables backend: our one `inet` table, programmed over netlink (no `nft` binary).
+//! The nftables backend: our one `inet` table, programmed over netlink in Rust (no C library,
+//! no `nft` binary).
 //!
-//! - `apply`: one batch that adds the table, deletes it, and adds it again with every set,
-//!   chain and rule. The kernel commits the batch whole or not at all, so apply replaces the
-//!   previous ruleset atomically, is idempotent, and on any error leaves the previous state.
+//! - `apply`: one batch. Into a namespace without our table it creates the table with every
+//!   set, chain and rule; over an existing one it updates the table in place (`update`). The
+//!   kernel commits a batch whole or not at all, so apply is atomic, idempotent, and on any
+//!   error leaves the previous state.
 //! - `remove`: deletes the table (absent is fine).
-//! - `read_back` / `diff`: dump the table and compare it with a plan, rule by rule.
+//! - `read_back` / `diff`: dump the table into the typed form the plan lowers to, and compare
+//!   object by object.
+//!
+//! Layers: `lower` (Ruleset → typed table), `expr` and `extra` (expressions), `message` (each
+//! netlink message), `batch`, `socket`, `dump`, `state` (read-back and comparison), `text` (nft
+//! syntax), `update` (which batch), `foreign` (Istio's tables). Messages are byte-identical to
+//! libnftnl's; `tests/nft_oracle.rs` checks that against libnftnl itself.
 //!
 //! Every function acts on the calling thread's network namespace; wrap it in
 //! `netns::run_in` for a pod. The `_in` variants do that.
 
-pub mod decode;
+mod batch;
+mod dump;
 mod elements;
 mod expr;
+mod extra;
 mod foreign;
 pub(crate) mod lower;
-mod netlink;
-mod objects;
+mod message;
+mod socket;
 mod state;
+pub mod text;
+mod update;
 
 use std::path::Path;
 
+pub use batch::{Encoded, Label};
+pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
 pub use foreign::{families_with_tables, istio_tables, remove_istio_tables};
-pub use lower::{base_chain_name, chain_name, lower, merged_ranges, NftTable};
-pub use objects::Encoded;
-pub use state::{Difference, TableState};
+pub use lower::{
+    base_chain_name, chain_name, lower, merged_ranges, BaseSpec, ChainKind, NftChain, NftSet,
+    NftTable, SetElem,
+};
+pub use state::{BaseState, ChainState, Difference, SetState, TableState};
+pub use update::Changes;
 
 use crate::error::Result;
 use crate::ruleset::Ruleset;
@@ -31,34 +48,87 @@ use crate::ruleset::Ruleset;
 /// The name of our table (family `inet`). One per network namespace; nothing else of ours exists.
 pub const TABLE: &str = "redirect_capture";
 
-/// Program a ruleset, atomically replacing whatever our table held.
+/// How often apply starts over when a concurrent change moved the ruleset under it.
+const APPLY_TRIES: usize = 3;
+
+/// Program a ruleset: create our table, or update it in place to the ruleset, atomically.
 pub fn apply(rs: &Ruleset) -> Result<()> {
-    let table = lower(rs);
-    let sock = netlink::Socket::open()?;
-    // A pod's first apply finds no table: create it without a delete in the batch (fast
-    // commit). If it exists, that batch fails whole and the atomic replace follows.
-    match objects::apply_batch(&sock, &table, objects::Mode::Create) {
-        Err(crate::Error::NftRejected { errno, .. }) if errno == libc::EEXIST => {
-            objects::apply_batch(&sock, &table, objects::Mode::Replace)
+    apply_table(&lower(rs)).map(|_| ())
+}
+
+/// `apply` of a lowered table; says what an update changed (`None`: the table was created).
+pub fn apply_table(table: &NftTable) -> Result<Option<Changes>> {
+    let sock = socket::Socket::open()?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let genid = dump::generation(&sock)?;
+        let current = dump::table(&sock)?;
+        let (batch, changes) = match &current {
+            None => (update::create(table, sock.next_seq(), Some(genid)), None),
+            Some(cur) => match update::update(cur, table, sock.next_seq(), Some(genid)) {
+                None => return Ok(Some(Changes::default())),
+                Some((b, ch)) => (b, Some(ch)),
+            },
+        };
+        match send(&sock, &batch, table) {
+            // The ruleset moved since it was read (ERESTART), or our table appeared between
+            // the dump and the create (EEXIST): read again and redo.
+            Err(crate::Error::NftRejected { errno, .. })
+                if (errno == libc::ERESTART || errno == libc::EEXIST) && tries < APPLY_TRIES =>
+            {
+                continue
+            }
+            other => return other.map(|()| changes),
         }
-        other => other,
     }
+}
+
+fn send(sock: &socket::Socket, batch: &Encoded, table: &NftTable) -> Result<()> {
+    let describe = |seq: u32| match batch.label_of(seq) {
+        Some(l) => l.describe(table),
+        None => format!("the batch (message {seq})"),
+    };
+    sock.send_batch(batch, &describe)
 }
 
 /// The batch `apply` sends into a namespace without our table, encoded but not sent: the
 /// config → plan → netlink path without a kernel (benchmarks, size checks).
 pub fn encode(rs: &Ruleset) -> Encoded {
-    objects::encode(&lower(rs), objects::Mode::Create)
+    update::create(&lower(rs), 1, None)
+}
+
+/// The batch that creates a lowered table (for the oracle test and benchmarks).
+pub fn encode_create(t: &NftTable, first_seq: u32) -> Encoded {
+    update::create(t, first_seq, None)
+}
+
+/// The same, bound to a ruleset generation, as `apply` sends it.
+pub fn encode_create_bound(t: &NftTable, first_seq: u32, genid: u32) -> Encoded {
+    update::create(t, first_seq, Some(genid))
+}
+
+/// The state a lowered table has once applied (what a read back of it returns).
+pub fn state_of(t: &NftTable) -> TableState {
+    state::expected(t)
+}
+
+/// The batch that updates `current` into `t` in place, `None` when equal (for tests).
+pub fn encode_update(current: &TableState, t: &NftTable) -> Option<(Encoded, Changes)> {
+    update::update(current, t, 1, None)
+}
+
+/// The batch that deletes our table (for the oracle test).
+pub fn encode_delete(first_seq: u32) -> Encoded {
+    update::delete_tables(&[TABLE.to_string()], first_seq)
 }
 
 /// Delete our table. Returns whether there was one.
 pub fn remove() -> Result<bool> {
-    let sock = netlink::Socket::open()?;
-    if state::dump(&sock)?.is_none() {
-        return Ok(false);
-    }
-    match objects::delete_batch(&sock) {
-        // Another remover (a concurrent DEL) won the race since the dump: it is gone either way.
+    let sock = socket::Socket::open()?;
+    let batch = update::delete_tables(&[TABLE.to_string()], sock.next_seq());
+    match send(&sock, &batch, &NftTable::default()) {
+        // No table (never made, or a concurrent DEL won): gone either way.
         Err(crate::Error::NftRejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
         other => other.map(|()| true),
     }
@@ -66,8 +136,7 @@ pub fn remove() -> Result<bool> {
 
 /// Read our table back; `None` when it does not exist.
 pub fn read_back() -> Result<Option<TableState>> {
-    let sock = netlink::Socket::open()?;
-    state::dump(&sock)
+    dump::table(&socket::Socket::open()?)
 }
 
 /// What the kernel should hold for a ruleset, in the form `read_back` returns.
@@ -103,4 +172,42 @@ pub fn read_back_in(netns: &Path) -> Result<Option<TableState>> {
 /// `diff` inside the namespace at `netns`.
 pub fn diff_in(netns: &Path, rs: &Ruleset) -> Result<Vec<Difference>> {
     crate::netns::run_in(netns, || diff(rs))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{kernel_tests_enabled, netns::TestNetns};
+
+    /// A batch computed from a generation the ruleset has left is refused whole (ERESTART),
+    /// so a stale difference is never applied; `apply` then reads again and succeeds.
+    #[test]
+    fn a_batch_bound_to_an_old_generation_is_refused() {
+        if !kernel_tests_enabled() {
+            return;
+        }
+        let ns = TestNetns::new();
+        let rs = crate::plan(&crate::CaptureConfig::istio_sidecar_default()).unwrap();
+        let t = lower(&rs);
+        let err = ns.run(|| {
+            let sock = socket::Socket::open().unwrap();
+            let genid = dump::generation(&sock).unwrap();
+            ns.sh("nft add table inet someone-else");
+            let batch = update::create(&t, sock.next_seq(), Some(genid));
+            send(&sock, &batch, &t).unwrap_err()
+        });
+        match err {
+            crate::Error::NftRejected { errno, what, .. } => {
+                assert_eq!(errno, libc::ERESTART, "{what}");
+            }
+            e => panic!("{e}"),
+        }
+        assert_eq!(
+            read_back_in(ns.path()).unwrap(),
+            None,
+            "nothing was applied"
+        );
+        apply_in(ns.path(), &rs).unwrap();
+        assert!(diff_in(ns.path(), &rs).unwrap().is_empty());
+    }
 }

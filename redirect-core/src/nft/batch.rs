@@ -1,0 +1,179 @@
+//! A batch: begin, our messages, end, in one buffer for one `sendmsg`. The kernel commits what
+//! lies between begin and end whole or not at all. Each message keeps its sequence number and
+//! what it does, so an error names the exact message the kernel refused.
+
+use std::sync::OnceLock;
+
+use netlink_packet_netfilter::nftables::NfTablesMessage;
+
+use super::lower::NftTable;
+use super::message;
+use super::TABLE;
+
+/// What one message of a batch does, for the error that names it. Rules are kept as indices
+/// and formatted only when the kernel refuses one (formatting every rule up front cost more
+/// than encoding it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Label {
+    Begin,
+    End,
+    CreateTable,
+    AddTable,
+    DeleteTable(String),
+    AddSet(usize),
+    FlushSet(String),
+    DeleteSet(String),
+    AddElements { set: usize, chunk: usize },
+    AddChain(usize),
+    FlushChain(String),
+    DeleteChain(String),
+    AddRule { chain: usize, rule: usize },
+}
+
+impl Label {
+    /// The message in words; `t` is the table the batch was built from.
+    pub fn describe(&self, t: &NftTable) -> String {
+        match self {
+            Label::Begin => "the batch's begin message".into(),
+            Label::End => "the batch (its commit)".into(),
+            Label::CreateTable => format!("create table inet {TABLE}"),
+            Label::AddTable => format!("add table inet {TABLE}"),
+            Label::DeleteTable(name) => format!("delete table inet {name}"),
+            Label::AddSet(i) => format!("add set {}", t.sets[*i].name),
+            Label::FlushSet(name) => format!("flush set {name}"),
+            Label::DeleteSet(name) => format!("delete set {name}"),
+            Label::AddElements { set, chunk } => format!(
+                "add elements to set {} (chunk {})",
+                t.sets[*set].name,
+                chunk + 1
+            ),
+            Label::AddChain(i) => format!("add chain {}", t.chains[*i].name),
+            Label::FlushChain(name) => format!("flush chain {name}"),
+            Label::DeleteChain(name) => format!("delete chain {name}"),
+            Label::AddRule { chain, rule } => {
+                let c = &t.chains[*chain];
+                format!(
+                    "rule {} of chain {}: {}",
+                    rule + 1,
+                    c.name,
+                    super::text::exprs(&c.rules[*rule])
+                )
+            }
+        }
+    }
+}
+
+/// Kernels before 6.10 ignore NLM_F_ACK on begin and end; from 6.10 on they answer it, and the
+/// end's answer comes after the commit. The nftnl crate asks for it on those kernels too.
+fn ack_begin_end() -> bool {
+    static ACK: OnceLock<bool> = OnceLock::new();
+    *ACK.get_or_init(|| {
+        let Ok(u) = nix::sys::utsname::uname() else {
+            return false;
+        };
+        let release = u.release().to_string_lossy().into_owned();
+        let mut parts = release
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|p| p.parse::<u32>().ok());
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) >= (6, 10)
+    })
+}
+
+/// A batch under construction.
+pub struct Batch {
+    bytes: Vec<u8>,
+    next_seq: u32,
+    /// (sequence number, label) of every message that asks for an answer.
+    labels: Vec<(u32, Label)>,
+    ack_ends: bool,
+    begin_seq: u32,
+}
+
+/// A batch ready to send.
+pub struct Encoded {
+    bytes: Vec<u8>,
+    labels: Vec<(u32, Label)>,
+    begin_seq: u32,
+}
+
+impl Batch {
+    /// A batch whose sequence numbers start at `first_seq`; with `genid`, the kernel refuses it
+    /// (ERESTART) if the ruleset changed since that generation was read.
+    pub fn new(first_seq: u32, genid: Option<u32>) -> Batch {
+        let mut b = Batch {
+            bytes: Vec::with_capacity(16 * 1024),
+            next_seq: first_seq,
+            labels: Vec::new(),
+            ack_ends: ack_begin_end(),
+            begin_seq: 0,
+        };
+        let (flags, seq) = b.end_flags(Label::Begin);
+        b.begin_seq = seq;
+        message::write_begin(&mut b.bytes, flags, seq, genid);
+        b
+    }
+
+    /// Flags and sequence number of begin or end: answered only on kernels that answer them.
+    fn end_flags(&mut self, label: Label) -> (u16, u32) {
+        if self.ack_ends {
+            let seq = self.take_seq(label);
+            (netlink_packet_core::NLM_F_ACK, seq)
+        } else {
+            (0, 0)
+        }
+    }
+
+    fn take_seq(&mut self, label: Label) -> u32 {
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        self.labels.push((seq, label));
+        seq
+    }
+
+    /// Append one message (all our messages ask for an answer).
+    pub fn push(&mut self, msg: NfTablesMessage, flags: u16, label: Label) {
+        let seq = self.take_seq(label);
+        message::write_nft(&mut self.bytes, msg, flags, seq);
+    }
+
+    pub fn finish(mut self) -> Encoded {
+        let (flags, seq) = self.end_flags(Label::End);
+        message::write_end(&mut self.bytes, flags, seq);
+        Encoded {
+            bytes: self.bytes,
+            labels: self.labels,
+            begin_seq: self.begin_seq,
+        }
+    }
+}
+
+impl Encoded {
+    /// The bytes one `sendmsg` carries.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Number of messages between begin and end.
+    pub fn messages(&self) -> usize {
+        self.labels
+            .iter()
+            .filter(|(_, l)| !matches!(l, Label::Begin | Label::End))
+            .count()
+    }
+
+    /// Sequence numbers that the kernel answers, with their labels.
+    pub fn labels(&self) -> &[(u32, Label)] {
+        &self.labels
+    }
+
+    /// The begin message's sequence number (0 where the kernel does not answer it). A refusal
+    /// of the whole batch (a moved generation, a failed commit) comes back with it.
+    pub fn begin_seq(&self) -> u32 {
+        self.begin_seq
+    }
+
+    pub fn label_of(&self, seq: u32) -> Option<&Label> {
+        self.labels.iter().find(|(s, _)| *s == seq).map(|(_, l)| l)
+    }
+}

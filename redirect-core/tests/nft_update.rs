@@ -1,0 +1,205 @@
+//! Updating our table in place, against the kernel: every configuration reached from every
+//! other with the table kept (same handle), the unchanged parts untouched, a stranger's rules,
+//! chains and sets in our table removed, objects whose kind changed deleted and added again,
+//! and nothing sent when the table already holds the plan. Each test has fresh namespaces.
+
+use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_core::nft::{self, Changes, Difference, TABLE};
+use redirect_core::plan;
+use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
+
+fn configs() -> Vec<(&'static str, CaptureConfig)> {
+    vec![
+        ("istio default", CaptureConfig::istio_sidecar_default()),
+        (
+            "ipv6 tproxy dns",
+            CaptureConfig {
+                ipv6: true,
+                mode: InterceptionMode::Tproxy,
+                dns: DnsCapture::All,
+                drop_invalid: true,
+                ..CaptureConfig::istio_sidecar_default()
+            },
+        ),
+        (
+            "cidrs and ports",
+            CaptureConfig {
+                outbound_include_cidrs: Selection::List(vec!["10.0.0.0/8".parse().unwrap()]),
+                outbound_exclude_cidrs: vec![
+                    "10.96.0.0/12".parse().unwrap(),
+                    "1.2.3.4/32".parse().unwrap(),
+                ],
+                inbound_exclude_ports: vec![15090, 15021, 15020, 9000],
+                outbound_exclude_ports: vec![15020, 3306],
+                bypass_uids: vec![4000],
+                ..CaptureConfig::istio_sidecar_default()
+            },
+        ),
+        ("base", CaptureConfig::default()),
+    ]
+}
+
+/// The handle nft shows for our table (`table inet redirect_capture { # handle N`).
+fn table_handle(ns: &TestNetns) -> String {
+    let listing = ns.sh(&format!("nft -a list table inet {TABLE}"));
+    listing
+        .lines()
+        .find(|l| l.contains(TABLE))
+        .and_then(|l| l.rsplit_once("# handle "))
+        .map(|(_, h)| h.trim().to_string())
+        .unwrap_or_else(|| panic!("no handle for our table in {listing:?}"))
+}
+
+fn apply_table_in(ns: &TestNetns, cfg: &CaptureConfig) -> Option<Changes> {
+    let t = nft::lower(&plan(cfg).unwrap());
+    ns.run(|| nft::apply_table(&t)).unwrap()
+}
+
+#[test]
+fn every_config_is_reached_from_every_other_in_place() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let mut updates = 0;
+    for (from_name, from) in configs() {
+        for (to_name, to) in configs() {
+            let what = format!("{from_name} -> {to_name}");
+            let ns = TestNetns::new();
+            assert_eq!(
+                apply_table_in(&ns, &from),
+                None,
+                "{what}: first apply creates"
+            );
+            let handle = table_handle(&ns);
+            let changes = apply_table_in(&ns, &to).expect("an update");
+            let rs = plan(&to).unwrap();
+            assert_eq!(
+                nft::read_back_in(ns.path()).unwrap().as_ref(),
+                Some(&nft::expected(&rs)),
+                "{what}"
+            );
+            assert_eq!(table_handle(&ns), handle, "{what}: the table was replaced");
+            assert_eq!(ns.sh("nft list tables").lines().count(), 1, "{what}");
+            if from_name == to_name {
+                assert!(changes.is_empty(), "{what}: {changes:?}");
+            } else {
+                assert!(!changes.is_empty(), "{what}");
+                updates += 1;
+            }
+            // And traffic-independent: a second apply of the same finds nothing to do.
+            assert!(apply_table_in(&ns, &to).unwrap().is_empty(), "{what}");
+        }
+    }
+    assert_eq!(updates, 12);
+}
+
+#[test]
+fn an_update_touches_only_what_changed() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = TestNetns::new();
+    let a = CaptureConfig::istio_sidecar_default();
+    let b = CaptureConfig {
+        inbound_exclude_ports: vec![15090, 15021, 15020, 9000],
+        ..a.clone()
+    };
+    apply_table_in(&ns, &a);
+    let handles = ns.sh(&format!("nft -a list table inet {TABLE}"));
+    let changes = apply_table_in(&ns, &b).unwrap();
+    // The port list is a set: refilled, and no chain is touched.
+    assert!(changes.refilled_chains.is_empty(), "{changes:?}");
+    assert!(changes.recreated_chains.is_empty() && changes.deleted_chains.is_empty());
+    assert_eq!(changes.refilled_sets.len(), 1, "{changes:?}");
+    let after = ns.sh(&format!("nft -a list table inet {TABLE}"));
+    let rule_handles = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.contains("elements") && l.contains("# handle"))
+            .map(|l| l.trim().to_string())
+            .collect()
+    };
+    assert_eq!(rule_handles(&after), rule_handles(&handles));
+}
+
+#[test]
+fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = TestNetns::new();
+    let cfg = CaptureConfig::istio_sidecar_default();
+    let rs = plan(&cfg).unwrap();
+    nft::apply_in(ns.path(), &rs).unwrap();
+    ns.sh(&format!(
+        "nft add rule inet {TABLE} nat_ip_istio_output meta l4proto udp limit rate 10/second counter accept"
+    ));
+    ns.sh(&format!("nft add chain inet {TABLE} stranger"));
+    ns.sh(&format!(
+        "nft 'add set inet {TABLE} stranger-set {{ type ipv4_addr; elements = {{ 192.0.2.1 }} ; }}'"
+    ));
+    let diff = nft::diff_in(ns.path(), &rs).unwrap();
+    let text: Vec<String> = diff.iter().map(|d| d.to_string()).collect();
+    // The stranger's rule is shown in nft syntax where it can be, and its limit by name with
+    // its raw attributes: nothing is dropped.
+    assert!(
+        diff.iter()
+            .any(|d| matches!(d, Difference::RuleUnexpected { rule, .. }
+            if rule.starts_with("meta l4proto udp [ limit ") && rule.ends_with("counter accept"))),
+        "{text:#?}"
+    );
+    assert!(diff.contains(&Difference::ChainUnexpected {
+        chain: "stranger".into()
+    }));
+    assert!(diff.contains(&Difference::SetUnexpected {
+        set: "stranger-set".into()
+    }));
+    let changes = ns
+        .run(|| nft::apply_table(&nft::lower(&rs)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(changes.refilled_chains, ["nat_ip_istio_output"]);
+    assert_eq!(changes.deleted_chains, ["stranger"]);
+    assert_eq!(changes.deleted_sets, ["stranger-set"]);
+    assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());
+}
+
+#[test]
+fn objects_whose_kind_changed_are_deleted_and_added_again() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = TestNetns::new();
+    let cfg = CaptureConfig {
+        outbound_exclude_cidrs: vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "1.2.3.4/32".parse().unwrap(),
+        ],
+        ..CaptureConfig::istio_sidecar_default()
+    };
+    let rs = plan(&cfg).unwrap();
+    // Our table as another version might have left it: the exclude set keyed by port, the
+    // output base chain as a regular chain, and a chain of ours that jumps to it and looks
+    // the set up (references the kernel counts).
+    let script = format!(
+        "table inet {TABLE} {{
+           set ip-exclude-cidrs {{ type inet_service; elements = {{ 53 }} }}
+           chain nat_output {{ }}
+           chain nat_ip_istio_output {{ th dport @ip-exclude-cidrs return; jump nat_output; }}
+         }}"
+    );
+    ns.try_sh(&format!("nft -f - <<'EOF'\n{script}\nEOF"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let changes = ns
+        .run(|| nft::apply_table(&nft::lower(&rs)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(changes.recreated_sets, ["ip-exclude-cidrs"], "{changes:?}");
+    assert_eq!(changes.recreated_chains, ["nat_output"], "{changes:?}");
+    assert!(changes
+        .refilled_chains
+        .contains(&"nat_ip_istio_output".to_string()));
+    assert_eq!(
+        nft::read_back_in(ns.path()).unwrap(),
+        Some(nft::expected(&rs))
+    );
+}
