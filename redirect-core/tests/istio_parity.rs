@@ -13,6 +13,7 @@ use redirect_core::testkit::istio::{
     self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase,
 };
 use redirect_core::testkit::{kernel_tests_enabled, run_probes, Topology};
+use redirect_core::testkit::{run_probe_with, Outcome, Timing};
 
 /// The case's configuration as a `CaptureConfig`, through our own parsers of Istio's syntax.
 fn config_of(case: &IstioCase) -> CaptureConfig {
@@ -114,7 +115,22 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
                 "{name}: Istio's side gave no definite outcome for {p:?}: {w:?}"
             );
             if w != g {
-                mismatches.push(format!("{name}: {p:?}\n    istio: {w}\n    ours:  {g}"));
+                // A timeout on one side only gets a second, patient look on both sides: on a
+                // loaded machine a connect can outlast the default 300 ms.
+                let timed_out = matches!(w, Outcome::Timeout) || matches!(g, Outcome::Timeout);
+                let again = timed_out.then(|| {
+                    let slow = Timing::patient();
+                    (
+                        run_probe_with(&theirs, p, slow),
+                        run_probe_with(&ours, p, slow),
+                    )
+                });
+                match again {
+                    Some((w2, g2)) if w2 == g2 => {
+                        eprintln!("{name}: {p:?}: {w} vs {g} at first, {w2} on both sides again")
+                    }
+                    _ => mismatches.push(format!("{name}: {p:?}\n    istio: {w}\n    ours:  {g}")),
+                }
             }
         }
         eprintln!("{name}: {} probes compared", probes.len());

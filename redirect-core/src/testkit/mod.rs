@@ -38,8 +38,8 @@ pub mod istio;
 pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
 pub use netns::TestNetns;
 pub use probe::{
-    run_probe, run_probe_report, run_probes, run_probes_report, From, Outcome, Probe, ProbeReport,
-    Proto, Side, Timing,
+    run_probe, run_probe_report, run_probe_with, run_probes, run_probes_report, From, Outcome,
+    Probe, ProbeReport, Proto, Side, Timing,
 };
 pub use topology::{Link, Topology, TopologySpec, PEER4, PEER6, POD4, POD6};
 

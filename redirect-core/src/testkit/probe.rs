@@ -267,9 +267,30 @@ pub fn run_probe(topo: &Topology, probe: &Probe) -> Outcome {
     run_probe_report(topo, probe).outcome
 }
 
+impl Timing {
+    /// Ten times the default: for a second look at a probe that timed out, since on a loaded
+    /// machine an answer can come later than the default allows, and slow is not dropped.
+    pub fn patient() -> Timing {
+        let d = Timing::default();
+        Timing {
+            connect: d.connect * 10,
+            udp_reply: d.udp_reply * 10,
+            report: d.report * 2,
+        }
+    }
+}
+
+/// [`run_probe`] with other timeouts than the topology's.
+pub fn run_probe_with(topo: &Topology, probe: &Probe, timing: Timing) -> Outcome {
+    run_probe_report_with(topo, probe, timing).outcome
+}
+
 /// Like [`run_probe`], with the local address and the raw report.
 pub fn run_probe_report(topo: &Topology, probe: &Probe) -> ProbeReport {
-    let timing = topo.timing;
+    run_probe_report_with(topo, probe, topo.timing)
+}
+
+fn run_probe_report_with(topo: &Topology, probe: &Probe, timing: Timing) -> ProbeReport {
     match &probe.from {
         From::Pod { uid, gid } => {
             let (uid, gid) = (*uid, *gid);
