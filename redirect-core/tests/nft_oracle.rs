@@ -507,6 +507,7 @@ fn check_pair(from: &CaptureConfig, to: &CaptureConfig, what: &str) -> usize {
             n += check(&batch, y, &format!("{what}: update {dir}"));
         }
     }
+    n += check(&nft::encode_replace(&b, 1), &b, &format!("{what}: replace"));
     n += check(&nft::encode_delete(1), &NftTable::default(), "delete");
     n
 }

@@ -4,7 +4,7 @@
 //! and nothing sent when the table already holds the plan. Each test has fresh namespaces.
 
 use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
-use redirect_core::nft::{self, Changes, Difference, TABLE};
+use redirect_core::nft::{self, Applied, Changes, Difference, TABLE};
 use redirect_core::plan;
 use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
 
@@ -50,9 +50,21 @@ fn table_handle(ns: &TestNetns) -> String {
         .unwrap_or_else(|| panic!("no handle for our table in {listing:?}"))
 }
 
+/// Apply in `ns`: `None` when the table was created, the changes when it was updated.
 fn apply_table_in(ns: &TestNetns, cfg: &CaptureConfig) -> Option<Changes> {
     let t = nft::lower(&plan(cfg).unwrap());
-    ns.run(|| nft::apply_table(&t)).unwrap()
+    match ns.run(|| nft::apply_table(&t)).unwrap() {
+        Applied::Created => None,
+        Applied::Updated(ch) => Some(ch),
+        Applied::Replaced => panic!("replaced, with no other writer"),
+    }
+}
+
+fn updated(a: Applied) -> Changes {
+    match a {
+        Applied::Updated(ch) => ch,
+        other => panic!("not an update: {other:?}"),
+    }
 }
 
 #[test]
@@ -153,10 +165,7 @@ fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
     assert!(diff.contains(&Difference::SetUnexpected {
         set: "stranger-set".into()
     }));
-    let changes = ns
-        .run(|| nft::apply_table(&nft::lower(&rs)))
-        .unwrap()
-        .unwrap();
+    let changes = updated(ns.run(|| nft::apply_table(&nft::lower(&rs))).unwrap());
     assert_eq!(changes.refilled_chains, ["nat_ip_istio_output"]);
     assert_eq!(changes.deleted_chains, ["stranger"]);
     assert_eq!(changes.deleted_sets, ["stranger-set"]);
@@ -189,10 +198,7 @@ fn objects_whose_kind_changed_are_deleted_and_added_again() {
     );
     ns.try_sh(&format!("nft -f - <<'EOF'\n{script}\nEOF"))
         .unwrap_or_else(|e| panic!("{e}"));
-    let changes = ns
-        .run(|| nft::apply_table(&nft::lower(&rs)))
-        .unwrap()
-        .unwrap();
+    let changes = updated(ns.run(|| nft::apply_table(&nft::lower(&rs))).unwrap());
     assert_eq!(changes.recreated_sets, ["ip-exclude-cidrs"], "{changes:?}");
     assert_eq!(changes.recreated_chains, ["nat_output"], "{changes:?}");
     assert!(changes
@@ -201,5 +207,46 @@ fn objects_whose_kind_changed_are_deleted_and_added_again() {
     assert_eq!(
         nft::read_back_in(ns.path()).unwrap(),
         Some(nft::expected(&rs))
+    );
+}
+
+/// Writers racing on one namespace, each with its own configuration: every apply succeeds
+/// (re-reading when the ruleset moved, replacing the table when it keeps moving) and the table
+/// ends equal to one of the plans, never to a mix.
+#[test]
+fn racing_writers_all_succeed_and_leave_one_whole_plan() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = TestNetns::new();
+    let plans: Vec<_> = configs()
+        .into_iter()
+        .map(|(_, c)| plan(&c).unwrap())
+        .collect();
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for w in 0..8 {
+            let (ns, plans, outcomes) = (&ns, &plans, &outcomes);
+            s.spawn(move || {
+                for round in 0..10 {
+                    let t = nft::lower(&plans[(w + round) % plans.len()]);
+                    let r = ns.run(|| nft::apply_table(&t));
+                    outcomes.lock().unwrap().push(r.map_err(|e| e.to_string()));
+                }
+            });
+        }
+    });
+    let outcomes = outcomes.into_inner().unwrap();
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.is_err()).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    let replaced = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(Applied::Replaced)))
+        .count();
+    eprintln!("80 racing applies: all succeeded, {replaced} fell back to a replace");
+    let state = nft::read_back_in(ns.path()).unwrap().unwrap();
+    assert!(
+        plans.iter().any(|rs| state == nft::expected(rs)),
+        "the table is no plan whole"
     );
 }

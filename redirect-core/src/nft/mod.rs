@@ -48,7 +48,8 @@ use crate::ruleset::Ruleset;
 /// The name of our table (family `inet`). One per network namespace; nothing else of ours exists.
 pub const TABLE: &str = "redirect_capture";
 
-/// How often apply starts over when a concurrent change moved the ruleset under it.
+/// How often apply reads the table again when a concurrent change moved the ruleset under it,
+/// before it replaces the table whatever it holds.
 const APPLY_TRIES: usize = 3;
 
 /// Program a ruleset: create our table, or update it in place to the ruleset, atomically.
@@ -56,32 +57,41 @@ pub fn apply(rs: &Ruleset) -> Result<()> {
     apply_table(&lower(rs)).map(|_| ())
 }
 
-/// `apply` of a lowered table; says what an update changed (`None`: the table was created).
-pub fn apply_table(table: &NftTable) -> Result<Option<Changes>> {
+/// What `apply_table` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// There was no table: it was created.
+    Created,
+    /// The table was updated in place (nothing sent when the changes are empty).
+    Updated(Changes),
+    /// Other writers kept changing the ruleset between read and write: the table was deleted
+    /// and created again in one batch that depends on no read.
+    Replaced,
+}
+
+/// `apply` of a lowered table, saying what it did.
+pub fn apply_table(table: &NftTable) -> Result<Applied> {
     let sock = socket::Socket::open()?;
-    let mut tries = 0;
-    loop {
-        tries += 1;
+    for _ in 0..APPLY_TRIES {
         let genid = dump::generation(&sock)?;
-        let current = dump::table(&sock)?;
-        let (batch, changes) = match &current {
-            None => (update::create(table, sock.next_seq(), Some(genid)), None),
-            Some(cur) => match update::update(cur, table, sock.next_seq(), Some(genid)) {
-                None => return Ok(Some(Changes::default())),
-                Some((b, ch)) => (b, Some(ch)),
+        let (batch, applied) = match dump::table(&sock)? {
+            None => (
+                update::create(table, sock.next_seq(), Some(genid)),
+                Applied::Created,
+            ),
+            Some(cur) => match update::update(&cur, table, sock.next_seq(), Some(genid)) {
+                None => return Ok(Applied::Updated(Changes::default())),
+                Some((b, ch)) => (b, Applied::Updated(ch)),
             },
         };
         match send(&sock, &batch, table) {
-            // The ruleset moved since it was read (ERESTART), or our table appeared between
-            // the dump and the create (EEXIST): read again and redo.
-            Err(crate::Error::NftRejected { errno, .. })
-                if (errno == libc::ERESTART || errno == libc::EEXIST) && tries < APPLY_TRIES =>
-            {
-                continue
-            }
-            other => return other.map(|()| changes),
+            // The ruleset moved since it was read: read again.
+            Err(crate::Error::NftRejected { errno, .. }) if errno == libc::ERESTART => continue,
+            other => return other.map(|()| applied),
         }
     }
+    let batch = update::replace(table, sock.next_seq());
+    send(&sock, &batch, table).map(|()| Applied::Replaced)
 }
 
 fn send(sock: &socket::Socket, batch: &Encoded, table: &NftTable) -> Result<()> {
@@ -116,6 +126,11 @@ pub fn state_of(t: &NftTable) -> TableState {
 /// The batch that updates `current` into `t` in place, `None` when equal (for tests).
 pub fn encode_update(current: &TableState, t: &NftTable) -> Option<(Encoded, Changes)> {
     update::update(current, t, 1, None)
+}
+
+/// The batch that replaces our table whatever it holds (for the oracle test).
+pub fn encode_replace(t: &NftTable, first_seq: u32) -> Encoded {
+    update::replace(t, first_seq)
 }
 
 /// The batch that deletes our table (for the oracle test).

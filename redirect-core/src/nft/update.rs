@@ -65,16 +65,46 @@ pub fn create(t: &NftTable, first_seq: u32, genid: Option<u32>) -> Encoded {
         flags::CREATE_TABLE,
         Label::CreateTable,
     );
+    fill(&mut b, t);
+    b.finish()
+}
+
+/// Whatever the namespace holds, our table becomes `t`: add the table (so the delete finds
+/// one), delete it, add it with everything. It depends on no read, so no concurrent change can
+/// invalidate it; the price is the table's deletion (an RCU grace period when the socket
+/// closes). `apply`'s last resort when other writers keep moving the ruleset.
+pub fn replace(t: &NftTable, first_seq: u32) -> Encoded {
+    let mut b = Batch::new(first_seq, None);
+    b.push(
+        message::new_table(TABLE, false),
+        flags::ADD_TABLE,
+        Label::AddTable,
+    );
+    b.push(
+        message::del_table(TABLE),
+        flags::DELETE,
+        Label::DeleteTable(TABLE.into()),
+    );
+    b.push(
+        message::new_table(TABLE, false),
+        flags::ADD_TABLE,
+        Label::AddTable,
+    );
+    fill(&mut b, t);
+    b.finish()
+}
+
+/// Every set, chain and rule of `t`, into a table that is empty in this transaction.
+fn fill(b: &mut Batch, t: &NftTable) {
     for si in 0..t.sets.len() {
-        add_set(&mut b, t, si, true);
+        add_set(b, t, si, true);
     }
     for (ci, c) in t.chains.iter().enumerate() {
         b.push(message::new_chain(c), flags::ADD_CHAIN, Label::AddChain(ci));
     }
     for ci in 0..t.chains.len() {
-        add_rules(&mut b, t, ci);
+        add_rules(b, t, ci);
     }
-    b.finish()
 }
 
 /// What an in-place update changes, by name.
