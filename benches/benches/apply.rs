@@ -4,7 +4,11 @@
 //! - `rules`: `nft::apply` of a planned ruleset: socket, one batch, the ACKs.
 //! - `capture`: `capture::apply`: plan, rules and routes (TPROXY policy routing, `::6` on lo),
 //!   what the CNI plugin and redirect-init run once inside the pod's namespace.
-//! - `replace`: `nft::apply` over our existing table (an atomic replace in one batch).
+//! - `replace`: `nft::apply` of the same ruleset again (a repeated ADD, `--force-apply`): the
+//!   table is read back, found equal, and nothing is sent.
+//! - `update`: `nft::apply` over the table of Istio's sidecar default (another config before):
+//!   one batch that updates the table in place.
+//! - `read_back`: the dump of our table into its typed form (CNI CHECK, `inspect`).
 
 use std::time::{Duration, Instant};
 
@@ -65,6 +69,25 @@ fn apply(c: &mut Criterion) {
                     iters,
                     || nft::apply(&rs).expect("first apply"),
                     || timed(|| nft::apply(&rs).expect("replace")),
+                )
+            })
+        });
+        let before = plan(&configs()[0].1).expect("plan");
+        g.bench_function("update", |b| {
+            b.iter_custom(|iters| {
+                in_fresh_namespaces(
+                    iters,
+                    || nft::apply(&before).expect("first apply"),
+                    || timed(|| nft::apply(&rs).expect("update")),
+                )
+            })
+        });
+        g.bench_function("read_back", |b| {
+            b.iter_custom(|iters| {
+                in_fresh_namespaces(
+                    iters,
+                    || nft::apply(&rs).expect("apply"),
+                    || timed(|| drop(nft::read_back().expect("read back"))),
                 )
             })
         });

@@ -1,14 +1,17 @@
 //! Reading our table back over netlink: chains, rules, sets and elements, parsed with
-//! `netlink-packet-netfilter` and decoded into the typed form the plan is lowered to.
+//! `netlink-packet-netfilter` (chains, sets, each rule's expressions) or our own parsers on
+//! `netlink-packet-core` (a rule's top level, set elements), and decoded into the typed form
+//! the plan is lowered to.
 
+use netlink_packet_core::{parse_string, DecodeError, NlasIterator, Parseable};
 use netlink_packet_netfilter::nftables::{
-    ChainAttribute, DataAttribute, GenAttribute, Hook as NlHook, ListAttribute, NfTablesMessage,
-    RuleAttribute, SetAttribute, SetElementAttribute, SetElementList, TableAttribute, TableMessage,
+    ChainAttribute, ExpressionAttribute, GenAttribute, Hook as NlHook, ListAttribute,
+    NfTablesMessage, SetAttribute, TableAttribute, TableMessage,
 };
 use netlink_packet_netfilter::NetfilterProtoFamily;
 
+use super::elements;
 use super::expr::Expr;
-use super::lower::SetElem;
 use super::message;
 use super::socket::Socket;
 use super::state::{BaseState, ChainState, SetState, TableState};
@@ -62,45 +65,33 @@ fn table_once(sock: &Socket) -> Result<Option<TableState>> {
         return Ok(None);
     }
     let mut state = TableState::default();
-    for msg in sock
+    for raw in sock
         .dump_ours(message::get_chains(), "our chains")?
         .unwrap_or_default()
     {
-        if let NfTablesMessage::NewChain(c) = msg {
+        if let NfTablesMessage::NewChain(c) = raw.parsed()? {
             if let Some(chain) = chain(c.attributes) {
                 state.chains.push(chain);
             }
         }
     }
-    for msg in sock
+    for raw in sock
         .dump_ours(message::get_rules(), "our rules")?
         .unwrap_or_default()
     {
-        if let NfTablesMessage::NewRule(r) = msg {
-            let (mut table, mut chain, mut exprs) = (String::new(), String::new(), Vec::new());
-            for a in r.attributes {
-                match a {
-                    RuleAttribute::Table(t) => table = t,
-                    RuleAttribute::Chain(c) => chain = c,
-                    RuleAttribute::Expressions(list) => {
-                        exprs = list.iter().map(Expr::decode).collect()
-                    }
-                    _ => {}
-                }
-            }
-            if table != TABLE {
-                continue;
-            }
-            if let Some(c) = state.chains.iter_mut().find(|c| c.name == chain) {
-                c.rules.push(exprs);
-            }
+        let (table, chain, exprs) = rule(&raw.payload).map_err(|e| bad("a dumped rule", e))?;
+        if table != TABLE {
+            continue;
+        }
+        if let Some(c) = state.chains.iter_mut().find(|c| c.name == chain) {
+            c.rules.push(exprs);
         }
     }
-    for msg in sock
+    for raw in sock
         .dump_ours(message::get_sets(), "our sets")?
         .unwrap_or_default()
     {
-        if let NfTablesMessage::NewSet(s) = msg {
+        if let NfTablesMessage::NewSet(s) = raw.parsed()? {
             if let Some(set) = set(s.attributes) {
                 state.sets.push(set);
             }
@@ -108,21 +99,51 @@ fn table_once(sock: &Socket) -> Result<Option<TableState>> {
     }
     for set in &mut state.sets {
         let what = format!("the elements of set {}", set.name);
-        for msg in sock
+        for raw in sock
             .dump_ours(message::get_elements(&set.name), &what)?
             .unwrap_or_default()
         {
-            if let NfTablesMessage::NewSetElement(m) = msg {
-                for a in m.attributes {
-                    if let SetElementList::Elements(list) = a {
-                        set.elements.extend(list.iter().filter_map(element));
-                    }
-                }
-            }
+            let elems = elements::parse(&raw.payload).map_err(|e| bad("dumped elements", e))?;
+            set.elements.extend(elems);
         }
     }
     state.sort();
     Ok(Some(state))
+}
+
+fn bad(what: &'static str, e: DecodeError) -> Error {
+    Error::Netlink {
+        op: what,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        hint: "",
+    }
+}
+
+// enum nft_rule_attributes
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+
+/// A dumped rule's table, chain and expressions. The top level is walked here; each
+/// expression is parsed by netlink-packet-netfilter (its rule parser formats the whole
+/// expression list into each expression's error context).
+fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), DecodeError> {
+    let (mut table, mut chain, mut exprs) = (String::new(), String::new(), Vec::new());
+    for nla in NlasIterator::new(payload) {
+        let nla = nla?;
+        match nla.kind() {
+            NFTA_RULE_TABLE => table = parse_string(nla.value())?,
+            NFTA_RULE_CHAIN => chain = parse_string(nla.value())?,
+            NFTA_RULE_EXPRESSIONS => {
+                for e in NlasIterator::new(nla.value()) {
+                    let list = ListAttribute::<ExpressionAttribute>::parse(&e?)?;
+                    exprs.push(Expr::decode(&list));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((table, chain, exprs))
 }
 
 fn chain(attrs: Vec<ChainAttribute>) -> Option<ChainState> {
@@ -180,24 +201,6 @@ fn set(attrs: Vec<SetAttribute>) -> Option<SetState> {
     (table == TABLE).then_some(s)
 }
 
-fn element(elem: &ListAttribute<SetElementAttribute>) -> Option<SetElem> {
-    let ListAttribute::Element(attrs) = elem else {
-        return None;
-    };
-    let mut out = SetElem {
-        key: Vec::new(),
-        interval_end: false,
-    };
-    for a in attrs {
-        match a {
-            SetElementAttribute::Key(DataAttribute::Value(k)) => out.key = k.clone(),
-            SetElementAttribute::Flags(f) => out.interval_end = f.bits() & 1 != 0,
-            _ => {}
-        }
-    }
-    Some(out)
-}
-
 /// Every table of the namespace as (nfproto family, name), from one dump of all families.
 pub fn tables(sock: &Socket) -> Result<Vec<(u8, String)>> {
     // The request names no table, and its family is UNSPEC: every family's tables.
@@ -207,11 +210,11 @@ pub fn tables(sock: &Socket) -> Result<Vec<(u8, String)>> {
         "the tables",
     )?;
     let mut out = Vec::new();
-    for (family, msg) in all.unwrap_or_default() {
-        if let NfTablesMessage::NewTable(t) = msg {
+    for raw in all.unwrap_or_default() {
+        if let NfTablesMessage::NewTable(t) = raw.parsed()? {
             for a in t.attributes {
                 if let TableAttribute::Name(n) = a {
-                    out.push((family, n));
+                    out.push((raw.family, n));
                 }
             }
         }

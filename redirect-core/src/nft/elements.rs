@@ -1,11 +1,11 @@
 //! Set elements written straight into a NEWSETELEM message as netlink attributes, through
-//! netlink-packet-core's `Nla` trait. libnftnl allocates, fills, serialises and frees one object
+//! netlink-packet-core's `Nla` trait, and read back from a dump with its `NlasIterator`. libnftnl allocates, fills, serialises and frees one object
 //! per element; for 10,000 CIDRs (20,000 interval keys) that was most of the ~12 ms an encode
 //! took. The layout is the kernel's (`linux/netfilter/nf_tables.h`):
 //! `NFTA_SET_ELEM_LIST_ELEMENTS { NFTA_LIST_ELEM { NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY {
 //! NFTA_DATA_VALUE } } ... }`.
 
-use netlink_packet_core::{Emitable, Nla};
+use netlink_packet_core::{parse_u32_be, DecodeError, Emitable, Nla, NlasIterator};
 
 use super::lower::SetElem;
 
@@ -115,6 +115,44 @@ impl Nla for Flags {
     }
 }
 
+/// The elements of one dumped NEWSETELEM message (its attributes after the nfgenmsg).
+/// netlink-packet-netfilter parses these too, but formats the whole list into each element's
+/// error context as it goes: a 1,000-CIDR set took 0.5 s to read that way.
+pub fn parse(payload: &[u8]) -> Result<Vec<SetElem>, DecodeError> {
+    let mut out = Vec::new();
+    for list in NlasIterator::new(payload) {
+        let list = list?;
+        if list.kind() != NFTA_SET_ELEM_LIST_ELEMENTS {
+            continue;
+        }
+        for elem in NlasIterator::new(list.value()) {
+            let mut e = SetElem {
+                key: Vec::new(),
+                interval_end: false,
+            };
+            for a in NlasIterator::new(elem?.value()) {
+                let a = a?;
+                match a.kind() {
+                    NFTA_SET_ELEM_KEY => {
+                        for v in NlasIterator::new(a.value()) {
+                            let v = v?;
+                            if v.kind() == NFTA_DATA_VALUE {
+                                e.key = v.value().to_vec();
+                            }
+                        }
+                    }
+                    NFTA_SET_ELEM_FLAGS => {
+                        e.interval_end = parse_u32_be(a.value())? & NFT_SET_ELEM_INTERVAL_END != 0
+                    }
+                    _ => {}
+                }
+            }
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +182,9 @@ mod tests {
         ]
         .concat();
         assert_eq!(buf, want);
+        // And a dump of them reads back the same (after table and set name attributes).
+        let mut msg = vec![8, 0, 1, 0, b't', 0, 0, 0];
+        msg.extend_from_slice(&buf);
+        assert_eq!(parse(&msg).unwrap(), elems);
     }
 }

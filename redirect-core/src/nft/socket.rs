@@ -7,10 +7,11 @@ use std::io;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NetlinkBuffer, NetlinkMessage, NetlinkPayload, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP_INTR,
+    NetlinkBuffer, NetlinkMessage, NetlinkPayload, ParseableParametrized, NLMSG_DONE, NLMSG_ERROR,
+    NLM_F_DUMP_INTR,
 };
 use netlink_packet_netfilter::nftables::NfTablesMessage;
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterProtoFamily};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket as NlSocket};
 use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::TimeVal;
@@ -59,6 +60,23 @@ fn decode_err(op: &'static str, e: impl std::fmt::Display) -> Error {
     }
 }
 
+/// An nf_tables message as received: its type, its nfgenmsg family and the attributes after
+/// the nfgenmsg. The caller parses it: with `netlink-packet-netfilter` (`parsed`), or with our
+/// own parsers where the crate is slow (its list parsers format the whole list into each
+/// element's error context, eagerly: quadratic in a dump message's size).
+pub struct Raw {
+    pub msg_type: u8,
+    pub family: u8,
+    pub payload: Vec<u8>,
+}
+
+impl Raw {
+    pub fn parsed(&self) -> Result<NfTablesMessage> {
+        NfTablesMessage::parse_with_param(&self.payload[..], self.msg_type)
+            .map_err(|e| decode_err("parse an nf_tables message", e))
+    }
+}
+
 /// One received message, as far as we need it.
 enum Received {
     /// An answer: 0 for an ACK, else an errno.
@@ -71,9 +89,8 @@ enum Received {
     },
     Message {
         seq: u32,
-        family: u8,
         interrupted: bool,
-        msg: Box<NfTablesMessage>,
+        msg: Raw,
     },
     Other,
 }
@@ -148,24 +165,17 @@ impl Socket {
                     Received::Answer { seq, errno }
                 }
                 NLMSG_DONE => Received::Done { seq },
-                _ => match NetlinkMessage::<NetfilterMessage>::deserialize(whole) {
-                    Ok(NetlinkMessage {
-                        payload:
-                            NetlinkPayload::InnerMessage(NetfilterMessage {
-                                header,
-                                inner: NetfilterMessageInner::NfTables(msg),
-                                ..
-                            }),
-                        ..
-                    }) => Received::Message {
-                        seq,
-                        family: header.family.into(),
-                        interrupted: flags & NLM_F_DUMP_INTR != 0,
-                        msg: Box::new(msg),
+                // nf_tables messages: subsystem 10 in the type's high byte.
+                _ if ty >> 8 == 10 && whole.len() >= 20 => Received::Message {
+                    seq,
+                    interrupted: flags & NLM_F_DUMP_INTR != 0,
+                    msg: Raw {
+                        msg_type: ty as u8,
+                        family: whole[16],
+                        payload: whole[20..].to_vec(),
                     },
-                    Ok(_) => Received::Other,
-                    Err(e) => return Err(decode_err(op, e)),
                 },
+                _ => Received::Other,
             });
         }
         Ok(out)
@@ -243,7 +253,9 @@ impl Socket {
             self.recv_into(&mut buf, "receive nf_tables answer")?;
             for r in self.parse(&buf, "receive nf_tables answer")? {
                 match r {
-                    Received::Message { seq: s, msg, .. } if s == seq => answer = Some(*msg),
+                    Received::Message { seq: s, msg, .. } if s == seq => {
+                        answer = Some(msg.parsed()?)
+                    }
                     Received::Answer { seq: s, errno } if s == seq => {
                         return match errno {
                             0 => Ok(answer),
@@ -258,17 +270,11 @@ impl Socket {
     }
 
     /// A dump of our `inet` table's objects.
-    pub fn dump_ours(
-        &self,
-        msg: NfTablesMessage,
-        what: &str,
-    ) -> Result<Option<Vec<NfTablesMessage>>> {
-        Ok(self
-            .dump(NetfilterProtoFamily::Inet, msg, what)?
-            .map(|v| v.into_iter().map(|(_, m)| m).collect()))
+    pub fn dump_ours(&self, msg: NfTablesMessage, what: &str) -> Result<Option<Vec<Raw>>> {
+        self.dump(NetfilterProtoFamily::Inet, msg, what)
     }
 
-    /// A dump: every message until NLMSG_DONE, with the nfproto family of each. `Ok(None)`
+    /// A dump: every message until NLMSG_DONE, unparsed. `Ok(None)`
     /// when the kernel answers ENOENT (no such table or set); an EINTR refusal when the
     /// ruleset changed during the dump, which the caller may try again.
     pub fn dump(
@@ -276,7 +282,7 @@ impl Socket {
         family: NetfilterProtoFamily,
         msg: NfTablesMessage,
         what: &str,
-    ) -> Result<Option<Vec<(u8, NfTablesMessage)>>> {
+    ) -> Result<Option<Vec<Raw>>> {
         let seq = self.take_seqs(1);
         let mut req = Vec::new();
         message::write(&mut req, family, 0, msg, message::flags::DUMP, seq);
@@ -292,12 +298,11 @@ impl Socket {
                 match r {
                     Received::Message {
                         seq: s,
-                        family,
                         interrupted: i,
                         msg,
                     } if s == seq => {
                         interrupted |= i;
-                        out.push((family, *msg));
+                        out.push(msg);
                     }
                     Received::Done { seq: s } if s == seq => {
                         if interrupted {
