@@ -1399,3 +1399,70 @@ fn the_checker_reports_what_the_scc_would_refuse() {
         &["seccompProfile", "unconfined"],
     );
 }
+
+/// The paths the image puts its binaries at, from the Containerfile's `COPY` lines
+/// (`COPY [--flags] SRC... DEST/`): DEST joined with each SRC's file name.
+fn image_binaries(containerfile: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in containerfile.lines() {
+        let Some(rest) = line.trim().strip_prefix("COPY ") else {
+            continue;
+        };
+        let words: Vec<&str> = rest
+            .split_whitespace()
+            .filter(|w| !w.starts_with("--"))
+            .collect();
+        if let Some((dest, srcs)) = words.split_last() {
+            for s in srcs {
+                let name = s.rsplit('/').next().unwrap_or(s);
+                out.push(format!("{}/{name}", dest.trim_end_matches('/')));
+            }
+        }
+    }
+    out
+}
+
+/// Every container the manifests run starts a binary the image built from `Containerfile`
+/// holds, so the manifests and the image cannot drift apart.
+#[test]
+fn the_manifests_run_what_the_image_holds() {
+    let containerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Containerfile"))
+            .expect("Containerfile at the repository root");
+    assert!(containerfile.lines().any(|l| l.trim() == "FROM scratch"));
+    let held = image_binaries(&containerfile);
+    assert_eq!(
+        held,
+        [
+            "/usr/local/bin/redirect-cni",
+            "/usr/local/bin/redirect-init",
+            "/usr/local/bin/redirect-validate"
+        ]
+    );
+    let mut files = Vec::new();
+    yaml_files(&deploy_dir(), &mut files);
+    let mut commands = 0;
+    for f in &files {
+        let mut problems = Vec::new();
+        for d in parse_stream(&std::fs::read_to_string(f).unwrap(), &mut problems) {
+            let containers = d
+                .value
+                .pointer("/spec/template/spec/containers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for c in containers {
+                let cmd = c.pointer("/command/0").and_then(Value::as_str);
+                let cmd = cmd.unwrap_or_else(|| panic!("{}: {}: no command", f.display(), d.label));
+                assert!(
+                    held.iter().any(|h| h == cmd),
+                    "{}: {} runs {cmd}, which the image does not hold ({held:?})",
+                    f.display(),
+                    d.label
+                );
+                commands += 1;
+            }
+        }
+    }
+    assert_eq!(commands, 2, "one installer per mode");
+}
