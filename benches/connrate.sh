@@ -22,8 +22,9 @@ REL=$ROOT/target/release
 . "$ROOT/benches/lib.sh"
 CNI_BASIC=$SHARED/testdata/istio/cni/basic.restore
 [ -r "$CNI_BASIC" ] || { echo "missing $CNI_BASIC (set SHARED=path/to/shared)" >&2; exit 1; }
-if [ ! -x "$REL/redirect-init" ] || [ ! -x "$REL/connrate" ] || [ ! -x "$REL/bench-data" ]; then
-  (cd "$ROOT" && cargo build --release -q -p init-shim -p redirect-benches)
+our_binaries "$ROOT"
+if [ ! -x "$REL/connrate" ] || [ ! -x "$REL/bench-data" ]; then
+  (cd "$ROOT" && cargo build --release -q -p redirect-benches)
 fi
 
 NS_PREFIX="rdconn$$"
@@ -48,7 +49,7 @@ fresh_ns() {
   ip netns exec "$1" sysctl -q -w net.ipv4.ip_local_port_range="1024 65000"
 }
 
-OURS="$REL/redirect-init -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -b '*' -d 15090,15021,15020 -o 15020"
+OURS="$BIN/redirect-init -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -b '*' -d 15090,15021,15020 -o 15020"
 declare -A CMDS=(
   [ours-0]="$OURS -x ''"
   [ours-10k]="$OURS -x \"\$(cat $DATA/exclude.list)\""

@@ -11,3 +11,16 @@ delete_namespaces() {
     rm -rf "/etc/netns/$ns"
   done
 }
+
+# our_binaries ROOT: sets BIN to the directory of our three binaries: REDIRECT_BIN_DIR, or the
+# static build of scripts/build-static.sh for this machine (built when missing).
+our_binaries() {
+  BIN=${REDIRECT_BIN_DIR:-${CARGO_TARGET_DIR:-$1/target}/static/$(uname -m)}
+  if [ -z "${REDIRECT_BIN_DIR:-}" ] && [ ! -x "$BIN/redirect-cni" ]; then
+    bash "$1/scripts/build-static.sh"
+  fi
+  local b
+  for b in redirect-init redirect-cni redirect-validate; do
+    [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (REDIRECT_BIN_DIR)" >&2; exit 1; }
+  done
+}

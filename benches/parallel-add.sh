@@ -15,8 +15,8 @@ SHARED=${SHARED:-$ROOT/../shared}
 REL=$ROOT/target/release
 . "$ROOT/benches/lib.sh"
 bash "$ROOT/scripts/install-deps.sh"
-[ -x "$REL/redirect-cni" ] && [ -x "$REL/bench-data" ] ||
-  (cd "$ROOT" && cargo build --release -q -p cni-shim -p redirect-benches)
+our_binaries "$ROOT"
+[ -x "$REL/bench-data" ] || (cd "$ROOT" && cargo build --release -q -p redirect-benches)
 BASIC=$SHARED/testdata/istio/cni/basic.restore
 [ -r "$BASIC" ] || { echo "missing $BASIC (set SHARED=path/to/shared)" >&2; exit 1; }
 
@@ -88,7 +88,7 @@ report() { # $1: tag, $2: label
 echo "machine: $(nproc) cores, $(uname -r); $N namespaces per burst"
 
 make_namespaces cni
-burst cni 'CNI_COMMAND=ADD CNI_CONTAINERID=c$NS CNI_NETNS=/run/netns/$NS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=$NS" '"$REL/redirect-cni <$WORK/cni-default.json"
+burst cni 'CNI_COMMAND=ADD CNI_CONTAINERID=c$NS CNI_NETNS=/run/netns/$NS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=$NS" '"$BIN/redirect-cni <$WORK/cni-default.json"
 report cni "redirect-cni ADD"
 missing=0
 for ((i = 0; i < N; i++)); do
