@@ -189,7 +189,8 @@ fn multus_standalone_conf_add_check_del() {
     assert_cni_error(
         &out,
         100,
-        &["differ", "inbound-exclude-ports"],
+        // The difference in the set's own terms (the port), not raw keys.
+        &["differ", "inbound-exclude-ports", r#"missing [\"9999\"]"#],
         "CHECK with other annotations",
     );
     let out = plugin(&env("DEL", &p, ARGS), &c);
