@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{cni_env, pod_ns, ARGS, BIN, STATUS_CNI};
+use common::{cni_env, mesh_conf, pod_ns, ARGS, BIN};
 use redirect_core::config::CaptureConfig;
 use redirect_core::testkit::istio::SIDECAR_ARGS;
 use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
@@ -139,12 +139,6 @@ impl Drop for EmptyRoot {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn mesh_conf() -> String {
-    serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337,
-        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": STATUS_CNI}}})
-    .to_string()
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{cni_env, plugin, pod_ns, Out, ARGS, BIN, STATUS_CNI};
+use common::{cni_env, mesh_conf, plugin, pod_ns, Out, ARGS, BIN};
 use redirect_core::testkit::binary::snapshot;
 use redirect_core::testkit::kernel_tests_enabled;
 
@@ -19,12 +19,6 @@ fn env<'a>(cmd: &'a str, netns: &'a str) -> Vec<(&'a str, &'a str)> {
 }
 
 /// A mesh pod's conf (no prevResult, as Multus runs a standalone conf).
-fn mesh_conf() -> String {
-    serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337,
-        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": STATUS_CNI}}})
-    .to_string()
-}
-
 fn spawn(cmd: &mut Command, env: &[(&str, &str)], stdin: &str) -> Child {
     cmd.env_clear()
         .envs(env.iter().copied())

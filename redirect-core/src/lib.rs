@@ -4,6 +4,7 @@
 //! netlink backend (`nft`), the renderers (`render`), and later the evaluator. `routes` programs
 //! TPROXY policy routing and `::6` on `lo`; `netns` runs code inside a pod's network namespace.
 
+mod alloc;
 pub mod capture;
 pub mod config;
 pub mod derived;

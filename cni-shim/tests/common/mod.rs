@@ -21,6 +21,13 @@ pub const STATUS_CNI: &str = r#"{"initContainers":["istio-validation"],"containe
 pub const ARGS: &str =
     "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
 
+/// A chained config for a pod with Istio's sidecar annotations, given by the runtime.
+pub fn mesh_conf() -> String {
+    serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337,
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": STATUS_CNI}}})
+    .to_string()
+}
+
 /// The runtime's variables for `cmd` on the namespace at `netns`.
 pub fn cni_env<'a>(cmd: &'a str, netns: &'a str, args: &'a str) -> Vec<(&'a str, &'a str)> {
     vec![

@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use crate::config::join_with;
 use crate::nft::{base_chain_name, chain_name, TABLE};
 use crate::ruleset::{
     Action, AddrMatch, CtStates, Family, Hook, Match, PortMatch, Rule, Ruleset, SetElements, Stage,
@@ -18,11 +19,7 @@ pub fn nft_script(rs: &Ruleset) -> String {
     let _ = writeln!(s, "table inet {TABLE} {{");
     for set in &rs.sets {
         let (ty, flags, elems) = match &set.elements {
-            SetElements::Ports(p) => (
-                "inet_service",
-                "",
-                p.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-            ),
+            SetElements::Ports(p) => ("inet_service", "", join_with(p, ", ")),
             SetElements::Cidrs(c) => (
                 if set.family == Some(Family::V6) {
                     "ipv6_addr"
@@ -30,12 +27,12 @@ pub fn nft_script(rs: &Ruleset) -> String {
                     "ipv4_addr"
                 },
                 " flags interval;",
-                c.iter().map(|c| c.to_string()).collect(),
+                join_with(c, ", "),
             ),
         };
         let _ = write!(s, "\tset {} {{ type {ty};{flags}", set.name);
         if !elems.is_empty() {
-            let _ = write!(s, " elements = {{ {} }}", elems.join(", "));
+            let _ = write!(s, " elements = {{ {elems} }}");
         }
         let _ = writeln!(s, " }}");
     }
