@@ -45,11 +45,19 @@ fn fail(message: String) -> Failure {
 }
 
 pub fn info(msg: &str) {
-    eprintln!("info\t{msg}");
+    log_line("info", msg);
 }
 
 pub fn warn(msg: &str) {
-    eprintln!("warn\t{msg}");
+    log_line("warn", msg);
+}
+
+/// One `write` per line: stderr is unbuffered, and `eprintln!` writes each piece on its own,
+/// which interleaves with other writers and costs a syscall per piece.
+fn log_line(level: &str, msg: &str) {
+    use std::io::Write;
+    let line = format!("{level}\t{msg}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Run in the current namespace (the caller entered `--network-namespace` already).
