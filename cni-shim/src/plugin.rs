@@ -227,6 +227,7 @@ fn fetch(conf: &NetConf, ns: &str, name: &str, log: &Log, why: &str) -> Result<P
     let policy = crate::kube::FetchPolicy {
         attempts: conf.kube_attempts,
         interval: Duration::from_millis(conf.kube_interval_ms),
+        deadline: Duration::from_millis(conf.kube_deadline_ms),
         ..crate::kube::FetchPolicy::default()
     };
     crate::kube::fetch_pod(&conf.kubeconfig, ns, name, &policy).map_err(|e| {

@@ -30,6 +30,7 @@ fn quick(attempts: u32) -> FetchPolicy {
         attempts,
         interval: Duration::from_millis(50),
         request_timeout: Duration::from_secs(3),
+        deadline: Duration::from_secs(60),
     }
 }
 
@@ -622,9 +623,15 @@ fn unreachable_server_is_unavailable() {
             attempts,
             elapsed,
             last,
+            deadline_hit,
+            ..
         } => {
             assert!(server.contains(&format!("127.0.0.1:{port}")), "{server}");
             assert_eq!(*attempts, 3);
+            assert!(
+                !deadline_hit,
+                "3 quick attempts end well within the deadline"
+            );
             assert!(*elapsed >= Duration::from_millis(100), "{elapsed:?}");
             assert!(!last.is_empty());
         }
@@ -636,12 +643,47 @@ fn unreachable_server_is_unavailable() {
 }
 
 #[test]
+fn a_silent_server_is_given_up_at_the_deadline_which_the_error_names() {
+    let s = setup(vec![], Reply::Silence);
+    // 30 attempts of 400 ms would take 12 s; the deadline cuts them at 1 s.
+    let policy = FetchPolicy {
+        attempts: 30,
+        interval: Duration::from_millis(10),
+        request_timeout: Duration::from_millis(400),
+        deadline: Duration::from_millis(1000),
+    };
+    let started = Instant::now();
+    let err = fetch_pod(&s.kubeconfig, "bookinfo", "reviews", &policy).unwrap_err();
+    let took = started.elapsed();
+    let text = describe(&err);
+    match &err {
+        KubeError::Unavailable {
+            attempts,
+            deadline_hit,
+            ..
+        } => {
+            assert!(*deadline_hit, "{err:?}");
+            assert!((2..=3).contains(attempts), "{err:?}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        text.contains("kube_deadline_ms") && text.contains("1000 ms"),
+        "{text}"
+    );
+    assert!(took >= Duration::from_millis(950), "took {took:?}");
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert!(s.server.hits() <= 3, "{} requests", s.server.hits());
+}
+
+#[test]
 fn a_silent_server_times_out_each_attempt() {
     let s = setup(vec![], Reply::Silence);
     let policy = FetchPolicy {
         attempts: 2,
         interval: Duration::from_millis(10),
         request_timeout: Duration::from_millis(300),
+        deadline: Duration::from_secs(60),
     };
     let started = Instant::now();
     let err = fetch_pod(&s.kubeconfig, "bookinfo", "reviews", &policy).unwrap_err();

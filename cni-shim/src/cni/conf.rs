@@ -43,6 +43,7 @@ pub struct NetConf {
     pub allow_host_netns: bool,
     pub kube_attempts: u32,
     pub kube_interval_ms: u64,
+    pub kube_deadline_ms: u64,
     /// istio-cni's ambient mode: not supported, warned about.
     pub ambient_enabled: bool,
 }
@@ -73,6 +74,7 @@ pub const FIELDS: &[&str] = &[
     "allow_host_netns",
     "kube_attempts",
     "kube_interval_ms",
+    "kube_deadline_ms",
     "ambient_enabled",
     "native_nftables",
 ];
@@ -96,6 +98,22 @@ fn invalid(field: &str, v: &Value, expected: &str) -> CniError {
         format!("network config field {field:?} is {shown}: expected {expected}"),
         format!("fix the {field:?} field of the redirect-cni entry in the CNI config"),
     )
+}
+
+/// `kube_deadline_ms`: the bound on the whole pod read, 1 ms to 110 s (kubelet gives the
+/// runtime 2 minutes for a sandbox; a budget past that would be cut off unnamed).
+fn kube_deadline_ms(f: &Fields) -> Result<u64, CniError> {
+    const MAX: u64 = 110_000;
+    match f.get("kube_deadline_ms") {
+        None => Ok(crate::kube::DEFAULT_DEADLINE.as_millis() as u64),
+        Some(v) => v.as_u64().filter(|n| (1..=MAX).contains(n)).ok_or_else(|| {
+            invalid(
+                "kube_deadline_ms",
+                v,
+                "milliseconds from 1 to 110000 (110 s, under kubelet's 2-minute runtime timeout)",
+            )
+        }),
+    }
 }
 
 /// The fields of the config (`parent: None`) or of one of its objects. Every read goes
@@ -299,6 +317,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         allow_host_netns: f.boolean("allow_host_netns")?,
         kube_attempts: f.id("kube_attempts")?.unwrap_or(30).max(1),
         kube_interval_ms: u64::from(f.id("kube_interval_ms")?.unwrap_or(1000)),
+        kube_deadline_ms: kube_deadline_ms(&f)?,
         ambient_enabled: f.boolean("ambient_enabled")?,
     };
     f.boolean("native_nftables")?;
@@ -345,6 +364,24 @@ mod tests {
         );
         assert_eq!(c.pod_namespace.as_deref(), Some("istio-system"));
         assert_eq!((c.kube_attempts, c.kube_interval_ms), (30, 1000));
+        assert_eq!(c.kube_deadline_ms, 60_000);
+    }
+
+    #[test]
+    fn kube_deadline_is_bounded_by_kubelets_timeout() {
+        let conf = |v: &str| {
+            parse(format!(r#"{{"cniVersion":"1.0.0","name":"n","type":"redirect-cni","kube_deadline_ms":{v}}}"#).as_bytes())
+        };
+        assert_eq!(conf("5000").unwrap().kube_deadline_ms, 5000);
+        for bad in ["0", "110001", "-1", "\"60s\""] {
+            let e = conf(bad).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+            assert!(
+                e.msg.contains("kube_deadline_ms") && e.msg.contains(bad.trim_matches('"')),
+                "{bad}: {}",
+                e.msg
+            );
+        }
     }
 
     #[test]

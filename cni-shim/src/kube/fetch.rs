@@ -51,6 +51,8 @@ pub fn fetch_pod(
         .map_err(|e| KubeError::Unavailable {
             server: "(not contacted)".to_owned(),
             attempts: 0,
+            deadline: Duration::ZERO,
+            deadline_hit: false,
             elapsed: Duration::ZERO,
             last: format!("could not start an I/O runtime: {e}"),
         })?;
@@ -157,10 +159,19 @@ impl Fetch<'_> {
 
         let attempts = self.policy.attempts.max(1);
         let start = Instant::now();
+        let deadline = start + self.policy.deadline;
         let mut last = String::new();
+        let mut made = 0;
+        let mut deadline_hit = false;
         for attempt in 1..=attempts {
-            let outcome = tokio::time::timeout(self.policy.request_timeout, api.get(self.name));
-            match outcome.await {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                deadline_hit = true;
+                break;
+            }
+            made = attempt;
+            let bound = self.policy.request_timeout.min(left);
+            match tokio::time::timeout(bound, api.get(self.name)).await {
                 Ok(Ok(pod)) => {
                     tracing::debug!(
                         namespace = self.namespace,
@@ -178,6 +189,11 @@ impl Fetch<'_> {
                     Verdict::Final(err) => return Err(err),
                     Verdict::Retry(msg) => last = msg,
                 },
+                Err(_) if bound < self.policy.request_timeout => {
+                    last = format!("no answer before the deadline ({bound:?} left)");
+                    deadline_hit = true;
+                    break;
+                }
                 Err(_) => {
                     last = format!(
                         "no answer within the request timeout of {:?}",
@@ -186,6 +202,11 @@ impl Fetch<'_> {
                 }
             }
             if attempt < attempts {
+                // A pause that ends past the deadline would only delay the error.
+                if deadline.saturating_duration_since(Instant::now()) <= self.policy.interval {
+                    deadline_hit = true;
+                    break;
+                }
                 tracing::debug!(
                     server = %server,
                     attempt,
@@ -200,7 +221,9 @@ impl Fetch<'_> {
         let elapsed = Duration::from_millis(start.elapsed().as_millis() as u64);
         Err(KubeError::Unavailable {
             server,
-            attempts,
+            attempts: made,
+            deadline: self.policy.deadline,
+            deadline_hit,
             elapsed,
             last,
         })

@@ -9,7 +9,10 @@
 //!
 //! Behaviour, after Istio's `istio-cni` (`reference/istio-capture.md` §3.4 step 5):
 //! - `GET /api/v1/namespaces/<ns>/pods/<name>`, up to [`FetchPolicy::attempts`] times,
-//!   [`FetchPolicy::interval`] apart, each bounded by [`FetchPolicy::request_timeout`].
+//!   [`FetchPolicy::interval`] apart, each bounded by [`FetchPolicy::request_timeout`], and all
+//!   of it by [`FetchPolicy::deadline`] (Istio has no such bound: 30 x (5 s + 1 s) is longer
+//!   than the 2 minutes kubelet gives the runtime for a sandbox, so the ADD would be abandoned
+//!   with a timeout that names nothing).
 //! - Unlike Istio (which retries every error), a 404, 401 or 403 answer or a TLS certificate
 //!   verification failure ends at once: retrying cannot change them within one ADD.
 //! - The kubeconfig is read once per call, for its current context. `HTTPS_PROXY` and friends
@@ -37,16 +40,33 @@ pub struct FetchPolicy {
     pub interval: Duration,
     /// The bound on one attempt: connect, TLS handshake, request and response.
     pub request_timeout: Duration,
+    /// The bound on everything: no attempt starts, and none runs, past it.
+    pub deadline: Duration,
 }
 
+/// The default [`FetchPolicy::deadline`]: half of the 2 minutes kubelet gives the runtime.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
 impl Default for FetchPolicy {
-    /// Istio's: 30 attempts, 1 s apart; each request bounded by 5 s.
+    /// Istio's: 30 attempts, 1 s apart; each request bounded by 5 s. Ours: all within 60 s.
     fn default() -> Self {
         FetchPolicy {
             attempts: 30,
             interval: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
+            deadline: DEFAULT_DEADLINE,
         }
+    }
+}
+
+fn deadline_note(hit: bool, deadline: &Duration) -> String {
+    if hit {
+        format!(
+            ", the plugin's deadline for the API (`kube_deadline_ms`: {} ms)",
+            deadline.as_millis()
+        )
+    } else {
+        String::new()
     }
 }
 
@@ -79,15 +99,19 @@ pub enum KubeError {
     },
 
     /// The API server could not be reached, timed out or kept failing (5xx, 429, reset
-    /// connections) through every attempt.
+    /// connections) through every attempt, or until the deadline.
     #[error(
         "API server {server} did not return the pod after {attempts} attempt(s) over \
-         {elapsed:?}; last error: {last}; check that this node reaches the API server at the \
-         kubeconfig's `server` address"
+         {elapsed:?}{}; last error: {last}; check that this node reaches the API server at the \
+         kubeconfig's `server` address", deadline_note(*.deadline_hit, .deadline)
     )]
     Unavailable {
         server: String,
+        /// The attempts made.
         attempts: u32,
+        /// The policy's deadline, and whether it is what ended the attempts.
+        deadline: Duration,
+        deadline_hit: bool,
         /// From the first attempt to the last failure, rounded to milliseconds.
         elapsed: Duration,
         last: String,
