@@ -398,6 +398,24 @@ fn cidr_pool() -> Vec<IpNet> {
     .collect()
 }
 
+/// `list` plus 300 CIDRs per family that hold no address of the topology (100.64.0.0/10,
+/// fd42::/16): long enough that the lists are lowered to hash sets per prefix length
+/// (`nft::MASKED_MIN_CIDRS`), so the pool's CIDRs are matched through them.
+fn with_filler(mut list: Vec<IpNet>) -> Vec<IpNet> {
+    for i in 0..300u32 {
+        // Every other /24 and /32, so nothing merges into one range.
+        list.push(IpNet::new(Ipv4Addr::from(0x6440_0000 + (i << 9)).into(), 24).unwrap());
+        list.push(
+            IpNet::new(
+                Ipv6Addr::from((0xfd42u128 << 112) + (u128::from(i) << 97)).into(),
+                32,
+            )
+            .unwrap(),
+        );
+    }
+    list
+}
+
 fn port_selection(pool: &'static [u16]) -> impl Strategy<Value = Selection<u16>> {
     prop_oneof![
         3 => Just(Selection::All),
@@ -419,6 +437,7 @@ fn config() -> impl Strategy<Value = CaptureConfig> {
     let include = prop_oneof![
         4 => Just(Selection::All),
         3 => subsequence(pool.clone(), 1..=6).prop_map(Selection::List),
+        1 => subsequence(pool.clone(), 1..=4).prop_map(|l| Selection::List(with_filler(l))),
         1 => Just(Selection::List(Vec::new())),
         // An include CIDR that is a loopback address drops the "app on loopback" RETURN.
         1 => subsequence(pool.clone(), 0..=2).prop_map(|mut l| {
@@ -429,7 +448,8 @@ fn config() -> impl Strategy<Value = CaptureConfig> {
     let exclude = prop_oneof![
         3 => Just(Vec::new()),
         2 => subsequence(pool.clone(), 1..=3),
-        1 => subsequence(pool, 4..=10),
+        1 => subsequence(pool.clone(), 4..=10),
+        1 => subsequence(pool.clone(), 1..=4).prop_map(with_filler),
     ];
     let ports = (
         prop_oneof![

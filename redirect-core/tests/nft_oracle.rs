@@ -257,6 +257,9 @@ fn set_definition(set: &NftSet) -> Vec<u8> {
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FLAGS as u16, flags);
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_TYPE as u16, set.key_type);
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_LEN as u16, set.key_len);
+        if let Some(n) = set.size {
+            sys::nftnl_set_set_u32(p, sys::NFTNL_SET_DESC_SIZE as u16, n);
+        }
     }
     let out = built(|buf| unsafe {
         let h = hdr(

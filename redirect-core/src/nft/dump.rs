@@ -6,7 +6,7 @@
 use netlink_packet_core::{parse_string, DecodeError, NlasIterator, Parseable};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ExpressionAttribute, GenAttribute, Hook as NlHook, ListAttribute,
-    NfTablesMessage, SetAttribute, TableAttribute, TableMessage,
+    NfTablesMessage, SetAttribute, SetDescription, TableAttribute, TableMessage,
 };
 use netlink_packet_netfilter::NetfilterProtoFamily;
 
@@ -185,6 +185,7 @@ fn set(attrs: Vec<SetAttribute>) -> Option<SetState> {
         key_type: 0,
         key_len: 0,
         flags: 0,
+        size: None,
         elements: Vec::new(),
     };
     let mut table = String::new();
@@ -195,6 +196,13 @@ fn set(attrs: Vec<SetAttribute>) -> Option<SetState> {
             SetAttribute::Flags(f) => s.flags = f.bits(),
             SetAttribute::KeyType(t) => s.key_type = t,
             SetAttribute::KeyLen(l) => s.key_len = l,
+            SetAttribute::Description(d) => {
+                for x in d {
+                    if let SetDescription::Size(n) = x {
+                        s.size = Some(n);
+                    }
+                }
+            }
             _ => {}
         }
     }

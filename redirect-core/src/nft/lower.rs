@@ -5,9 +5,10 @@
 //! each family (`<stage>_<family>_<name>`). So a family without rules never matches anything, and
 //! a RETURN in a family's built-in chain ends the stage for that packet, as in iptables.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 
 use super::expr::{Base, CtKey, Expr, MetaKey, Verdict};
 use crate::ruleset::{
@@ -57,6 +58,9 @@ pub struct NftSet {
     pub key_type: u32,
     pub key_len: u32,
     pub interval: bool,
+    /// The size the set is declared with (`NFTA_SET_DESC_SIZE`), if any: given for the hash
+    /// sets of a masked CIDR list, so the kernel picks its fixed-size hash.
+    pub size: Option<u32>,
     /// Element keys in order; for interval sets, each range is a start key followed, unless it
     /// runs to the end of the address space, by an end key (flagged interval-end).
     pub elements: Vec<SetElem>,
@@ -120,8 +124,21 @@ pub fn nfproto(family: Family) -> u8 {
 /// Lower a ruleset into table objects.
 pub fn lower(rs: &Ruleset) -> NftTable {
     let mut table = NftTable::default();
-    for (i, set) in rs.sets.iter().enumerate() {
-        table.sets.push(lower_set(set, i as u32 + 1));
+    let mut masked: Masked = BTreeMap::new();
+    for set in &rs.sets {
+        let id = table.sets.len() as u32 + 1;
+        match masked_groups(set) {
+            Some(groups) => {
+                let mut names = Vec::new();
+                for (i, (prefix, keys)) in groups.into_iter().enumerate() {
+                    let set = masked_set(set, prefix, keys, id + i as u32);
+                    names.push((prefix, set.name.clone()));
+                    table.sets.push(set);
+                }
+                masked.insert(set.name.as_str(), names);
+            }
+            None => table.sets.push(lower_set(set, id)),
+        }
     }
     // Base dispatch chains, for every (stage, hook) some family uses.
     for stage in Stage::ALL {
@@ -157,11 +174,9 @@ pub fn lower(rs: &Ruleset) -> NftTable {
     for c in &rs.chains {
         let mut rules = Vec::new();
         for r in &c.rules {
-            let mut m = Vec::new();
-            for cond in &r.matches {
-                lower_match(&mut m, cond, c.family);
+            for m in lower_matches(&r.matches, c.family, &masked) {
+                lower_action(&mut rules, m, &r.action, c.stage, c.family);
             }
-            lower_action(&mut rules, m, &r.action, c.stage, c.family);
         }
         table.chains.push(NftChain {
             name: chain_name(c.stage, c.family, &c.name),
@@ -170,6 +185,136 @@ pub fn lower(rs: &Ruleset) -> NftTable {
         });
     }
     table
+}
+
+/// CIDR sets lowered as one hash set per prefix length: the set's name → (prefix, set name).
+type Masked<'a> = BTreeMap<&'a str, Vec<(u8, String)>>;
+
+/// A CIDR list at least this long is lowered to hash sets per prefix length, when it has at
+/// most [`MASKED_MAX_PREFIXES`] of them: the kernel inserts an interval set's keys (a start and
+/// an end per range) into a tree, which made 10,000 CIDRs cost 9 ms in the kernel; a fixed-size
+/// hash takes half the keys and a third of the time. Shorter lists keep one interval set and
+/// one lookup per packet.
+pub const MASKED_MIN_CIDRS: usize = 256;
+/// Each prefix length costs one more rule and one more lookup per packet.
+pub const MASKED_MAX_PREFIXES: usize = 8;
+
+/// The rule's matches, lowered: one expression list, or one per prefix group when the rule
+/// looks an address up in a masked CIDR set. The groups are disjoint (see [`masked_groups`]),
+/// so at most one of the rules matches a packet and the action runs at most once.
+fn lower_matches(matches: &[Match], family: Family, masked: &Masked) -> Vec<Vec<Expr>> {
+    let mut variants = vec![Vec::new()];
+    for cond in matches {
+        let groups = match cond {
+            Match::DAddr(AddrMatch::InSet(name)) | Match::SAddr(AddrMatch::InSet(name)) => {
+                masked.get(name.as_str())
+            }
+            _ => None,
+        };
+        match groups {
+            None => variants
+                .iter_mut()
+                .for_each(|m| lower_match(m, cond, family)),
+            Some(groups) => {
+                let (offset, len) = addr_offset(family, matches!(cond, Match::SAddr(_)));
+                variants = variants
+                    .into_iter()
+                    .flat_map(|m| {
+                        groups.iter().map(move |(prefix, set)| {
+                            let mut m = m.clone();
+                            m.push(Expr::Payload {
+                                base: Base::Network,
+                                offset,
+                                len,
+                            });
+                            if u32::from(*prefix) < len * 8 {
+                                m.push(Expr::Mask(prefix_mask(*prefix, len)));
+                            }
+                            m.push(set_ref(set));
+                            m
+                        })
+                    })
+                    .collect();
+            }
+        }
+    }
+    variants
+}
+
+/// A long CIDR list as disjoint CIDRs grouped by prefix length (keys: the network addresses),
+/// or `None` to keep it one interval set. The list is merged into ranges first and each range
+/// cut into the fewest aligned blocks, so no address is in two groups.
+fn masked_groups(set: &NamedSet) -> Option<Vec<(u8, Vec<u128>)>> {
+    let SetElements::Cidrs(cidrs) = &set.elements else {
+        return None;
+    };
+    if cidrs.len() < MASKED_MIN_CIDRS {
+        return None;
+    }
+    let v6 = set.family == Some(Family::V6);
+    let mut groups: BTreeMap<u8, Vec<u128>> = BTreeMap::new();
+    for (start, end) in merged_ranges(cidrs) {
+        for (net, prefix) in aligned_blocks(start, end, v6) {
+            groups.entry(prefix).or_default().push(net);
+            if groups.len() > MASKED_MAX_PREFIXES {
+                return None;
+            }
+        }
+    }
+    // Longest prefixes first, as a reader expects the most specific first.
+    Some(groups.into_iter().rev().collect())
+}
+
+/// [start, end) (end `None`: to the top of the space) as the fewest aligned CIDRs (ipnet's
+/// subnet iterators), each `(network, prefix length)`.
+fn aligned_blocks(start: u128, end: Option<u128>, v6: bool) -> Vec<(u128, u8)> {
+    if v6 {
+        let last = end.map_or(u128::MAX, |e| e - 1);
+        Ipv6Subnets::new(Ipv6Addr::from(start), Ipv6Addr::from(last), 0)
+            .map(|n| (u128::from(n.network()), n.prefix_len()))
+            .collect()
+    } else {
+        let last = end.map_or(u32::MAX, |e| (e - 1) as u32);
+        Ipv4Subnets::new(Ipv4Addr::from(start as u32), Ipv4Addr::from(last), 0)
+            .map(|n| (u128::from(u32::from(n.network())), n.prefix_len()))
+            .collect()
+    }
+}
+
+fn prefix_mask(prefix: u8, len: u32) -> Vec<u8> {
+    let bits = len * 8;
+    let mask: u128 = if prefix == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(prefix))
+    };
+    let v = mask >> (128 - bits);
+    int_to_key(v, len)
+}
+
+fn masked_set(set: &NamedSet, prefix: u8, keys: Vec<u128>, id: u32) -> NftSet {
+    let v6 = set.family == Some(Family::V6);
+    let (key_type, key_len) = if v6 {
+        (TYPE_IPV6_ADDR, 16)
+    } else {
+        (TYPE_IPV4_ADDR, 4)
+    };
+    NftSet {
+        name: format!("{}_m{prefix}", set.name),
+        id,
+        key_type,
+        key_len,
+        interval: false,
+        // A power of two at least the count, so a refill with a few more keys fits.
+        size: Some((keys.len() as u32).next_power_of_two().max(64)),
+        elements: keys
+            .into_iter()
+            .map(|k| SetElem {
+                key: int_to_key(k, key_len),
+                interval_end: false,
+            })
+            .collect(),
+    }
 }
 
 fn set_ref(name: &str) -> Expr {
@@ -382,6 +527,7 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
             key_type: TYPE_INET_SERVICE,
             key_len: 2,
             interval: false,
+            size: None,
             elements: ports
                 .iter()
                 .map(|p| SetElem {
@@ -425,6 +571,7 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
                 key_type,
                 key_len,
                 interval: true,
+                size: None,
                 elements,
             }
         }
@@ -505,6 +652,140 @@ mod tests {
         assert_eq!(r, vec![(0, None)]);
         let r = merged_ranges(&nets(&["255.255.255.0/24"]));
         assert_eq!(r, vec![(0xffff_ff00, None)]);
+    }
+
+    /// Every address of `groups` as ranges, merged: what the kernel's hash sets match.
+    fn covered(groups: &[(u8, Vec<u128>)], v6: bool) -> Vec<(u128, Option<u128>)> {
+        let nets: Vec<IpNet> = groups
+            .iter()
+            .flat_map(|(p, keys)| {
+                keys.iter().map(move |k| {
+                    if v6 {
+                        IpNet::new(IpAddr::V6(Ipv6Addr::from(*k)), *p).unwrap()
+                    } else {
+                        IpNet::new(IpAddr::V4(Ipv4Addr::from(*k as u32)), *p).unwrap()
+                    }
+                })
+            })
+            .collect();
+        merged_ranges(&nets)
+    }
+
+    fn cidr_set(family: Family, cidrs: Vec<IpNet>) -> NamedSet {
+        NamedSet {
+            name: "ip-exclude-cidrs".into(),
+            family: Some(family),
+            elements: SetElements::Cidrs(cidrs),
+        }
+    }
+
+    #[test]
+    fn long_cidr_lists_become_disjoint_hash_groups_covering_the_same_addresses() {
+        // 300 /25s with gaps, a /24 over two of them, two adjacent /26s that merge with a /25,
+        // a /32 inside a /25, and 10.0.0.0/8.
+        let mut list: Vec<IpNet> = (0..300u32)
+            .map(|i| IpNet::new(Ipv4Addr::from(0x0b00_0000 + (i << 8)).into(), 25).unwrap())
+            .collect();
+        list.extend(nets(&["11.0.5.0/24", "11.0.7.128/26", "11.0.7.192/26"]));
+        list.extend(nets(&["11.0.9.7/32", "10.0.0.0/8"]));
+        let set = cidr_set(Family::V4, list.clone());
+        let groups = masked_groups(&set).expect("hash groups");
+        assert_eq!(covered(&groups, false), merged_ranges(&list));
+        let mut all: Vec<(u128, u8)> = groups
+            .iter()
+            .flat_map(|(p, keys)| keys.iter().map(move |k| (*k, *p)))
+            .collect();
+        all.sort();
+        for w in all.windows(2) {
+            let end = w[0].0 + (1u128 << (32 - w[0].1));
+            assert!(end <= w[1].0, "{:?} overlaps {:?}", w[0], w[1]);
+        }
+        let prefixes: Vec<u8> = groups.iter().map(|(p, _)| *p).collect();
+        assert_eq!(
+            prefixes,
+            [25, 24, 8],
+            "longest first; /26+/26 and /32 merged away"
+        );
+
+        let v6: Vec<IpNet> = (0..300u128)
+            .map(|i| {
+                IpNet::new(Ipv6Addr::from((0xfd00u128 << 112) + (i << 64)).into(), 64).unwrap()
+            })
+            .chain(nets(&["fe80::/10"]))
+            .collect();
+        let groups6 = masked_groups(&cidr_set(Family::V6, v6.clone())).expect("v6 groups");
+        assert_eq!(covered(&groups6, true), merged_ranges(&v6));
+    }
+
+    #[test]
+    fn short_or_ragged_cidr_lists_stay_one_interval_set() {
+        let short = nets(&["10.0.0.0/8", "192.168.0.0/16"]);
+        assert!(masked_groups(&cidr_set(Family::V4, short)).is_none());
+        // 300 CIDRs of 15 prefix lengths (/18 to /32), none merging: more groups than the
+        // bound.
+        let ragged: Vec<IpNet> = (0..300u32)
+            .map(|i| {
+                let len = 18 + (i % 15) as u8;
+                IpNet::new(Ipv4Addr::from(0x0c00_0000 + (i << 16)).into(), len).unwrap()
+            })
+            .collect();
+        assert!(masked_groups(&cidr_set(Family::V4, ragged)).is_none());
+    }
+
+    #[test]
+    fn a_rule_on_a_masked_set_becomes_one_rule_per_prefix() {
+        let mut exclude: Vec<IpNet> = (0..300u32)
+            .map(|i| IpNet::new(Ipv4Addr::from(0x0b00_0000 + (i << 8)).into(), 25).unwrap())
+            .collect();
+        exclude.push("10.0.0.0/8".parse().unwrap());
+        let few = crate::CaptureConfig {
+            outbound_exclude_cidrs: vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "11.0.0.0/25".parse().unwrap(),
+            ],
+            ..crate::CaptureConfig::istio_sidecar_default()
+        };
+        let many = crate::CaptureConfig {
+            outbound_exclude_cidrs: exclude,
+            ..crate::CaptureConfig::istio_sidecar_default()
+        };
+        let (t_few, t_many) = (
+            lower(&crate::plan(&few).unwrap()),
+            lower(&crate::plan(&many).unwrap()),
+        );
+        let count = |t: &NftTable| t.chains.iter().map(|c| c.rules.len()).sum::<usize>();
+        assert_eq!(
+            count(&t_many),
+            count(&t_few) + 1,
+            "one lookup rule became two"
+        );
+        let names: Vec<&str> = t_many.sets.iter().map(|s| s.name.as_str()).collect();
+        assert!(
+            names.contains(&"ip-exclude-cidrs_m25") && names.contains(&"ip-exclude-cidrs_m8"),
+            "{names:?}"
+        );
+        let m25 = t_many
+            .sets
+            .iter()
+            .find(|s| s.name.ends_with("_m25"))
+            .unwrap();
+        assert_eq!(
+            (m25.interval, m25.size, m25.elements.len()),
+            (false, Some(512), 300)
+        );
+        let rule = t_many
+            .chains
+            .iter()
+            .flat_map(|c| &c.rules)
+            .find(|r| {
+                r.iter()
+                    .any(|e| matches!(e, Expr::Lookup { set, .. } if set.ends_with("_m8")))
+            })
+            .unwrap();
+        assert!(rule.contains(&Expr::Mask(vec![255, 0, 0, 0])), "{rule:?}");
+        // Set ids stay unique and dense.
+        let ids: Vec<u32> = t_many.sets.iter().map(|s| s.id).collect();
+        assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
     }
 
     #[test]

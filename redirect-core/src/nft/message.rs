@@ -10,8 +10,8 @@ use netlink_packet_core::{
 };
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, GenMessage, Hook as NlHook, HookNumber, InetHookNumber,
-    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementList, SetElementMessage,
-    SetFlags, SetMessage, TableAttribute, TableFlags, TableMessage,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetDescription, SetElementList,
+    SetElementMessage, SetFlags, SetMessage, TableAttribute, TableFlags, TableMessage,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
@@ -189,7 +189,13 @@ pub(super) fn new_set(s: &NftSet) -> NfTablesMessage {
             SetAttribute::KeyType(s.key_type),
             SetAttribute::KeyLen(s.key_len),
             SetAttribute::Id(s.id),
-        ],
+        ]
+        .into_iter()
+        .chain(
+            s.size
+                .map(|n| SetAttribute::Description(vec![SetDescription::Size(n)])),
+        )
+        .collect(),
     })
 }
 

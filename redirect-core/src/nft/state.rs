@@ -72,6 +72,8 @@ pub struct SetState {
     pub key_type: u32,
     pub key_len: u32,
     pub flags: u32,
+    /// The declared size, if any (`NFTA_SET_DESC_SIZE`).
+    pub size: Option<u32>,
     /// Element keys, sorted (interval sets hold start and end keys).
     pub elements: Vec<SetElem>,
 }
@@ -254,6 +256,7 @@ pub fn expected(t: &NftTable) -> TableState {
                 key_type: s.key_type,
                 key_len: s.key_len,
                 flags: if s.interval { SET_INTERVAL } else { 0 },
+                size: s.size,
                 elements: s.elements.clone(),
             })
             .collect(),

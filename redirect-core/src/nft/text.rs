@@ -437,6 +437,7 @@ mod tests {
             key_type: 13,
             key_len: 2,
             flags: 0,
+            size: None,
             elements: vec![
                 SetElem {
                     key: vec![0, 0x35],

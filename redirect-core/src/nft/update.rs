@@ -143,7 +143,10 @@ pub fn changes(cur: &TableState, t: &NftTable) -> Changes {
     for s in &want.sets {
         match cur.set(&s.name) {
             None => ch.added_sets.push(s.name.clone()),
-            Some(c) if (c.key_type, c.key_len, c.flags) != (s.key_type, s.key_len, s.flags) => {
+            Some(c)
+                if (c.key_type, c.key_len, c.flags, c.size)
+                    != (s.key_type, s.key_len, s.flags, s.size) =>
+            {
                 ch.recreated_sets.push(s.name.clone())
             }
             Some(c) if c.elements != s.elements => ch.refilled_sets.push(s.name.clone()),
