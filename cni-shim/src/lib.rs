@@ -7,6 +7,7 @@ pub mod install;
 pub mod kube;
 pub mod log;
 pub mod plugin;
+pub mod repair;
 
 /// The plugin's process: stdout gets the result or the CNI error object; returns the exit code.
 /// `env_error`: a CNI variable that is not UTF-8 (`redirect_core::environ::check_utf8`).

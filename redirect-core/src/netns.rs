@@ -31,6 +31,13 @@ pub fn run_in<T: Send, F: FnOnce() -> T + Send>(path: &Path, f: F) -> Result<T> 
         path: path.to_owned(),
         source,
     })?;
+    run_in_file(&ns, path, f)
+}
+
+/// [`run_in`] for a namespace file the caller holds open, so the namespace checked earlier is
+/// the one entered (a `/proc/PID/...` path could name another namespace by then). `path` only
+/// names it in errors.
+pub fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -> Result<T> {
     let thread_error = |reason: String| Error::NetnsThread {
         path: path.to_owned(),
         reason,
@@ -40,7 +47,7 @@ pub fn run_in<T: Send, F: FnOnce() -> T + Send>(path: &Path, f: F) -> Result<T> 
         let worker = std::thread::Builder::new()
             .name("redirect-netns".into())
             .spawn_scoped(scope, || -> Result<T> {
-                setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|errno| Error::NetnsEnter {
+                setns(ns, CloneFlags::CLONE_NEWNET).map_err(|errno| Error::NetnsEnter {
                     path: path.to_owned(),
                     source: io::Error::from(errno),
                 })?;
@@ -65,6 +72,15 @@ pub struct NetnsId {
 /// The id of the network namespace the calling thread is in.
 pub fn current_netns_id() -> io::Result<NetnsId> {
     netns_id_of(Path::new("/proc/thread-self/ns/net"))
+}
+
+/// The id of the namespace file the caller holds open.
+pub fn netns_id_of_file(f: &File) -> io::Result<NetnsId> {
+    let meta = f.metadata()?;
+    Ok(NetnsId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
 }
 
 /// The id of the network namespace that the namespace file at `path` refers to.

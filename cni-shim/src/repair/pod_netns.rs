@@ -1,0 +1,173 @@
+//! Finding a running pod's network namespace from the node, for the repair controller.
+//!
+//! Istio scans every process under the host's `/proc` and takes the oldest whose namespace holds
+//! the pod's IP; that matches by IP alone (a host interface carrying the address would win, and
+//! the rules would land in the host's namespace), finds nothing when the runtime keeps no
+//! process in the pod (CRI-O's `drop_infra_ctr`), and hands back a `/proc/PID` path that may
+//! name another namespace by the time it is opened again. Here:
+//!
+//! - a process counts only when its cgroup names the pod's UID (`pod<uid>` as cgroupfs writes
+//!   it, or with `_` for `-` as the systemd driver does), and its namespace holds the pod's IP
+//!   (an address dump inside it);
+//! - among those, the oldest process wins (the pause container, which outlives the others);
+//! - without such a process, namespaces pinned under the runtime's pin folder
+//!   (`/var/run/netns`) that hold the IP are the fallback;
+//! - the agent's own namespace is never a candidate;
+//! - the namespace is returned as an open file, which is what the apply enters.
+
+use std::fs::{self, File};
+use std::io;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use redirect_core::netns::{self, NetnsId};
+
+/// A pod's network namespace, held open.
+#[derive(Debug)]
+pub struct PodNetns {
+    pub file: File,
+    /// Where it was found: `<proc>/<pid>/ns/net` or a pin, for log lines.
+    pub path: PathBuf,
+}
+
+/// Why no namespace was found; each names what was looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    #[error(
+        "no network namespace holds pod {uid}'s IP {ip}: {processes} process(es) under {proc} \
+         belong to the pod, {pins} pinned namespace(s) under {pin_dir} were checked; the pod's \
+         sandbox may be gone, or the agent cannot see the host's processes (mount the host's \
+         /proc and give the agent SYS_PTRACE)"
+    )]
+    NotFound {
+        uid: String,
+        ip: IpAddr,
+        proc: PathBuf,
+        processes: usize,
+        pin_dir: PathBuf,
+        pins: usize,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+}
+
+/// Finds the network namespace of the pod with `uid` and `ip`: see the module's comment.
+/// `proc` is the host's `/proc` as the agent sees it (e.g. `/host/proc`); `pins` the folder of
+/// pinned namespaces (e.g. `/var/run/netns`; a missing folder holds none).
+pub fn find(proc: &Path, pins: &Path, uid: &str, ip: IpAddr) -> Result<PodNetns, FindError> {
+    let own = netns::current_netns_id().map_err(|source| FindError::Read {
+        path: "/proc/thread-self/ns/net".into(),
+        source,
+    })?;
+    let mut candidates = pod_processes(proc, uid)?;
+    let processes = candidates.len();
+    candidates.sort_by_key(|c| c.start);
+    let mut seen: Vec<NetnsId> = vec![own];
+    for c in candidates {
+        if let Some(found) = holding(&c.netns, ip, &mut seen) {
+            return Ok(found);
+        }
+    }
+    let mut pinned = 0;
+    if let Ok(dir) = fs::read_dir(pins) {
+        let mut paths: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for path in paths {
+            pinned += 1;
+            if let Some(found) = holding(&path, ip, &mut seen) {
+                return Ok(found);
+            }
+        }
+    }
+    Err(FindError::NotFound {
+        uid: uid.to_owned(),
+        ip,
+        proc: proc.to_owned(),
+        processes,
+        pin_dir: pins.to_owned(),
+        pins: pinned,
+    })
+}
+
+/// A process of the pod: its namespace file and its start time (clock ticks after boot).
+struct PodProcess {
+    netns: PathBuf,
+    start: u64,
+}
+
+/// The processes under `proc` whose cgroup names the pod. Processes that exit while being read
+/// are skipped.
+fn pod_processes(proc: &Path, uid: &str) -> Result<Vec<PodProcess>, FindError> {
+    let dir = fs::read_dir(proc).map_err(|source| FindError::Read {
+        path: proc.to_owned(),
+        source,
+    })?;
+    let (dashed, underscored) = (format!("pod{uid}"), format!("pod{}", uid.replace('-', "_")));
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let base = entry.path();
+        let Ok(cgroup) = fs::read_to_string(base.join("cgroup")) else {
+            continue;
+        };
+        if !cgroup.contains(&dashed) && !cgroup.contains(&underscored) {
+            continue;
+        }
+        let Some(start) = fs::read_to_string(base.join("stat"))
+            .ok()
+            .and_then(|s| start_time(&s))
+        else {
+            continue;
+        };
+        out.push(PodProcess {
+            netns: base.join("ns/net"),
+            start,
+        });
+    }
+    Ok(out)
+}
+
+/// Field 22 of `/proc/PID/stat`, counted after the command name (which may hold spaces and
+/// parentheses, so the last `)` ends it).
+fn start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")": field 3 (state) is the first; starttime is field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The namespace at `path`, opened, if it is not one already looked at and it holds `ip`.
+fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns> {
+    let file = File::open(path).ok()?;
+    let id = netns::netns_id_of_file(&file).ok()?;
+    if seen.contains(&id) {
+        return None;
+    }
+    seen.push(id);
+    let addrs = netns::run_in_file(&file, path, redirect_core::routes::interface_addresses)
+        .ok()?
+        .ok()?;
+    addrs.iter().any(|(_, a)| *a == ip).then(|| PodNetns {
+        file,
+        path: path.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_is_field_22_after_the_command() {
+        let stat = "4242 (pause (x) y) S 1 4242 4242 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 \
+                    123456 1081344 1 18446744073709551615";
+        assert_eq!(start_time(stat), Some(123456));
+        assert_eq!(start_time("1 (init) S"), None);
+        assert_eq!(start_time("no parenthesis"), None);
+    }
+}
