@@ -375,19 +375,7 @@ fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
     let diff = redirect_core::netns::run_in(&netns, move || -> Result<_, redirect_core::Error> {
         let mut cfg = cfg;
         cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
-        let rs = redirect_core::plan_with(&cfg, &SystemGroups)?;
-        let mut diff: Vec<String> = nft::diff(&rs)?.iter().map(|d| d.to_string()).collect();
-        if let Some(r) = capture::tproxy_routing(&cfg) {
-            for f in rs.families() {
-                if !redirect_core::routes::read_tproxy(&r, f)?.is_complete() {
-                    diff.push(format!("TPROXY routing ({f}) missing"));
-                }
-            }
-        }
-        if cfg.ipv6 && !redirect_core::routes::has_lo_v6_inbound_addr()? {
-            diff.push("::6/128 missing on lo".into());
-        }
-        Ok(diff)
+        differences(&cfg)
     })
     .and_then(|r| r)
     .map_err(|e| kernel_error("reading the pod's capture back", e))?;
@@ -400,6 +388,24 @@ fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
         format!("the capture rules in {} differ from what the pod's annotations ask for ({} differences)", netns.display(), diff.len()),
         diff.iter().take(20).cloned().collect::<Vec<_>>().join("; "),
     ))
+}
+
+/// In the current namespace: how its capture differs from `cfg` (rules, TPROXY routing, `::6`),
+/// one line each in nft syntax; empty when it matches.
+pub(crate) fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, redirect_core::Error> {
+    let rs = redirect_core::plan_with(cfg, &SystemGroups)?;
+    let mut diff: Vec<String> = nft::diff(&rs)?.iter().map(|d| d.to_string()).collect();
+    if let Some(r) = capture::tproxy_routing(cfg) {
+        for f in rs.families() {
+            if !redirect_core::routes::read_tproxy(&r, f)?.is_complete() {
+                diff.push(format!("TPROXY routing ({f}) missing"));
+            }
+        }
+    }
+    if cfg.ipv6 && !redirect_core::routes::has_lo_v6_inbound_addr()? {
+        diff.push("::6/128 missing on lo".into());
+    }
+    Ok(diff)
 }
 
 /// STATUS: ready when the config parsed (done) and nf_tables answers.

@@ -21,33 +21,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{cni_env, mesh_conf, pod_ns, ARGS, BIN};
+use common::{cni_env, mesh_conf, pod_ns, static_bin, ARGS, BIN};
 use redirect_core::config::CaptureConfig;
 use redirect_core::testkit::istio::SIDECAR_ARGS;
 use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
 use redirect_core::{nft, plan};
-
-/// Where `scripts/build-static.sh` leaves the static binaries of this machine's architecture.
-fn static_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("REDIRECT_STATIC_DIR") {
-        return PathBuf::from(d);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("static").join(std::env::consts::ARCH)
-}
-
-fn static_bin(name: &str) -> PathBuf {
-    let p = static_dir().join(name);
-    assert!(
-        p.is_file(),
-        "the static release binary {} is missing: run `bash scripts/build-static.sh` first \
-         (scripts/test.sh does), or set REDIRECT_STATIC_DIR",
-        p.display()
-    );
-    p
-}
 
 /// A root holding only `bin` (as `/<name>`), an empty `/proc` and an empty `/netns` to bind
 /// mounts on.

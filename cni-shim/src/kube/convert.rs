@@ -26,7 +26,7 @@ pub fn pod_info_from_json(json: &str) -> Result<PodInfo, String> {
 }
 
 /// The pod as capture sees it. `namespace` and `name` are used when the object lacks them.
-pub(crate) fn pod_info(pod: Pod, namespace: String, name: String) -> PodInfo {
+pub fn pod_info(pod: Pod, namespace: String, name: String) -> PodInfo {
     let meta = pod.metadata;
     PodInfo {
         namespace: meta.namespace.unwrap_or(namespace),

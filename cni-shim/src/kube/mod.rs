@@ -28,7 +28,7 @@ mod secret;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use convert::pod_info_from_json;
+pub use convert::{pod_info, pod_info_from_json};
 pub use fetch::fetch_pod;
 
 /// How hard to try to get the pod.

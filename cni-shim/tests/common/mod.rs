@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -154,4 +155,26 @@ impl Listeners {
         }
         self.rx.recv_timeout(Duration::from_secs(2)).ok()
     }
+}
+
+/// Where `scripts/build-static.sh` leaves the static binaries of this machine's architecture.
+pub fn static_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("REDIRECT_STATIC_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("static").join(std::env::consts::ARCH)
+}
+
+pub fn static_bin(name: &str) -> PathBuf {
+    let p = static_dir().join(name);
+    assert!(
+        p.is_file(),
+        "the static release binary {} is missing: run `bash scripts/build-static.sh` first \
+         (scripts/test.sh does), or set REDIRECT_STATIC_DIR",
+        p.display()
+    );
+    p
 }

@@ -1,16 +1,26 @@
-//! The repair controller's search for a pod's network namespace, on real namespaces. The host's
-//! `/proc` is stood in for by a folder laid out like it (`<pid>/cgroup`, `<pid>/stat`,
-//! `<pid>/ns/net` as a link to a real namespace file), as the agent reads a mounted
-//! `/host/proc`; the namespaces and the addresses in them are real, and the search enters them.
+//! The repair controller's parts on real namespaces: finding a pod's network namespace, and
+//! repairing a broken pod in place. The host's `/proc` is stood in for by a folder laid out like
+//! it (`<pid>/cgroup`, `<pid>/stat`, `<pid>/ns/net` as a link to a real namespace file), as the
+//! agent reads a mounted `/host/proc`; the namespaces and the addresses in them are real.
+
+mod common;
 
 use std::fs;
 use std::net::IpAddr;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
+use cni_shim::repair::in_place::{repair, Outcome, Places, RepairError};
 use cni_shim::repair::pod_netns::{find, FindError};
+use common::static_bin;
+use k8s_openapi::api::core::v1::Pod;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
 use redirect_core::netns::{netns_id_of, netns_id_of_file};
+use redirect_core::testkit::binary::{self, Run};
 use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_core::{nft, plan, CaptureConfig};
+
+const ISTIO_POD: &str = include_str!("fixtures/pod-istio-sidecar.json");
 
 const UID: &str = "8f7c1a52-3b1e-4d2a-9c6e-0a1b2c3d4e5f";
 const OTHER_UID: &str = "11111111-2222-3333-4444-555555555555";
@@ -150,4 +160,101 @@ fn without_a_process_the_pinned_namespaces_are_searched() {
         text.contains(UID) && text.contains("10.55.3.77") && text.contains("2 pinned"),
         "{text}"
     );
+}
+
+/// Istio's sidecar pod (the fixture), running on `ip`, with `uid`.
+fn sidecar_pod(uid: &str, ip: &str) -> Pod {
+    let mut pod: Pod = serde_json::from_str(ISTIO_POD).unwrap();
+    pod.metadata.uid = Some(uid.into());
+    pod.status.get_or_insert_with(Default::default).pod_ip = Some(ip.into());
+    pod
+}
+
+fn places(proc: &FakeProc) -> Places {
+    Places {
+        proc: proc.path().to_owned(),
+        pins: "/nonexistent".into(),
+    }
+}
+
+#[test]
+fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let validate = static_bin("redirect-validate");
+    let validate = validate.to_str().unwrap();
+    let ns = pod_ns(&["10.55.5.2"]);
+    let proc = FakeProc::new();
+    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    let probe = || binary::run_in(validate, &ns, &Run::args(&[]).user(1337, 1337));
+    // Broken: no rules, and the probe says so as istio-validation does.
+    assert_eq!(ns.run(nft::read_back).unwrap(), None);
+    assert_eq!(probe().code, 126, "the probe must fail before the repair");
+
+    let out = repair(
+        &sidecar_pod(UID, "10.55.5.2"),
+        &MeshDefaults::default(),
+        &places(&proc),
+    );
+    assert_eq!(
+        out.unwrap(),
+        Outcome::Repaired {
+            netns: proc.path().join("1/ns/net")
+        }
+    );
+    // The table is the one ADD writes for this pod: the plugin's decision from the pod object
+    // (this one captures DNS, from its istio-proxy's environment).
+    let pod = sidecar_pod(UID, "10.55.5.2");
+    let info = cni_shim::kube::pod_info(pod, String::new(), String::new());
+    let Decision::Capture { config, .. } = mesh::decide(&info, &MeshDefaults::default()).unwrap()
+    else {
+        panic!("the fixture is a captured pod")
+    };
+    assert!(
+        config.dns != CaptureConfig::istio_sidecar_default().dns,
+        "the fixture's DNS capture"
+    );
+    let expected = nft::expected(&plan(&config).unwrap());
+    assert_eq!(ns.run(nft::read_back).unwrap(), Some(expected));
+    let ran = probe();
+    assert_eq!(ran.code, 0, "the probe after the repair: {ran:?}");
+}
+
+#[test]
+fn a_pod_the_plugin_would_not_capture_is_left_alone() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod_ns(&["10.55.6.2"]);
+    let proc = FakeProc::new();
+    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    let mut pod = sidecar_pod(UID, "10.55.6.2");
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("sidecar.istio.io/inject".into(), "false".into());
+    let out = repair(&pod, &MeshDefaults::default(), &places(&proc)).unwrap();
+    assert!(matches!(out, Outcome::NotCaptured(_)), "{out:?}");
+    assert_eq!(ns.run(nft::read_back).unwrap(), None);
+}
+
+#[test]
+fn a_pod_whose_namespace_is_not_found_is_a_failure_with_nothing_applied() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod_ns(&["10.55.7.2"]);
+    let proc = FakeProc::new();
+    // The pod's process is there, but its namespace does not hold the pod's IP.
+    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    let err = repair(
+        &sidecar_pod(UID, "10.55.7.9"),
+        &MeshDefaults::default(),
+        &places(&proc),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RepairError::Netns { .. }), "{err:?}");
+    assert!(err.to_string().contains("10.55.7.9"), "{err}");
+    assert_eq!(ns.run(nft::read_back).unwrap(), None);
 }

@@ -1,0 +1,127 @@
+//! Repairing a running pod in place: the capture the plugin's ADD would have applied, into the
+//! pod's namespace found from the node, then read back. "Repaired" means the rules are in the
+//! kernel (Istio reported success with no rules written, istio#56587).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Pod;
+use redirect_core::capture;
+use redirect_core::derived;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::netns;
+use redirect_core::plan::SystemGroups;
+
+use super::pod_netns::{self, FindError};
+
+/// Where the agent looks for the pod's namespace.
+#[derive(Clone, Debug)]
+pub struct Places {
+    /// The host's `/proc` as mounted in the agent (`/host/proc`).
+    pub proc: PathBuf,
+    /// The runtime's pinned namespaces (`/var/run/netns`).
+    pub pins: PathBuf,
+}
+
+/// What a repair did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The capture is in the pod's namespace now (found at `netns`), read back equal.
+    Repaired { netns: PathBuf },
+    /// The plugin would not capture this pod (e.g. `sidecar.istio.io/inject: "false"`):
+    /// nothing done.
+    NotCaptured(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    #[error("pod {0} has no UID or no pod IP yet")]
+    Incomplete(String),
+    #[error("pod {pod}: {source}")]
+    Annotations {
+        pod: String,
+        source: redirect_core::Error,
+    },
+    #[error("pod {pod}: {source}")]
+    Netns { pod: String, source: Box<FindError> },
+    #[error("pod {pod}: programming its capture in {netns}: {source}")]
+    Apply {
+        pod: String,
+        netns: PathBuf,
+        source: redirect_core::Error,
+    },
+    #[error(
+        "pod {pod}: the capture was applied in {netns} but reads back different ({}): not \
+         repaired", differences.join("; ")
+    )]
+    NotInKernel {
+        pod: String,
+        netns: PathBuf,
+        differences: Vec<String>,
+    },
+}
+
+/// Repairs `pod` in place: see the module's comment. `defaults` are the plugin's settings (its
+/// config entry), so the capture is the one ADD would have applied.
+pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Outcome, RepairError> {
+    let label = format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or("")
+    );
+    let uid = pod.metadata.uid.clone();
+    let ip: Option<IpAddr> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|s| s.parse().ok());
+    let (Some(uid), Some(ip)) = (uid, ip) else {
+        return Err(RepairError::Incomplete(label));
+    };
+    let info = crate::kube::pod_info(pod.clone(), String::new(), String::new());
+    let (cfg, dual_stack) = match mesh::decide(&info, defaults) {
+        Ok(Decision::Capture {
+            config, dual_stack, ..
+        }) => (*config, dual_stack),
+        Ok(Decision::Skip(why)) | Ok(Decision::NeedSpec(why)) => {
+            return Ok(Outcome::NotCaptured(why));
+        }
+        Err(source) => return Err(RepairError::Annotations { pod: label, source }),
+    };
+    let ns = pod_netns::find(&places.proc, &places.pins, &uid, ip).map_err(|source| {
+        RepairError::Netns {
+            pod: label.clone(),
+            source: Box::new(source),
+        }
+    })?;
+    let applied = netns::run_in_file(&ns.file, &ns.path, || -> Result<_, redirect_core::Error> {
+        let mut cfg = cfg;
+        cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
+        capture::apply(&cfg, &SystemGroups)?;
+        crate::plugin::differences(&cfg)
+    })
+    .and_then(|r| r);
+    match applied {
+        Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns: ns.path }),
+        Ok(differences) => Err(RepairError::NotInKernel {
+            pod: label,
+            netns: ns.path,
+            differences,
+        }),
+        Err(source) => Err(RepairError::Apply {
+            pod: label,
+            netns: ns.path,
+            source,
+        }),
+    }
+}
+
+/// Where a repair looks by default, as the DaemonSet mounts the host.
+impl Default for Places {
+    fn default() -> Self {
+        Places {
+            proc: Path::new("/host/proc").to_owned(),
+            pins: Path::new("/var/run/netns").to_owned(),
+        }
+    }
+}
