@@ -170,6 +170,15 @@ fn sidecar_pod(uid: &str, ip: &str) -> Pod {
     pod
 }
 
+/// A pod's namespace holding `ip`, and a `/proc` whose one process (the pause) belongs to the
+/// pod and lives in it.
+fn running_pod(ip: &str) -> (TestNetns, FakeProc) {
+    let ns = pod_ns(&[ip]);
+    let proc = FakeProc::new();
+    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    (ns, proc)
+}
+
 fn places(proc: &FakeProc) -> Places {
     Places {
         proc: proc.path().to_owned(),
@@ -184,9 +193,7 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
     }
     let validate = static_bin("redirect-validate");
     let validate = validate.to_str().unwrap();
-    let ns = pod_ns(&["10.55.5.2"]);
-    let proc = FakeProc::new();
-    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    let (ns, proc) = running_pod("10.55.5.2");
     let probe = || binary::run_in(validate, &ns, &Run::args(&[]).user(1337, 1337));
     // Broken: no rules, and the probe says so as istio-validation does.
     assert_eq!(ns.run(nft::read_back).unwrap(), None);
@@ -226,9 +233,7 @@ fn a_pod_the_plugin_would_not_capture_is_left_alone() {
     if !kernel_tests_enabled() {
         return;
     }
-    let ns = pod_ns(&["10.55.6.2"]);
-    let proc = FakeProc::new();
-    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    let (ns, proc) = running_pod("10.55.6.2");
     let mut pod = sidecar_pod(UID, "10.55.6.2");
     pod.metadata
         .annotations
@@ -244,10 +249,8 @@ fn a_pod_whose_namespace_is_not_found_is_a_failure_with_nothing_applied() {
     if !kernel_tests_enabled() {
         return;
     }
-    let ns = pod_ns(&["10.55.7.2"]);
-    let proc = FakeProc::new();
     // The pod's process is there, but its namespace does not hold the pod's IP.
-    proc.add(1, &cgroupfs(UID), 5, ns.path());
+    let (ns, proc) = running_pod("10.55.7.2");
     let err = repair(
         &sidecar_pod(UID, "10.55.7.9"),
         &MeshDefaults::default(),
