@@ -292,13 +292,17 @@ fn prefix_mask(prefix: u8, len: u32) -> Vec<u8> {
     int_to_key(v, len)
 }
 
-fn masked_set(set: &NamedSet, prefix: u8, keys: Vec<u128>, id: u32) -> NftSet {
-    let v6 = set.family == Some(Family::V6);
-    let (key_type, key_len) = if v6 {
+/// The nft key type and length of an address set of `set`'s family.
+fn addr_key(set: &NamedSet) -> (u32, u32) {
+    if set.family == Some(Family::V6) {
         (TYPE_IPV6_ADDR, 16)
     } else {
         (TYPE_IPV4_ADDR, 4)
-    };
+    }
+}
+
+fn masked_set(set: &NamedSet, prefix: u8, keys: Vec<u128>, id: u32) -> NftSet {
+    let (key_type, key_len) = addr_key(set);
     NftSet {
         name: format!("{}_m{prefix}", set.name),
         id,
@@ -537,12 +541,7 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
                 .collect(),
         },
         SetElements::Cidrs(cidrs) => {
-            let v6 = set.family == Some(Family::V6);
-            let (key_type, key_len) = if v6 {
-                (TYPE_IPV6_ADDR, 16)
-            } else {
-                (TYPE_IPV4_ADDR, 4)
-            };
+            let (key_type, key_len) = addr_key(set);
             let mut elements = Vec::new();
             let ranges = merged_ranges(cidrs);
             // Like nft, open with an interval end at 0 when the first range starts above it, so
