@@ -2,6 +2,7 @@
 //! CNI stdin, CNI_ARGS and pod annotations become a `redirect_core` config; the library does
 //! the rest.
 
+pub mod agent;
 pub mod cni;
 pub mod install;
 pub mod kube;

@@ -139,27 +139,11 @@ fn plan_for(
         );
         return Ok(None);
     };
-    if conf.pod_namespace.as_deref() == Some(ns.as_str())
-        && OWN_POD_PREFIXES.iter().any(|p| name.starts_with(p))
-    {
-        log.info(&format!(
-            "{ns}/{name} is the plugin's own DaemonSet pod: skipped"
-        ));
+    if let Some(why) = excluded(conf, &ns, &name) {
+        log.info(&format!("{ns}/{name}: {why}"));
         return Ok(None);
     }
-    if conf.exclude_namespaces.contains(&ns) {
-        log.info(&format!("{ns}/{name}: namespace {ns} is excluded"));
-        return Ok(None);
-    }
-    let defaults = MeshDefaults {
-        proxy_uid: conf.proxy_uid,
-        proxy_gid: conf.proxy_gid,
-        dns_capture: conf.dns_capture,
-        dual_stack: conf.dual_stack,
-        drop_invalid: conf.drop_invalid,
-        bypass_uids: conf.bypass_uids.clone(),
-        bypass_gids: conf.bypass_gids.clone(),
-    };
+    let defaults = mesh_defaults(conf);
     let mut pod = match &conf.pod_annotations {
         Some(a) => PodInfo {
             namespace: ns.clone(),
@@ -194,6 +178,33 @@ fn plan_for(
             }
             Ok(Some((*config, dual_stack)))
         }
+    }
+}
+
+/// Why the plugin leaves pod `ns`/`name` alone before looking at it (its own DaemonSet's pods,
+/// excluded namespaces), or `None`. The repair controller asks the same.
+pub(crate) fn excluded(conf: &NetConf, ns: &str, name: &str) -> Option<String> {
+    if conf.pod_namespace.as_deref() == Some(ns)
+        && OWN_POD_PREFIXES.iter().any(|p| name.starts_with(p))
+    {
+        return Some("the plugin's own DaemonSet pod: skipped".into());
+    }
+    if conf.exclude_namespaces.iter().any(|n| n == ns) {
+        return Some(format!("namespace {ns} is excluded"));
+    }
+    None
+}
+
+/// The mesh settings of the plugin's config entry.
+pub(crate) fn mesh_defaults(conf: &NetConf) -> MeshDefaults {
+    MeshDefaults {
+        proxy_uid: conf.proxy_uid,
+        proxy_gid: conf.proxy_gid,
+        dns_capture: conf.dns_capture,
+        dual_stack: conf.dual_stack,
+        drop_invalid: conf.drop_invalid,
+        bypass_uids: conf.bypass_uids.clone(),
+        bypass_gids: conf.bypass_gids.clone(),
     }
 }
 

@@ -4,6 +4,8 @@
 //! JSON from `tests/fixtures/`. The stand-in answers each connection once, from a script
 //! (a pod, a status code, a reset, or silence) and records every request it read.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -13,12 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use cni_shim::kube::{fetch_pod, pod_info_from_json, FetchPolicy, KubeError};
-use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
-
-/// The bearer token in every kubeconfig here: it must never show in an error or a log.
-const TOKEN: &str = "eyJhbGciOiJSUzI1NiIsImtpZCI6InN0YW5kLWluIn0.c3RhbmQtaW4tc2VjcmV0LXRva2Vu.c2ln";
+use common::pki::{pki, pki_for, pki_with, reason, status_body, write_kubeconfig, Pki, TOKEN};
 
 const ISTIO_POD: &str = include_str!("fixtures/pod-istio-sidecar.json");
 const OPENSHIFT_POD: &str = include_str!("fixtures/pod-openshift.json");
@@ -32,95 +30,6 @@ fn quick(attempts: u32) -> FetchPolicy {
         request_timeout: Duration::from_secs(3),
         deadline: Duration::from_secs(60),
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// PKI and kubeconfig
-
-/// A cluster CA and a server configuration whose certificate it signed, for 127.0.0.1 and
-/// localhost.
-struct Pki {
-    ca_pem: String,
-    server: Arc<rustls::ServerConfig>,
-}
-
-fn pki() -> Pki {
-    pki_with("stand-in cluster CA", &["127.0.0.1", "localhost"])
-}
-
-/// As [`pki`], with a server certificate for these names (IP addresses become IP SANs).
-fn pki_for(names: &[&str]) -> Pki {
-    pki_with("stand-in cluster CA", names)
-}
-
-/// A CA with this common name, and a server certificate it signed for these names.
-fn pki_with(ca_name: &str, names: &[&str]) -> Pki {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, ca_name);
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-
-    let key = rcgen::KeyPair::generate().unwrap();
-    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let mut params = rcgen::CertificateParams::new(names).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kube-apiserver");
-    let cert = params.signed_by(&key, &ca).unwrap();
-
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let server = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-    Pki {
-        ca_pem: ca.pem(),
-        server: Arc::new(server),
-    }
-}
-
-/// A kubeconfig as the node installer writes it (one cluster, one user with a token).
-fn write_kubeconfig(dir: &Path, server: &str, ca_pem: &str) -> PathBuf {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let path = dir.join("redirect-cni-kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: {server}
-    certificate-authority-data: {ca}
-users:
-- name: redirect-cni
-  user:
-    token: \"{TOKEN}\"
-contexts:
-- name: redirect-cni-context
-  context:
-    cluster: local
-    user: redirect-cni
-current-context: redirect-cni-context
-"
-        ),
-    )
-    .unwrap();
-    path
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,41 +187,6 @@ fn serve(
     let _ = tls.write_all(response.as_bytes());
     tls.conn.send_close_notify();
     let _ = tls.flush();
-}
-
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Whatever",
-    }
-}
-
-/// A `Status` as the API server sends it with an error.
-fn status_body(code: u16, message: &str) -> String {
-    let reason = match code {
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "NotFound",
-        429 => "TooManyRequests",
-        503 => "ServiceUnavailable",
-        _ => "InternalError",
-    };
-    serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    })
-    .to_string()
 }
 
 fn forbidden_message(ns: &str, name: &str) -> String {

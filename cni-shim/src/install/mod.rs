@@ -30,6 +30,8 @@ pub mod watch;
 
 use std::ffi::OsString;
 
+use crate::agent::Agent;
+
 pub use config_file::{CniConfig, ConfigStatus};
 pub use error::{Error, Result};
 pub use installer::Installer;
@@ -42,11 +44,29 @@ pub use watch::{StopHandle, WatchOptions};
 /// Fatal at start: a bad binary path or bin dir, or no kubeconfig (no service account or
 /// KUBERNETES_SERVICE_HOST). A CNI config that cannot be written yet is retried.
 pub fn run(settings: Settings, stop: &StopHandle, opts: &WatchOptions) -> Result<()> {
+    run_with_agent(settings, stop, opts, None)
+}
+
+/// [`run`], with the node agent (repair, untaint, endpoints) told when the plugin is installed,
+/// and stopped before anything is uninstalled.
+pub fn run_with_agent(
+    settings: Settings,
+    stop: &StopHandle,
+    opts: &WatchOptions,
+    agent: Option<Agent>,
+) -> Result<()> {
     let cleanup = settings.cleanup_on_exit;
     let mut inst = Installer::new(settings)?;
     inst.install_binaries()?;
     inst.ensure_kubeconfig()?;
-    let watched = watch::watch(&mut inst, stop, opts);
+    let watched = watch::watch(&mut inst, stop, opts, &|ready| {
+        if let Some(a) = &agent {
+            a.set_ready(ready);
+        }
+    });
+    if let Some(a) = agent {
+        a.stop();
+    }
     let cleaned = if cleanup {
         log::info!("stopping: removing what was installed");
         inst.uninstall()
@@ -104,7 +124,18 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             .join(","),
         settings.cni_agent_run_dir.display()
     );
-    match run(settings, &stop, &WatchOptions::default()) {
+    let agent = match Agent::start(&settings) {
+        Ok(a) => a,
+        Err(e) => {
+            log::error!("{e}");
+            return if matches!(e, Error::InvalidSetting { .. }) {
+                2
+            } else {
+                1
+            };
+        }
+    };
+    match run_with_agent(settings, &stop, &WatchOptions::default(), Some(agent)) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("{e}");

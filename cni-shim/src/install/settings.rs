@@ -11,6 +11,9 @@ use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
 use super::plugin_entry::PLUGIN_TYPE;
+use crate::repair::detect::{Action, Filter};
+use crate::repair::in_place::Places;
+use crate::repair::RepairSettings;
 
 /// Where Kubernetes mounts a pod's service-account token and CA.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -182,6 +185,130 @@ const SPECS: &[Spec] = &[
         "true",
         "On SIGTERM/SIGINT remove everything that was installed",
     ),
+    // -- the node agent: repair controller (Istio's names, its chart's defaults), untaint, metrics
+    s(
+        "node-name",
+        Some("NODE_NAME"),
+        "",
+        "This node's name (the DaemonSet sets it from spec.nodeName); the default of \
+         --repair-node-name, and the node --untaint-node untaints",
+    ),
+    b(
+        "repair-enabled",
+        "REPAIR_ENABLED",
+        "true",
+        "Run the repair controller: act on this node's pods that started without the plugin",
+    ),
+    b(
+        "repair-repair-pods",
+        "REPAIR_REPAIR_PODS",
+        "true",
+        "Repair a broken pod in place: program its capture into its running network namespace \
+         (needs SYS_ADMIN, SYS_PTRACE and the host's /proc); wins over delete and label",
+    ),
+    b(
+        "repair-delete-pods",
+        "REPAIR_DELETE_PODS",
+        "false",
+        "Delete a broken pod (its controller recreates it, with the plugin); wins over label",
+    ),
+    b(
+        "repair-label-pods",
+        "REPAIR_LABEL_PODS",
+        "false",
+        "Label a broken pod with --repair-broken-pod-label-key=--repair-broken-pod-label-value",
+    ),
+    s(
+        "repair-node-name",
+        Some("REPAIR_NODE_NAME"),
+        "",
+        "The node whose pods the repair controller watches (default: --node-name); required \
+         when the controller runs",
+    ),
+    s(
+        "repair-sidecar-annotation",
+        Some("REPAIR_SIDECAR_ANNOTATION"),
+        "sidecar.istio.io/status",
+        "Only pods carrying this annotation (any value) are considered; empty: every pod",
+    ),
+    s(
+        "repair-init-container-name",
+        Some("REPAIR_INIT_CONTAINER_NAME"),
+        "istio-validation",
+        "The validation init container whose failure marks a broken pod; empty: any",
+    ),
+    s(
+        "repair-init-container-exit-code",
+        Some("REPAIR_INIT_CONTAINER_EXIT_CODE"),
+        "126",
+        "Its exit code that marks a broken pod; 0: any",
+    ),
+    s(
+        "repair-init-container-termination-message",
+        Some("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"),
+        "",
+        "Its termination message that marks a broken pod (compared trimmed); empty: any",
+    ),
+    s(
+        "repair-broken-pod-label-key",
+        Some("REPAIR_BROKEN_POD_LABEL_KEY"),
+        "cni.istio.io/uninitialized",
+        "Label mode: the label's key",
+    ),
+    s(
+        "repair-broken-pod-label-value",
+        Some("REPAIR_BROKEN_POD_LABEL_VALUE"),
+        "true",
+        "Label mode: the label's value",
+    ),
+    s(
+        "repair-label-selectors",
+        Some("REPAIR_LABEL_SELECTORS"),
+        "",
+        "A Kubernetes label selector narrowing the watched pods",
+    ),
+    s(
+        "repair-field-selectors",
+        Some("REPAIR_FIELD_SELECTORS"),
+        "",
+        "A field selector narrowing the watched pods, joined with spec.nodeName=<node>",
+    ),
+    s(
+        "repair-max-attempts",
+        Some("REPAIR_MAX_ATTEMPTS"),
+        "5",
+        "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
+    ),
+    s(
+        "repair-host-proc",
+        Some("REPAIR_HOST_PROC"),
+        "/host/proc",
+        "The host's /proc as mounted here, searched for the pod's processes (repair mode)",
+    ),
+    s(
+        "repair-netns-dir",
+        Some("REPAIR_NETNS_DIR"),
+        "/var/run/netns",
+        "Pinned network namespaces, searched when no process of the pod is found (repair mode)",
+    ),
+    b(
+        "untaint-node",
+        "UNTAINT_NODE",
+        "false",
+        "Once the plugin is installed, remove --untaint-taint-key from this node's taints",
+    ),
+    s(
+        "untaint-taint-key",
+        Some("UNTAINT_TAINT_KEY"),
+        "cni.istio.io/not-ready",
+        "The taint --untaint-node removes (every effect of that key)",
+    ),
+    s(
+        "monitoring-port",
+        Some("MONITORING_PORT"),
+        "15014",
+        "Port of the agent's HTTP endpoints: /metrics (Prometheus), /healthz, /readyz; 0: none",
+    ),
 ];
 
 /// Everything `redirect-cni install` was told.
@@ -209,6 +336,13 @@ pub struct Settings {
     /// Extra fields for the plugin's entry (`--plugin-config-json`).
     pub plugin_config: Map<String, Value>,
     pub cleanup_on_exit: bool,
+    /// This node (`NODE_NAME`); empty when not given.
+    pub node_name: String,
+    pub repair: RepairSettings,
+    /// `--untaint-node`: the taint key to remove once installed.
+    pub untaint: Option<String>,
+    /// The agent's HTTP port; 0: no endpoints.
+    pub monitoring_port: u16,
 }
 
 impl Default for Settings {
@@ -222,6 +356,29 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// What the node agent needs beyond the installer: a node name when the repair controller
+    /// runs or the node is to be untainted. Istio would watch unscheduled pods instead.
+    pub fn check_agent(&self) -> Result<()> {
+        let needs_node = |setting: &'static str, what: &str| Error::InvalidSetting {
+            setting,
+            value: String::new(),
+            reason: format!(
+                "{what} needs this node's name: set NODE_NAME or REPAIR_NODE_NAME from the \
+                 pod's spec.nodeName (a fieldRef in the DaemonSet), or pass --node-name"
+            ),
+        };
+        if self.repair.enabled && self.repair.node_name.is_empty() {
+            return Err(needs_node(
+                "REPAIR_NODE_NAME",
+                "the repair controller (REPAIR_ENABLED=true, the default)",
+            ));
+        }
+        if self.untaint.is_some() && self.node_name.is_empty() && self.repair.node_name.is_empty() {
+            return Err(needs_node("NODE_NAME", "--untaint-node"));
+        }
+        Ok(())
+    }
+
     /// The standalone config's mode: 0600, or 0640 with `CNI_CONF_GROUP_READ`.
     pub fn standalone_conf_mode(&self) -> u32 {
         if self.cni_conf_group_read {
@@ -406,6 +563,66 @@ pub fn parse(
         }
     }
 
+    let number = |key: &str, range: std::ops::RangeInclusive<i64>| -> Result<i64> {
+        let (v, from) = value(key);
+        v.trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| Error::InvalidSetting {
+                setting: from,
+                value: v,
+                reason: format!(
+                    "expected a whole number from {} to {}",
+                    range.start(),
+                    range.end()
+                ),
+            })
+    };
+    let node_name = string("node-name").trim().to_string();
+    let repair = RepairSettings {
+        enabled: boolean("repair-enabled")?,
+        action: [
+            (boolean("repair-repair-pods")?, Action::Repair),
+            (boolean("repair-delete-pods")?, Action::Delete),
+            (boolean("repair-label-pods")?, Action::Label),
+        ]
+        .into_iter()
+        .find_map(|(on, action)| on.then_some(action)),
+        node_name: non_empty("repair-node-name")
+            .map(|n| n.trim().to_string())
+            .unwrap_or_else(|| node_name.clone()),
+        filter: Filter {
+            sidecar_annotation: string("repair-sidecar-annotation"),
+            init_container_name: string("repair-init-container-name"),
+            exit_code: number("repair-init-container-exit-code", 0..=255)? as i32,
+            termination_message: string("repair-init-container-termination-message"),
+        },
+        label_key: string("repair-broken-pod-label-key"),
+        label_value: string("repair-broken-pod-label-value"),
+        label_selectors: string("repair-label-selectors"),
+        field_selectors: string("repair-field-selectors"),
+        max_attempts: number("repair-max-attempts", 1..=100)? as u32,
+        places: Places {
+            proc: string("repair-host-proc").into(),
+            pins: string("repair-netns-dir").into(),
+        },
+    };
+    let untaint = if boolean("untaint-node")? {
+        let (key, from) = value("untaint-taint-key");
+        if key.trim().is_empty() {
+            return Err(Error::InvalidSetting {
+                setting: from,
+                value: key,
+                reason: "a taint key is needed, e.g. cni.istio.io/not-ready".into(),
+            });
+        }
+        Some(key.trim().to_string())
+    } else {
+        None
+    };
+    let monitoring_port = number("monitoring-port", 0..=65535)? as u16;
+
     Ok(Parsed::Run(Box::new(Settings {
         mounted_cni_net_dir: string("mounted-cni-net-dir").into(),
         cni_net_dir: string("cni-net-dir").into(),
@@ -427,6 +644,10 @@ pub fn parse(
         plugin_log_level,
         plugin_config,
         cleanup_on_exit: boolean("cleanup-on-exit")?,
+        node_name,
+        repair,
+        untaint,
+        monitoring_port,
     })))
 }
 

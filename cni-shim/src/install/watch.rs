@@ -249,8 +249,14 @@ fn wait(watches: &Watches, stop: &StopHandle, timeout: Duration) -> bool {
 }
 
 /// Watch and repair until `stop`. The watches are set up first and everything is checked
-/// right after, so no change made before the loop starts goes unseen.
-pub fn watch(inst: &mut Installer, stop: &StopHandle, opts: &WatchOptions) -> Result<()> {
+/// right after, so no change made before the loop starts goes unseen. `ready` hears, after
+/// every pass, whether the plugin is installed: binaries, kubeconfig and CNI config in place.
+pub fn watch(
+    inst: &mut Installer,
+    stop: &StopHandle,
+    opts: &WatchOptions,
+    ready: &dyn Fn(bool),
+) -> Result<()> {
     let mut watches = Watches::new(inst)?;
     let mut limiter = RewriteLimiter::new(opts.max_rewrites, opts.rewrite_window);
     let mut next_resync = Instant::now() + opts.resync;
@@ -316,6 +322,14 @@ pub fn watch(inst: &mut Installer, stop: &StopHandle, opts: &WatchOptions) -> Re
         if !failed.any() {
             last_error.clear();
         }
+        ready(
+            !failed.any()
+                && hold_until.is_none()
+                && matches!(
+                    last,
+                    Some(ConfigStatus::Written(_)) | Some(ConfigStatus::Unchanged(_))
+                ),
+        );
         let retry_at = failed.any().then(|| Instant::now() + opts.retry);
 
         let deadline = [Some(next_resync), hold_until, retry_at]

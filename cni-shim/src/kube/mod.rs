@@ -21,6 +21,7 @@
 //! - Credentials (bearer token, token file contents, password) never appear in an error or a
 //!   log line of ours: every message is scrubbed of them.
 
+mod agent_client;
 mod convert;
 mod fetch;
 mod secret;
@@ -28,6 +29,7 @@ mod secret;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use agent_client::agent_client;
 pub use convert::{pod_info, pod_info_from_json};
 pub use fetch::fetch_pod;
 

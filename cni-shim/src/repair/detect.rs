@@ -35,6 +35,17 @@ pub enum Action {
     Label,
 }
 
+impl Action {
+    /// The `type` label of `istio_cni_repair_pods_repaired_total`.
+    pub fn metric_type(self) -> &'static str {
+        match self {
+            Action::Repair => "repair",
+            Action::Delete => "delete",
+            Action::Label => "label",
+        }
+    }
+}
+
 /// Whether `pod` is broken for `action`:
 /// - it carries the sidecar annotation;
 /// - an init container of that name is not terminated with success (reason `Completed` or

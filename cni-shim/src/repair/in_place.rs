@@ -15,7 +15,7 @@ use redirect_core::plan::SystemGroups;
 use super::pod_netns::{self, FindError};
 
 /// Where the agent looks for the pod's namespace.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Places {
     /// The host's `/proc` as mounted in the agent (`/host/proc`).
     pub proc: PathBuf,

@@ -1,8 +1,55 @@
-//! The repair controller's parts (Istio's `cni/pkg/repair`): which pods started without the
-//! plugin's rules (`detect`), where a running pod's network namespace is (`pod_netns`), and
-//! repairing one in place (`in_place`). The controller that watches pods and acts on them is
-//! not written yet (issue 17): nothing here runs in the shipped programs until it is.
+//! The repair controller (Istio's `cni/pkg/repair`), run by the node agent: it watches this
+//! node's pods, finds those that started without the plugin's rules (`detect`), and repairs them
+//! in place (`in_place`, in the namespace `pod_netns` finds), deletes them or labels them
+//! (`actions`), one pod at a time from a queue keyed by pod UID (`queue`), driven by `controller`.
 
+pub mod actions;
+pub mod controller;
 pub mod detect;
 pub mod in_place;
 pub mod pod_netns;
+pub mod queue;
+
+use detect::{Action, Filter};
+use in_place::Places;
+
+/// The controller's settings (`REPAIR_*`, with the defaults of Istio's chart).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairSettings {
+    /// `REPAIR_ENABLED`: run the controller at all.
+    pub enabled: bool,
+    /// The first of repair, delete, label that is on (Istio's priority); `None`: watch only.
+    pub action: Option<Action>,
+    /// `REPAIR_NODE_NAME`: only this node's pods are watched.
+    pub node_name: String,
+    pub filter: Filter,
+    pub label_key: String,
+    pub label_value: String,
+    /// `REPAIR_LABEL_SELECTORS`, as given to the API server.
+    pub label_selectors: String,
+    /// `REPAIR_FIELD_SELECTORS`, joined with `spec.nodeName=<node>`.
+    pub field_selectors: String,
+    /// Attempts per pod before giving up until the pod changes again.
+    pub max_attempts: u32,
+    /// Where repair mode looks for a pod's namespace.
+    pub places: Places,
+}
+
+impl RepairSettings {
+    /// The field selector sent to the API server: ours, then `spec.nodeName=<node>`.
+    pub fn field_selector(&self) -> String {
+        let node = format!("spec.nodeName={}", self.node_name);
+        match self.field_selectors.trim() {
+            "" => node,
+            extra => format!("{extra},{node}"),
+        }
+    }
+
+    /// The mode's name in logs and in the metric's `type` label.
+    pub fn mode(&self) -> &'static str {
+        match self.action {
+            Some(a) => a.metric_type(),
+            None => "none",
+        }
+    }
+}

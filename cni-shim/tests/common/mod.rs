@@ -1,7 +1,11 @@
 //! Test helpers: run the plugin binary, and see where a real connection lands in a namespace
-//! programmed by the plugin.
+//! programmed by the plugin. `pki` makes the CA, certificates and kubeconfigs of the stand-ins
+//! for the Kubernetes API server; `cluster` is the stateful one (lists, watches, patches).
 
 #![allow(dead_code)]
+
+pub mod cluster;
+pub mod pki;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
