@@ -127,8 +127,10 @@ if ! info_err=$("${PODMAN[@]}" info 2>&1 >/dev/null); then
   fi
 fi
 
-# Options of every container. The installer runs as the DaemonSet runs it: root, no capability,
-# no privilege escalation, a read-only root filesystem, and here no network at all.
+# Options of every container. The installer runs as the DaemonSet runs it: root, no privilege
+# escalation, a read-only root filesystem, and here no network at all. Also no capability: the
+# DaemonSet's NET_ADMIN, SYS_ADMIN and SYS_PTRACE (and its /proc and /var/run/netns mounts) are
+# for repairing pods in place, which needs an API server; the installer must work without them.
 RUN_OPTS=(--pull=never --network=none)
 # The bind mounts are temporary directories: no SELinux relabelling (a no-op without SELinux).
 RUN_OPTS+=(--security-opt=label=disable)
@@ -283,6 +285,29 @@ configmap_env() {
     }' "$1"
 }
 
+# The DaemonSet container's own variables (its `env:` list), NAME=VALUE per line: a `value:` as
+# it is, a downward API `fieldRef` as NAME=fieldRef:PATH (the scenario fills those in as kubelet
+# would for the pod).
+daemonset_env() {
+  awk '
+    /^---/ { ds = 0; env = 0; next }
+    /^kind: DaemonSet/ { ds = 1 }
+    ds && /^ *env:[ ]*$/ { env = 1; match($0, /^ */); indent = RLENGTH; name = ""; next }
+    ds && env {
+      if ($0 ~ /^[ ]*$/ || $0 ~ /^[ ]*#/) next
+      match($0, /^ */)
+      if (RLENGTH <= indent) { env = 0; next }
+      line = $0; sub(/^ */, "", line); sub(/[ ]+#.*$/, "", line)
+      if (line ~ /^- name: /) { name = line; sub(/^- name: */, "", name); next }
+      if (line ~ /^value: /) {
+        val = line; sub(/^value: */, "", val)
+        if (val ~ /^".*"$/ || val ~ /^'\''.*'\''$/) val = substr(val, 2, length(val) - 2)
+        print name "=" val; next
+      }
+      if (line ~ /^fieldPath: /) { path = line; sub(/^fieldPath: */, "", path); print name "=fieldRef:" path }
+    }' "$1"
+}
+
 # The DaemonSet's command: its `command: [...]` line, a JSON array.
 manifest_command() {
   sed -n 's/^ *command: *\(\[.*\]\) *$/\1/p' "$1" | head -1 | jq -r '.[]'
@@ -299,7 +324,9 @@ snapshot() {
   done)
 }
 
+# What the downward API gives the DaemonSet's pod (its fieldRef variables) in this test.
 POD_NAMESPACE=redirect-system
+NODE_NAME=node-a
 API_HOST=10.96.0.1
 TOKEN="test-token-$RANDOM$RANDOM"
 
@@ -310,11 +337,24 @@ scenario() {
   STARTED=1
   mkdir -p "$host"
 
-  # The installer's settings: the manifest's ConfigMap, the downward API's POD_NAMESPACE, and
-  # what kubelet gives every pod (KUBERNETES_SERVICE_*, the service account's token and CA).
+  # The installer's settings: the manifest's ConfigMap, then the container's own env (which wins
+  # in Kubernetes too), its downward API fields (POD_NAMESPACE, NODE_NAME) filled in as kubelet
+  # would, and what kubelet gives every pod (KUBERNETES_SERVICE_*, the service account's token
+  # and CA). With NODE_NAME the repair controller starts; with no network it cannot reach
+  # $API_HOST and logs that it retries, which is expected here.
   local -A cfg=()
-  local kv k
+  local kv k v
   while IFS= read -r kv; do cfg[${kv%%=*}]=${kv#*=}; done < <(configmap_env "$manifest")
+  while IFS= read -r kv; do
+    k=${kv%%=*} v=${kv#*=}
+    case "$v" in
+      fieldRef:metadata.namespace) v=$POD_NAMESPACE ;;
+      fieldRef:spec.nodeName) v=$NODE_NAME ;;
+      fieldRef:metadata.name) v=$name ;;
+      fieldRef:*) fail "$manifest: $k comes from ${v#fieldRef:}, which this test does not fill in" ;;
+    esac
+    cfg[$k]=$v
+  done < <(daemonset_env "$manifest")
   for k in MOUNTED_CNI_NET_DIR CNI_BIN_DIR CNI_AGENT_RUN_DIR CHAINED_CNI_PLUGIN; do
     [ -n "${cfg[$k]:-}" ] || fail "$manifest: the ConfigMap sets no $k"
   done
@@ -324,8 +364,8 @@ scenario() {
   [ "${cmd[0]}" = "$IMAGE_BIN/redirect-cni" ] \
     || fail "$manifest runs ${cmd[0]}, but the image holds $IMAGE_BIN/redirect-cni"
 
-  local -a env_opts=(-e "POD_NAMESPACE=$POD_NAMESPACE" -e "KUBERNETES_SERVICE_HOST=$API_HOST"
-    -e KUBERNETES_SERVICE_PORT=443)
+  [ -n "${cfg[POD_NAMESPACE]:-}" ] || fail "$manifest: the DaemonSet sets no POD_NAMESPACE"
+  local -a env_opts=(-e "KUBERNETES_SERVICE_HOST=$API_HOST" -e KUBERNETES_SERVICE_PORT=443)
   for k in "${!cfg[@]}"; do env_opts+=(-e "$k=${cfg[$k]}"); done
 
   # The host: bin dirs with another plugin in them, the net dir, the run dir; each mounted where
@@ -347,7 +387,15 @@ scenario() {
   mkdir -p "$net" "$run" "$dir/sa"
   mounts+=(-v "$net:${cfg[MOUNTED_CNI_NET_DIR]}" -v "$run:${cfg[CNI_AGENT_RUN_DIR]}")
   printf '%s' "$TOKEN" >"$dir/sa/token"
-  printf -- '-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n' >"$dir/sa/ca.crt"
+  # A real CA (throwaway, self-signed) when openssl is here: the node agent then builds its API
+  # client and starts the repair controller, which cannot reach $API_HOST with no network and
+  # retries until SIGTERM. Otherwise a placeholder, and the agent logs that it has no client.
+  if ! { have openssl && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -days 1 -subj /CN=redirect-image-test-ca -keyout "$dir/ca.key" -out "$dir/sa/ca.crt" \
+      >/dev/null 2>&1; }; then
+    printf -- '-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n' >"$dir/sa/ca.crt"
+  fi
+  rm -f "$dir/ca.key"
   printf '%s' "$POD_NAMESPACE" >"$dir/sa/namespace"
   mounts+=(-v "$dir/sa:/var/run/secrets/kubernetes.io/serviceaccount:ro")
 
@@ -465,6 +513,10 @@ EOF
   local code
   code=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$name")
   "${PODMAN[@]}" logs "$name" >"$dir/installer.log" 2>&1 || true
+  local agent="the repair controller did not start (its API client failed; see the log)"
+  if grep -q 'starting the repair controller' "$dir/installer.log"; then
+    agent="the repair controller ran for node ${cfg[NODE_NAME]:-?} (no API server here: it retried until SIGTERM)"
+  fi
   if [ "$code" != 0 ]; then
     cat "$dir/installer.log" >&2
     [ "$code" != 137 ] || fail "[$mode] the installer did not exit within ${grace:-10}s of SIGTERM (killed)"
@@ -477,7 +529,7 @@ EOF
       missing=$(installed) || { cat "$dir/installer.log" >&2
         fail "[$mode] CLEANUP_ON_EXIT=false, yet after SIGTERM: $missing (the installer's log above)"; }
       "${PODMAN[@]}" rm "$name" >/dev/null
-      log "[$mode] SIGTERM: exit 0, everything left in place (CLEANUP_ON_EXIT=false)"
+      log "[$mode] SIGTERM: exit 0, everything left in place (CLEANUP_ON_EXIT=false); $agent"
       return 0 ;;
   esac
 
@@ -504,7 +556,7 @@ EOF
     fail "[$mode] after SIGTERM: $(printf '%s; ' "${problems[@]}")"
   fi
   "${PODMAN[@]}" rm "$name" >/dev/null
-  log "[$mode] SIGTERM: exit 0, the host directories are exactly as before"
+  log "[$mode] SIGTERM: exit 0, the host directories are exactly as before; $agent"
 }
 
 for m in "${MODES[@]}"; do

@@ -838,6 +838,67 @@ fn bad_installer_settings() {
             &[],
             &["--cni-conf-name"],
         ),
+        // The node agent's (repair controller, untaint, endpoints).
+        (
+            "repair exit code not a number",
+            &[],
+            &[("REPAIR_INIT_CONTAINER_EXIT_CODE", "abc")],
+            &["REPAIR_INIT_CONTAINER_EXIT_CODE", "abc"],
+        ),
+        (
+            "repair exit code out of range",
+            &["--repair-init-container-exit-code", "256"],
+            &[],
+            &["repair-init-container-exit-code", "256"],
+        ),
+        (
+            "repair attempts zero",
+            &[],
+            &[("REPAIR_MAX_ATTEMPTS", "0")],
+            &["REPAIR_MAX_ATTEMPTS", "0"],
+        ),
+        (
+            "repair attempts negative",
+            &["--repair-max-attempts=-1"],
+            &[],
+            &["repair-max-attempts", "-1"],
+        ),
+        (
+            "repair switch",
+            &[],
+            &[("REPAIR_ENABLED", "on")],
+            &["REPAIR_ENABLED", "on"],
+        ),
+        (
+            "repair mode switch",
+            &[],
+            &[("REPAIR_DELETE_PODS", "yes")],
+            &["REPAIR_DELETE_PODS", "yes"],
+        ),
+        (
+            "untaint switch",
+            &[],
+            &[("UNTAINT_NODE", "maybe")],
+            &["UNTAINT_NODE", "maybe"],
+        ),
+        (
+            "untaint without a key",
+            &["--untaint-node", "--untaint-taint-key", " "],
+            &[],
+            &["untaint-taint-key"],
+        ),
+        (
+            "monitoring port out of range",
+            &[],
+            &[("MONITORING_PORT", "65536")],
+            &["MONITORING_PORT", "65536"],
+        ),
+        (
+            "monitoring port not a number",
+            &["--monitoring-port", "http"],
+            &[],
+            &["monitoring-port", "http"],
+        ),
     ];
     for (what, args, env, names) in rows {
         let env_map: std::collections::HashMap<&str, &str> = env.iter().copied().collect();

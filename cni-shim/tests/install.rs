@@ -154,6 +154,26 @@ fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, (Vec<u8>, u32)>) {
     }
 }
 
+/// The paths that differ between two snapshots (added, removed, other bytes or mode), for
+/// messages: the snapshots themselves hold whole binaries, too big to print.
+fn changed(
+    before: &BTreeMap<PathBuf, (Vec<u8>, u32)>,
+    after: &BTreeMap<PathBuf, (Vec<u8>, u32)>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (p, v) in before {
+        match after.get(p) {
+            None => out.push(format!("removed {}", p.display())),
+            Some(w) if w != v => out.push(format!("changed {}", p.display())),
+            Some(_) => {}
+        }
+    }
+    for p in after.keys().filter(|p| !before.contains_key(*p)) {
+        out.push(format!("added {}", p.display()));
+    }
+    out
+}
+
 fn json_of(path: &Path) -> Value {
     serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
 }
@@ -1015,6 +1035,11 @@ fn binary_installs_until_sigterm_then_restores_and_never_logs_the_token() {
         .env("KUBERNETES_SERVICE_PORT", "6443")
         .env("EXCLUDE_NAMESPACES", "kube-system")
         .env("POD_NAMESPACE", "redirect-system")
+        // Only the installer: the repair controller would call the API server, and
+        // 10.96.0.1 is nobody's here (it would also need a node name); no endpoints either, so
+        // that a busy port 15014 on this machine cannot fail the run.
+        .env("REPAIR_ENABLED", "false")
+        .env("MONITORING_PORT", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1049,10 +1074,132 @@ fn binary_installs_until_sigterm_then_restores_and_never_logs_the_token() {
     assert!(!stderr.contains(TOKEN), "the token was logged:\n{stderr}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains(TOKEN));
     assert!(stderr.lines().any(|l| l.starts_with("info\t")), "{stderr}");
+    let diff = changed(&before, &node.snapshot());
+    assert!(
+        diff.is_empty(),
+        "SIGTERM must leave the node as it was: {diff:?}"
+    );
+}
+
+/// Runs the installer binary on `node` (its DaemonSet flags, no `--binary`) with `env` only,
+/// expecting it to stop by itself within 20 s: (exit code, stderr).
+fn binary_exits(node: &Node, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut args = node.args(&[]);
+    args.truncate(args.len() - 2); // no --binary
+    let mut child = Command::new(BIN)
+        .arg("install")
+        .args(&args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after 20s (env {env:?}); stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The node agent's settings are checked before anything is installed: the repair controller
+/// (on by default) without this node's name, or a bad REPAIR_* value, is exit 2 with a message
+/// naming the variable, and the node's directories stay as they were.
+#[test]
+fn binary_refuses_repair_without_a_node_name_or_with_bad_values_and_installs_nothing() {
+    let node = Node::new();
+    node.write("net/10-calico.conflist", CALICO, 0o644);
+    let before = node.snapshot();
+    let base = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "6443"),
+        ("POD_NAMESPACE", "redirect-system"),
+        // The port is not what is tested: a busy 15014 here must not decide the outcome.
+        ("MONITORING_PORT", "0"),
+    ];
+    // (what, variables beside `base`, the variable the error must name)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 5] = [
+        (
+            "no node name (REPAIR_ENABLED unset: on)",
+            &[],
+            "REPAIR_NODE_NAME",
+        ),
+        (
+            "no node name, REPAIR_ENABLED=true",
+            &[("REPAIR_ENABLED", "true"), ("NODE_NAME", "")],
+            "REPAIR_NODE_NAME",
+        ),
+        (
+            "exit code not a number",
+            &[
+                ("NODE_NAME", "node-a"),
+                ("REPAIR_INIT_CONTAINER_EXIT_CODE", "abc"),
+            ],
+            "REPAIR_INIT_CONTAINER_EXIT_CODE",
+        ),
+        (
+            "zero attempts",
+            &[("NODE_NAME", "node-a"), ("REPAIR_MAX_ATTEMPTS", "0")],
+            "REPAIR_MAX_ATTEMPTS",
+        ),
+        (
+            "repair switch not a boolean",
+            &[("NODE_NAME", "node-a"), ("REPAIR_ENABLED", "yes")],
+            "REPAIR_ENABLED",
+        ),
+    ];
+    for (what, extra, names) in cases {
+        let env: Vec<(&str, &str)> = base.iter().chain(extra.iter()).copied().collect();
+        let (code, stderr) = binary_exits(&node, &env);
+        assert_eq!(code, Some(2), "{what}: stderr:\n{stderr}");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("error\t") && l.contains(names)),
+            "{what}: no error line naming {names}:\n{stderr}"
+        );
+        assert!(!stderr.contains(TOKEN), "{what}: the token was logged");
+        let diff = changed(&before, &node.snapshot());
+        assert!(diff.is_empty(), "{what}: the node was changed: {diff:?}");
+    }
+}
+
+#[test]
+fn the_node_name_comes_from_node_name_or_repair_node_name() {
+    let node = Node::new();
+    let s = node.settings_env(&[], &[("NODE_NAME", "node-a")]);
+    assert_eq!(s.node_name, "node-a");
+    assert_eq!(s.repair.node_name, "node-a", "the controller's default");
+    assert!(s.check_agent().is_ok());
+    let s = node.settings_env(
+        &[],
+        &[("NODE_NAME", "node-a"), ("REPAIR_NODE_NAME", "node-b")],
+    );
     assert_eq!(
-        node.snapshot(),
-        before,
-        "SIGTERM must leave the node as it was"
+        s.repair.node_name, "node-b",
+        "REPAIR_NODE_NAME wins for the controller"
+    );
+    let s = node.settings(&[]);
+    let err = s.check_agent().unwrap_err().to_string();
+    assert!(err.contains("REPAIR_NODE_NAME"), "{err}");
+    let off = node.settings_env(&[], &[("REPAIR_ENABLED", "false")]);
+    assert!(
+        off.check_agent().is_ok(),
+        "no controller, no node name needed"
     );
 }
 
@@ -1135,6 +1282,10 @@ fn the_manifests_configmaps_use_known_settings_and_the_nad_example_matches() {
             Parsed::Info(i) => panic!("{i}"),
         };
         assert_eq!(s.chained, chained, "{rel}");
+        // Istio's chart's repair defaults: on, in place.
+        assert!(s.repair.enabled, "{rel}");
+        assert_eq!(s.repair.mode(), "repair", "{rel}");
+        assert_eq!(s.untaint, None, "{rel}");
         settings.push(s);
     }
     let os = &settings[1];

@@ -6,7 +6,11 @@
 //! a key lost in the round trip is a field Kubernetes does not know, since k8s-openapi ignores
 //! unknown fields; the two OpenShift/Multus CRDs are checked against their schema's field list),
 //! and the references between the documents of one file (service account, role, ConfigMaps,
-//! selector, volumes, images, the pinned SCC). The checker is tested on inline YAML at the end.
+//! selector, volumes, images, the pinned SCC). A file beside a platform's `redirect-cni.yaml`
+//! (the RBAC of one repair mode) may name that file's ServiceAccount, since it is applied after
+//! it. The checker is tested on inline YAML; then what each repair mode needs (docs/repair.md)
+//! is checked in the manifests: RBAC per mode, and the DaemonSet's capabilities and host mounts
+//! for in-place repair, its node name, port, probes and scrape annotations.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 // --- finding and parsing ------------------------------------------------------------------------
+
+/// Each platform's main manifest; the other files of its folder are applied after it.
+const MAIN: &str = "redirect-cni.yaml";
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy")
@@ -673,9 +680,11 @@ fn grants_use(rule: &Value, scc: &str) -> bool {
         && (names.is_empty() || names.iter().any(|n| n.as_str() == Some(scc)))
 }
 
-/// The problems of the references in one file, keyed by document label.
-fn check_references(docs: &[Doc], raw: &str, out: &mut Vec<(String, Problems)>) {
-    let service_accounts = names_of(docs, "ServiceAccount");
+/// The problems of the references in one file, keyed by document label. `base` holds the
+/// documents of the file this one is applied after (their ServiceAccounts count as present).
+fn check_references(docs: &[Doc], base: &[Doc], raw: &str, out: &mut Vec<(String, Problems)>) {
+    let mut service_accounts = names_of(docs, "ServiceAccount");
+    service_accounts.extend(names_of(base, "ServiceAccount"));
     let cluster_roles = names_of(docs, "ClusterRole");
     let sccs = names_of(docs, "SecurityContextConstraints");
     let configmaps: BTreeMap<&str, &Value> = docs
@@ -964,6 +973,19 @@ fn check_pod_fits_scc(spec: &Value, scc: &Value, p: &mut Problems) {
         .collect();
     for list in ["initContainers", "containers"] {
         for (i, c) in arr(&spec[list]).iter().enumerate() {
+            // A hostNetwork pod's container ports are host ports (the API server defaults
+            // hostPort to containerPort), which the SCC must allow.
+            for (j, port) in arr(&c["ports"]).iter().enumerate() {
+                let host_port = port.get("hostPort").is_some_and(|h| h != 0)
+                    || (spec["hostNetwork"] == true && port.get("containerPort").is_some());
+                if host_port && !flag("allowHostPorts") {
+                    p.at(
+                        &format!("{s}.{list}[{i}].ports[{j}]"),
+                        "a host port (hostPort, or any port of a hostNetwork pod): the SCC \
+                         does not allow it (allowHostPorts)",
+                    );
+                }
+            }
             let sc = &c["securityContext"];
             let cpath = format!("{s}.{list}[{i}].securityContext");
             if sc["privileged"] == true && !flag("allowPrivilegedContainer") {
@@ -1013,6 +1035,11 @@ fn check_pod_fits_scc(spec: &Value, scc: &Value, p: &mut Problems) {
 
 /// Every problem of one manifest file, each naming the file, the document and the path.
 fn check_file(file: &str, text: &str) -> Vec<String> {
+    check_file_after(file, text, &[])
+}
+
+/// [`check_file`] for a file applied after the documents `base`.
+fn check_file_after(file: &str, text: &str, base: &[Doc]) -> Vec<String> {
     let mut stream = Vec::new();
     let docs = parse_stream(text, &mut stream);
     let mut out: Vec<String> = stream.into_iter().map(|m| format!("{file}: {m}")).collect();
@@ -1034,7 +1061,7 @@ fn check_file(file: &str, text: &str) -> Vec<String> {
         out.extend(p.0.iter().map(|m| format!("{file}: {}: {m}", doc.label)));
     }
     let mut refs = Vec::new();
-    check_references(&docs, text, &mut refs);
+    check_references(&docs, base, text, &mut refs);
     for (label, p) in refs {
         out.extend(p.0.iter().map(|m| format!("{file}: {label}: {m}")));
     }
@@ -1055,8 +1082,14 @@ fn every_manifest_in_docs_deploy_is_valid_kubernetes_yaml() {
     for known in [
         "kubernetes/redirect-cni.yaml",
         "kubernetes/resourcequota-critical-pods.yaml",
+        "kubernetes/repair-delete-pods.yaml",
+        "kubernetes/repair-label-pods.yaml",
+        "kubernetes/untaint-node.yaml",
         "openshift/redirect-cni.yaml",
         "openshift/network-attachment-definition.yaml",
+        "openshift/repair-delete-pods.yaml",
+        "openshift/repair-label-pods.yaml",
+        "openshift/untaint-node.yaml",
     ] {
         assert!(
             rel.iter().any(|r| r == known),
@@ -1068,7 +1101,14 @@ fn every_manifest_in_docs_deploy_is_valid_kubernetes_yaml() {
     for (path, rel) in files.iter().zip(&rel) {
         let text = std::fs::read_to_string(path).unwrap();
         let label = format!("docs/deploy/{rel}");
-        problems.extend(check_file(&label, &text));
+        // The mode files beside a platform's main manifest are applied after it.
+        let main = path.with_file_name(MAIN);
+        let base = if path.file_name() != main.file_name() && main.exists() {
+            parse_stream(&std::fs::read_to_string(&main).unwrap(), &mut Vec::new())
+        } else {
+            Vec::new()
+        };
+        problems.extend(check_file_after(&label, &text, &base));
         let mut ignored = Vec::new();
         for d in parse_stream(&text, &mut ignored) {
             kinds.insert(d.kind);
@@ -1398,6 +1438,53 @@ fn the_checker_reports_what_the_scc_would_refuse() {
         &broken("type: RuntimeDefault", "type: Unconfined"),
         &["seccompProfile", "unconfined"],
     );
+    // A hostNetwork pod's container port is a host port.
+    let with_port = broken(
+        "          resources:\n",
+        "          ports:\n            - containerPort: 15014\n          resources:\n",
+    );
+    assert_problem(&with_port, &["containers[0].ports[0]", "allowHostPorts"]);
+    let allowed = with_port.replacen("allowHostPorts: false", "allowHostPorts: true", 1);
+    let problems = check_file("test.yaml", &allowed);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn a_mode_file_may_name_the_main_files_service_account_and_nothing_else() {
+    let mode_file = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: extra
+rules:
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["delete"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: extra
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: extra
+subjects:
+  - kind: ServiceAccount
+    name: sa
+    namespace: kube-system # SET-ME
+"#;
+    let base = parse_stream(GOOD, &mut Vec::new());
+    let problems = check_file_after("mode.yaml", mode_file, &base);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // On its own, or naming another account, the ServiceAccount is dangling.
+    assert!(check_file("mode.yaml", mode_file)
+        .iter()
+        .any(|p| p.contains("ServiceAccount \"sa\" is not in this file")));
+    let other = mode_file.replace("name: sa", "name: other");
+    assert!(check_file_after("mode.yaml", &other, &base)
+        .iter()
+        .any(|p| p.contains("ServiceAccount \"other\" is not in this file")));
 }
 
 /// The paths the image puts its binaries at, from the Containerfile's `COPY` lines
@@ -1465,4 +1552,250 @@ fn the_manifests_run_what_the_image_holds() {
         }
     }
     assert_eq!(commands, 2, "one installer per mode");
+}
+
+// --- what each repair mode needs (docs/repair.md) -----------------------------------------------
+
+/// Whether `rule` grants `verb` on `resource` (or `resource/subresource`) of the core API group,
+/// for every object (no `resourceNames`).
+fn grants_core(rule: &Value, resource: &str, verb: &str) -> bool {
+    let has = |field: &str, want: &str| {
+        arr(&rule[field])
+            .iter()
+            .any(|v| v.as_str() == Some(want) || v.as_str() == Some("*"))
+    };
+    has("apiGroups", "")
+        && has("resources", resource)
+        && has("verbs", verb)
+        && arr(&rule["resourceNames"]).is_empty()
+}
+
+/// Whether the ClusterRoles that `docs` bind to the ServiceAccount `sa` grant `verb` on
+/// `resource` (core group).
+fn account_may(docs: &[Doc], sa: &str, resource: &str, verb: &str) -> bool {
+    docs.iter()
+        .filter(|d| d.kind == "ClusterRole")
+        .filter(|d| {
+            bound_service_accounts(docs, &d.name)
+                .iter()
+                .any(|(_, n)| *n == sa)
+        })
+        .flat_map(|d| arr(&d.value["rules"]))
+        .any(|r| grants_core(r, resource, verb))
+}
+
+/// A container's variable: its `env` entry (the value, or `fieldRef:<path>`), else the value of
+/// a ConfigMap it takes with `envFrom`.
+fn container_var(docs: &[Doc], c: &Value, name: &str) -> Option<String> {
+    if let Some(e) = arr(&c["env"]).iter().find(|e| e["name"] == name) {
+        if let Some(v) = e["value"].as_str() {
+            return Some(v.to_string());
+        }
+        return e["valueFrom"]["fieldRef"]["fieldPath"]
+            .as_str()
+            .map(|p| format!("fieldRef:{p}"));
+    }
+    arr(&c["envFrom"]).iter().find_map(|from| {
+        let cm = from["configMapRef"]["name"].as_str()?;
+        let doc = docs
+            .iter()
+            .find(|d| d.kind == "ConfigMap" && d.name == cm)?;
+        doc.value["data"][name].as_str().map(str::to_string)
+    })
+}
+
+/// The DaemonSet's volume mounted at `mount_path` in `c`: (the mount, the volume).
+fn mount_at<'a>(spec: &'a Value, c: &'a Value, mount_path: &str) -> Option<(&'a Value, &'a Value)> {
+    let m = arr(&c["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"] == mount_path)?;
+    let v = arr(&spec["volumes"])
+        .iter()
+        .find(|v| v["name"] == m["name"])?;
+    Some((m, v))
+}
+
+/// The problems of one platform's folder: see the test below.
+fn repair_mode_problems(platform: &str) -> Vec<String> {
+    let dir = deploy_dir().join(platform);
+    let mut out = Vec::new();
+    let load = |file: &str, out: &mut Vec<String>| -> Vec<Doc> {
+        let path = dir.join(file);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => parse_stream(&text, out),
+            Err(e) => {
+                out.push(format!("{platform}/{file}: {e}"));
+                Vec::new()
+            }
+        }
+    };
+    let main = load(MAIN, &mut out);
+    let Some(ds) = main.iter().find(|d| d.kind == "DaemonSet") else {
+        out.push(format!("{platform}/{MAIN}: no DaemonSet"));
+        return out;
+    };
+    let spec = &ds.value["spec"]["template"]["spec"];
+    let sa = spec["serviceAccountName"].as_str().unwrap_or("default");
+    let at = |what: &str| format!("{platform}/{MAIN}: {what}");
+
+    // RBAC: the default (repair in place) has what the controller needs, and none of the other
+    // modes' rights; each mode's file adds its own to the same account.
+    for (resource, verb) in [
+        ("pods", "get"),
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("events", "create"),
+        ("events", "patch"),
+    ] {
+        if !account_may(&main, sa, resource, verb) {
+            out.push(at(&format!(
+                "ServiceAccount {sa} may not {verb} {resource}"
+            )));
+        }
+    }
+    let modes: [(&str, &str, &[&str]); 3] = [
+        ("repair-delete-pods.yaml", "pods", &["delete"]),
+        ("repair-label-pods.yaml", "pods/status", &["patch"]),
+        ("untaint-node.yaml", "nodes", &["get", "patch"]),
+    ];
+    for (file, resource, verbs) in modes {
+        for verb in verbs {
+            if *verb != "get" && account_may(&main, sa, resource, verb) {
+                out.push(at(&format!(
+                    "the default grants {verb} on {resource}, which only {file} should"
+                )));
+            }
+        }
+        let docs = load(file, &mut out);
+        for verb in verbs {
+            if !account_may(&docs, sa, resource, verb) {
+                out.push(format!(
+                    "{platform}/{file}: ServiceAccount {sa} may not {verb} {resource}"
+                ));
+            }
+        }
+    }
+
+    // The node agent's container.
+    let Some(c) = arr(&spec["containers"])
+        .iter()
+        .find(|c| c["command"][1] == "install")
+    else {
+        out.push(at("no container runs `redirect-cni install`"));
+        return out;
+    };
+    let defaults = cni_shim::install::Settings::default();
+    let caps: Vec<&str> = arr(&c["securityContext"]["capabilities"]["add"])
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for cap in ["SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN"] {
+        if !caps.contains(&cap) {
+            out.push(at(&format!(
+                "the installer's container does not add {cap} (in-place repair needs it)"
+            )));
+        }
+    }
+    let proc = container_var(&main, c, "REPAIR_HOST_PROC")
+        .unwrap_or_else(|| defaults.repair.places.proc.display().to_string());
+    match mount_at(spec, c, &proc) {
+        Some((m, v)) if v["hostPath"]["path"] == "/proc" && m["readOnly"] == true => {}
+        Some(_) => out.push(at(&format!(
+            "{proc} (REPAIR_HOST_PROC) is not the host's /proc mounted read-only"
+        ))),
+        None => out.push(at(&format!(
+            "nothing is mounted at {proc} (REPAIR_HOST_PROC): mount the host's /proc there"
+        ))),
+    }
+    let pins = container_var(&main, c, "REPAIR_NETNS_DIR")
+        .unwrap_or_else(|| defaults.repair.places.pins.display().to_string());
+    match mount_at(spec, c, &pins) {
+        Some((m, v))
+            if v["hostPath"]["path"] == "/var/run/netns"
+                && m["readOnly"] == true
+                && m["mountPropagation"] == "HostToContainer" => {}
+        _ => out.push(at(&format!(
+            "{pins} (REPAIR_NETNS_DIR) is not the host's /var/run/netns, read-only, \
+             HostToContainer"
+        ))),
+    }
+    let node = container_var(&main, c, "NODE_NAME")
+        .or_else(|| container_var(&main, c, "REPAIR_NODE_NAME"));
+    if node.as_deref() != Some("fieldRef:spec.nodeName") {
+        out.push(at(&format!(
+            "NODE_NAME or REPAIR_NODE_NAME is {node:?}, not the pod's spec.nodeName"
+        )));
+    }
+    for (name, want) in [
+        ("REPAIR_ENABLED", "true"),
+        ("REPAIR_REPAIR_PODS", "true"),
+        ("REPAIR_DELETE_PODS", "false"),
+        ("REPAIR_LABEL_PODS", "false"),
+    ] {
+        let got = container_var(&main, c, name);
+        if got.as_deref() != Some(want) {
+            out.push(at(&format!("{name} is {got:?}, not {want:?}")));
+        }
+    }
+
+    // The endpoints: one port, the same in the variable, the container, the probes and the
+    // scrape annotations.
+    let port = container_var(&main, c, "MONITORING_PORT")
+        .unwrap_or_else(|| defaults.monitoring_port.to_string());
+    let declared = arr(&c["ports"])
+        .iter()
+        .find(|p| p["containerPort"].as_u64().map(|n| n.to_string()) == Some(port.clone()));
+    let Some(declared) = declared else {
+        out.push(at(&format!(
+            "no container port {port} (MONITORING_PORT) is declared"
+        )));
+        return out;
+    };
+    let port_name = declared["name"].as_str().unwrap_or("");
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        let get = &c[probe]["httpGet"];
+        let probe_port = get["port"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| get["port"].to_string());
+        if get["path"] != path || (probe_port != port && probe_port != port_name) {
+            out.push(at(&format!(
+                "{probe} is not an httpGet of {path} on port {port} ({port_name}): {get}"
+            )));
+        }
+    }
+    let annotations = &ds.value["spec"]["template"]["metadata"]["annotations"];
+    for (key, want) in [
+        ("prometheus.io/scrape", "true"),
+        ("prometheus.io/port", port.as_str()),
+        ("prometheus.io/path", "/metrics"),
+    ] {
+        if annotations[key] != want {
+            out.push(at(&format!(
+                "the pod template's annotation {key} is {}, not {want:?}",
+                annotations[key]
+            )));
+        }
+    }
+    out
+}
+
+/// docs/repair.md's promises about the manifests, per platform: the default ClusterRole lets the
+/// controller list and watch pods and record Events, and no more than that (delete, status
+/// patch and node patch are in their mode's file, each bound to the same account); the
+/// DaemonSet has what in-place repair needs (SYS_ADMIN, SYS_PTRACE, NET_ADMIN, the host's /proc
+/// read-only at REPAIR_HOST_PROC, /var/run/netns), the node's name from the downward API, the
+/// mode of Istio's chart, and one monitoring port for the probes and the scrape annotations.
+#[test]
+fn each_repair_mode_has_its_rbac_and_the_daemonset_what_in_place_repair_needs() {
+    let mut problems = Vec::new();
+    for platform in ["kubernetes", "openshift"] {
+        problems.extend(repair_mode_problems(platform));
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }

@@ -1020,11 +1020,19 @@ fn the_installer_binary_runs_the_agent_until_sigterm() {
     });
     assert!(node.path().join("net/redirect-cni.conf").is_file());
     // The pod's validation fails once the agent runs: from that status update to the rules.
-    home.cluster()
-        .put_pod(pod_object("web-0", UID, "10.56.9.2", NODE, Validation::Looping(126)));
+    home.cluster().put_pod(pod_object(
+        "web-0",
+        UID,
+        "10.56.9.2",
+        NODE,
+        Validation::Looping(126),
+    ));
     let updated = Instant::now();
     while !has_rules(&ns) {
-        assert!(updated.elapsed() < WAIT, "the pod was not repaired within {WAIT:?}");
+        assert!(
+            updated.elapsed() < WAIT,
+            "the pod was not repaired within {WAIT:?}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     eprintln!(
