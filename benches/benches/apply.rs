@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_benches::configs;
 use redirect_core::plan::SystemGroups;
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
 use redirect_core::{capture, nft, plan};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// Sum of `iters` timings of `f`, each in a fresh namespace where `setup` ran first.
 fn in_fresh_namespaces(

@@ -16,9 +16,9 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redirect_core::testkit::istio::SIDECAR_ARGS;
-use redirect_core::testkit::netns::become_ids;
-use redirect_core::testkit::TestNetns;
+use redirect_testkit::istio::SIDECAR_ARGS;
+use redirect_testkit::netns::become_ids;
+use redirect_testkit::TestNetns;
 use serde_json::{json, Value};
 
 /// What Istio's injector leaves on a pod for the CNI plugin, with Istio's default settings.

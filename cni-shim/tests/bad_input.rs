@@ -13,8 +13,8 @@ use std::os::unix::ffi::OsStringExt;
 use std::process::{Command, Stdio};
 
 use common::{pod_ns, ARGS, BIN, STATUS_CNI};
-use redirect_core::testkit::binary::snapshot;
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::binary::snapshot;
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::{json, Value};
 
 struct Row {

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{listen, BIN, STATUS_CNI};
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 fn cnitool() -> PathBuf {
     let p = std::env::var_os("CNITOOL")

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{cni_env as env, plugin, pod_ns, Out, ARGS, STATUS_CNI};
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 fn conf(version: &str, annotations: Option<serde_json::Value>, extra: serde_json::Value) -> String {
     let mut c = serde_json::json!({"cniVersion": version, "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337});

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use redirect_core::testkit::docs::*;
+use redirect_testkit::docs::*;
 
 use cni_shim::cni::conf::{FIELDS, NESTED_FIELDS};
 use redirect_core::mesh::{ANNOTATIONS, LABELS, PROXY_ENV};

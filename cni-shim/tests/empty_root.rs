@@ -23,9 +23,9 @@ use std::process::{Command, Stdio};
 
 use common::{cni_env, mesh_conf, pod_ns, static_bin, ARGS, BIN};
 use redirect_core::config::CaptureConfig;
-use redirect_core::testkit::istio::SIDECAR_ARGS;
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
 use redirect_core::{nft, plan};
+use redirect_testkit::istio::SIDECAR_ARGS;
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// A root holding only `bin` (as `/<name>`), an empty `/proc` and an empty `/netns` to bind
 /// mounts on.

@@ -11,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{cni_env, mesh_conf, plugin, pod_ns, Out, ARGS, BIN};
-use redirect_core::testkit::binary::snapshot;
-use redirect_core::testkit::kernel_tests_enabled;
+use redirect_testkit::binary::snapshot;
+use redirect_testkit::kernel_tests_enabled;
 
 fn env<'a>(cmd: &'a str, netns: &'a str) -> Vec<(&'a str, &'a str)> {
     cni_env(cmd, netns, ARGS)

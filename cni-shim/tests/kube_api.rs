@@ -940,14 +940,14 @@ fn env_from_a_reference_hides_an_earlier_literal() {
 /// per-namespace UID), and the rules in the pod's namespace carry it.
 #[test]
 fn plugin_add_reads_the_pod_when_the_runtime_sends_no_annotations() {
-    if !redirect_core::testkit::kernel_tests_enabled() {
+    if !redirect_testkit::kernel_tests_enabled() {
         return;
     }
     let s = setup(
         vec![Reply::Status(503, "warming up".into())],
         Reply::Ok(OPENSHIFT_POD),
     );
-    let ns = redirect_core::testkit::TestNetns::new();
+    let ns = redirect_testkit::TestNetns::new();
     ns.sh("ip link add eth0 type veth peer name p0 && ip addr add 10.44.0.5/24 dev eth0 && ip link set eth0 up");
     let conf = serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
         "kubeconfig": s.kubeconfig, "kube_attempts": 3, "kube_interval_ms": 50});

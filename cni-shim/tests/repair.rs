@@ -25,9 +25,9 @@ use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::{self, Decision, MeshDefaults};
 use redirect_core::netns::{netns_id_of, netns_id_of_file};
-use redirect_core::testkit::binary::{self, Run};
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
 use redirect_core::{nft, plan, CaptureConfig};
+use redirect_testkit::binary::{self, Run};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 const ISTIO_POD: &str = include_str!("fixtures/pod-istio-sidecar.json");
 

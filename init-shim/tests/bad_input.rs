@@ -19,7 +19,7 @@ use std::process::Command;
 use common::{run_in, snapshot, Run, BIN};
 use init_shim::flags::{self, Parsed};
 use init_shim::settings::Settings;
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// One invocation and what its error must name.
 struct Row {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use redirect_core::testkit::docs::*;
+use redirect_testkit::docs::*;
 
 use init_shim::flags::{env_names, FLAGS};
 

@@ -62,7 +62,7 @@ fn no_flags_give_istio_flag_defaults() {
 
 #[test]
 fn the_injectors_command_gives_istios_sidecar_default() {
-    let s = ok(redirect_core::testkit::istio::SIDECAR_ARGS, &[]);
+    let s = ok(redirect_testkit::istio::SIDECAR_ARGS, &[]);
     assert_eq!(s.config, CaptureConfig::istio_sidecar_default());
     assert!(!s.proxy_uid_from_user);
 }

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{run_in, Run};
-use redirect_core::testkit::istio::{list_cases, load_istio_case, probe_matrix, IstioCase};
-use redirect_core::testkit::{kernel_tests_enabled, run_probes, Topology};
+use redirect_testkit::istio::{list_cases, load_istio_case, probe_matrix, IstioCase};
+use redirect_testkit::{kernel_tests_enabled, run_probes, Topology};
 
 /// Flags that take a value, by the case JSON's key, with the variable Istio binds to them.
 const VALUE_FLAGS: &[(&str, Option<&str>)] = &[

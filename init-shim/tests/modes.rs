@@ -8,12 +8,12 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 
 use common::{run_in, snapshot, snapshot_effective, snapshot_effective_of, Run, BIN};
-use redirect_core::testkit::istio::{load_istio_case, IstioCase};
-use redirect_core::testkit::{
+use redirect_testkit::istio::{load_istio_case, IstioCase};
+use redirect_testkit::{
     kernel_tests_enabled, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
 };
 
-use redirect_core::testkit::istio::SIDECAR_ARGS as ISTIO_ARGS;
+use redirect_testkit::istio::SIDECAR_ARGS as ISTIO_ARGS;
 
 fn istio_args_with(extra: &[&str]) -> Vec<&'static str> {
     let mut v: Vec<&'static str> = ISTIO_ARGS.to_vec();

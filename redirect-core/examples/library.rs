@@ -10,8 +10,8 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use redirect_core::render::nft_script;
-use redirect_core::testkit::TestNetns;
 use redirect_core::{netns, nft, plan, CaptureConfig};
+use redirect_testkit::TestNetns;
 
 fn main() {
     if !nix::unistd::geteuid().is_root() {

@@ -27,10 +27,8 @@ mod sockopt;
 pub mod validation;
 pub mod xtables;
 
-#[cfg(feature = "testkit")]
-pub mod testkit;
-
 pub use config::CaptureConfig;
 pub use error::{Error, Result};
 pub use plan::{plan, plan_with};
 pub use ruleset::Ruleset;
+pub use sockopt::original_dst;

@@ -23,7 +23,7 @@ use netlink_packet_core::{
     NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::route::{
     RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -276,19 +276,6 @@ pub fn interface_addresses() -> Result<Vec<(u32, IpAddr)>> {
     Ok(out)
 }
 
-/// Brings the interface `name` up (`ip link set NAME up`).
-pub fn set_link_up(name: &str) -> Result<()> {
-    let mut nl = Rtnl::open()?;
-    let mut link = LinkMessage::default();
-    link.header.index = link_index(&mut nl, name)?;
-    link.header.flags = LinkFlags::Up;
-    link.header.change_mask = LinkFlags::Up;
-    let errno = nl.ack(RouteNetlinkMessage::NewLink(link), 0)?;
-    check(errno, &[], || {
-        link_error(format!("set link {name} up"), errno)
-    })
-}
-
 // ---- messages, built as iproute2 builds them ----
 
 fn address_family(family: Family) -> AddressFamily {
@@ -482,7 +469,7 @@ fn route_hint(errno: i32) -> &'static str {
         libc::EACCES => "; hint: IPv6 is disabled on the interface (sysctl net.ipv6.conf.<if>.disable_ipv6=1); enable it or turn IPv6 capture off",
         libc::EAFNOSUPPORT => "; hint: this address family is not available in the namespace (IPv6 disabled with ipv6.disable=1?); enable it or turn IPv6 capture off",
         libc::ENODEV => "; hint: no interface by that name in this network namespace",
-        libc::ENETDOWN => "; hint: an IPv6 route via lo needs lo up; bring it up first (ip link set lo up, or routes::set_link_up(\"lo\"))",
+        libc::ENETDOWN => "; hint: an IPv6 route via lo needs lo up; bring it up first (ip link set lo up)",
         libc::ENETUNREACH | libc::EINVAL => "; hint: the kernel found the request malformed or inconsistent",
         libc::ENOMEM | libc::ENOBUFS => "; hint: the kernel ran out of memory",
         _ => "",

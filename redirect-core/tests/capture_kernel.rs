@@ -5,9 +5,7 @@ use std::net::SocketAddr;
 
 use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode};
 use redirect_core::plan::SystemGroups;
-use redirect_core::testkit::{
-    kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology,
-};
+use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()

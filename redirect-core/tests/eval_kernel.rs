@@ -79,7 +79,7 @@ use redirect_core::config::{CaptureConfig, DnsCapture, GroupRef, InterceptionMod
 use redirect_core::eval::{evaluate, CtState, Direction, Evaluation, Flow, Verdict};
 use redirect_core::plan::plan_with;
 use redirect_core::ruleset::{Action, Ruleset, Stage, L4};
-use redirect_core::testkit::{
+use redirect_testkit::{
     kernel_tests_enabled, run_probes_report, From, Link, ListenerSpec, Outcome, Probe, ProbeReport,
     Side, Topology, TopologySpec,
 };

@@ -9,11 +9,11 @@ use redirect_core::config::{
     parse_cidr_selection, parse_cidrs, parse_groups, parse_port_selection, CaptureConfig,
     DnsCapture, GroupRef, InterceptionMode, Selection,
 };
-use redirect_core::testkit::istio::{
+use redirect_testkit::istio::{
     self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase,
 };
-use redirect_core::testkit::{kernel_tests_enabled, run_probes, Topology};
-use redirect_core::testkit::{run_probe_with, Outcome, Timing};
+use redirect_testkit::{kernel_tests_enabled, run_probes, Topology};
+use redirect_testkit::{run_probe_with, Outcome, Timing};
 
 /// The case's configuration as a `CaptureConfig`, through our own parsers of Istio's syntax.
 fn config_of(case: &IstioCase) -> CaptureConfig {

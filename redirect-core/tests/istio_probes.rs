@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use redirect_core::testkit::istio::{self, IstioCase};
-use redirect_core::testkit::{
+use redirect_testkit::istio::{self, IstioCase};
+use redirect_testkit::{
     kernel_tests_enabled, run_probe, run_probe_report, run_probes_report, From, Outcome, Probe,
     Side, Topology,
 };

@@ -5,7 +5,7 @@ use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selecti
 use redirect_core::nft::{self, Difference, TABLE};
 use redirect_core::plan;
 use redirect_core::ruleset::{Action, Chain, Family, Match, Rule, Stage, L4};
-use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn full_config() -> CaptureConfig {
     CaptureConfig {

@@ -8,7 +8,7 @@ use redirect_core::plan;
 use redirect_core::ruleset::{
     Action, Chain, Family, Hook, Match, PortMatch, Rule, Ruleset, Stage, L4,
 };
-use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 /// A valid ruleset with one extra chain appended last (so its rules are late in the batch).
 fn with_late_chain(base: &Ruleset, chain: Chain) -> Ruleset {

@@ -6,7 +6,7 @@
 use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_core::nft::{self, Applied, Changes, Difference, TABLE};
 use redirect_core::plan;
-use redirect_core::testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {
     vec![

@@ -8,7 +8,7 @@ use std::time::Duration;
 use redirect_core::config::{CaptureConfig, InterceptionMode};
 use redirect_core::plan::SystemGroups;
 use redirect_core::probe::{self, ProbeFailure, ProbeSpec, ProbeSuccess};
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 

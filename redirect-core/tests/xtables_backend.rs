@@ -8,14 +8,14 @@ use std::net::{IpAddr, SocketAddr};
 
 use redirect_core::config::{CaptureConfig, InterceptionMode};
 use redirect_core::ruleset::{AddrMatch, Family, Match, Rule, Ruleset, Stage};
-use redirect_core::testkit::istio::{
-    self, iptables_restore_with, istio_testdata_dir, load_istio_case_with, probe_matrix, IstioCase,
-};
-use redirect_core::testkit::{
-    kernel_tests_enabled, run_probe, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
-};
 use redirect_core::xtables::{self, Leftover, Variant};
 use redirect_core::{nft, plan, Error};
+use redirect_testkit::istio::{
+    self, iptables_restore_with, istio_testdata_dir, load_istio_case_with, probe_matrix, IstioCase,
+};
+use redirect_testkit::{
+    kernel_tests_enabled, run_probe, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
+};
 
 const VARIANTS: [Variant; 2] = [Variant::Legacy, Variant::Nft];
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use redirect_core::testkit::docs::*;
+use redirect_testkit::docs::*;
 
 use redirect_core::istio_cli::flags::{env_names, FLAGS};
 

@@ -15,9 +15,9 @@ use std::net::TcpListener;
 use redirect_core::capture;
 use redirect_core::config::CaptureConfig;
 use redirect_core::plan::SystemGroups;
-use redirect_core::testkit::binary::{run_in, snapshot, Ran, Run};
-use redirect_core::testkit::istio::SIDECAR_ARGS;
-use redirect_core::testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
+use redirect_testkit::istio::SIDECAR_ARGS;
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redirect-validate");

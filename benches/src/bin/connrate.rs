@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{setns, CloneFlags};
 use nix::sys::socket::{setsockopt, sockopt};
-use redirect_core::testkit::netns::become_ids;
+use redirect_testkit::netns::become_ids;
 
 /// Short, so that missing rules show up as failures within the run instead of stalling it.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redirect_core::testkit::netns::become_ids;
-use redirect_core::testkit::TestNetns;
+use redirect_testkit::netns::become_ids;
+use redirect_testkit::TestNetns;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_redirect-cni");
 

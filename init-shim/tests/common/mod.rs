@@ -3,14 +3,12 @@
 
 #![allow(dead_code, unused_imports)]
 
-pub use redirect_core::testkit::binary::{
-    snapshot, snapshot_effective, snapshot_effective_of, Ran, Run,
-};
-use redirect_core::testkit::TestNetns;
+pub use redirect_testkit::binary::{snapshot, snapshot_effective, snapshot_effective_of, Ran, Run};
+use redirect_testkit::TestNetns;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_redirect-init");
 
 /// Run `redirect-init` inside `ns`; see `testkit::binary::run_in`.
 pub fn run_in(ns: &TestNetns, run: &Run) -> Ran {
-    redirect_core::testkit::binary::run_in(BIN, ns, run)
+    redirect_testkit::binary::run_in(BIN, ns, run)
 }

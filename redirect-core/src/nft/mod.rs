@@ -192,7 +192,7 @@ pub fn diff_in(netns: &Path, rs: &Ruleset) -> Result<Vec<Difference>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{kernel_tests_enabled, netns::TestNetns};
+    use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
     /// A batch computed from a generation the ruleset has left is refused whole (ERESTART),
     /// so a stale difference is never applied; `apply` then reads again and succeeds.

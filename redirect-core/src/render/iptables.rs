@@ -177,7 +177,7 @@ mod tests {
             ..CaptureConfig::istio_sidecar_default()
         };
         let ours = iptables_restore(&crate::plan(&cfg).unwrap(), Family::V4);
-        let path = crate::testkit::istio::istio_testdata_dir().join("cni/basic.restore");
+        let path = redirect_testkit::istio::istio_testdata_dir().join("cni/basic.restore");
         let istio = std::fs::read_to_string(path).unwrap();
         let sorted = |s: &str| {
             let mut v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();

@@ -3,9 +3,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
+use super::flow::{Side, Timing};
 use super::listeners::{self, dedup, ListenerSet, ListenerSpec};
 use super::netns::TestNetns;
-use super::probe::{Side, Timing};
 
 /// The pod's address on `eth0`.
 pub const POD4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);

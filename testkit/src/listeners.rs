@@ -8,8 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::flow::{Proto, Side};
 use super::netns::{become_ids, TestNetns};
-use super::probe::{Proto, Side};
 use super::sock;
 
 /// Envoy's outbound (15001), inbound (15006), tunnel (15008) and the agent's DNS (15053) ports.
@@ -273,7 +273,7 @@ fn serve_tcp(side: Side, port: u16, v6: bool, listener: &TcpListener) {
     loop {
         match listener.accept() {
             Ok((mut stream, _)) => {
-                let orig = crate::sockopt::original_dst(&stream, v6).ok();
+                let orig = redirect_core::original_dst(&stream, v6).ok();
                 let local = stream.local_addr().ok();
                 let _ = stream.set_nonblocking(false);
                 let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));

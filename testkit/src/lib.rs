@@ -1,6 +1,7 @@
 //! Kernel test kit: real traffic through a pod-like network namespace, and where it landed.
 //!
-//! Compiled only with the `testkit` feature; used by the test suites, never by the binaries.
+//! A crate of its own, a dev-dependency of the others: the release binaries never link it
+//! (`cargo tree -e normal` shows it nowhere).
 //!
 //! - [`TestNetns`]: a fresh named network namespace (`/run/netns/<name>`), deleted on drop.
 //! - [`Topology`]: a `pod` and a `peer` namespace joined by veth pairs (`eth0` plus optional extra
@@ -15,7 +16,7 @@
 //! Typical use, for any ruleset:
 //!
 //! ```no_run
-//! use redirect_core::testkit::{istio, kernel_tests_enabled, run_probes, Topology};
+//! use redirect_testkit::{istio, kernel_tests_enabled, run_probes, Topology};
 //! if !kernel_tests_enabled() {
 //!     return;
 //! }
@@ -27,6 +28,7 @@
 
 pub mod binary;
 pub mod docs;
+mod flow;
 mod listeners;
 pub mod netns;
 mod probe;
@@ -35,11 +37,12 @@ mod topology;
 
 pub mod istio;
 
+pub use flow::{Proto, Side, Timing};
 pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
 pub use netns::TestNetns;
 pub use probe::{
     run_probe, run_probe_report, run_probe_with, run_probes, run_probes_report, From, Outcome,
-    Probe, ProbeReport, Proto, Side, Timing,
+    Probe, ProbeReport,
 };
 pub use topology::{Link, Topology, TopologySpec, PEER4, PEER6, POD4, POD6};
 

@@ -55,7 +55,7 @@ impl TestNetns {
                     None::<&str>,
                 )
                 .map_err(|e| format!("bind-mount the namespace on {}: {e}", ns.path.display()))?;
-                crate::testkit::sock::set_link_up("lo").map_err(|e| format!("lo up: {e}"))
+                crate::sock::set_link_up("lo").map_err(|e| format!("lo up: {e}"))
             })
             .join()
             .unwrap_or_else(|_| Err("namespace setup thread panicked".into()))
