@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redirect_core::capture;
-use redirect_core::derived;
-use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::pod::PodInfo;
+use redirect_core::istio::pod_facts;
 use redirect_core::nft;
 use redirect_core::plan::SystemGroups;
-use redirect_core::pod::PodInfo;
 use redirect_core::routes::TproxyRouting;
 use redirect_core::CaptureConfig;
 
@@ -211,7 +211,7 @@ pub(crate) fn mesh_defaults(conf: &NetConf) -> MeshDefaults {
 fn decide(pod: &PodInfo, d: &MeshDefaults) -> Result<Decision, CniError> {
     mesh::decide(pod, d).map_err(|e| {
         // The plugin config's own lists conflicting with the proxy's IDs: a config error.
-        if let redirect_core::Error::Config { field, .. } = &e {
+        if let redirect_core::Error::BypassConflict { field, .. } = &e {
             if matches!(*field, "bypass_uids" | "bypass_gids") {
                 return CniError::new(
                     code::INVALID_CONFIG,
@@ -313,7 +313,7 @@ fn apply_in(
     redirect_core::netns::run_in(
         netns,
         move || -> Result<CaptureConfig, redirect_core::Error> {
-            cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
+            cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
             capture::apply(&cfg, &SystemGroups)?;
             Ok(cfg)
         },
@@ -385,7 +385,7 @@ fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
     let netns = netns_of(inv, conf)?;
     let diff = redirect_core::netns::run_in(&netns, move || -> Result<_, redirect_core::Error> {
         let mut cfg = cfg;
-        cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
+        cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
         differences(&cfg)
     })
     .and_then(|r| r)

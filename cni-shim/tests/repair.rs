@@ -23,7 +23,7 @@ use cni_shim::repair::RepairSettings;
 use common::cluster::Cluster;
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::netns::{netns_id_of, netns_id_of_file};
 use redirect_core::{nft, plan, CaptureConfig};
 use redirect_testkit::binary::{self, Run};

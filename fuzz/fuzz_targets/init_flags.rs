@@ -14,9 +14,9 @@ use std::net::IpAddr;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
-use redirect_core::derived::HostAddress;
-use redirect_core::istio_cli::flags::{self, Parsed, FLAGS};
-use redirect_core::istio_cli::settings::{DryRunFormat, Settings};
+use redirect_core::istio::pod_facts::HostAddress;
+use redirect_core::istio::cli::flags::{self, Parsed, FLAGS};
+use redirect_core::istio::cli::settings::{DryRunFormat, Settings};
 use redirect_core::render::{iptables_restore_all, nft_script};
 
 #[path = "common.rs"]

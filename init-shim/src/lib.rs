@@ -4,7 +4,7 @@
 pub mod report;
 pub mod run;
 
-pub use redirect_core::istio_cli::{flags, settings};
+pub use redirect_core::istio::cli::{flags, settings};
 
 use std::ffi::OsString;
 

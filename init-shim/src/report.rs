@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use redirect_core::config::{join, DnsCapture};
 
-use redirect_core::istio_cli::settings::{Backend, Settings};
+use redirect_core::istio::cli::settings::{Backend, Settings};
 
 /// The variables listed under "Istio iptables environment:", as Istio lists them.
 const ENVIRONMENT: &[&str] = &[

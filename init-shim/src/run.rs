@@ -5,16 +5,17 @@
 use std::io::Write;
 
 use redirect_core::capture;
-use redirect_core::derived::{self, HostAddress};
+use redirect_core::istio::pod_facts::{self, HostAddress};
+use redirect_core::istio::xtables;
 use redirect_core::nft::{self, Difference};
 use redirect_core::plan::SystemGroups;
 use redirect_core::render::{iptables_restore_all, nft_script};
 use redirect_core::routes::TproxyRouting;
 use redirect_core::ruleset::Ruleset;
-use redirect_core::{probe, xtables, Error};
+use redirect_core::{probe, Error};
 
 use crate::report;
-use redirect_core::istio_cli::settings::{self, Backend, DryRunFormat, Settings};
+use redirect_core::istio::cli::settings::{self, Backend, DryRunFormat, Settings};
 
 /// Istio's exit codes.
 pub const EXIT_OK: i32 = 0;
@@ -65,7 +66,7 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
     let host = if s.cleanup_only {
         None
     } else {
-        Some(derived::detect_host_address(s.dual_stack)?)
+        Some(pod_facts::detect_host_address(s.dual_stack)?)
     };
     let (user_uid, nameservers, ignored) = settings::system_facts(&s)?;
     ignored.iter().for_each(|w| warn(w));
@@ -294,9 +295,9 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Ok(())
         }
         Err(e) => {
-            let d = redirect_core::validation::diagnose(
+            let d = redirect_core::diagnosis::diagnose(
                 &e,
-                &redirect_core::validation::gather_facts(&spec, &e, &s.config),
+                &redirect_core::diagnosis::gather_facts(&spec, &e, &s.config),
             );
             Err(Failure {
                 code: EXIT_VALIDATION,

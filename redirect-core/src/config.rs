@@ -398,11 +398,7 @@ impl CaptureConfig {
             ("bypass_gids", &self.bypass_gids, &self.proxy_gids),
         ] {
             if let Some(id) = bypass.iter().find(|id| proxy.contains(id)) {
-                return Err(invalid(
-                    field,
-                    &id.to_string(),
-                    "a proxy UID/GID cannot bypass capture: its loopback redirect and the validation probe would stop working; list only the init containers' IDs",
-                ));
+                return Err(Error::BypassConflict { field, id: *id });
             }
         }
         Ok(())

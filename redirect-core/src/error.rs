@@ -18,6 +18,14 @@ pub enum Error {
         expected: String,
     },
 
+    /// A bypass list (`bypass_uids`/`bypass_gids`, or the annotation that brought the ID) names
+    /// one of the proxy's own IDs.
+    #[error(
+        "invalid {field}: \"{id}\": a proxy UID/GID cannot bypass capture: its loopback redirect \
+         and the validation probe would stop working; list only the init containers' IDs"
+    )]
+    BypassConflict { field: &'static str, id: u32 },
+
     /// The namespace file could not be opened.
     #[error("cannot open network namespace {path}: {source}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
     NetnsOpen { path: PathBuf, source: io::Error },

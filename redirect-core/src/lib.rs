@@ -7,25 +7,19 @@
 mod alloc;
 pub mod capture;
 pub mod config;
-pub mod derived;
+pub mod diagnosis;
 pub mod environ;
 pub mod error;
 pub mod eval;
-#[cfg(feature = "cli")]
-pub mod istio_cli;
-pub mod mesh;
+pub mod istio;
 pub mod netns;
 pub mod nft;
 pub mod plan;
-pub mod pod;
 pub mod probe;
-pub mod quirks;
 pub mod render;
 pub mod routes;
 pub mod ruleset;
 mod sockopt;
-pub mod validation;
-pub mod xtables;
 
 pub use config::CaptureConfig;
 pub use error::{Error, Result};

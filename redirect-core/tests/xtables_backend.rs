@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use redirect_core::config::{CaptureConfig, InterceptionMode};
+use redirect_core::istio::xtables::{self, Leftover, Variant};
 use redirect_core::ruleset::{AddrMatch, Family, Match, Rule, Ruleset, Stage};
-use redirect_core::xtables::{self, Leftover, Variant};
 use redirect_core::{nft, plan, Error};
 use redirect_testkit::istio::{
     self, iptables_restore_with, istio_testdata_dir, load_istio_case_with, probe_matrix, IstioCase,

@@ -443,7 +443,7 @@ pub fn iptables_restore_with(
     ns: &TestNetns,
     v6: bool,
     path: &Path,
-    variant: Option<redirect_core::xtables::Variant>,
+    variant: Option<redirect_core::istio::xtables::Variant>,
 ) {
     let group_path = group_file();
     let family = if v6 { "ip6tables" } else { "iptables" };
@@ -489,7 +489,7 @@ pub fn load_istio_case(ns: &TestNetns, case: &IstioCase) {
 pub fn load_istio_case_with(
     ns: &TestNetns,
     case: &IstioCase,
-    variant: Option<redirect_core::xtables::Variant>,
+    variant: Option<redirect_core::istio::xtables::Variant>,
 ) {
     iptables_restore_with(ns, false, &case.restore_path(), variant);
     if case.enable_ipv6 {

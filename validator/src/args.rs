@@ -6,9 +6,9 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use redirect_core::derived::{self, HostAddress};
-use redirect_core::istio_cli::flags::{self, Parsed, Resolved, Source};
-use redirect_core::istio_cli::settings::Settings;
+use redirect_core::istio::cli::flags::{self, Parsed, Resolved, Source};
+use redirect_core::istio::cli::settings::Settings;
+use redirect_core::istio::pod_facts::{self, HostAddress};
 
 use crate::{EXIT_ERROR, EXIT_OK};
 
@@ -71,10 +71,7 @@ pub fn config_given(r: &Resolved) -> bool {
 
 /// A comma-separated list of IP addresses (`--pod-ip`, `--nameservers`).
 pub fn ip_list(flag: &str, value: &str) -> Result<Vec<IpAddr>, String> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    redirect_core::config::split_list(value)
         .map(|s| {
             s.parse::<IpAddr>().map_err(|_| {
                 format!("--{flag} {value:?}: {s:?} is not an IP address; expected e.g. 10.244.1.7,fd00::7")
@@ -96,7 +93,7 @@ pub fn finish(
 
 /// The servers of a resolv.conf, or an error naming the file.
 pub fn nameservers_of(path: &Path) -> Result<Vec<IpAddr>, String> {
-    derived::read_resolv_conf(path)
+    pod_facts::read_resolv_conf(path)
         .map(|n| n.servers)
         .map_err(|e| e.to_string())
 }

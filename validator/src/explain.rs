@@ -6,9 +6,9 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use redirect_core::config::{CaptureConfig, DNS_AGENT_PORT};
-use redirect_core::derived::{self, HostAddress};
 use redirect_core::eval::{self, Evaluation, Flow, Verdict};
-use redirect_core::mesh::Decision;
+use redirect_core::istio::mesh::Decision;
+use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::ruleset::Ruleset;
 use serde::Serialize;
 
@@ -63,7 +63,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
 }
 
 fn run(
-    r: &redirect_core::istio_cli::flags::Resolved,
+    r: &redirect_core::istio::cli::flags::Resolved,
 ) -> Result<(Vec<Explained>, Vec<String>), String> {
     let flows: Vec<Flow> = r
         .matches
@@ -99,7 +99,7 @@ fn run(
             ipv6: false,
         }
     } else {
-        derived::host_address(&pod_ips, dual_stack).ok_or_else(|| {
+        pod_facts::host_address(&pod_ips, dual_stack).ok_or_else(|| {
             format!("--pod-ip {pod_ips:?}: no usable address (loopback and link-local ones do not count)")
         })?
     };

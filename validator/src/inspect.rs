@@ -6,12 +6,12 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::derived::{self, HostAddress};
-use redirect_core::mesh::Decision;
+use redirect_core::diagnosis::{self, KernelView};
+use redirect_core::istio::mesh::Decision;
+use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::nft::{self, text};
 use redirect_core::routes::{self, TproxyRouting};
 use redirect_core::ruleset::{Family, Ruleset};
-use redirect_core::validation::{self, KernelView};
 use redirect_core::{netns, CaptureConfig};
 use serde::Serialize;
 
@@ -90,7 +90,7 @@ enum Expected {
     Nothing(String),
 }
 
-fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, String> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     std::fs::metadata(&path).map_err(|e| {
         format!("--netns {}: {e}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net", path.display())
@@ -105,7 +105,7 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
         Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
         _ => settings.dual_stack,
     };
-    let host = netns::run_in(&path, move || derived::detect_host_address(dual_stack))
+    let host = netns::run_in(&path, move || pod_facts::detect_host_address(dual_stack))
         .map_err(|e| e.to_string())?
         .ok();
     let expected = match decision {
@@ -159,7 +159,7 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Found, String> {
 
 /// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
 fn nameservers(
-    r: &redirect_core::istio_cli::flags::Resolved,
+    r: &redirect_core::istio::cli::flags::Resolved,
     wanted: bool,
     netns: &Path,
 ) -> Result<Vec<IpAddr>, String> {
@@ -180,7 +180,7 @@ fn nameservers(
     }
 }
 
-/// Our table and Istio's rules (`validation::read_kernel`, compared with the plan when there is
+/// Our table and Istio's rules (`diagnosis::read_kernel`, compared with the plan when there is
 /// one), and beside them the TPROXY routing and `::6`.
 struct Kernel {
     view: KernelView,
@@ -189,7 +189,7 @@ struct Kernel {
 }
 
 fn read(routing: &TproxyRouting, plan: Option<&Ruleset>) -> redirect_core::Result<Kernel> {
-    let view = validation::read_kernel(plan)?;
+    let view = diagnosis::read_kernel(plan)?;
     let mut tproxy = Vec::new();
     for family in Family::ALL {
         let st = routes::read_tproxy(routing, family)?;

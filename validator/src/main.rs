@@ -1,7 +1,7 @@
 fn main() {
     // Istio's flags read the same variables as redirect-init's.
     if let Err(msg) =
-        redirect_core::environ::check_utf8(redirect_core::istio_cli::flags::env_names())
+        redirect_core::environ::check_utf8(redirect_core::istio::cli::flags::env_names())
     {
         eprintln!("error: {msg}");
         std::process::exit(1);

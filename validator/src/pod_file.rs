@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use redirect_core::istio_cli::settings::Settings;
-use redirect_core::mesh::{self, Decision, MeshDefaults};
-use redirect_core::pod;
+use redirect_core::istio::cli::settings::Settings;
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::pod;
 
 /// The file's pod (`kubectl get pod -o json`, a JSON object of annotations, or a Downward API
 /// annotations file), decided. An error names the file or the annotation.

@@ -3,9 +3,9 @@
 
 use std::ffi::OsString;
 
-use redirect_core::derived;
+use redirect_core::diagnosis::{self, Diagnosis};
+use redirect_core::istio::pod_facts;
 use redirect_core::probe::{self, ProbeFailure};
-use redirect_core::validation::{self, Diagnosis};
 use serde::Serialize;
 
 use crate::args;
@@ -67,10 +67,10 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Report, String> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, String> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let host = derived::detect_host_address(s.dual_stack).map_err(|e| e.to_string())?;
+    let host = pod_facts::detect_host_address(s.dual_stack).map_err(|e| e.to_string())?;
     let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()
     } else {
@@ -103,12 +103,12 @@ fn run(r: &redirect_core::istio_cli::flags::Resolved) -> Result<Report, String> 
             })
         }
         Err(failure) => {
-            let facts = validation::gather_facts(&spec, &failure, &s.config);
+            let facts = diagnosis::gather_facts(&spec, &failure, &s.config);
             let elapsed = match &failure {
                 ProbeFailure::Timeout { after, .. } => after.as_millis(),
                 ProbeFailure::NoListener { .. } => 0,
             };
-            let diagnosis = validation::diagnose(&failure, &facts);
+            let diagnosis = diagnosis::diagnose(&failure, &facts);
             Ok(Report {
                 passed: false,
                 exit_code: EXIT_VALIDATION,

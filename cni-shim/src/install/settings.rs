@@ -666,10 +666,9 @@ pub fn parse_mode(v: &str) -> Option<u32> {
     u32::from_str_radix(digits, 8).ok().filter(|m| *m <= 0o777)
 }
 
+/// The items of a comma-separated list, as every program splits them.
 fn split_list(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    redirect_core::config::split_list(v)
         .map(String::from)
         .collect()
 }

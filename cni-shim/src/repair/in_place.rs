@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::capture;
-use redirect_core::derived;
-use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::pod_facts;
 use redirect_core::netns;
 use redirect_core::plan::SystemGroups;
 
@@ -96,7 +96,7 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
     })?;
     let applied = netns::run_in_file(&ns.file, &ns.path, || -> Result<_, redirect_core::Error> {
         let mut cfg = cfg;
-        cfg.ipv6 = derived::detect_host_address(dual_stack)?.ipv6;
+        cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
         capture::apply(&cfg, &SystemGroups)?;
         crate::plugin::differences(&cfg)
     })

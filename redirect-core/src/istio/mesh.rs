@@ -11,7 +11,7 @@ use crate::config::{
     parse_ports, CaptureConfig, DnsCapture, InterceptionMode, Selection,
 };
 use crate::error::{Error, Result};
-use crate::pod::PodInfo;
+use crate::istio::pod::PodInfo;
 
 pub const STATUS: &str = "sidecar.istio.io/status";
 pub const INJECT: &str = "sidecar.istio.io/inject";
@@ -315,23 +315,17 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
         ..CaptureConfig::default()
     };
     config.validate().map_err(|e| match e {
-        Error::Config {
-            field,
-            value,
-            expected,
-        } if field.starts_with("bypass") => {
-            // Blame the annotation only when it brought the conflicting ID; otherwise it came
-            // from the plugin's config (`bypass_uids`/`bypass_gids`), whose name stays.
+        // Blame the annotation only when it brought the conflicting ID; otherwise it came from
+        // the plugin's config (`bypass_uids`/`bypass_gids`), whose name stays.
+        Error::BypassConflict { field, id } => {
             let (key, from_ann) = if field == "bypass_uids" {
                 (BYPASS_UIDS, &ann_bypass_uids)
             } else {
                 (BYPASS_GIDS, &ann_bypass_gids)
             };
-            let in_ann = value.parse::<u32>().is_ok_and(|id| from_ann.contains(&id));
-            Error::Config {
-                field: if in_ann { key } else { field },
-                value,
-                expected,
+            Error::BypassConflict {
+                field: if from_ann.contains(&id) { key } else { field },
+                id,
             }
         }
         other => other,
@@ -342,7 +336,7 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::{ContainerInfo, PodSpecInfo};
+    use crate::istio::pod::{ContainerInfo, PodSpecInfo};
 
     /// This file's code without whitespace (and without its tests), for the list checks below.
     fn code_without_whitespace() -> String {

@@ -15,9 +15,9 @@ use crate::nft::{self, Difference, TableState};
 use std::time::Duration;
 
 use crate::config::CaptureConfig;
+use crate::istio::xtables;
 use crate::probe::{ProbeFailure, ProbeSpec};
 use crate::ruleset::{Family, Ruleset};
-use crate::xtables;
 
 /// The likely causes a failed probe can tell apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

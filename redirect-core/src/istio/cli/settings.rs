@@ -10,9 +10,9 @@ use crate::config::{
     parse_loopback_cidr, parse_port_selection, parse_ports, CaptureConfig, DnsCapture, GroupRef,
     InterceptionMode, Selection,
 };
-use crate::derived::{self, HostAddress, DEFAULT_PROXY_UID};
+use crate::istio::pod_facts::{self, HostAddress, DEFAULT_PROXY_UID};
+use crate::istio::xtables::Variant;
 use crate::probe::ProbeSpec;
-use crate::xtables::Variant;
 use crate::{Error, Result};
 
 use super::flags::{Resolved, Value};
@@ -217,7 +217,7 @@ impl Settings {
         }
         self.config.validate()?;
         warnings.extend(
-            crate::quirks::warnings(&self.config)
+            crate::istio::quirks::warnings(&self.config)
                 .into_iter()
                 .map(|q| format!("{} (quirk {})", q.message, q.id)),
         );
@@ -240,7 +240,7 @@ impl Settings {
     /// sources for a user that is not there).
     pub fn envoy_user_uid(&self) -> Option<u32> {
         self.proxy_uid_from_user
-            .then(|| derived::uid_of_user(&self.envoy_user))
+            .then(|| pod_facts::uid_of_user(&self.envoy_user))
             .flatten()
     }
 
@@ -256,7 +256,7 @@ pub fn system_facts(s: &Settings) -> Result<(Option<u32>, Vec<IpAddr>, Vec<Strin
     if !s.wants_nameservers() {
         return Ok((uid, Vec::new(), Vec::new()));
     }
-    let ns = derived::read_resolv_conf(std::path::Path::new("/etc/resolv.conf"))?;
+    let ns = pod_facts::read_resolv_conf(std::path::Path::new("/etc/resolv.conf"))?;
     let ignored = ns
         .ignored
         .iter()
