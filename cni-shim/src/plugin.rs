@@ -298,7 +298,9 @@ fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<PathBuf, CniError> {
 fn kernel_error(what: &str, e: redirect_core::Error) -> CniError {
     let code = match e {
         redirect_core::Error::NetnsOpen { .. } => code::UNKNOWN_CONTAINER,
-        redirect_core::Error::Config { .. } => code::INVALID_CONFIG,
+        redirect_core::Error::Config { .. } | redirect_core::Error::BypassConflict { .. } => {
+            code::INVALID_CONFIG
+        }
         _ => code::IO_FAILURE,
     };
     CniError::new(code, format!("{what}: {e}"), "")

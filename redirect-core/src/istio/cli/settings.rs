@@ -284,23 +284,27 @@ const CORE_FIELDS: &[(&str, &str)] = &[
 ];
 
 fn name_the_flag(e: Error, r: &Resolved) -> Error {
+    let flag = |field: &'static str| {
+        CORE_FIELDS
+            .iter()
+            .find(|(core, _)| *core == field)
+            .map(|(_, key)| r.get(key).field())
+            .unwrap_or(field)
+    };
     match e {
         Error::Config {
             field,
             value,
             expected,
-        } => {
-            let field = CORE_FIELDS
-                .iter()
-                .find(|(core, _)| *core == field)
-                .map(|(_, key)| r.get(key).field())
-                .unwrap_or(field);
-            Error::Config {
-                field,
-                value,
-                expected,
-            }
-        }
+        } => Error::Config {
+            field: flag(field),
+            value,
+            expected,
+        },
+        Error::BypassConflict { field, id } => Error::BypassConflict {
+            field: flag(field),
+            id,
+        },
         other => other,
     }
 }
