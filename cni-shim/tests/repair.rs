@@ -465,6 +465,12 @@ fn has_rules(ns: &TestNetns) -> bool {
     ns.run(nft::read_back).unwrap().is_some()
 }
 
+/// Puts a pod on this node whose validation is crash-looping with 126; returns what is stored.
+fn put_broken(home: &Home, name: &str, uid: &str, ip: &str) -> serde_json::Value {
+    home.cluster()
+        .put_pod(pod_object(name, uid, ip, NODE, Validation::Looping(126)))
+}
+
 /// A broken pod's namespace, its process in `proc`, and its object in the stand-in.
 fn broken_pod(
     home: &Home,
@@ -476,8 +482,7 @@ fn broken_pod(
 ) -> TestNetns {
     let ns = pod_ns(&[ip]);
     proc.add(pid, &cgroupfs(uid), u64::from(pid), ns.path());
-    home.cluster()
-        .put_pod(pod_object(name, uid, ip, NODE, Validation::Looping(126)));
+    put_broken(home, name, uid, ip);
     ns
 }
 
@@ -502,13 +507,7 @@ fn the_controller_repairs_a_broken_pod_and_the_real_probe_then_passes() {
     let running = start_controller(&home, repair_settings(Action::Repair, proc.path()));
     // The pod's validation fails after the agent started: the status update is the event.
     std::thread::sleep(Duration::from_millis(300));
-    home.cluster().put_pod(pod_object(
-        "web-0",
-        UID,
-        "10.56.0.2",
-        NODE,
-        Validation::Looping(126),
-    ));
+    put_broken(&home, "web-0", UID, "10.56.0.2");
     let updated = Instant::now();
     eventually("the rules in the pod's namespace", WAIT, || {
         has_rules(&ns).then_some(())
@@ -566,13 +565,7 @@ fn pods_that_are_not_broken_or_not_ours_are_left_alone() {
     // A broken pod whose IP is held by the agent's own namespace: never repaired there.
     let own_uid = uid(50);
     proc.add(50, &cgroupfs(&own_uid), 1, home.ns.path());
-    home.cluster().put_pod(pod_object(
-        "own-ip",
-        &own_uid,
-        "10.56.1.99",
-        NODE,
-        Validation::Looping(126),
-    ));
+    put_broken(&home, "own-ip", &own_uid, "10.56.1.99");
     // A broken pod beside them, so that the controller is seen to have worked meanwhile.
     let control = broken_pod(&home, &proc, 60, "control", &uid(60), "10.56.1.60");
 
@@ -612,13 +605,7 @@ fn delete_mode_deletes_with_preconditions_and_a_warning_event() {
     }
     let home = home("10.56.2.99");
     let proc = FakeProc::new();
-    let stored = home.cluster().put_pod(pod_object(
-        "web-0",
-        UID,
-        "10.56.2.2",
-        NODE,
-        Validation::Looping(126),
-    ));
+    let stored = put_broken(&home, "web-0", UID, "10.56.2.2");
     // A Job's pod never restarts: broken at its first failure in delete mode (istio#49210).
     let mut job = pod_object(
         "job-0",
@@ -671,13 +658,7 @@ fn label_mode_patches_the_status_once_and_then_skips() {
     }
     let home = home("10.56.3.99");
     let proc = FakeProc::new();
-    home.cluster().put_pod(pod_object(
-        "web-0",
-        UID,
-        "10.56.3.2",
-        NODE,
-        Validation::Looping(126),
-    ));
+    put_broken(&home, "web-0", UID, "10.56.3.2");
     let running = start_controller(&home, repair_settings(Action::Label, proc.path()));
     eventually("the label", WAIT, || {
         let pod = home.cluster().pod("bookinfo", "web-0")?;
@@ -756,13 +737,7 @@ fn retries_stop_at_the_bound_until_the_pod_changes() {
     let home = home("10.56.6.99");
     // No process of the pod anywhere: every attempt fails.
     let proc = FakeProc::new();
-    home.cluster().put_pod(pod_object(
-        "web-0",
-        UID,
-        "10.56.6.2",
-        NODE,
-        Validation::Looping(126),
-    ));
+    put_broken(&home, "web-0", UID, "10.56.6.2");
     let running = start_controller(&home, repair_settings(Action::Repair, proc.path()));
     let fails = || repaired_total(&running.metrics.encode(), "repair", "fail");
     eventually("3 failures", WAIT, || (fails() == 3).then_some(()));
@@ -871,13 +846,7 @@ fn the_agent_serves_metrics_that_count_its_repairs_and_its_readiness() {
     let settings = agent_settings(&home, sa.path(), proc.path(), port, &[]);
     let ns = broken_pod(&home, &proc, 1, "web-0", UID, "10.56.7.2");
     // A second broken pod whose namespace is not found: it fails up to the bound.
-    home.cluster().put_pod(pod_object(
-        "lost-0",
-        OTHER_UID,
-        "10.56.7.3",
-        NODE,
-        Validation::Looping(126),
-    ));
+    put_broken(&home, "lost-0", OTHER_UID, "10.56.7.3");
     let agent = home
         .ns
         .run(|| cni_shim::agent::Agent::start(&settings))
@@ -1020,13 +989,7 @@ fn the_installer_binary_runs_the_agent_until_sigterm() {
     });
     assert!(node.path().join("net/redirect-cni.conf").is_file());
     // The pod's validation fails once the agent runs: from that status update to the rules.
-    home.cluster().put_pod(pod_object(
-        "web-0",
-        UID,
-        "10.56.9.2",
-        NODE,
-        Validation::Looping(126),
-    ));
+    put_broken(&home, "web-0", UID, "10.56.9.2");
     let updated = Instant::now();
     while !has_rules(&ns) {
         assert!(

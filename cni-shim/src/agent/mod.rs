@@ -29,8 +29,6 @@ pub struct Agent {
     ready: signal::Sender<bool>,
     metrics: Metrics,
     thread: Option<JoinHandle<()>>,
-    /// The port the endpoints listen on (0: none).
-    pub port: u16,
 }
 
 impl Agent {
@@ -39,10 +37,6 @@ impl Agent {
     pub fn start(settings: &Settings) -> Result<Agent> {
         settings.check_agent()?;
         let listener = bind(settings.monitoring_port)?;
-        let port = match &listener {
-            Some(l) => l.local_addr().map(|a| a.port()).unwrap_or(0),
-            None => 0,
-        };
         let plugin = Arc::new(plugin_conf(settings)?);
         let metrics = Metrics::new(
             settings
@@ -70,7 +64,6 @@ impl Agent {
             ready,
             metrics,
             thread: Some(thread),
-            port,
         })
     }
 
@@ -200,7 +193,7 @@ impl Parts {
                     if let Some(key) = &s.untaint {
                         tasks.spawn(untaint::run(
                             client,
-                            agent_node(s).to_owned(),
+                            s.node().to_owned(),
                             key.clone(),
                             self.ready.clone(),
                             self.stop.clone(),
@@ -217,15 +210,6 @@ impl Parts {
             while tasks.join_next().await.is_some() {}
         })
         .await;
-    }
-}
-
-/// The node the agent runs on.
-pub fn agent_node(s: &Settings) -> &str {
-    if s.node_name.is_empty() {
-        &s.repair.node_name
-    } else {
-        &s.node_name
     }
 }
 

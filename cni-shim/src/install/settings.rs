@@ -356,6 +356,15 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The node the agent runs on: `NODE_NAME`, else `REPAIR_NODE_NAME` (which defaults to it).
+    pub fn node(&self) -> &str {
+        if self.node_name.is_empty() {
+            &self.repair.node_name
+        } else {
+            &self.node_name
+        }
+    }
+
     /// What the node agent needs beyond the installer: a node name when the repair controller
     /// runs or the node is to be untainted. Istio would watch unscheduled pods instead.
     pub fn check_agent(&self) -> Result<()> {

@@ -79,7 +79,7 @@ impl Controller {
                 _ = stop.changed() => break,
                 event = events.next() => match event {
                     None => break,
-                    Some(Ok(event)) => state.observe(event),
+                    Some(Ok(event)) => state.observe(event, &self.settings),
                     Some(Err(e)) => state.watch_failed(&e),
                 },
                 _ = sleep_until(due), if due.is_some() => {}
@@ -266,9 +266,6 @@ struct State {
     last_error: String,
     /// UIDs seen in the current initial listing (to drop pods gone while the watch was down).
     listing: Option<HashSet<String>>,
-    node: String,
-    filter: super::detect::Filter,
-    action: Option<Action>,
 }
 
 impl State {
@@ -279,13 +276,10 @@ impl State {
             repaired: HashSet::new(),
             last_error: String::new(),
             listing: None,
-            node: s.node_name.clone(),
-            filter: s.filter.clone(),
-            action: s.action,
         }
     }
 
-    fn observe(&mut self, event: Event<Pod>) {
+    fn observe(&mut self, event: Event<Pod>, s: &RepairSettings) {
         if !self.last_error.is_empty() {
             log::info!("watching pods again");
             self.last_error.clear();
@@ -296,7 +290,7 @@ impl State {
                 if let (Some(seen), Some(uid)) = (self.listing.as_mut(), pod.metadata.uid.clone()) {
                     seen.insert(uid);
                 }
-                self.apply(pod);
+                self.apply(pod, s);
             }
             Event::InitDone => {
                 if let Some(seen) = self.listing.take() {
@@ -311,7 +305,7 @@ impl State {
                     }
                 }
             }
-            Event::Apply(pod) => self.apply(pod),
+            Event::Apply(pod) => self.apply(pod, s),
             Event::Delete(pod) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     self.gone(uid);
@@ -320,16 +314,13 @@ impl State {
         }
     }
 
-    fn apply(&mut self, pod: Pod) {
+    fn apply(&mut self, pod: Pod, s: &RepairSettings) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
         // The field selector names this node; a pod elsewhere is never ours to touch.
-        let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&self.node);
-        let broken = here
-            && self
-                .action
-                .is_some_and(|a| is_broken(&pod, &self.filter, a));
+        let here = pod.spec.as_ref().and_then(|p| p.node_name.as_deref()) == Some(&s.node_name);
+        let broken = here && s.action.is_some_and(|a| is_broken(&pod, &s.filter, a));
         self.pods.insert(uid.clone(), pod);
         if broken {
             self.queue.add(&uid);
