@@ -405,20 +405,12 @@ fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
 
 /// In the current namespace: how its capture differs from `cfg` (rules, TPROXY routing, `::6`),
 /// one line each in nft syntax; empty when it matches.
-pub(crate) fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, redirect_core::Error> {
+fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, redirect_core::Error> {
     let rs = redirect_core::plan_with(cfg, &SystemGroups)?;
-    let mut diff: Vec<String> = nft::diff(&rs)?.iter().map(|d| d.to_string()).collect();
-    if let Some(r) = capture::tproxy_routing(cfg) {
-        for f in rs.families() {
-            if !redirect_core::routes::read_tproxy(&r, f)?.is_complete() {
-                diff.push(format!("TPROXY routing ({f}) missing"));
-            }
-        }
-    }
-    if cfg.ipv6 && !redirect_core::routes::has_lo_v6_inbound_addr()? {
-        diff.push("::6/128 missing on lo".into());
-    }
-    Ok(diff)
+    Ok(capture::check(cfg, &rs)?
+        .iter()
+        .map(|d| d.to_string())
+        .collect())
 }
 
 /// STATUS: ready when the config parsed (done) and nf_tables answers.

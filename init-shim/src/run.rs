@@ -4,13 +4,11 @@
 
 use std::io::Write;
 
-use redirect_core::capture;
+use redirect_core::capture::{self, Decision};
 use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::istio::xtables;
-use redirect_core::nft::{self, Difference};
+use redirect_core::nft;
 use redirect_core::plan::SystemGroups;
 use redirect_core::render::{iptables_restore_all, nft_script};
-use redirect_core::routes::TproxyRouting;
 use redirect_core::ruleset::Ruleset;
 use redirect_core::{probe, Error};
 
@@ -27,6 +25,12 @@ pub const EXIT_VALIDATION: i32 = 126;
 pub struct Failure {
     pub code: i32,
     pub message: String,
+}
+
+impl From<capture::ReconcileError> for Failure {
+    fn from(e: capture::ReconcileError) -> Self {
+        fail(e.to_string())
+    }
 }
 
 impl From<Error> for Failure {
@@ -104,46 +108,28 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
     Ok(())
 }
 
-fn routing(s: &Settings) -> TproxyRouting {
-    TproxyRouting {
-        mark: s.config.tproxy_mark,
-        table: s.config.tproxy_route_table,
-    }
-}
-
 /// `--cleanup-only`: ours (table, routes, `::6`) and Istio's (nft tables, ISTIO_* chains).
 fn cleanup(s: &Settings) -> Result<(), Failure> {
     if s.dry_run {
-        let ours = nft::read_back()?.is_some();
-        let tables = nft::istio_tables()?;
-        let chains = xtables::find_istio_leftovers()?;
+        let l = capture::leftovers()?;
         info(&format!(
-            "--dry-run: would remove: our table: {ours}; Istio nft tables: {tables:?}; Istio iptables chains: {}",
-            describe_leftovers(&chains)
+            "--dry-run: would remove: our table: {}; Istio nft tables: {:?}; Istio iptables chains: {}",
+            l.table,
+            l.istio_nft_tables,
+            capture::describe(&l.istio_chains)
         ));
         return Ok(());
     }
-    let done = capture::cleanup(&routing(s))?;
-    let tables = nft::remove_istio_tables()?;
-    let chains = xtables::remove_istio_leftovers()?;
+    let (done, istio) = capture::cleanup_with_istio(&capture::routing_of(&s.config))?;
     info(&format!(
-        "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {tables:?}; Istio iptables chains removed: {}",
+        "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {:?}; Istio iptables chains removed: {}",
         done.table,
         done.tproxy,
         done.lo_v6,
-        describe_leftovers(&chains)
+        istio.istio_nft_tables,
+        capture::describe(&istio.istio_chains)
     ));
     Ok(())
-}
-
-fn describe_leftovers(l: &[xtables::Leftover]) -> String {
-    if l.is_empty() {
-        return "none".into();
-    }
-    l.iter()
-        .map(|x| format!("{}/{}/{}/{}", x.variant, x.family, x.table, x.chain))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn dry_run(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
@@ -182,85 +168,57 @@ fn print_stdout(text: &str) {
     let _ = out.flush();
 }
 
-/// Istio's tables and chains found here, as one line for a message.
-fn istio_rules_here() -> Result<(Vec<String>, Vec<xtables::Leftover>), Failure> {
-    Ok((nft::istio_tables()?, xtables::find_istio_leftovers()?))
+fn flags(s: &Settings) -> capture::Flags {
+    capture::Flags {
+        reconcile: s.reconcile,
+        force_apply: s.force_apply,
+    }
 }
 
 fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
-    let (istio_tables, istio_chains) = istio_rules_here()?;
-    let istio_present = !istio_tables.is_empty() || !istio_chains.is_empty();
-    if istio_present && !s.reconcile {
-        return Err(fail(format!(
-            "this namespace already holds Istio's capture rules (nft tables {istio_tables:?}; iptables chains {}): both sets of rules would act on every packet. Rerun with --reconcile to replace them with ours, or with --cleanup-only to remove them",
-            describe_leftovers(&istio_chains)
-        )));
-    }
-    // A pod's first run finds no table: skip building the expected state to compare with.
-    let diff = match nft::read_back()? {
-        None => vec![Difference::TableMissing],
-        Some(actual) => nft::compare(rs, Some(&actual)),
-    };
-    let ours_present = !diff.contains(&Difference::TableMissing);
-    if ours_present && diff.is_empty() && !s.force_apply && !istio_present {
-        info("the rules are already in place; nothing to apply (--force-apply reapplies)");
-        capture::apply_routes(&s.config)?;
-    } else {
-        if ours_present && !diff.is_empty() && !s.reconcile && !s.force_apply {
-            let lines: Vec<String> = diff.iter().take(10).map(|d| format!("  {d}")).collect();
-            return Err(fail(format!(
-                "this namespace already has our rules for another configuration ({} differences):\n{}\nRerun with --reconcile to replace them atomically",
-                diff.len(),
-                lines.join("\n")
-            )));
+    let done = capture::reconcile(&s.config, rs, flags(s))?;
+    match done.decision {
+        Decision::Skip => {
+            info("the rules are already in place; nothing to apply (--force-apply reapplies)")
         }
-        // Planned once above: program that ruleset, then the routes beside it.
-        nft::apply(rs)?;
-        capture::apply_routes(&s.config)?;
-        info(&format!(
-            "applied {} rules in {} chains to table inet {} in one transaction",
-            rs.rule_count(),
-            rs.chains.len(),
-            nft::TABLE
-        ));
-    }
-    if istio_present {
-        // Ours are in place first, so no packet goes uncaptured while Istio's go.
-        let tables = nft::remove_istio_tables()?;
-        let chains = xtables::remove_istio_leftovers()?;
-        info(&format!(
-            "--reconcile: removed Istio's nft tables {tables:?} and iptables chains {}",
-            describe_leftovers(&chains)
-        ));
+        Decision::Apply { removes_istio, .. } => {
+            // Counted as the kernel holds them (with the per-family dispatch of the hooked
+            // chains), so the numbers are the ones `inspect` shows.
+            let table = nft::expected(rs);
+            info(&format!(
+                "applied {} rules in {} chains to table inet {} in one transaction",
+                table.chains.iter().map(|c| c.rules.len()).sum::<usize>(),
+                table.chains.len(),
+                nft::TABLE
+            ));
+            if removes_istio {
+                info(&format!(
+                    "--reconcile: removed Istio's nft tables {:?} and iptables chains {}",
+                    done.removed_istio_tables,
+                    capture::describe(&done.removed_istio_chains)
+                ));
+            }
+        }
     }
     print_stdout(&nft_script(rs));
     Ok(())
 }
 
 fn apply_iptables(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
-    let chains = xtables::find_istio_leftovers()?;
-    if !chains.is_empty() {
-        if !s.reconcile {
-            return Err(fail(format!(
-                "ISTIO_* chains exist already ({}); iptables-restore cannot create them again. Rerun with --reconcile to replace them, or --cleanup-only to remove them",
-                describe_leftovers(&chains)
-            )));
-        }
-        xtables::remove_istio_leftovers()?;
+    let done = capture::reconcile_iptables(&s.config, rs, flags(s), s.force_iptables_binary)?;
+    if !done.removed_istio_chains.is_empty() {
         info(&format!(
             "--reconcile: removed {}",
-            describe_leftovers(&chains)
+            capture::describe(&done.removed_istio_chains)
         ));
     }
-    if s.reconcile && nft::remove()? {
+    if done.removed_our_table {
         info(&format!(
             "--reconcile: removed our nft table {}",
             nft::TABLE
         ));
     }
-    let tools = xtables::apply(rs, s.force_iptables_binary)?;
-    capture::apply_routes(&s.config)?;
-    for t in &tools {
+    for t in &done.tools {
         info(&format!(
             "applied {} rules with {} ({} {}, {})",
             t.family, t.restore, t.variant, t.version, t.save
@@ -302,7 +260,7 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Err(Failure {
                 code: EXIT_VALIDATION,
                 message: format!(
-                    "iptables validation failed; workload is not ready for Istio: {e}. Diagnosis: {}: {} Fix: {}",
+                    "iptables validation failed; workload is not ready for Istio: {e}\n  diagnosis: {}: {}\n  fix: {}",
                     d.cause, d.summary, d.fix
                 ),
             })

@@ -442,6 +442,18 @@ fn validation_exits_0_with_rules_and_126_without() {
         "{}",
         ran.stderr
     );
+    // What the probe saw, the diagnosis and the fix, each on its own line.
+    let lines: Vec<&str> = ran.stderr.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("error\tiptables validation failed"))
+        .unwrap_or_else(|| panic!("no error line: {}", ran.stderr));
+    assert!(
+        lines.get(at + 1).is_some_and(|l| l.starts_with("  diagnosis: "))
+            && lines.get(at + 2).is_some_and(|l| l.starts_with("  fix: ")),
+        "{}",
+        ran.stderr
+    );
 
     run_in(&pod, &Run::args(ISTIO_ARGS)).expect_ok("apply");
     let ran = run_in(&pod, &Run::args(&probe_args).user(1337, 1337));

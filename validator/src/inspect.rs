@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use redirect_core::capture::{self, Mismatch};
 use redirect_core::diagnosis::{self, KernelView};
 use redirect_core::istio::mesh::Decision;
 use redirect_core::istio::pod_facts::{self, HostAddress};
@@ -139,17 +140,11 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, String> 
         None => None,
     };
     let routing = match &expected {
-        Some((_, Expected::Rules(cfg, _))) => TproxyRouting {
-            mark: cfg.tproxy_mark,
-            table: cfg.tproxy_route_table,
-        },
+        Some((_, Expected::Rules(cfg, _))) => capture::routing_of(cfg),
         _ => TproxyRouting::ISTIO,
     };
-    let plan = match &expected {
-        Some((_, Expected::Rules(_, rs))) => Some(rs.clone()),
-        _ => None,
-    };
-    let kernel = netns::run_in(&path, move || read(&routing, plan.as_ref()))
+    let want = expected.as_ref().map(|(_, e)| e);
+    let kernel = netns::run_in(&path, move || read(&routing, want))
         .map_err(|e| e.to_string())?
         .map_err(|e| {
             format!("{e} (inspect reads nf_tables over netlink: run it as root on the node)")
@@ -180,16 +175,23 @@ fn nameservers(
     }
 }
 
-/// Our table and Istio's rules (`diagnosis::read_kernel`, compared with the plan when there is
-/// one), and beside them the TPROXY routing and `::6`.
+/// Our table and Istio's rules (`diagnosis::read_kernel`), the TPROXY routing and `::6`, and
+/// when the expected configuration is known, how the namespace differs (`capture::compare`, as
+/// CNI CHECK and the repair controller ask it).
 struct Kernel {
     view: KernelView,
     tproxy: Vec<String>,
     lo_v6: bool,
+    differences: Vec<Mismatch>,
 }
 
-fn read(routing: &TproxyRouting, plan: Option<&Ruleset>) -> redirect_core::Result<Kernel> {
-    let view = diagnosis::read_kernel(plan)?;
+fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::Result<Kernel> {
+    let view = diagnosis::read_kernel(None)?;
+    let differences = match want {
+        Some(Expected::Rules(cfg, rs)) => capture::compare(cfg, rs, view.table.as_ref())?,
+        Some(Expected::Nothing(_)) => capture::compare_uncaptured(view.table.as_ref()),
+        None => Vec::new(),
+    };
     let mut tproxy = Vec::new();
     for family in Family::ALL {
         let st = routes::read_tproxy(routing, family)?;
@@ -208,6 +210,7 @@ fn read(routing: &TproxyRouting, plan: Option<&Ruleset>) -> redirect_core::Resul
         view,
         tproxy,
         lo_v6: routes::has_lo_v6_inbound_addr().unwrap_or(false),
+        differences,
     })
 }
 
@@ -221,27 +224,18 @@ fn found(
         view: k,
         tproxy,
         lo_v6,
+        differences,
     } = k;
     let mut notes: Vec<String> = k.unread.iter().map(|u| format!("not read: {u}")).collect();
-    let (expected_from, differences) = match expected {
-        None => (None, Vec::new()),
+    let expected_from = match expected {
+        None => None,
         Some((from, Expected::Nothing(why))) => {
             notes.push(format!("this pod is not captured: {why}"));
-            let d = if k.table.is_some() {
-                vec![format!(
-                    "table inet {} exists, but the pod should have no capture rules",
-                    nft::TABLE
-                )]
-            } else {
-                Vec::new()
-            };
-            (Some(from), d)
+            Some(from)
         }
-        Some((from, Expected::Rules(..))) => (
-            Some(from),
-            k.differences.iter().map(|d| d.to_string()).collect(),
-        ),
+        Some((from, Expected::Rules(..))) => Some(from),
     };
+    let differences: Vec<String> = differences.iter().map(|d| d.to_string()).collect();
     let equal = expected_from.as_ref().map(|_| differences.is_empty());
     Found {
         netns,

@@ -379,11 +379,43 @@ fn inspect_with_annotations_and_istio_leftovers() {
         "{}",
         r.stdout
     );
-    // Istio's chains beside ours are noticed.
-    ns.sh("iptables-nft -t nat -N ISTIO_OUTPUT && iptables-nft -t nat -A OUTPUT -p tcp -j ISTIO_OUTPUT");
+    // Istio's chains beside ours are noticed, with every jump to each (one from OUTPUT, one
+    // from ISTIO_OUTPUT).
+    ns.sh("iptables-nft -t nat -N ISTIO_OUTPUT && iptables-nft -t nat -A OUTPUT -p tcp -j ISTIO_OUTPUT && iptables-nft -t nat -N ISTIO_REDIRECT && iptables-nft -t nat -A ISTIO_OUTPUT -j ISTIO_REDIRECT");
     let r = inspect(&ns, &[]);
-    assert!(r.stdout.contains("ISTIO_OUTPUT"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("nat ISTIO_OUTPUT: 1 rule(s), 1 jump(s) to it")
+            && r.stdout
+                .contains("nat ISTIO_REDIRECT: 0 rule(s), 1 jump(s) to it"),
+        "{}",
+        r.stdout
+    );
     let _ = std::fs::remove_file(&file);
+}
+
+/// `::6` missing on `lo` of an IPv6 pod is a difference for `inspect`, as for CNI CHECK: both
+/// ask `capture::check`.
+#[test]
+fn inspect_counts_a_missing_lo_v6_address() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("fd00:77::2/64");
+    let mut cfg = CaptureConfig::istio_sidecar_default();
+    cfg.ipv6 = true;
+    apply(&ns, &cfg);
+    let flags: Vec<&str> = [SIDECAR_ARGS, &["--dual-stack"]].concat();
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("::6 on lo: yes"), "{}", r.stdout);
+    ns.sh("ip -6 addr del ::6/128 dev lo");
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("::6 on lo: no") && r.stdout.contains("  - ::6/128 missing on lo"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]

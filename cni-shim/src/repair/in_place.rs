@@ -97,8 +97,12 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
     let applied = netns::run_in_file(&ns.file, &ns.path, || -> Result<_, redirect_core::Error> {
         let mut cfg = cfg;
         cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
-        capture::apply(&cfg, &SystemGroups)?;
-        crate::plugin::differences(&cfg)
+        let rs = capture::apply(&cfg, &SystemGroups)?;
+        let differences = capture::check(&cfg, &rs)?;
+        Ok(differences
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>())
     })
     .and_then(|r| r);
     match applied {

@@ -1,22 +1,37 @@
 //! The whole job for one namespace: plan, program the table, and the routes Istio adds beside
-//! its rules (TPROXY policy routing when inbound is tproxied; `::6` on `lo` with IPv6).
+//! its rules (TPROXY policy routing when inbound is tproxied; `::6` on `lo` with IPv6); check
+//! what is there against a config (`check`); decide what a run may do over rules already there
+//! (`reconcile`); and clean up.
+
+mod check;
+mod reconcile;
+
+pub use check::{check, check_in, compare, compare_uncaptured, Mismatch};
+pub use reconcile::{
+    decide, describe, reconcile, reconcile_iptables, Decision, Flags, Found, ReconcileError,
+    Reconciled, ReconciledIptables, Refusal,
+};
 
 use std::path::Path;
 
 use crate::config::{CaptureConfig, InterceptionMode};
 use crate::error::Result;
+use crate::istio::xtables::{self, Leftover};
 use crate::plan::GroupResolver;
 use crate::routes::{self, TproxyRouting};
 use crate::ruleset::{Family, Ruleset};
 
+/// The TPROXY mark and route table a config names, whether or not it uses them.
+pub fn routing_of(cfg: &CaptureConfig) -> TproxyRouting {
+    TproxyRouting {
+        mark: cfg.tproxy_mark,
+        table: cfg.tproxy_route_table,
+    }
+}
+
 /// The TPROXY routing a config needs, if any (Istio adds it only with inbound capture).
 pub fn tproxy_routing(cfg: &CaptureConfig) -> Option<TproxyRouting> {
-    (cfg.mode == InterceptionMode::Tproxy && !cfg.inbound_ports.is_none()).then_some(
-        TproxyRouting {
-            mark: cfg.tproxy_mark,
-            table: cfg.tproxy_route_table,
-        },
-    )
+    (cfg.mode == InterceptionMode::Tproxy && !cfg.inbound_ports.is_none()).then(|| routing_of(cfg))
 }
 
 fn families(cfg: &CaptureConfig) -> Vec<Family> {
@@ -78,6 +93,35 @@ pub fn cleanup(routing: &TproxyRouting) -> Result<Cleaned> {
         done.lo_v6 = true;
     }
     Ok(done)
+}
+
+/// What is left in a namespace, whoever put it there (`--cleanup-only --dry-run`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Our nftables table.
+    pub table: bool,
+    pub istio_nft_tables: Vec<String>,
+    pub istio_chains: Vec<Leftover>,
+}
+
+/// Read what `cleanup_with_istio` would remove (the routes aside).
+pub fn leftovers() -> Result<Leftovers> {
+    Ok(Leftovers {
+        table: crate::nft::read_back()?.is_some(),
+        istio_nft_tables: crate::nft::istio_tables()?,
+        istio_chains: xtables::find_istio_leftovers()?,
+    })
+}
+
+/// `cleanup`, then Istio's nftables tables and iptables chains (`--cleanup-only`).
+pub fn cleanup_with_istio(routing: &TproxyRouting) -> Result<(Cleaned, Leftovers)> {
+    let ours = cleanup(routing)?;
+    let istio = Leftovers {
+        table: ours.table,
+        istio_nft_tables: crate::nft::remove_istio_tables()?,
+        istio_chains: xtables::remove_istio_leftovers()?,
+    };
+    Ok((ours, istio))
 }
 
 /// Remove our table and the routes this config would have added.
