@@ -449,7 +449,9 @@ fn validation_exits_0_with_rules_and_126_without() {
         .position(|l| l.starts_with("error\tiptables validation failed"))
         .unwrap_or_else(|| panic!("no error line: {}", ran.stderr));
     assert!(
-        lines.get(at + 1).is_some_and(|l| l.starts_with("  diagnosis: "))
+        lines
+            .get(at + 1)
+            .is_some_and(|l| l.starts_with("  diagnosis: "))
             && lines.get(at + 2).is_some_and(|l| l.starts_with("  fix: ")),
         "{}",
         ran.stderr

@@ -10,7 +10,7 @@ use redirect_core::istio::cli::flags::{self, Parsed, Resolved, Source};
 use redirect_core::istio::cli::settings::Settings;
 use redirect_core::istio::pod_facts::{self, HostAddress};
 
-use crate::{EXIT_ERROR, EXIT_OK};
+use crate::{Error, EXIT_ERROR, EXIT_OK};
 
 /// Parse Istio's flags plus `extra` arguments. `Err` is the exit code once `--help` or
 /// `--version` was printed (0) or a usage error was (1).
@@ -38,8 +38,8 @@ pub fn parse(
 }
 
 /// Istio's settings, typed; the error names the flag or variable.
-pub fn settings(r: &Resolved) -> Result<Settings, String> {
-    Settings::from_resolved(r).map_err(|e| e.to_string())
+pub fn settings(r: &Resolved) -> Result<Settings, Error> {
+    Ok(Settings::from_resolved(r)?)
 }
 
 /// `--NAME`, a switch.
@@ -70,11 +70,13 @@ pub fn config_given(r: &Resolved) -> bool {
 }
 
 /// A comma-separated list of IP addresses (`--pod-ip`, `--nameservers`).
-pub fn ip_list(flag: &str, value: &str) -> Result<Vec<IpAddr>, String> {
+pub fn ip_list(flag: &'static str, value: &str) -> Result<Vec<IpAddr>, Error> {
     redirect_core::config::split_list(value)
         .map(|s| {
-            s.parse::<IpAddr>().map_err(|_| {
-                format!("--{flag} {value:?}: {s:?} is not an IP address; expected e.g. 10.244.1.7,fd00::7")
+            s.parse::<IpAddr>().map_err(|_| Error::IpList {
+                flag,
+                value: value.to_string(),
+                item: s.to_string(),
             })
         })
         .collect()
@@ -86,14 +88,12 @@ pub fn finish(
     s: &mut Settings,
     host: &HostAddress,
     nameservers: &[IpAddr],
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, Error> {
     let uid = s.envoy_user_uid();
-    s.finish(host, uid, nameservers).map_err(|e| e.to_string())
+    Ok(s.finish(host, uid, nameservers)?)
 }
 
 /// The servers of a resolv.conf, or an error naming the file.
-pub fn nameservers_of(path: &Path) -> Result<Vec<IpAddr>, String> {
-    pod_facts::read_resolv_conf(path)
-        .map(|n| n.servers)
-        .map_err(|e| e.to_string())
+pub fn nameservers_of(path: &Path) -> Result<Vec<IpAddr>, Error> {
+    Ok(pod_facts::read_resolv_conf(path)?.servers)
 }

@@ -12,6 +12,7 @@ use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::ruleset::Ruleset;
 use serde::Serialize;
 
+use crate::Error;
 use crate::{args, pod_file};
 use crate::{EXIT_ERROR, EXIT_OK};
 
@@ -64,13 +65,13 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
 
 fn run(
     r: &redirect_core::istio::cli::flags::Resolved,
-) -> Result<(Vec<Explained>, Vec<String>), String> {
+) -> Result<(Vec<Explained>, Vec<String>), Error> {
     let flows: Vec<Flow> = r
         .matches
         .get_many::<String>("flow")
         .into_iter()
         .flatten()
-        .map(|f| f.parse::<Flow>().map_err(|e| format!("--flow: {e}")))
+        .map(|f| f.parse::<Flow>().map_err(Error::Flow))
         .collect::<Result<_, _>>()?;
     let pod_ips = match args::get(&r.matches, "pod-ip") {
         Some(v) => args::ip_list("pod-ip", v)?,
@@ -99,9 +100,8 @@ fn run(
             ipv6: false,
         }
     } else {
-        pod_facts::host_address(&pod_ips, dual_stack).ok_or_else(|| {
-            format!("--pod-ip {pod_ips:?}: no usable address (loopback and link-local ones do not count)")
-        })?
+        pod_facts::host_address(&pod_ips, dual_stack)
+            .ok_or_else(|| Error::NoPodAddress(pod_ips.clone()))?
     };
     // A pod outside the mesh has no rules: every flow is evaluated against an empty ruleset.
     let (cfg, rs) = match decision {
@@ -112,7 +112,7 @@ fn run(
         }) => {
             notes.extend(warnings);
             config.ipv6 = host.ipv6;
-            let rs = redirect_core::plan(&config).map_err(|e| e.to_string())?;
+            let rs = redirect_core::plan(&config)?;
             (*config, rs)
         }
         Some(Decision::Skip(why)) => {
@@ -126,7 +126,7 @@ fn run(
         }
         None => {
             notes.extend(args::finish(&mut s, &host, &nameservers)?);
-            let rs = redirect_core::plan(&s.config).map_err(|e| e.to_string())?;
+            let rs = redirect_core::plan(&s.config)?;
             (s.config, rs)
         }
     };

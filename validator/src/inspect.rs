@@ -16,6 +16,7 @@ use redirect_core::ruleset::{Family, Ruleset};
 use redirect_core::{netns, CaptureConfig};
 use serde::Serialize;
 
+use crate::Error;
 use crate::{args, pod_file};
 use crate::{EXIT_DIFFERS, EXIT_ERROR, EXIT_OK};
 
@@ -91,10 +92,11 @@ enum Expected {
     Nothing(String),
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, String> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
-    std::fs::metadata(&path).map_err(|e| {
-        format!("--netns {}: {e}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net", path.display())
+    std::fs::metadata(&path).map_err(|source| Error::Netns {
+        path: path.clone(),
+        source,
     })?;
     let mut settings = args::settings(r)?;
     let decision = match args::get(&r.matches, "annotations") {
@@ -106,9 +108,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, String> 
         Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
         _ => settings.dual_stack,
     };
-    let host = netns::run_in(&path, move || pod_facts::detect_host_address(dual_stack))
-        .map_err(|e| e.to_string())?
-        .ok();
+    let host = netns::run_in(&path, move || pod_facts::detect_host_address(dual_stack))?.ok();
     let expected = match decision {
         Some(Decision::Skip(why)) => {
             Some(("the pod's annotations".to_string(), Expected::Nothing(why)))
@@ -117,21 +117,19 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, String> 
             unreachable!("pod_file::decide returns it as an error: {why}")
         }
         Some(Decision::Capture { mut config, .. }) => {
-            let h = host
-                .ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
+            let h = host.ok_or(Error::NoNamespaceAddress)?;
             config.ipv6 = h.ipv6;
-            let rs = redirect_core::plan(&config).map_err(|e| e.to_string())?;
+            let rs = redirect_core::plan(&config)?;
             Some((
                 "the pod's annotations".to_string(),
                 Expected::Rules(config, rs),
             ))
         }
         None if args::config_given(r) => {
-            let h = host
-                .ok_or("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")?;
+            let h = host.ok_or(Error::NoNamespaceAddress)?;
             let servers = nameservers(r, settings.wants_nameservers(), &path)?;
             args::finish(&mut settings, &h, &servers)?;
-            let rs = redirect_core::plan(&settings.config).map_err(|e| e.to_string())?;
+            let rs = redirect_core::plan(&settings.config)?;
             Some((
                 "Istio's flags".to_string(),
                 Expected::Rules(Box::new(settings.config), rs),
@@ -144,11 +142,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, String> 
         _ => TproxyRouting::ISTIO,
     };
     let want = expected.as_ref().map(|(_, e)| e);
-    let kernel = netns::run_in(&path, move || read(&routing, want))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| {
-            format!("{e} (inspect reads nf_tables over netlink: run it as root on the node)")
-        })?;
+    let kernel = netns::run_in(&path, move || read(&routing, want))?.map_err(Error::KernelRead)?;
     Ok(found(path, host, kernel, expected))
 }
 
@@ -157,7 +151,7 @@ fn nameservers(
     r: &redirect_core::istio::cli::flags::Resolved,
     wanted: bool,
     netns: &Path,
-) -> Result<Vec<IpAddr>, String> {
+) -> Result<Vec<IpAddr>, Error> {
     if !wanted {
         return Ok(Vec::new());
     }
@@ -171,7 +165,7 @@ fn nameservers(
         .map(|pid| Path::new("/proc").join(pid).join("root/etc/resolv.conf"));
     match pid_root {
         Some(file) => args::nameservers_of(&file),
-        None => Err("--redirect-dns without --capture-all-dns captures DNS to the pod's resolv.conf servers: give them with --nameservers (or --netns /proc/<pid>/ns/net, whose resolv.conf is read)".into()),
+        None => Err(Error::NameserversNeeded),
     }
 }
 

@@ -4,12 +4,15 @@
 //! evaluator and the read-back live in redirect-core.
 
 mod args;
+mod error;
 mod explain;
 mod inspect;
 mod pod_file;
 mod probe;
 
 use std::ffi::OsString;
+
+pub use error::Error;
 
 /// Exit codes. 126 is Istio's "validation failed", which repair controllers key on.
 pub const EXIT_OK: i32 = 0;

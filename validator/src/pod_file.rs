@@ -7,13 +7,17 @@ use redirect_core::istio::cli::settings::Settings;
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod;
 
+use crate::Error;
+
 /// The file's pod (`kubectl get pod -o json`, a JSON object of annotations, or a Downward API
 /// annotations file), decided. An error names the file or the annotation.
-pub fn decide(file: &Path, settings: &Settings) -> Result<Decision, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("--annotations {}: {e}", file.display()))?;
-    let pod =
-        pod::pod_from_text(&text).map_err(|e| format!("--annotations {}: {e}", file.display()))?;
+pub fn decide(file: &Path, settings: &Settings) -> Result<Decision, Error> {
+    let bad = |reason: String| Error::AnnotationsFile {
+        file: file.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
+    let pod = pod::pod_from_text(&text).map_err(bad)?;
     let defaults = MeshDefaults {
         proxy_uid: settings.config.proxy_uids.first().copied(),
         proxy_gid: settings.config.proxy_gids.first().copied(),
@@ -22,11 +26,9 @@ pub fn decide(file: &Path, settings: &Settings) -> Result<Decision, String> {
         drop_invalid: settings.config.drop_invalid,
         ..MeshDefaults::default()
     };
-    let decision = mesh::decide(&pod, &defaults).map_err(|e| format!("--annotations: {e}"))?;
-    if let Decision::NeedSpec(why) = &decision {
-        return Err(format!(
-            "--annotations: {why}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u"
-        ));
+    let decision = mesh::decide(&pod, &defaults).map_err(Error::Annotation)?;
+    if let Decision::NeedSpec(why) = decision {
+        return Err(Error::AnnotationsNeedPod(why));
     }
     Ok(decision)
 }

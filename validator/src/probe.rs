@@ -9,6 +9,7 @@ use redirect_core::probe::{self, ProbeFailure};
 use serde::Serialize;
 
 use crate::args;
+use crate::Error;
 use crate::{EXIT_ERROR, EXIT_OK, EXIT_VALIDATION};
 
 const ABOUT: &str = "Checks that a pod's traffic capture works, as Istio's istio-validation does (same flags, exit 126 on failure), and says why it does not";
@@ -59,7 +60,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"passed": false, "exit_code": EXIT_ERROR, "error": msg})
+                    serde_json::json!({"passed": false, "exit_code": EXIT_ERROR, "error": msg.to_string()})
                 );
             }
             EXIT_ERROR
@@ -67,10 +68,10 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, String> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let host = pod_facts::detect_host_address(s.dual_stack).map_err(|e| e.to_string())?;
+    let host = pod_facts::detect_host_address(s.dual_stack)?;
     let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()
     } else {

@@ -384,7 +384,8 @@ fn inspect_with_annotations_and_istio_leftovers() {
     ns.sh("iptables-nft -t nat -N ISTIO_OUTPUT && iptables-nft -t nat -A OUTPUT -p tcp -j ISTIO_OUTPUT && iptables-nft -t nat -N ISTIO_REDIRECT && iptables-nft -t nat -A ISTIO_OUTPUT -j ISTIO_REDIRECT");
     let r = inspect(&ns, &[]);
     assert!(
-        r.stdout.contains("nat ISTIO_OUTPUT: 1 rule(s), 1 jump(s) to it")
+        r.stdout
+            .contains("nat ISTIO_OUTPUT: 1 rule(s), 1 jump(s) to it")
             && r.stdout
                 .contains("nat ISTIO_REDIRECT: 0 rule(s), 1 jump(s) to it"),
         "{}",

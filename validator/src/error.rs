@@ -1,0 +1,56 @@
+//! What can go wrong before redirect-validate has an answer, typed: each message names the flag
+//! or file and the value, and what to give instead. A failed probe is not an error: it is the
+//! answer (exit 126, with its diagnosis).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use redirect_core::eval::FlowError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Istio's flags or variables (typed by the core, which names the flag), planning, or
+    /// reading the pod's address.
+    #[error(transparent)]
+    Core(#[from] redirect_core::Error),
+
+    #[error("--{flag} {value:?}: {item:?} is not an IP address; expected e.g. 10.244.1.7,fd00::7")]
+    IpList {
+        flag: &'static str,
+        value: String,
+        item: String,
+    },
+
+    #[error("--pod-ip {0:?}: no usable address (loopback and link-local ones do not count)")]
+    NoPodAddress(Vec<IpAddr>),
+
+    #[error("--flow: {0}")]
+    Flow(#[from] FlowError),
+
+    #[error("--annotations {file}: {reason}")]
+    AnnotationsFile { file: PathBuf, reason: String },
+
+    /// The annotations ask for something the mesh mapping refuses.
+    #[error("--annotations: {0}")]
+    Annotation(redirect_core::Error),
+
+    /// The annotations alone do not decide the capture.
+    #[error("--annotations: {0}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u")]
+    AnnotationsNeedPod(String),
+
+    #[error("--netns {path}: {source}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net")]
+    Netns {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("the namespace has no usable address: cannot tell IPv4 from IPv6 rules")]
+    NoNamespaceAddress,
+
+    #[error("--redirect-dns without --capture-all-dns captures DNS to the pod's resolv.conf servers: give them with --nameservers (or --netns /proc/<pid>/ns/net, whose resolv.conf is read)")]
+    NameserversNeeded,
+
+    /// Reading the namespace's rules failed (nf_tables needs CAP_NET_ADMIN there).
+    #[error("{0} (inspect reads nf_tables over netlink: run it as root on the node)")]
+    KernelRead(redirect_core::Error),
+}
