@@ -9,16 +9,12 @@
 //! Environment: `REDIRECT_BIN_DIR` (redirect-cni and redirect-validate; default
 //! `target/debug`), `CNITOOL` (default `.tools/cnitool`). Needs root.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::mpsc;
-use std::time::Duration;
 
 use redirect_testkit::istio::SIDECAR_ARGS;
-use redirect_testkit::netns::become_ids;
-use redirect_testkit::TestNetns;
+use redirect_testkit::{Landing, Landings, TestNetns};
 use serde_json::{json, Value};
 
 /// What Istio's injector leaves on a pod for the CNI plugin, with Istio's default settings.
@@ -78,17 +74,8 @@ struct Demo {
     pod: TestNetns,
 }
 
-/// Where a connection landed, as the kernel decided.
-#[derive(Clone, Debug, PartialEq)]
-enum Landed {
-    /// Accepted by the listener on `port` in namespace `at`, whose original destination was `orig`.
-    On {
-        at: &'static str,
-        port: u16,
-        orig: SocketAddr,
-    },
-    Nowhere(String),
-}
+/// Where a connection landed, as the kernel decided, or why it did not.
+type Landed = Result<Landing, String>;
 
 impl Demo {
     fn new(bins: PathBuf, cnitool: PathBuf) -> Demo {
@@ -238,11 +225,9 @@ impl Demo {
         );
         println!("listeners: in the pod on 15001 (outbound capture), 15006 (inbound capture), 15021 (health);");
         println!("           on the node at {GATEWAY}:80 (a service outside the pod)");
-        let (tx, rx) = mpsc::channel();
-        for port in [15001, 15006, 15021] {
-            listen(&self.pod, "pod", port, tx.clone());
-        }
-        listen(&self.node, "node", 80, tx.clone());
+        let landings = Landings::new();
+        landings.listen(&self.pod, "pod", &[15001, 15006, 15021]);
+        landings.listen(&self.node, "node", &[80]);
         let to_pod = |port| SocketAddr::new(pod_ip, port);
         let to_gw = SocketAddr::new(IpAddr::V4(GATEWAY), 80);
         let case = |flow: String, from, uid, dst, istio| Case {
@@ -318,21 +303,20 @@ impl Demo {
             predicted,
         ) in cases.iter().zip(&predictions)
         {
-            while rx.try_recv().is_ok() {}
-            let landed = connect(from, *uid, *dst, &rx);
+            let landed = landings.connect(from, *uid, *dst);
             let verdict = &predicted["verdict"];
             let expected = match verdict["kind"].as_str() {
-                Some("redirect") => Landed::On {
+                Some("redirect") => Ok(Landing {
                     at: "pod",
                     port: verdict["port"].as_u64().unwrap_or(0) as u16,
                     orig: *dst,
-                },
-                Some("pass") => Landed::On {
+                }),
+                Some("pass") => Ok(Landing {
                     at: if *dst == to_gw { "node" } else { "pod" },
                     port: dst.port(),
                     orig: *dst,
-                },
-                _ => Landed::Nowhere(verdict.to_string()),
+                }),
+                _ => Err(verdict.to_string()),
             };
             let agree = if landed == expected {
                 "agree"
@@ -351,16 +335,16 @@ impl Demo {
                 ));
             }
             let istio = match istio {
-                Some(port) => Landed::On {
+                Some(port) => Ok(Landing {
                     at: "pod",
                     port: *port,
                     orig: *dst,
-                },
-                None => Landed::On {
+                }),
+                None => Ok(Landing {
                     at: if *dst == to_gw { "node" } else { "pod" },
                     port: dst.port(),
                     orig: *dst,
-                },
+                }),
             };
             if landed != istio {
                 failures.push(format!(
@@ -493,74 +477,12 @@ fn shell_words<S: AsRef<str>>(args: &[S]) -> String {
 
 fn describe(l: &Landed) -> String {
     match l {
-        Landed::On { at, port, orig } if orig.port() == *port => {
+        Ok(Landing { at, port, orig }) if orig.port() == *port => {
             format!("{at} port {port}, directly (not captured)")
         }
-        Landed::On { at, port, orig } => {
+        Ok(Landing { at, port, orig }) => {
             format!("{at} port {port}, original destination {orig}")
         }
-        Landed::Nowhere(why) => why.clone(),
+        Err(why) => why.clone(),
     }
-}
-
-/// A listener on `port` in `ns`; each accepted connection reports where it arrived and its
-/// original destination (SO_ORIGINAL_DST when NATed, else the address it was sent to).
-fn listen(ns: &TestNetns, at: &'static str, port: u16, tx: mpsc::Sender<Landed>) {
-    let path = ns.path().to_path_buf();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        enter(&path);
-        let l = TcpListener::bind(("0.0.0.0", port)).expect("bind a demo listener");
-        ready_tx.send(()).unwrap();
-        for mut s in l.incoming().flatten() {
-            let orig = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::OriginalDst)
-                .map(|a| {
-                    SocketAddr::from((
-                        Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                        u16::from_be(a.sin_port),
-                    ))
-                })
-                .unwrap_or_else(|_| s.local_addr().unwrap());
-            let _ = tx.send(Landed::On { at, port, orig });
-            let _ = s.write_all(b"ok");
-        }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("listener ready");
-}
-
-/// Connect from `ns` (as `uid`, else root) to `dst`; where the connection landed.
-fn connect(
-    ns: &TestNetns,
-    uid: Option<u32>,
-    dst: SocketAddr,
-    rx: &mpsc::Receiver<Landed>,
-) -> Landed {
-    let path = ns.path().to_path_buf();
-    let result = std::thread::spawn(move || {
-        enter(&path);
-        if let Some(u) = uid {
-            become_ids(u, u).map_err(|e| format!("become uid {u}: {e}"))?;
-        }
-        let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(2))
-            .map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut b = [0u8; 2];
-        s.read_exact(&mut b).map_err(|e| format!("read: {e}"))
-    })
-    .join()
-    .unwrap_or_else(|_| Err("the client thread panicked".into()));
-    match result {
-        Ok(()) => rx
-            .recv_timeout(Duration::from_secs(2))
-            .unwrap_or_else(|_| Landed::Nowhere("no listener reported it".into())),
-        Err(e) => Landed::Nowhere(e),
-    }
-}
-
-/// Move this (dedicated) thread into the namespace file's network namespace.
-fn enter(path: &Path) {
-    let f = std::fs::File::open(path).expect("open the namespace file");
-    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
 }

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{listen, BIN, STATUS_CNI};
+use common::{listen, Probe, BIN, STATUS_CNI};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 fn cnitool() -> PathBuf {

@@ -10,6 +10,8 @@
 //! - [`Probe`] / [`run_probe`] / [`run_probes`]: connect from the pod (as a given uid/gid, on a
 //!   thread of its own whose credentials alone are switched) or from the peer (optionally through a
 //!   given pod interface), and report the [`Outcome`].
+//! - [`Landings`]: listeners in any namespaces that report where each connection landed, and a
+//!   client connecting as a given UID: whole-program tests and the demo.
 //! - [`istio`]: Istio's `istio-iptables` test cases (`testdata/istio/iptables`), loading their
 //!   `iptables-restore` input into a namespace, and a probe matrix per case.
 //!
@@ -29,6 +31,7 @@
 pub mod binary;
 pub mod docs;
 mod flow;
+mod landings;
 mod listeners;
 pub mod netns;
 mod probe;
@@ -38,6 +41,7 @@ mod topology;
 pub mod istio;
 
 pub use flow::{Proto, Side, Timing};
+pub use landings::{Landing, Landings};
 pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
 pub use netns::TestNetns;
 pub use probe::{

@@ -7,15 +7,12 @@
 pub mod cluster;
 pub mod pki;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
-use redirect_testkit::netns::become_ids;
-use redirect_testkit::TestNetns;
+use redirect_testkit::{Landings, TestNetns};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_redirect-cni");
 
@@ -93,71 +90,31 @@ pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Out {
     }
 }
 
-/// Listeners in `ns` on `ports` (all addresses, v4); each accepted connection reports its
-/// listener port and SO_ORIGINAL_DST (or its local address when not NATed).
-pub struct Listeners {
-    rx: mpsc::Receiver<(u16, SocketAddr)>,
+/// Listeners in `ns` on `ports` (the kit's `Landings`); `probe` answers where a connection
+/// landed as (listener port, original destination), or `None`.
+pub fn listen(ns: &TestNetns, ports: &[u16]) -> Landings {
+    let l = Landings::new();
+    l.listen(ns, "pod", ports);
+    l
 }
 
-pub fn listen(ns: &TestNetns, ports: &[u16]) -> Listeners {
-    let (tx, rx) = mpsc::channel();
-    let path = ns.path().to_path_buf();
-    for &port in ports {
-        let tx = tx.clone();
-        let path = path.clone();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let f = std::fs::File::open(&path).unwrap();
-            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let l = TcpListener::bind(("0.0.0.0", port)).unwrap();
-            ready_tx.send(()).unwrap();
-            for s in l.incoming().flatten() {
-                let orig = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::OriginalDst)
-                    .map(|a| {
-                        SocketAddr::from((
-                            std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                            u16::from_be(a.sin_port),
-                        ))
-                    })
-                    .unwrap_or_else(|_| s.local_addr().unwrap());
-                let _ = tx.send((port, orig));
-                let mut s = s;
-                let _ = s.write_all(b"ok");
-            }
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("listener ready");
-    }
-    Listeners { rx }
+pub trait Probe {
+    fn probe(
+        &self,
+        from: &TestNetns,
+        uid: Option<u32>,
+        dst: SocketAddr,
+    ) -> Option<(u16, SocketAddr)>;
 }
 
-impl Listeners {
-    /// Connect from `from` (as `uid`, or root) to `dst`; where it landed, or None.
-    pub fn probe(
+impl Probe for Landings {
+    fn probe(
         &self,
         from: &TestNetns,
         uid: Option<u32>,
         dst: SocketAddr,
     ) -> Option<(u16, SocketAddr)> {
-        while self.rx.try_recv().is_ok() {}
-        let ok = from.run(move || {
-            if let Some(u) = uid {
-                become_ids(u, u).unwrap();
-            }
-            match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
-                Ok(mut s) => {
-                    let mut b = [0u8; 2];
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                    s.read_exact(&mut b).is_ok()
-                }
-                Err(_) => false,
-            }
-        });
-        if !ok {
-            return None;
-        }
-        self.rx.recv_timeout(Duration::from_secs(2)).ok()
+        self.connect(from, uid, dst).ok().map(|l| (l.port, l.orig))
     }
 }
 
