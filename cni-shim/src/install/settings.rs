@@ -1,12 +1,14 @@
 //! `redirect-cni install`'s flags. Each flag can also come from an environment variable, named
 //! as Istio's install-cni names it where Istio has one (`a-b` ↔ `A_B`): a flag given on the
-//! command line wins, then a non-empty variable, then the default.
+//! command line wins, then a non-empty variable, then the default. The core's flag-table engine
+//! (`redirect_core::istio::cli::flag_table`, also redirect-init's) parses and resolves them; this
+//! file holds the table and types the values.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, Command};
+use clap::Command;
+use redirect_core::istio::cli::flag_table::{self, Flag, Table};
 use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
@@ -18,49 +20,34 @@ use crate::repair::RepairSettings;
 /// Where Kubernetes mounts a pod's service-account token and CA.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
-/// One flag: long name (also the key), its variable, its default and its help.
-struct Spec {
-    key: &'static str,
-    env: Option<&'static str>,
-    default: &'static str,
-    boolean: bool,
-    aliases: &'static [&'static str],
-    help: &'static str,
-}
-
+/// A flag and its variable (`None`: a flag only), named by its key in messages.
 const fn s(
     key: &'static str,
     env: Option<&'static str>,
     default: &'static str,
     help: &'static str,
-) -> Spec {
-    Spec {
-        key,
+) -> Flag {
+    Flag {
         env,
-        default,
-        boolean: false,
-        aliases: &[],
-        help,
+        ..Flag::new(key, default, help)
     }
 }
 
+/// A Go bool flag and its variable.
 const fn b(
     key: &'static str,
     env: &'static str,
     default: &'static str,
     help: &'static str,
-) -> Spec {
-    Spec {
-        key,
+) -> Flag {
+    Flag {
         env: Some(env),
-        default,
         boolean: true,
-        aliases: &[],
-        help,
+        ..Flag::new(key, default, help)
     }
 }
 
-const SPECS: &[Spec] = &[
+const SPECS: &[Flag] = &[
     s(
         "mounted-cni-net-dir",
         Some("MOUNTED_CNI_NET_DIR"),
@@ -92,8 +79,8 @@ const SPECS: &[Spec] = &[
         "Chained: the config file to chain into (default: the one kubelet uses); \
          standalone: the file to write (default: redirect-cni.conf)",
     ),
-    Spec {
-        aliases: &["chained"],
+    Flag {
+        flag_aliases: &["chained"],
         ..b(
             "chained-cni-plugin",
             "CHAINED_CNI_PLUGIN",
@@ -438,40 +425,22 @@ pub enum Parsed {
     Info(String),
 }
 
+/// The installer's help shows each default; it has no ignored flags, and keeps clap's own
+/// message for an argument that is not UTF-8.
+const TABLE: Table = Table {
+    flags: SPECS,
+    show_defaults: true,
+    ignored: &[],
+    name_non_utf8: false,
+};
+
 /// The clap command (for `--help`).
 pub fn command() -> Command {
-    let mut cmd = Command::new("redirect-cni install")
-        .about(
-            "Installs the redirect-cni plugin on this node (binary, CNI config, kubeconfig), \
-             keeps it installed, and removes exactly what it added on SIGTERM",
-        )
-        .version(env!("CARGO_PKG_VERSION"))
-        .args_override_self(true)
-        .disable_help_subcommand(true);
-    for f in SPECS {
-        let help = match f.env {
-            Some(e) => format!("{} [env: {e}] [default: {:?}]", f.help, f.default),
-            None => format!("{} [default: {:?}]", f.help, f.default),
-        };
-        let mut arg = Arg::new(f.key)
-            .long(f.key)
-            .help(help)
-            .action(ArgAction::Set);
-        for a in f.aliases {
-            arg = arg.alias(*a);
-        }
-        arg = if f.boolean {
-            // Go's bool flags: `--flag`, `--flag=true`, `--flag=false`.
-            arg.num_args(0..=1)
-                .require_equals(true)
-                .default_missing_value("true")
-                .value_name("BOOL")
-        } else {
-            arg.num_args(1).value_name("VALUE")
-        };
-        cmd = cmd.arg(arg);
-    }
-    cmd
+    TABLE.command(
+        "redirect-cni install",
+        "Installs the redirect-cni plugin on this node (binary, CNI config, kubeconfig), \
+         keeps it installed, and removes exactly what it added on SIGTERM",
+    )
 }
 
 /// Resolve every setting from the arguments following `install` and an environment lookup.
@@ -491,30 +460,15 @@ pub fn parse(
         args.drain(..=i);
     }
     let argv = std::iter::once(OsString::from("redirect-cni install")).chain(args);
-    let matches = match command().try_get_matches_from(argv) {
-        Ok(m) => m,
-        Err(e) => {
-            return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    Ok(Parsed::Info(e.to_string()))
-                }
-                _ => Err(Error::Usage(e.to_string().trim_end().to_string())),
-            }
-        }
+    let resolved = match TABLE.parse(command(), argv, env) {
+        Ok(flag_table::Parsed::Run(r)) => r,
+        Ok(flag_table::Parsed::Info(text)) => return Ok(Parsed::Info(text)),
+        Err(message) => return Err(Error::Usage(message)),
     };
+    // The value, and the flag or variable to name in a message about it.
     let value = |key: &str| -> (String, &'static str) {
-        let f = SPECS.iter().find(|f| f.key == key).expect("known key");
-        if matches.value_source(key) == Some(ValueSource::CommandLine) {
-            if let Some(v) = matches.get_one::<String>(key) {
-                return (v.clone(), f.key);
-            }
-        }
-        if let Some(name) = f.env {
-            if let Some(v) = env(name).filter(|v| !v.is_empty()) {
-                return (v, name);
-            }
-        }
-        (f.default.to_string(), f.key)
+        let v = resolved.get(key);
+        (v.value.clone(), v.field())
     };
     let string = |key: &str| value(key).0;
     let boolean = |key: &str| -> Result<bool> {

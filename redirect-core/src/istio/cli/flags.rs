@@ -1,32 +1,15 @@
 //! istio-iptables' command line: every flag with its short name, environment variable, aliases
-//! and default (`reference/istio-capture.md` §1.2), resolved with Istio's precedence: a flag
-//! given on the command line, else the first alias variable that is set, else the flag's own
-//! variable, else the default. Values stay strings here; `settings` types them.
+//! and default (`reference/istio-capture.md` §1.2), resolved by `flag_table` with Istio's
+//! precedence: a flag given on the command line, else the first alias variable that is set, else
+//! the flag's own variable, else the default. Values stay strings here; `settings` types them.
 
-use std::collections::BTreeMap;
+pub use super::flag_table::{Flag, Parsed, Resolved, Source, Value};
+
 use std::ffi::OsString;
 
-use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, ArgMatches, Command};
+use clap::Command;
 
-/// A flag (or, with `long: None`, an environment-only setting).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Flag {
-    /// Long name without dashes; also the key of the resolved value.
-    pub key: &'static str,
-    /// Whether it exists on the command line.
-    pub long: bool,
-    pub short: Option<char>,
-    /// The label used in messages when the value came from the command line.
-    pub label: &'static str,
-    /// The flag's own variable (`None` for `--envoy-port`, which Istio does not bind).
-    pub env: Option<&'static str>,
-    /// Variables that win over `env` (Istio's "additional env").
-    pub aliases: &'static [&'static str],
-    pub default: &'static str,
-    pub boolean: bool,
-    pub help: &'static str,
-}
+use super::flag_table::Table;
 
 const fn flag(
     key: &'static str,
@@ -37,15 +20,10 @@ const fn flag(
     help: &'static str,
 ) -> Flag {
     Flag {
-        key,
-        long: true,
         short,
         label,
         env,
-        aliases: &[],
-        default,
-        boolean: false,
-        help,
+        ..Flag::new(key, default, help)
     }
 }
 
@@ -57,37 +35,25 @@ const fn boolean(
     help: &'static str,
 ) -> Flag {
     Flag {
-        key,
-        long: true,
-        short: None,
         label,
         env: Some(env),
         aliases,
-        default: "false",
         boolean: true,
-        help,
+        ..Flag::new(key, "false", help)
     }
 }
 
 const fn env_only(key: &'static str, default: &'static str, help: &'static str) -> Flag {
     Flag {
-        key,
         long: false,
-        short: None,
-        label: key,
         env: Some(key),
-        aliases: &[],
-        default,
-        boolean: false,
-        help,
+        ..Flag::new(key, default, help)
     }
 }
 
 /// Every environment variable the flags read (their own and Istio's aliases).
 pub fn env_names() -> impl Iterator<Item = &'static str> {
-    FLAGS
-        .iter()
-        .flat_map(|f| f.env.into_iter().chain(f.aliases.iter().copied()))
+    TABLE.env_names()
 }
 
 /// Every setting redirect-init reads, in Istio's order, then ours.
@@ -148,55 +114,13 @@ const IGNORED_LOG_FLAGS: &[&str] = &[
     "log_rotate_max_size",
 ];
 
-/// Where a resolved value came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
-    Flag,
-    Env(&'static str),
-    Default,
-}
-
-/// One resolved setting.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Value {
-    pub value: String,
-    pub source: Source,
-    pub flag: &'static Flag,
-}
-
-impl Value {
-    /// How to name this setting in a message: the flag or the variable it came from.
-    pub fn field(&self) -> &'static str {
-        match self.source {
-            Source::Env(name) => name,
-            _ => self.flag.label,
-        }
-    }
-}
-
-/// Every setting, resolved, by key.
-#[derive(Clone, Debug)]
-pub struct Resolved {
-    pub values: BTreeMap<&'static str, Value>,
-    /// The whole parse, for the arguments a program adds of its own (see [`parse_command`]).
-    pub matches: ArgMatches,
-}
-
-impl Resolved {
-    pub fn get(&self, key: &str) -> &Value {
-        self.values
-            .get(key)
-            .unwrap_or_else(|| panic!("unknown setting {key}: not in FLAGS"))
-    }
-}
-
-/// What the command line asked for.
-#[derive(Debug)]
-pub enum Parsed {
-    Run(Resolved),
-    /// `--help` or `--version`: print this and exit 0.
-    Info(String),
-}
+/// istio-iptables' help shows no defaults; its logging flags are accepted and ignored.
+const TABLE: Table = Table {
+    flags: FLAGS,
+    show_defaults: false,
+    ignored: IGNORED_LOG_FLAGS,
+    name_non_utf8: true,
+};
 
 /// redirect-init's command: the flags in `FLAGS`.
 pub fn command() -> Command {
@@ -209,48 +133,7 @@ pub fn command() -> Command {
 /// A command named `name` that takes every flag in `FLAGS` (and Istio's ignored log flags); a
 /// program adds its own arguments to it and parses with [`parse_command`].
 pub fn istio_command(name: &'static str, about: &'static str) -> Command {
-    let mut cmd = Command::new(name)
-        .about(about)
-        .version(env!("CARGO_PKG_VERSION"))
-        .args_override_self(true)
-        .disable_help_subcommand(true);
-    for f in FLAGS.iter().filter(|f| f.long) {
-        let mut arg = Arg::new(f.key).long(f.key).help(f.help);
-        if let Some(s) = f.short {
-            arg = arg.short(s);
-        }
-        if let Some(e) = f.env {
-            arg = arg.help(format!("{} [env: {e}{}]", f.help, aliases_note(f)));
-        }
-        arg = if f.boolean {
-            // Go's bool flags: `--flag`, `--flag=true`, `--flag=false`.
-            arg.num_args(0..=1)
-                .require_equals(true)
-                .default_missing_value("true")
-                .value_name("BOOL")
-        } else {
-            arg.num_args(1)
-                .allow_hyphen_values(false)
-                .value_name("VALUE")
-        };
-        cmd = cmd.arg(arg.action(ArgAction::Set));
-    }
-    for name in IGNORED_LOG_FLAGS {
-        cmd = cmd.arg(
-            Arg::new(*name)
-                .long(*name)
-                .num_args(0..=1)
-                .require_equals(false)
-                .default_missing_value("true")
-                .hide(true)
-                .action(ArgAction::Set),
-        );
-    }
-    cmd
-}
-
-fn aliases_note(f: &Flag) -> String {
-    f.aliases.iter().map(|a| format!(", {a}")).collect()
+    TABLE.command(name, about)
 }
 
 /// Resolve every setting of redirect-init from the command line and an environment lookup.
@@ -261,79 +144,11 @@ pub fn parse(
     parse_command(command(), args, env)
 }
 
-/// A command-line argument that is not UTF-8, named with its flag (clap's own message names
-/// neither).
-fn non_utf8_argument(args: &[OsString]) -> Result<(), String> {
-    for (i, a) in args.iter().enumerate().skip(1) {
-        if a.to_str().is_some() {
-            continue;
-        }
-        let text = a.to_string_lossy();
-        let flag = match text.split_once('=') {
-            Some((flag, _)) if flag.starts_with('-') => flag.to_string(),
-            _ => args[i - 1].to_string_lossy().into_owned(),
-        };
-        return Err(format!(
-            "error: the value of {flag} is not valid UTF-8 ({text:?}); pass it as UTF-8"
-        ));
-    }
-    Ok(())
-}
-
 /// Resolve every setting of `FLAGS` with a command built by [`istio_command`].
 pub fn parse_command(
     cmd: Command,
     args: impl IntoIterator<Item = OsString>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Parsed, String> {
-    let args: Vec<OsString> = args.into_iter().collect();
-    non_utf8_argument(&args)?;
-    let matches = match cmd.try_get_matches_from(args) {
-        Ok(m) => m,
-        Err(e) => {
-            return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    Ok(Parsed::Info(e.to_string()))
-                }
-                _ => Err(e.to_string().trim_end().to_string()),
-            }
-        }
-    };
-    let mut values = BTreeMap::new();
-    for f in FLAGS {
-        let from_flag = f
-            .long
-            .then(|| {
-                (matches.value_source(f.key) == Some(ValueSource::CommandLine))
-                    .then(|| matches.get_one::<String>(f.key).cloned())
-                    .flatten()
-            })
-            .flatten();
-        // Unset and empty variables both mean "not given", as Go's os.Getenv sees them.
-        let from_env = || {
-            f.aliases
-                .iter()
-                .chain(f.env.as_slice())
-                .find_map(|name| env(name).filter(|v| !v.is_empty()).map(|v| (*name, v)))
-        };
-        let v = match (from_flag, from_env()) {
-            (Some(value), _) => Value {
-                value,
-                source: Source::Flag,
-                flag: f,
-            },
-            (None, Some((name, value))) => Value {
-                value,
-                source: Source::Env(name),
-                flag: f,
-            },
-            (None, None) => Value {
-                value: f.default.to_string(),
-                source: Source::Default,
-                flag: f,
-            },
-        };
-        values.insert(f.key, v);
-    }
-    Ok(Parsed::Run(Resolved { values, matches }))
+    TABLE.parse(cmd, args, env)
 }
