@@ -11,28 +11,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 
 use super::expr::{Base, CtKey, Expr, MetaKey, Verdict};
+/// The type of a base chain; the model decides it (`Stage::chain_kind`).
+pub use crate::ruleset::ChainKind;
 use crate::ruleset::{
-    Action, AddrMatch, Chain, CtStates, Family, Hook, Match, NamedSet, PortMatch, Ruleset,
+    Action, AddrMatch, CtStates, Family, Hook, HookedChains, Match, NamedSet, PortMatch, Ruleset,
     SetElements, Stage,
 };
-
-/// The kind of a base chain (`type` in nft).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChainKind {
-    Filter,
-    Route,
-    Nat,
-}
-
-impl ChainKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ChainKind::Filter => "filter",
-            ChainKind::Route => "route",
-            ChainKind::Nat => "nat",
-        }
-    }
-}
 
 /// A base chain's hook, kind and priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +64,7 @@ pub struct NftTable {
 
 /// Name of the base chain of a stage and hook.
 pub fn base_chain_name(stage: Stage, hook: Hook) -> String {
-    format!("{}_{}", stage.table_name(), hook_name(hook))
+    format!("{}_{}", stage.table_name(), hook.nf_name())
 }
 
 /// Name of a family's chain.
@@ -93,24 +77,14 @@ pub fn chain_name(stage: Stage, family: Family, name: &str) -> String {
     )
 }
 
-pub(crate) fn hook_name(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Prerouting => "prerouting",
-        Hook::Output => "output",
-    }
-}
-
-pub(crate) fn base_spec(stage: Stage, hook: Hook) -> BaseSpec {
-    // Mangle output is a route chain so a changed mark re-routes the packet, as iptables does.
-    let kind = match (stage, hook) {
-        (Stage::Nat, _) => ChainKind::Nat,
-        (Stage::Mangle, Hook::Output) => ChainKind::Route,
-        _ => ChainKind::Filter,
-    };
-    BaseSpec {
-        hook,
-        kind,
-        priority: stage.priority(),
+impl BaseSpec {
+    /// The base chain of a stage on a hook, as the model places it.
+    pub(crate) fn at(stage: Stage, hook: Hook) -> BaseSpec {
+        BaseSpec {
+            hook,
+            kind: stage.chain_kind(hook),
+            priority: stage.priority(),
+        }
     }
 }
 
@@ -141,36 +115,9 @@ pub fn lower(rs: &Ruleset) -> NftTable {
         }
     }
     // Base dispatch chains, for every (stage, hook) some family uses.
-    for stage in Stage::ALL {
-        for hook in Hook::ALL {
-            let users: Vec<&Chain> = rs
-                .chains
-                .iter()
-                .filter(|c| c.stage == stage && c.hook == Some(hook))
-                .collect();
-            if users.is_empty() {
-                continue;
-            }
-            let rules = users
-                .iter()
-                .map(|c| {
-                    vec![
-                        Expr::Meta(MetaKey::NfProto),
-                        Expr::Cmp {
-                            eq: true,
-                            data: vec![nfproto(c.family)],
-                        },
-                        Expr::Verdict(Verdict::Jump(chain_name(stage, c.family, &c.name))),
-                    ]
-                })
-                .collect();
-            table.chains.push(NftChain {
-                name: base_chain_name(stage, hook),
-                base: Some(base_spec(stage, hook)),
-                rules,
-            });
-        }
-    }
+    table
+        .chains
+        .extend(rs.hooked_chains().iter().map(dispatch_chain));
     for c in &rs.chains {
         let mut rules = Vec::new();
         for r in &c.rules {
@@ -185,6 +132,29 @@ pub fn lower(rs: &Ruleset) -> NftTable {
         });
     }
     table
+}
+
+/// The base chain of a (stage, hook): one jump per family to that family's chain.
+fn dispatch_chain(h: &HookedChains) -> NftChain {
+    let rules = h
+        .chains
+        .iter()
+        .map(|c| {
+            vec![
+                Expr::Meta(MetaKey::NfProto),
+                Expr::Cmp {
+                    eq: true,
+                    data: vec![nfproto(c.family)],
+                },
+                Expr::Verdict(Verdict::Jump(chain_name(h.stage, c.family, &c.name))),
+            ]
+        })
+        .collect();
+    NftChain {
+        name: base_chain_name(h.stage, h.hook),
+        base: Some(BaseSpec::at(h.stage, h.hook)),
+        rules,
+    }
 }
 
 /// CIDR sets lowered as one hash set per prefix length: the set's name → (prefix, set name).

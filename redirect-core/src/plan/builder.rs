@@ -4,8 +4,6 @@
 
 use ipnet::IpNet;
 
-use super::{OUTPUT, PREROUTING};
-
 use crate::ruleset::{
     Action, Chain, Family, Hook, Match, NamedSet, PortMatch, Rule, SetElements, Stage, L4,
 };
@@ -67,16 +65,11 @@ impl Builder {
         let i = match pos {
             Some(i) => i,
             None => {
-                let hook = match name {
-                    PREROUTING => Some(Hook::Prerouting),
-                    OUTPUT => Some(Hook::Output),
-                    _ => None,
-                };
                 self.chains.push(Chain {
                     family: self.family,
                     stage,
                     name: name.to_string(),
-                    hook,
+                    hook: Hook::of_chain(name),
                     rules: Vec::new(),
                 });
                 self.chains.len() - 1
