@@ -11,7 +11,7 @@ use crate::config::{
     parse_ports, CaptureConfig, DnsCapture, InterceptionMode, Selection,
 };
 use crate::error::{Error, Result};
-use crate::istio::pod::PodInfo;
+use crate::istio::pod::{ContainerInfo, PodInfo};
 
 pub const STATUS: &str = "sidecar.istio.io/status";
 pub const INJECT: &str = "sidecar.istio.io/inject";
@@ -213,75 +213,19 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
     let ann = &pod.annotations;
     let mut warnings = Vec::new();
     let proxy = pod.spec.as_ref().and_then(|s| s.container(PROXY));
-    // Istio: runAsUser nil or 0 means 1337 (a root proxy would bypass itself in TPROXY).
-    let id = |v: Option<i64>, default: Option<u32>| -> u32 {
-        match v {
-            Some(n) if n > 0 => u32::try_from(n).unwrap_or(1337),
-            Some(_) => 1337,
-            None => default.unwrap_or(1337),
-        }
-    };
-    let (uid, gid) = match proxy {
-        Some(p) => (id(p.run_as_user, None), id(p.run_as_group, None)),
-        None => {
-            let uid = d.proxy_uid.unwrap_or(1337);
-            (uid, d.proxy_gid.unwrap_or(uid))
-        }
-    };
-    let env_bool = |name: &str, default: bool, warnings: &mut Vec<String>| -> bool {
-        match proxy {
-            None => default,
-            Some(p) => match p.env.get(name) {
-                None => false,
-                Some(v) => parse_bool(v).unwrap_or_else(|| {
-                    warnings.push(format!(
-                        "{PROXY} env {name}={v:?} is not a boolean: taken as false (as Istio does)"
-                    ));
-                    false
-                }),
-            },
-        }
-    };
-    let dns = env_bool("ISTIO_META_DNS_CAPTURE", d.dns_capture, &mut warnings);
-    let dual_stack = env_bool("ISTIO_DUAL_STACK", d.dual_stack, &mut warnings);
-    let drop_invalid = env_bool("INVALID_DROP", d.drop_invalid, &mut warnings);
-
-    let mode = match ann.get(INTERCEPTION_MODE) {
-        None => InterceptionMode::Redirect,
-        Some(v) => match v.as_str() {
-            "REDIRECT" => InterceptionMode::Redirect,
-            "TPROXY" => InterceptionMode::Tproxy,
-            _ => {
-                return Err(Error::Config {
-                    field: INTERCEPTION_MODE,
-                    value: v.clone(),
-                    expected: "REDIRECT or TPROXY (case matters, as in Istio)".into(),
-                })
-            }
-        },
-    };
-    let mut exclude_in = match typed(ann, EXCLUDE_INBOUND_PORTS, "15020", parse_port_selection)? {
-        Selection::List(l) => l,
-        Selection::All => {
-            return Err(Error::Config {
-                field: EXCLUDE_INBOUND_PORTS,
-                value: ann.get(EXCLUDE_INBOUND_PORTS).cloned().unwrap_or_default(),
-                expected: format!(
-                "a port list; to capture no inbound traffic set {INCLUDE_INBOUND_PORTS} to \"\""
-            ),
-            })
-        }
-    };
-    for p in ALWAYS_EXCLUDED_INBOUND {
-        if !exclude_in.contains(&p) {
-            exclude_in.push(p);
-        }
-    }
-    let exclude_out = match ann.get(EXCLUDE_OUTBOUND_PORTS) {
-        None => vec![DEFAULT_EXCLUDED_OUTBOUND],
-        Some(v) => parse_ports(EXCLUDE_OUTBOUND_PORTS, v)
-            .map_err(|e| ann_err(EXCLUDE_OUTBOUND_PORTS, v, e))?,
-    };
+    let (uid, gid) = proxy_ids(proxy, d);
+    let dns = env_bool(
+        "ISTIO_META_DNS_CAPTURE",
+        proxy,
+        d.dns_capture,
+        &mut warnings,
+    );
+    let dual_stack = env_bool("ISTIO_DUAL_STACK", proxy, d.dual_stack, &mut warnings);
+    let drop_invalid = env_bool("INVALID_DROP", proxy, d.drop_invalid, &mut warnings);
+    // Read in this order, so that of two bad annotations the same one is reported.
+    let mode = interception_mode(ann)?;
+    let exclude_in = inbound_excludes(ann)?;
+    let exclude_out = outbound_excludes(ann)?;
     let reroute_key = if ann.contains_key(REROUTE_INTERFACES) {
         REROUTE_INTERFACES
     } else {
@@ -289,8 +233,6 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
     };
     let ann_bypass_uids: Vec<u32> = typed(ann, BYPASS_UIDS, "", parse_ids)?;
     let ann_bypass_gids: Vec<u32> = typed(ann, BYPASS_GIDS, "", parse_ids)?;
-    let bypass_uids = [d.bypass_uids.as_slice(), &ann_bypass_uids].concat();
-    let bypass_gids = [d.bypass_gids.as_slice(), &ann_bypass_gids].concat();
     let config = CaptureConfig {
         proxy_uids: vec![uid],
         proxy_gids: vec![gid],
@@ -310,18 +252,115 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
             DnsCapture::Off
         },
         drop_invalid,
-        bypass_uids,
-        bypass_gids,
+        bypass_uids: [d.bypass_uids.as_slice(), &ann_bypass_uids].concat(),
+        bypass_gids: [d.bypass_gids.as_slice(), &ann_bypass_gids].concat(),
         ..CaptureConfig::default()
     };
-    config.validate().map_err(|e| match e {
-        // Blame the annotation only when it brought the conflicting ID; otherwise it came from
-        // the plugin's config (`bypass_uids`/`bypass_gids`), whose name stays.
+    config
+        .validate()
+        .map_err(|e| blame_bypass(e, &ann_bypass_uids, &ann_bypass_gids))?;
+    Ok((config, dual_stack, warnings))
+}
+
+/// The proxy's UID and GID: from its container's security context when the spec is known
+/// (Istio: runAsUser nil or 0 means 1337, as a root proxy would bypass itself in TPROXY),
+/// else from the plugin's defaults.
+fn proxy_ids(proxy: Option<&ContainerInfo>, d: &MeshDefaults) -> (u32, u32) {
+    let id = |v: Option<i64>, default: Option<u32>| -> u32 {
+        match v {
+            Some(n) if n > 0 => u32::try_from(n).unwrap_or(1337),
+            Some(_) => 1337,
+            None => default.unwrap_or(1337),
+        }
+    };
+    match proxy {
+        Some(p) => (id(p.run_as_user, None), id(p.run_as_group, None)),
+        None => {
+            let uid = d.proxy_uid.unwrap_or(1337);
+            (uid, d.proxy_gid.unwrap_or(uid))
+        }
+    }
+}
+
+/// A boolean of the proxy's env: the plugin's default when the spec is unknown; unset or not
+/// a boolean is false, as Istio takes it (with a warning for the latter).
+fn env_bool(
+    name: &str,
+    proxy: Option<&ContainerInfo>,
+    default: bool,
+    warnings: &mut Vec<String>,
+) -> bool {
+    match proxy {
+        None => default,
+        Some(p) => match p.env.get(name) {
+            None => false,
+            Some(v) => parse_bool(v).unwrap_or_else(|| {
+                warnings.push(format!(
+                    "{PROXY} env {name}={v:?} is not a boolean: taken as false (as Istio does)"
+                ));
+                false
+            }),
+        },
+    }
+}
+
+/// The interception mode annotation, exactly as Istio spells it.
+fn interception_mode(ann: &BTreeMap<String, String>) -> Result<InterceptionMode> {
+    match ann.get(INTERCEPTION_MODE) {
+        None => Ok(InterceptionMode::Redirect),
+        Some(v) => match v.as_str() {
+            "REDIRECT" => Ok(InterceptionMode::Redirect),
+            "TPROXY" => Ok(InterceptionMode::Tproxy),
+            _ => Err(Error::Config {
+                field: INTERCEPTION_MODE,
+                value: v.clone(),
+                expected: "REDIRECT or TPROXY (case matters, as in Istio)".into(),
+            }),
+        },
+    }
+}
+
+/// The inbound ports not captured: the annotation's list (15020 by default), never `*`, and
+/// the ports istio-cni always excludes.
+fn inbound_excludes(ann: &BTreeMap<String, String>) -> Result<Vec<u16>> {
+    let mut exclude_in = match typed(ann, EXCLUDE_INBOUND_PORTS, "15020", parse_port_selection)? {
+        Selection::List(l) => l,
+        Selection::All => {
+            return Err(Error::Config {
+                field: EXCLUDE_INBOUND_PORTS,
+                value: ann.get(EXCLUDE_INBOUND_PORTS).cloned().unwrap_or_default(),
+                expected: format!(
+                "a port list; to capture no inbound traffic set {INCLUDE_INBOUND_PORTS} to \"\""
+            ),
+            })
+        }
+    };
+    for p in ALWAYS_EXCLUDED_INBOUND {
+        if !exclude_in.contains(&p) {
+            exclude_in.push(p);
+        }
+    }
+    Ok(exclude_in)
+}
+
+/// The outbound ports not captured: the annotation replaces istio-cni's default.
+fn outbound_excludes(ann: &BTreeMap<String, String>) -> Result<Vec<u16>> {
+    match ann.get(EXCLUDE_OUTBOUND_PORTS) {
+        None => Ok(vec![DEFAULT_EXCLUDED_OUTBOUND]),
+        Some(v) => parse_ports(EXCLUDE_OUTBOUND_PORTS, v)
+            .map_err(|e| ann_err(EXCLUDE_OUTBOUND_PORTS, v, e)),
+    }
+}
+
+/// Blame the annotation for a bypass conflict only when it brought the conflicting ID;
+/// otherwise it came from the plugin's config (`bypass_uids`/`bypass_gids`), whose name stays.
+fn blame_bypass(e: Error, ann_bypass_uids: &[u32], ann_bypass_gids: &[u32]) -> Error {
+    match e {
         Error::BypassConflict { field, id } => {
             let (key, from_ann) = if field == "bypass_uids" {
-                (BYPASS_UIDS, &ann_bypass_uids)
+                (BYPASS_UIDS, ann_bypass_uids)
             } else {
-                (BYPASS_GIDS, &ann_bypass_gids)
+                (BYPASS_GIDS, ann_bypass_gids)
             };
             Error::BypassConflict {
                 field: if from_ann.contains(&id) { key } else { field },
@@ -329,8 +368,7 @@ fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, V
             }
         }
         other => other,
-    })?;
-    Ok((config, dual_stack, warnings))
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use super::elements::Elements;
 use super::expr::Expr;
 use super::lower::{NftChain, NftSet, SetElem};
 use super::TABLE;
-use crate::ruleset::Hook;
 
 /// `NFNL_SUBSYS_NFTABLES`: the subsystem a batch is for (nfgenmsg res_id of begin and end).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -123,13 +122,6 @@ pub(super) fn del_table(name: &str) -> NfTablesMessage {
     })
 }
 
-fn hook_number(h: Hook) -> InetHookNumber {
-    match h {
-        Hook::Prerouting => InetHookNumber::PreRouting,
-        Hook::Output => InetHookNumber::LocalOut,
-    }
-}
-
 pub(super) fn new_chain(c: &NftChain) -> NfTablesMessage {
     let mut attributes = vec![
         ChainAttribute::Table(TABLE.into()),
@@ -137,7 +129,7 @@ pub(super) fn new_chain(c: &NftChain) -> NfTablesMessage {
     ];
     if let Some(b) = c.base {
         attributes.push(ChainAttribute::Hook(vec![
-            NlHook::Number(HookNumber::Inet(hook_number(b.hook))),
+            NlHook::Number(HookNumber::Inet(InetHookNumber::from(b.hook.number()))),
             NlHook::Priority(b.priority as u32),
         ]));
         attributes.push(ChainAttribute::Policy(NF_ACCEPT));

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::expr::Expr;
-use super::lower::{hook_name, NftTable, SetElem};
+use super::lower::{NftTable, SetElem};
 use super::message::SET_INTERVAL;
 use super::text;
 use super::TABLE;
@@ -40,10 +40,9 @@ pub struct BaseState {
 
 impl BaseState {
     pub(super) fn hook_name(&self) -> String {
-        match self.hook {
-            0 => hook_name(Hook::Prerouting).into(),
-            3 => hook_name(Hook::Output).into(),
-            other => format!("hook#{other}"),
+        match Hook::from_number(self.hook) {
+            Some(h) => h.nf_name().into(),
+            None => format!("hook#{}", self.hook),
         }
     }
 }
@@ -238,10 +237,7 @@ pub fn expected(t: &NftTable) -> TableState {
                 name: c.name.clone(),
                 base: c.base.map(|b| BaseState {
                     kind: b.kind.name().into(),
-                    hook: match b.hook {
-                        Hook::Prerouting => 0,
-                        Hook::Output => 3,
-                    },
+                    hook: b.hook.number(),
                     priority: b.priority,
                     policy: 1,
                 }),

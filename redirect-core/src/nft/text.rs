@@ -30,90 +30,13 @@ enum Reg {
 /// One rule in nft syntax.
 pub fn exprs(rule: &[Expr]) -> String {
     let mut out: Vec<String> = Vec::new();
-    let mut reg = Reg::None;
-    let mut mask: Option<&[u8]> = None;
+    let mut printer = Printer {
+        reg: Reg::None,
+        mask: None,
+    };
     let mut pending: Vec<&Expr> = Vec::new();
     for e in rule {
-        let text = match e {
-            Expr::Meta(k) => {
-                reg = Reg::Meta(*k);
-                mask = None;
-                Some(String::new())
-            }
-            Expr::Payload { base, offset, len } => {
-                reg = match (base, offset, len) {
-                    (Base::Network, 12, 4) => addr("ip", "saddr"),
-                    (Base::Network, 16, 4) => addr("ip", "daddr"),
-                    (Base::Network, 8, 16) => addr("ip6", "saddr"),
-                    (Base::Network, 24, 16) => addr("ip6", "daddr"),
-                    (Base::Transport, 0, 2) => Reg::Port("sport"),
-                    (Base::Transport, 2, 2) => Reg::Port("dport"),
-                    _ => Reg::None,
-                };
-                mask = None;
-                (reg != Reg::None).then(String::new)
-            }
-            Expr::Ct(k) => {
-                reg = Reg::Ct(*k);
-                mask = None;
-                (*k != CtKey::Zone).then(String::new)
-            }
-            Expr::Mask(m) => {
-                mask = Some(m);
-                Some(String::new())
-            }
-            Expr::Cmp { eq, data } => condition(&reg, mask, !eq, data),
-            Expr::Lookup { set, invert } => {
-                let what = match &reg {
-                    Reg::Addr { fam, dir } => Some(format!("{fam} {dir}")),
-                    Reg::Port(dir) => Some(format!("th {dir}")),
-                    _ => None,
-                };
-                what.map(|w| format!("{w} {}@{set}", if *invert { "!= " } else { "" }))
-            }
-            Expr::Verdict(v) => Some(match v {
-                Verdict::Jump(chain) => format!("jump {chain}"),
-                Verdict::Accept => "accept".into(),
-                Verdict::Drop => "drop".into(),
-                Verdict::Return => "return".into(),
-            }),
-            Expr::Imm(data) => {
-                reg = Reg::Imm(data.clone());
-                Some(String::new())
-            }
-            Expr::Redir => match &reg {
-                Reg::Imm(d) => port_of(d).map(|p| format!("redirect to :{p}")),
-                _ => None,
-            },
-            Expr::Tproxy { nfproto } => {
-                let fam = match nfproto {
-                    2 => Some("ip"),
-                    10 => Some("ip6"),
-                    _ => None,
-                };
-                match (&reg, fam) {
-                    (Reg::Imm(d), Some(fam)) => port_of(d).map(|p| format!("tproxy {fam} to :{p}")),
-                    _ => None,
-                }
-            }
-            Expr::MetaSet(MetaKey::Mark) => match &reg {
-                Reg::Imm(d) => u32_of(d).map(|v| format!("meta mark set {v}")),
-                Reg::Ct(CtKey::Mark) => Some("meta mark set ct mark".into()),
-                _ => None,
-            },
-            Expr::CtSet(CtKey::Mark) if reg == Reg::Meta(MetaKey::Mark) => {
-                Some("ct mark set meta mark".into())
-            }
-            Expr::CtSet(CtKey::Zone) => match &reg {
-                Reg::Imm(d) if d.len() == 2 => {
-                    Some(format!("ct zone set {}", u16::from_ne_bytes([d[0], d[1]])))
-                }
-                _ => None,
-            },
-            Expr::Counter => Some("counter".into()),
-            _ => None,
-        };
-        match text {
+        match printer.text(e) {
             // A load (or mask, or value) that the next expression consumes.
             Some(s) if s.is_empty() => pending.push(e),
             Some(s) => {
@@ -130,6 +53,120 @@ pub fn exprs(rule: &[Expr]) -> String {
     }
     out.extend(pending.into_iter().map(raw));
     out.join(" ")
+}
+
+/// What the expressions read so far left in register 1, and the mask over it.
+struct Printer<'a> {
+    reg: Reg,
+    mask: Option<&'a [u8]>,
+}
+
+impl<'a> Printer<'a> {
+    /// One expression's text: empty for a load that the next expression consumes, `None` for
+    /// a shape we do not write.
+    fn text(&mut self, e: &'a Expr) -> Option<String> {
+        match e {
+            Expr::Meta(_) | Expr::Payload { .. } | Expr::Ct(_) | Expr::Mask(_) | Expr::Imm(_) => {
+                self.load(e)
+            }
+            Expr::Cmp { eq, data } => condition(&self.reg, self.mask, !eq, data),
+            Expr::Lookup { set, invert } => self.lookup(set, *invert),
+            Expr::Verdict(v) => Some(match v {
+                Verdict::Jump(chain) => format!("jump {chain}"),
+                Verdict::Accept => "accept".into(),
+                Verdict::Drop => "drop".into(),
+                Verdict::Return => "return".into(),
+            }),
+            _ => self.statement(e),
+        }
+    }
+
+    /// A load into register 1, or a mask over it: remembered for what consumes it.
+    fn load(&mut self, e: &'a Expr) -> Option<String> {
+        match e {
+            Expr::Meta(k) => {
+                self.reg = Reg::Meta(*k);
+                self.mask = None;
+                Some(String::new())
+            }
+            Expr::Payload { base, offset, len } => {
+                self.reg = match (base, offset, len) {
+                    (Base::Network, 12, 4) => addr("ip", "saddr"),
+                    (Base::Network, 16, 4) => addr("ip", "daddr"),
+                    (Base::Network, 8, 16) => addr("ip6", "saddr"),
+                    (Base::Network, 24, 16) => addr("ip6", "daddr"),
+                    (Base::Transport, 0, 2) => Reg::Port("sport"),
+                    (Base::Transport, 2, 2) => Reg::Port("dport"),
+                    _ => Reg::None,
+                };
+                self.mask = None;
+                (self.reg != Reg::None).then(String::new)
+            }
+            Expr::Ct(k) => {
+                self.reg = Reg::Ct(*k);
+                self.mask = None;
+                (*k != CtKey::Zone).then(String::new)
+            }
+            Expr::Mask(m) => {
+                self.mask = Some(m);
+                Some(String::new())
+            }
+            Expr::Imm(data) => {
+                self.reg = Reg::Imm(data.clone());
+                Some(String::new())
+            }
+            _ => None,
+        }
+    }
+
+    /// A set lookup of the address or port in register 1.
+    fn lookup(&self, set: &str, invert: bool) -> Option<String> {
+        let what = match &self.reg {
+            Reg::Addr { fam, dir } => Some(format!("{fam} {dir}")),
+            Reg::Port(dir) => Some(format!("th {dir}")),
+            _ => None,
+        };
+        what.map(|w| format!("{w} {}@{set}", if invert { "!= " } else { "" }))
+    }
+
+    /// A statement that takes register 1: redirect, tproxy, setting a mark or a zone; and the
+    /// counter.
+    fn statement(&self, e: &Expr) -> Option<String> {
+        let reg = &self.reg;
+        match e {
+            Expr::Redir => match reg {
+                Reg::Imm(d) => port_of(d).map(|p| format!("redirect to :{p}")),
+                _ => None,
+            },
+            Expr::Tproxy { nfproto } => {
+                let fam = match nfproto {
+                    2 => Some("ip"),
+                    10 => Some("ip6"),
+                    _ => None,
+                };
+                match (reg, fam) {
+                    (Reg::Imm(d), Some(fam)) => port_of(d).map(|p| format!("tproxy {fam} to :{p}")),
+                    _ => None,
+                }
+            }
+            Expr::MetaSet(MetaKey::Mark) => match reg {
+                Reg::Imm(d) => u32_of(d).map(|v| format!("meta mark set {v}")),
+                Reg::Ct(CtKey::Mark) => Some("meta mark set ct mark".into()),
+                _ => None,
+            },
+            Expr::CtSet(CtKey::Mark) if *reg == Reg::Meta(MetaKey::Mark) => {
+                Some("ct mark set meta mark".into())
+            }
+            Expr::CtSet(CtKey::Zone) => match reg {
+                Reg::Imm(d) if d.len() == 2 => {
+                    Some(format!("ct zone set {}", u16::from_ne_bytes([d[0], d[1]])))
+                }
+                _ => None,
+            },
+            Expr::Counter => Some("counter".into()),
+            _ => None,
+        }
+    }
 }
 
 fn addr(fam: &'static str, dir: &'static str) -> Reg {

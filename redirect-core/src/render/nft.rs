@@ -6,7 +6,8 @@ use std::fmt::Write;
 use crate::config::join_with;
 use crate::nft::{base_chain_name, chain_name, TABLE};
 use crate::ruleset::{
-    Action, AddrMatch, CtStates, Family, Hook, Match, PortMatch, Rule, Ruleset, SetElements, Stage,
+    Action, AddrMatch, CtStates, Family, HookedChains, Match, NamedSet, PortMatch, Rule, Ruleset,
+    SetElements, Stage,
 };
 
 /// The whole ruleset as an `nft -f` script: create-then-delete our table, then define it, so
@@ -18,56 +19,10 @@ pub fn nft_script(rs: &Ruleset) -> String {
     let _ = writeln!(s, "delete table inet {TABLE}");
     let _ = writeln!(s, "table inet {TABLE} {{");
     for set in &rs.sets {
-        let (ty, flags, elems) = match &set.elements {
-            SetElements::Ports(p) => ("inet_service", "", join_with(p, ", ")),
-            SetElements::Cidrs(c) => (
-                if set.family == Some(Family::V6) {
-                    "ipv6_addr"
-                } else {
-                    "ipv4_addr"
-                },
-                " flags interval;",
-                join_with(c, ", "),
-            ),
-        };
-        let _ = write!(s, "\tset {} {{ type {ty};{flags}", set.name);
-        if !elems.is_empty() {
-            let _ = write!(s, " elements = {{ {elems} }}");
-        }
-        let _ = writeln!(s, " }}");
+        write_set(&mut s, set);
     }
-    for stage in Stage::ALL {
-        for hook in Hook::ALL {
-            let users: Vec<_> = rs
-                .chains
-                .iter()
-                .filter(|c| c.stage == stage && c.hook == Some(hook))
-                .collect();
-            if users.is_empty() {
-                continue;
-            }
-            let base = crate::nft::lower::base_spec(stage, hook);
-            let _ = writeln!(s, "\tchain {} {{", base_chain_name(stage, hook));
-            let _ = writeln!(
-                s,
-                "\t\ttype {} hook {} priority {}; policy accept;",
-                base.kind.name(),
-                crate::nft::lower::hook_name(hook),
-                base.priority
-            );
-            for c in users {
-                let proto = match c.family {
-                    Family::V4 => "ipv4",
-                    Family::V6 => "ipv6",
-                };
-                let _ = writeln!(
-                    s,
-                    "\t\tmeta nfproto {proto} jump {}",
-                    chain_name(stage, c.family, &c.name)
-                );
-            }
-            let _ = writeln!(s, "\t}}");
-        }
+    for h in rs.hooked_chains() {
+        write_base_chain(&mut s, &h);
     }
     for c in &rs.chains {
         let _ = writeln!(s, "\tchain {} {{", chain_name(c.stage, c.family, &c.name));
@@ -80,6 +35,52 @@ pub fn nft_script(rs: &Ruleset) -> String {
     }
     let _ = writeln!(s, "}}");
     s
+}
+
+fn write_set(s: &mut String, set: &NamedSet) {
+    let (ty, flags, elems) = match &set.elements {
+        SetElements::Ports(p) => ("inet_service", "", join_with(p, ", ")),
+        SetElements::Cidrs(c) => (
+            if set.family == Some(Family::V6) {
+                "ipv6_addr"
+            } else {
+                "ipv4_addr"
+            },
+            " flags interval;",
+            join_with(c, ", "),
+        ),
+    };
+    let _ = write!(s, "\tset {} {{ type {ty};{flags}", set.name);
+    if !elems.is_empty() {
+        let _ = write!(s, " elements = {{ {elems} }}");
+    }
+    let _ = writeln!(s, " }}");
+}
+
+/// The base chain of a (stage, hook), dispatching to each family's chain as the netlink
+/// backend's does.
+fn write_base_chain(s: &mut String, h: &HookedChains) {
+    let (stage, hook) = (h.stage, h.hook);
+    let _ = writeln!(s, "\tchain {} {{", base_chain_name(stage, hook));
+    let _ = writeln!(
+        s,
+        "\t\ttype {} hook {} priority {}; policy accept;",
+        stage.chain_kind(hook).name(),
+        hook.nf_name(),
+        stage.priority()
+    );
+    for c in &h.chains {
+        let proto = match c.family {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        };
+        let _ = writeln!(
+            s,
+            "\t\tmeta nfproto {proto} jump {}",
+            chain_name(stage, c.family, &c.name)
+        );
+    }
+    let _ = writeln!(s, "\t}}");
 }
 
 /// One rule in nft syntax (TPROXY takes two: the tproxy and the drop when no socket is found).

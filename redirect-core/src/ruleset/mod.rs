@@ -4,11 +4,18 @@
 //! each chain at a netfilter stage (raw, mangle, nat) and, for the built-in ones, on a hook. That
 //! keeps the iptables-restore rendering direct and the parity with Istio easy to reason about;
 //! the nftables backend folds it into one `inet` table (see `nft`).
+//!
+//! Where each stage and hook sits in netfilter (names, numbers, priorities, base chain types)
+//! is in `hooks`, the one table every backend reads it from.
 
 use std::fmt;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+
+mod hooks;
+
+pub use hooks::{ChainKind, HookedChains};
 
 /// Address family of a chain. Rules of a family never see the other family's packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -53,15 +60,6 @@ impl Stage {
             Stage::Nat => "nat",
         }
     }
-
-    /// The netfilter hook priority of this stage.
-    pub fn priority(self) -> i32 {
-        match self {
-            Stage::Raw => -300,
-            Stage::Mangle => -150,
-            Stage::Nat => -100,
-        }
-    }
 }
 
 /// The netfilter hook of a built-in chain.
@@ -74,14 +72,6 @@ pub enum Hook {
 
 impl Hook {
     pub const ALL: [Hook; 2] = [Hook::Prerouting, Hook::Output];
-
-    /// The iptables built-in chain name.
-    pub fn chain_name(self) -> &'static str {
-        match self {
-            Hook::Prerouting => "PREROUTING",
-            Hook::Output => "OUTPUT",
-        }
-    }
 }
 
 /// Transport protocol of a match.

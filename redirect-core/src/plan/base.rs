@@ -1,0 +1,71 @@
+//! The steps every plan starts with (Istio's steps 1-4): interfaces left alone or rerouted,
+//! the invalid-packet drop, and the rules that exist whatever the config. They come first
+//! because later steps append after them and insert before them.
+
+use super::builder::{dport, iif, jump, oif, tcp};
+use super::{
+    FamilyPlanner, ISTIO_DROP, ISTIO_INBOUND, ISTIO_IN_REDIRECT, ISTIO_REDIRECT, OUTPUT, PREROUTING,
+};
+use crate::ruleset::{Action, CtStates, Match, Stage};
+use Stage::{Mangle, Nat};
+
+impl FamilyPlanner<'_> {
+    /// 1. Excluded interfaces: nothing is captured on them.
+    pub(super) fn excluded_interfaces(&mut self) {
+        let tproxy = self.tproxy();
+        for i in &self.cfg.exclude_interfaces {
+            let b = &mut self.b;
+            b.append(Nat, PREROUTING, vec![iif(i)], Action::Return);
+            b.append(Nat, OUTPUT, vec![oif(i)], Action::Return);
+            if tproxy {
+                b.append(Mangle, PREROUTING, vec![iif(i)], Action::Return);
+                b.append(Mangle, OUTPUT, vec![oif(i)], Action::Return);
+            }
+        }
+    }
+
+    /// 2. Reroute (KubeVirt) interfaces: other traffic from them is not inbound capture.
+    pub(super) fn reroute_interfaces(&mut self) {
+        for i in &self.cfg.reroute_interfaces {
+            self.b
+                .insert(Nat, PREROUTING, 1, vec![iif(i)], Action::Return);
+        }
+    }
+
+    /// 3. Drop conntrack-invalid packets.
+    pub(super) fn drop_invalid(&mut self) {
+        if self.cfg.drop_invalid {
+            self.b.append(
+                Mangle,
+                PREROUTING,
+                vec![Match::CtState(CtStates::Invalid)],
+                jump(ISTIO_DROP),
+            );
+            self.b.append(Mangle, ISTIO_DROP, vec![], Action::Drop);
+        }
+    }
+
+    /// 4. Always present: tunnel port RETURN and the two redirect chains.
+    pub(super) fn fixed_rules(&mut self) {
+        let cfg = self.cfg;
+        let b = &mut self.b;
+        b.append(
+            Nat,
+            ISTIO_INBOUND,
+            vec![tcp(), dport(cfg.inbound_tunnel_port)],
+            Action::Return,
+        );
+        b.append(
+            Nat,
+            ISTIO_REDIRECT,
+            vec![tcp()],
+            Action::Redirect(cfg.envoy_port),
+        );
+        b.append(
+            Nat,
+            ISTIO_IN_REDIRECT,
+            vec![tcp()],
+            Action::Redirect(cfg.inbound_capture_port),
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! Inbound capture (Istio's step 5): which inbound TCP reaches the proxy's inbound port, by
+//! REDIRECT in the nat stage or by TPROXY in the mangle stage.
+
+use super::builder::{jump, tcp, SetRegistry};
+use super::{
+    FamilyPlanner, ISTIO_DIVERT, ISTIO_INBOUND, ISTIO_IN_REDIRECT, ISTIO_TPROXY, PREROUTING,
+};
+use crate::config::Selection;
+use crate::ruleset::{Action, CtStates, Match, Stage};
+
+impl FamilyPlanner<'_> {
+    /// 5. Inbound capture.
+    pub(super) fn inbound_capture(&mut self, sets: &mut SetRegistry) {
+        if self.cfg.inbound_ports.is_none() {
+            return;
+        }
+        let tproxy = self.tproxy();
+        let stage = if tproxy { Stage::Mangle } else { Stage::Nat };
+        if tproxy {
+            self.tproxy_chains();
+        }
+        self.b
+            .append(stage, PREROUTING, vec![tcp()], jump(ISTIO_INBOUND));
+        let ports = self.inbound_ports(stage, sets);
+        self.inbound_to_proxy(stage, ports);
+    }
+
+    /// TPROXY's two chains: `ISTIO_DIVERT` marks and accepts the packets of a connection the
+    /// proxy already holds, `ISTIO_TPROXY` hands a new connection to the proxy's port.
+    fn tproxy_chains(&mut self) {
+        let cfg = self.cfg;
+        let not_lo = self.not_lo();
+        let b = &mut self.b;
+        b.append(
+            Stage::Mangle,
+            ISTIO_DIVERT,
+            vec![],
+            Action::SetMark(cfg.tproxy_mark),
+        );
+        b.append(Stage::Mangle, ISTIO_DIVERT, vec![], Action::Accept);
+        b.append(
+            Stage::Mangle,
+            ISTIO_TPROXY,
+            vec![not_lo, tcp()],
+            Action::Tproxy {
+                port: cfg.inbound_capture_port,
+                mark: cfg.tproxy_mark,
+            },
+        );
+    }
+
+    /// The port match of the capture rules: `None` for all ports (the excluded ones RETURN
+    /// first), or the listed ports.
+    fn inbound_ports(&mut self, stage: Stage, sets: &mut SetRegistry) -> Option<Match> {
+        let cfg = self.cfg;
+        match &cfg.inbound_ports {
+            Selection::All => {
+                if !cfg.inbound_exclude_ports.is_empty() {
+                    let m =
+                        self.port_match(sets, "inbound-exclude-ports", &cfg.inbound_exclude_ports);
+                    self.b.append(
+                        stage,
+                        ISTIO_INBOUND,
+                        vec![tcp(), Match::DPort(m)],
+                        Action::Return,
+                    );
+                }
+                None
+            }
+            Selection::List(ports) => {
+                Some(Match::DPort(self.port_match(sets, "inbound-ports", ports)))
+            }
+        }
+    }
+
+    /// The capture rules themselves: TPROXY diverts established connections and tproxies new
+    /// ones; REDIRECT sends them to the inbound redirect chain.
+    fn inbound_to_proxy(&mut self, stage: Stage, ports: Option<Match>) {
+        let with = |extra: Option<Match>| -> Vec<Match> {
+            std::iter::once(tcp())
+                .chain(ports.clone())
+                .chain(extra)
+                .collect()
+        };
+        if self.tproxy() {
+            let established = Match::CtState(CtStates::RelatedEstablished);
+            self.b.append(
+                stage,
+                ISTIO_INBOUND,
+                with(Some(established)),
+                jump(ISTIO_DIVERT),
+            );
+            self.b
+                .append(stage, ISTIO_INBOUND, with(None), jump(ISTIO_TPROXY));
+        } else {
+            self.b
+                .append(stage, ISTIO_INBOUND, with(None), jump(ISTIO_IN_REDIRECT));
+        }
+    }
+}

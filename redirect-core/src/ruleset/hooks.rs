@@ -1,0 +1,116 @@
+//! Where the model's stages and hooks sit in netfilter: each hook's names and `NF_INET_*`
+//! number, each stage's priority, and the type of base chain a (stage, hook) needs; and which
+//! (stage, hook) pairs a ruleset uses. One table, read by the nftables lowering, the nft script,
+//! the read-back's text and the plan, so that they cannot disagree.
+
+use super::{Chain, Hook, Ruleset, Stage};
+
+impl Stage {
+    /// The netfilter hook priority of this stage.
+    pub fn priority(self) -> i32 {
+        match self {
+            Stage::Raw => -300,
+            Stage::Mangle => -150,
+            Stage::Nat => -100,
+        }
+    }
+
+    /// The type of the base chain of this stage on `hook`. Mangle output is a route chain so
+    /// a changed mark re-routes the packet, as iptables does.
+    pub fn chain_kind(self, hook: Hook) -> ChainKind {
+        match (self, hook) {
+            (Stage::Nat, _) => ChainKind::Nat,
+            (Stage::Mangle, Hook::Output) => ChainKind::Route,
+            _ => ChainKind::Filter,
+        }
+    }
+}
+
+impl Hook {
+    /// The iptables built-in chain name.
+    pub fn chain_name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "PREROUTING",
+            Hook::Output => "OUTPUT",
+        }
+    }
+
+    /// The hook of an iptables built-in chain name; `None` for any other chain.
+    pub fn of_chain(name: &str) -> Option<Hook> {
+        Hook::ALL.into_iter().find(|h| h.chain_name() == name)
+    }
+
+    /// netfilter's name of the hook, as nft writes it (`hook prerouting`).
+    pub fn nf_name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Output => "output",
+        }
+    }
+
+    /// The `inet` hook number (`NF_INET_*`), as netlink carries it.
+    pub fn number(self) -> u32 {
+        let n = match self {
+            Hook::Prerouting => libc::NF_INET_PRE_ROUTING,
+            Hook::Output => libc::NF_INET_LOCAL_OUT,
+        };
+        n as u32
+    }
+
+    /// The hook with an `inet` hook number; `None` for a hook we never use.
+    pub fn from_number(n: u32) -> Option<Hook> {
+        Hook::ALL.into_iter().find(|h| h.number() == n)
+    }
+}
+
+/// The type of a base chain (`type` in nft).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainKind {
+    Filter,
+    Route,
+    Nat,
+}
+
+impl ChainKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainKind::Filter => "filter",
+            ChainKind::Route => "route",
+            ChainKind::Nat => "nat",
+        }
+    }
+}
+
+/// One (stage, hook) that chains of the ruleset are hooked at, with those chains (one per
+/// family that has it), in the ruleset's order.
+#[derive(Clone, Debug)]
+pub struct HookedChains<'a> {
+    pub stage: Stage,
+    pub hook: Hook,
+    pub chains: Vec<&'a Chain>,
+}
+
+impl Ruleset {
+    /// Every (stage, hook) some chain is hooked at, in stage then hook order: the base chains
+    /// a backend declares.
+    pub fn hooked_chains(&self) -> Vec<HookedChains<'_>> {
+        let mut out = Vec::new();
+        for stage in Stage::ALL {
+            for hook in Hook::ALL {
+                let chains: Vec<&Chain> = self
+                    .chains
+                    .iter()
+                    .filter(|c| c.stage == stage && c.hook == Some(hook))
+                    .collect();
+                if !chains.is_empty() {
+                    out.push(HookedChains {
+                        stage,
+                        hook,
+                        chains,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
