@@ -63,96 +63,22 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Type every value; the first bad one is the error.
+    /// Type every value; the first bad one is the error (so the helpers run in the flags'
+    /// order).
     pub fn from_resolved(r: &Resolved) -> Result<Settings> {
         let v = |k: &str| r.get(k);
         let proxy_uid = v("proxy-uid");
         let proxy_gid = v("proxy-gid");
         let uids = parse_ids(proxy_uid.field(), &proxy_uid.value)?;
         let gids = parse_ids(proxy_gid.field(), &proxy_gid.value)?;
-        let uid_list = if uids.is_empty() {
-            vec![DEFAULT_PROXY_UID]
-        } else {
-            uids.clone()
-        };
-        let native_requested = boolean(v("native-nftables"))?;
-        let backend = match v("backend").value.trim().to_ascii_lowercase().as_str() {
-            "native" | "nft" | "nftables" | "" => Backend::Native,
-            "iptables" => Backend::Iptables,
-            _ => {
-                return Err(bad(
-                    v("backend"),
-                    "expected native (nftables over netlink) or iptables",
-                ))
-            }
-        };
-        if native_requested && backend == Backend::Iptables {
-            return Err(bad(
-                v("backend"),
-                "--native-nftables asks for nftables: drop one of --native-nftables and --backend iptables",
-            ));
-        }
+        let backend = backend(r)?;
         let force_iptables_binary = {
             let f = v("force-iptables-binary");
             Variant::parse(f.field(), &f.value)?
         };
-        let groups_exclude = {
-            let f = v("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE");
-            match parse_groups(f.field(), &f.value) {
-                Ok(Selection::List(l)) => l,
-                Ok(Selection::All) => {
-                    return Err(bad(f, "\"*\" is not allowed in the exclude list: to capture no group's traffic, leave outbound capture off"))
-                }
-                // Empty: nothing excluded.
-                Err(_) if f.value.trim().is_empty() => Vec::<GroupRef>::new(),
-                Err(e) => return Err(e),
-            }
-        };
-        let config = CaptureConfig {
-            envoy_port: port(v("envoy-port"))?,
-            inbound_capture_port: port(v("inbound-capture-port"))?,
-            inbound_tunnel_port: port(v("inbound-tunnel-port"))?,
-            // Placeholders until `finish` resolves ENVOY_USER.
-            proxy_uids: uid_list.clone(),
-            proxy_gids: if gids.is_empty() {
-                uid_list
-            } else {
-                gids.clone()
-            },
-            mode: {
-                let f = v("istio-inbound-interception-mode");
-                InterceptionMode::parse(f.field(), &f.value)?
-            },
-            inbound_ports: typed(v("istio-inbound-ports"), parse_port_selection)?,
-            inbound_exclude_ports: typed(v("istio-local-exclude-ports"), parse_ports)?,
-            outbound_include_cidrs: typed(v("istio-service-cidr"), parse_cidr_selection)?,
-            outbound_exclude_cidrs: typed(v("istio-service-exclude-cidr"), parse_cidrs)?,
-            outbound_include_ports: typed(v("istio-outbound-ports"), parse_ports)?,
-            outbound_exclude_ports: typed(v("istio-local-outbound-ports-exclude"), parse_ports)?,
-            exclude_interfaces: typed(v("istio-exclude-interfaces"), parse_interfaces)?,
-            reroute_interfaces: typed(v("kube-virt-interfaces"), parse_interfaces)?,
-            tproxy_mark: number(v("istio-inbound-tproxy-mark"))?,
-            tproxy_route_table: number(v("istio-inbound-tproxy-route-table"))?,
-            dns: DnsCapture::Off,
-            drop_invalid: boolean(v("drop-invalid"))?,
-            owner_groups_include: typed(v("ISTIO_OUTBOUND_OWNER_GROUPS"), parse_groups)?,
-            owner_groups_exclude: groups_exclude,
-            ipv4_loopback_cidr: typed(v("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"), parse_loopback_cidr)?,
-            ipv6: false,
-            bypass_uids: typed(v("bypass-uids"), parse_ids)?,
-            bypass_gids: typed(v("bypass-gids"), parse_ids)?,
-        };
-        let dry_run_format = match v("dry-run-format")
-            .value
-            .trim()
-            .to_ascii_lowercase()
-            .as_str()
-        {
-            "nft" | "" => DryRunFormat::Nft,
-            "iptables" => DryRunFormat::Iptables,
-            "json" => DryRunFormat::Json,
-            _ => return Err(bad(v("dry-run-format"), "expected nft, iptables or json")),
-        };
+        let groups_exclude = groups_exclude(r)?;
+        let config = capture_config(r, &uids, &gids, groups_exclude)?;
+        let dry_run_format = dry_run_format(r)?;
         let path = |k: &str| {
             let p = v(k).value.trim();
             (!p.is_empty()).then(|| PathBuf::from(p))
@@ -282,6 +208,101 @@ const CORE_FIELDS: &[(&str, &str)] = &[
     ("bypass_uids", "bypass-uids"),
     ("bypass_gids", "bypass-gids"),
 ];
+
+/// `--backend`, checked against `--native-nftables`.
+fn backend(r: &Resolved) -> Result<Backend> {
+    let native_requested = boolean(r.get("native-nftables"))?;
+    let f = r.get("backend");
+    let backend = match f.value.trim().to_ascii_lowercase().as_str() {
+        "native" | "nft" | "nftables" | "" => Backend::Native,
+        "iptables" => Backend::Iptables,
+        _ => {
+            return Err(bad(
+                f,
+                "expected native (nftables over netlink) or iptables",
+            ))
+        }
+    };
+    if native_requested && backend == Backend::Iptables {
+        return Err(bad(
+            f,
+            "--native-nftables asks for nftables: drop one of --native-nftables and --backend iptables",
+        ));
+    }
+    Ok(backend)
+}
+
+/// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`: a list, or nothing; `*` is refused.
+fn groups_exclude(r: &Resolved) -> Result<Vec<GroupRef>> {
+    let f = r.get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE");
+    match parse_groups(f.field(), &f.value) {
+        Ok(Selection::List(l)) => Ok(l),
+        Ok(Selection::All) => Err(bad(f, "\"*\" is not allowed in the exclude list: to capture no group's traffic, leave outbound capture off")),
+        // Empty: nothing excluded.
+        Err(_) if f.value.trim().is_empty() => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The capture config the flags describe, before `finish` derives what Istio derives in the
+/// pod (the proxy IDs are placeholders until ENVOY_USER is resolved).
+fn capture_config(
+    r: &Resolved,
+    uids: &[u32],
+    gids: &[u32],
+    owner_groups_exclude: Vec<GroupRef>,
+) -> Result<CaptureConfig> {
+    let v = |k: &str| r.get(k);
+    let uid_list = if uids.is_empty() {
+        vec![DEFAULT_PROXY_UID]
+    } else {
+        uids.to_vec()
+    };
+    Ok(CaptureConfig {
+        envoy_port: port(v("envoy-port"))?,
+        inbound_capture_port: port(v("inbound-capture-port"))?,
+        inbound_tunnel_port: port(v("inbound-tunnel-port"))?,
+        proxy_uids: uid_list.clone(),
+        proxy_gids: if gids.is_empty() {
+            uid_list
+        } else {
+            gids.to_vec()
+        },
+        mode: {
+            let f = v("istio-inbound-interception-mode");
+            InterceptionMode::parse(f.field(), &f.value)?
+        },
+        inbound_ports: typed(v("istio-inbound-ports"), parse_port_selection)?,
+        inbound_exclude_ports: typed(v("istio-local-exclude-ports"), parse_ports)?,
+        outbound_include_cidrs: typed(v("istio-service-cidr"), parse_cidr_selection)?,
+        outbound_exclude_cidrs: typed(v("istio-service-exclude-cidr"), parse_cidrs)?,
+        outbound_include_ports: typed(v("istio-outbound-ports"), parse_ports)?,
+        outbound_exclude_ports: typed(v("istio-local-outbound-ports-exclude"), parse_ports)?,
+        exclude_interfaces: typed(v("istio-exclude-interfaces"), parse_interfaces)?,
+        reroute_interfaces: typed(v("kube-virt-interfaces"), parse_interfaces)?,
+        tproxy_mark: number(v("istio-inbound-tproxy-mark"))?,
+        tproxy_route_table: number(v("istio-inbound-tproxy-route-table"))?,
+        dns: DnsCapture::Off,
+        drop_invalid: boolean(v("drop-invalid"))?,
+        owner_groups_include: typed(v("ISTIO_OUTBOUND_OWNER_GROUPS"), parse_groups)?,
+        owner_groups_exclude,
+        ipv4_loopback_cidr: typed(v("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"), parse_loopback_cidr)?,
+        ipv6: false,
+        bypass_uids: typed(v("bypass-uids"), parse_ids)?,
+        bypass_gids: typed(v("bypass-gids"), parse_ids)?,
+    })
+}
+
+/// `--dry-run-format`.
+fn dry_run_format(r: &Resolved) -> Result<DryRunFormat> {
+    let f = r.get("dry-run-format");
+    match f.value.trim().to_ascii_lowercase().as_str() {
+        "nft" | "" => Ok(DryRunFormat::Nft),
+        "iptables" => Ok(DryRunFormat::Iptables),
+        "json" => Ok(DryRunFormat::Json),
+        _ => Err(bad(f, "expected nft, iptables or json")),
+    }
+}
 
 fn name_the_flag(e: Error, r: &Resolved) -> Error {
     let flag = |field: &'static str| {
