@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::listeners::{dedup, ListenerSpec};
 use super::netns::{run_command, TestNetns};
-use super::probe::{From, Probe};
+use super::traffic::{From, Probe};
 use super::topology::{Link, Topology, TopologySpec};
 
 /// The arguments Istio's injector gives `istio-init` for the default sidecar (and, after

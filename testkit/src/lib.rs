@@ -34,7 +34,7 @@ mod flow;
 mod landings;
 mod listeners;
 pub mod netns;
-mod probe;
+mod traffic;
 mod sock;
 mod topology;
 
@@ -44,7 +44,7 @@ pub use flow::{Proto, Side, Timing};
 pub use landings::{Landing, Landings};
 pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
 pub use netns::TestNetns;
-pub use probe::{
+pub use traffic::{
     run_probe, run_probe_report, run_probe_with, run_probes, run_probes_report, From, Outcome,
     Probe, ProbeReport,
 };

@@ -8,7 +8,7 @@ mod error;
 mod explain;
 mod inspect;
 mod pod_file;
-mod probe;
+mod istio_validation;
 
 use std::ffi::OsString;
 
@@ -26,7 +26,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
     match args.get(1).and_then(|a| a.to_str()) {
         Some("inspect") => inspect::main(without_word(args), env),
         Some("explain") => explain::main(without_word(args), env),
-        _ => probe::main(args, env),
+        _ => istio_validation::main(args, env),
     }
 }
 
