@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_benches::configs;
-use redirect_core::plan::SystemGroups;
+use redirect_core::SystemGroups;
 use redirect_core::{capture, nft, plan};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 

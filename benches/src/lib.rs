@@ -5,8 +5,8 @@
 pub mod istio_rules;
 
 use ipnet::{IpNet, Ipv4Net};
-use redirect_core::config::{DnsCapture, InterceptionMode, Selection};
 use redirect_core::CaptureConfig;
+use redirect_core::{DnsCapture, InterceptionMode, Selection};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Istio's sidecar default (`-p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x "" -b '*'

@@ -11,7 +11,7 @@ pub mod plugin;
 pub mod repair;
 
 /// The plugin's process: stdout gets the result or the CNI error object; returns the exit code.
-/// `env_error`: a CNI variable that is not UTF-8 (`redirect_core::environ::check_utf8`).
+/// `env_error`: a CNI variable that is not UTF-8 (`redirect_core::check_env_utf8`).
 pub fn plugin_main(
     env: &dyn Fn(&str) -> Option<String>,
     stdin: &[u8],

@@ -13,6 +13,6 @@ fn main() {
     // VERSION may come with no stdin at all; an unreadable stdin is an empty config.
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let env_error =
-        redirect_core::environ::check_utf8(cni_shim::plugin::ENV_NAMES.iter().copied()).err();
+        redirect_core::check_env_utf8(cni_shim::plugin::ENV_NAMES.iter().copied()).err();
     std::process::exit(cni_shim::plugin_main(&env, &stdin, env_error));
 }

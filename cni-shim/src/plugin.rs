@@ -9,9 +9,9 @@ use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod::PodInfo;
 use redirect_core::istio::pod_facts;
 use redirect_core::nft;
-use redirect_core::plan::SystemGroups;
 use redirect_core::routes::TproxyRouting;
 use redirect_core::CaptureConfig;
+use redirect_core::SystemGroups;
 
 use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};

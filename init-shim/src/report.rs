@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use redirect_core::config::{join, DnsCapture};
+use redirect_core::{join, DnsCapture};
 
 use redirect_core::istio::cli::settings::{Backend, Settings};
 

@@ -7,10 +7,11 @@ use std::io::Write;
 use redirect_core::capture::{self, Decision};
 use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::nft;
-use redirect_core::plan::SystemGroups;
 use redirect_core::render::{iptables_restore_all, nft_script};
-use redirect_core::ruleset::Ruleset;
-use redirect_core::{probe, Error};
+use redirect_core::validation::probe;
+use redirect_core::Error;
+use redirect_core::Ruleset;
+use redirect_core::SystemGroups;
 
 use crate::report;
 use redirect_core::istio::cli::settings::{self, Backend, DryRunFormat, Settings};
@@ -253,9 +254,9 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Ok(())
         }
         Err(e) => {
-            let d = redirect_core::diagnosis::diagnose(
+            let d = redirect_core::validation::diagnosis::diagnose(
                 &e,
-                &redirect_core::diagnosis::gather_facts(&spec, &e, &s.config),
+                &redirect_core::validation::diagnosis::gather_facts(&spec, &e, &s.config),
             );
             Err(Failure {
                 code: EXIT_VALIDATION,

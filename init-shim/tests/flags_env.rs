@@ -13,9 +13,9 @@ type Invocation = (Vec<String>, Vec<(String, String)>);
 /// Arguments, variables, and what the error must name.
 type BadCase<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<&'a str>);
 use init_shim::settings::{parse_go_duration, Backend, DryRunFormat, Settings};
-use redirect_core::config::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 use redirect_core::istio::pod_facts::HostAddress;
 use redirect_core::istio::xtables::Variant;
+use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 
 fn resolve(args: &[&str], env: &[(&str, &str)]) -> Result<Settings, String> {
     let map: HashMap<String, String> = env

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
-use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode};
-use redirect_core::plan::SystemGroups;
+use redirect_core::SystemGroups;
+use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode};
 use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {

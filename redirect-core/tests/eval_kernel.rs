@@ -75,10 +75,10 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-use redirect_core::config::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 use redirect_core::eval::{evaluate, CtState, Direction, Evaluation, Flow, Verdict};
-use redirect_core::plan::plan_with;
-use redirect_core::ruleset::{Action, Ruleset, Stage, L4};
+use redirect_core::plan_with;
+use redirect_core::{Action, Ruleset, Stage, L4};
+use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 use redirect_testkit::{
     kernel_tests_enabled, run_probes_report, From, Link, ListenerSpec, Outcome, Probe, ProbeReport,
     Side, Topology, TopologySpec,

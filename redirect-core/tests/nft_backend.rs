@@ -1,10 +1,10 @@
 //! The nftables netlink backend against the kernel: apply, idempotence, atomic failure,
 //! remove, read-back and drift detection. Each test has a fresh network namespace.
 
-use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_core::nft::{self, Difference, TABLE};
 use redirect_core::plan;
-use redirect_core::ruleset::{Action, Chain, Family, Match, Rule, Stage, L4};
+use redirect_core::{Action, Chain, Family, Match, Rule, Stage, L4};
+use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn full_config() -> CaptureConfig {
@@ -102,7 +102,7 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
         family: Family::V4,
         stage: Stage::Raw,
         name: "OUTPUT".into(),
-        hook: Some(redirect_core::ruleset::Hook::Output),
+        hook: Some(redirect_core::Hook::Output),
         rules: vec![Rule::new(
             vec![Match::Proto(L4::Tcp)],
             Action::Redirect(15001),

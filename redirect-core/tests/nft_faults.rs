@@ -2,12 +2,10 @@
 //! cannot take it, a jump to a chain that does not exist, a jump loop) must leave nothing
 //! half-applied: the previous table exactly as it was, or no table at all in a fresh namespace.
 
-use redirect_core::config::{CaptureConfig, InterceptionMode};
 use redirect_core::nft::{self, TABLE};
 use redirect_core::plan;
-use redirect_core::ruleset::{
-    Action, Chain, Family, Hook, Match, PortMatch, Rule, Ruleset, Stage, L4,
-};
+use redirect_core::{Action, Chain, Family, Hook, Match, PortMatch, Rule, Ruleset, Stage, L4};
+use redirect_core::{CaptureConfig, InterceptionMode};
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 /// A valid ruleset with one extra chain appended last (so its rules are late in the batch).

@@ -24,13 +24,13 @@ use nftnl::{Chain, ChainType, Hook as NftHook, MsgType, NlMsg, Policy, ProtoFami
 use nftnl_sys::{self as sys, libc};
 use proptest::prelude::*;
 
-use redirect_core::config::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 use redirect_core::nft::{
     self, Base, ChainKind, CtKey, Encoded, Expr, Label, MetaKey, NftSet, NftTable, SetElem,
     Verdict, TABLE,
 };
-use redirect_core::ruleset::Hook;
+use redirect_core::Hook;
 use redirect_core::{plan_with, Ruleset};
+use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 
 // ---------------------------------------------------------------------------------------------
 // libnftnl's side: each labelled message, built by libnftnl.
@@ -486,7 +486,7 @@ fn check(batch: &Encoded, t: &NftTable, what: &str) -> usize {
 
 /// Numeric groups only: the oracle needs no group database.
 struct NoGroups;
-impl redirect_core::plan::GroupResolver for NoGroups {
+impl redirect_core::GroupResolver for NoGroups {
     fn gid_of(&self, _name: &str) -> Option<u32> {
         None
     }

@@ -3,9 +3,9 @@
 //! chains and sets in our table removed, objects whose kind changed deleted and added again,
 //! and nothing sent when the table already holds the plan. Each test has fresh namespaces.
 
-use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_core::nft::{self, Applied, Changes, Difference, TABLE};
 use redirect_core::plan;
+use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {

@@ -5,9 +5,9 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use redirect_core::config::{CaptureConfig, InterceptionMode};
-use redirect_core::plan::SystemGroups;
-use redirect_core::probe::{self, ProbeFailure, ProbeSpec, ProbeSuccess};
+use redirect_core::validation::probe::{self, ProbeFailure, ProbeSpec, ProbeSuccess};
+use redirect_core::SystemGroups;
+use redirect_core::{CaptureConfig, InterceptionMode};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 const TIMEOUT: Duration = Duration::from_millis(500);

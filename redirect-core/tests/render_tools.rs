@@ -4,10 +4,10 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use redirect_core::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_core::render::{iptables_restore_all, nft_script};
-use redirect_core::ruleset::Family;
+use redirect_core::Family;
 use redirect_core::{nft, plan};
+use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {

@@ -13,8 +13,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use redirect_core::netns::{self, current_netns_id, netns_id_of};
 use redirect_core::routes::{self, TproxyRouting, TproxyState};
-use redirect_core::ruleset::Family;
 use redirect_core::Error;
+use redirect_core::Family;
 
 // ---- helpers ----
 

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use redirect_core::config::{CaptureConfig, InterceptionMode};
 use redirect_core::istio::xtables::{self, Leftover, Variant};
-use redirect_core::ruleset::{AddrMatch, Family, Match, Rule, Ruleset, Stage};
 use redirect_core::{nft, plan, Error};
+use redirect_core::{AddrMatch, Family, Match, Rule, Ruleset, Stage};
+use redirect_core::{CaptureConfig, InterceptionMode};
 use redirect_testkit::istio::{
     self, iptables_restore_with, istio_testdata_dir, load_istio_case_with, probe_matrix, IstioCase,
 };
@@ -361,7 +361,7 @@ fn failed_restore_rolls_back_every_table_and_family() {
             .unwrap();
         chain.rules.push(Rule::new(
             vec![Match::DAddr(AddrMatch::Eq(addr.parse().unwrap()))],
-            redirect_core::ruleset::Action::Return,
+            redirect_core::Action::Return,
         ));
     };
     let mut tproxy = plan(&CaptureConfig {

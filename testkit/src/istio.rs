@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 
 use super::listeners::{dedup, ListenerSpec};
 use super::netns::{run_command, TestNetns};
-use super::traffic::{From, Probe};
 use super::topology::{Link, Topology, TopologySpec};
+use super::traffic::{From, Probe};
 
 /// The arguments Istio's injector gives `istio-init` for the default sidecar (and, after
 /// `--run-validation --skip-rule-apply`, `istio-validation`): `CaptureConfig::istio_sidecar_default`.

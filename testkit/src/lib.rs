@@ -34,9 +34,9 @@ mod flow;
 mod landings;
 mod listeners;
 pub mod netns;
-mod traffic;
 mod sock;
 mod topology;
+mod traffic;
 
 pub mod istio;
 
@@ -44,11 +44,11 @@ pub use flow::{Proto, Side, Timing};
 pub use landings::{Landing, Landings};
 pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
 pub use netns::TestNetns;
+pub use topology::{Link, Topology, TopologySpec, PEER4, PEER6, POD4, POD6};
 pub use traffic::{
     run_probe, run_probe_report, run_probe_with, run_probes, run_probes_report, From, Outcome,
     Probe, ProbeReport,
 };
-pub use topology::{Link, Topology, TopologySpec, PEER4, PEER6, POD4, POD6};
 
 /// The environment variable that skips kernel tests explicitly (CI never sets it).
 pub const SKIP_ENV: &str = "REDIRECT_SKIP_KERNEL_TESTS";

@@ -71,7 +71,7 @@ pub fn config_given(r: &Resolved) -> bool {
 
 /// A comma-separated list of IP addresses (`--pod-ip`, `--nameservers`).
 pub fn ip_list(flag: &'static str, value: &str) -> Result<Vec<IpAddr>, Error> {
-    redirect_core::config::split_list(value)
+    redirect_core::parse::split_list(value)
         .map(|s| {
             s.parse::<IpAddr>().map_err(|_| Error::IpList {
                 flag,

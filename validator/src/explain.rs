@@ -5,11 +5,11 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::Path;
 
-use redirect_core::config::{CaptureConfig, DNS_AGENT_PORT};
 use redirect_core::eval::{self, Evaluation, Flow, Verdict};
 use redirect_core::istio::mesh::Decision;
 use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::ruleset::Ruleset;
+use redirect_core::Ruleset;
+use redirect_core::{CaptureConfig, DNS_AGENT_PORT};
 use serde::Serialize;
 
 use crate::Error;

@@ -7,13 +7,13 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use redirect_core::capture::{self, Mismatch};
-use redirect_core::diagnosis::{self, KernelView};
 use redirect_core::istio::mesh::Decision;
 use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::nft::{self, text};
 use redirect_core::routes::{self, TproxyRouting};
-use redirect_core::ruleset::{Family, Ruleset};
+use redirect_core::validation::diagnosis::{self, KernelView};
 use redirect_core::{netns, CaptureConfig};
+use redirect_core::{Family, Ruleset};
 use serde::Serialize;
 
 use crate::Error;

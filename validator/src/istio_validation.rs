@@ -3,9 +3,9 @@
 
 use std::ffi::OsString;
 
-use redirect_core::diagnosis::{self, Diagnosis};
 use redirect_core::istio::pod_facts;
-use redirect_core::probe::{self, ProbeFailure};
+use redirect_core::validation::diagnosis::{self, Diagnosis};
+use redirect_core::validation::probe::{self, ProbeFailure};
 use serde::Serialize;
 
 use crate::args;

@@ -7,8 +7,8 @@ mod args;
 mod error;
 mod explain;
 mod inspect;
-mod pod_file;
 mod istio_validation;
+mod pod_file;
 
 use std::ffi::OsString;
 

@@ -1,8 +1,6 @@
 fn main() {
     // Istio's flags read the same variables as redirect-init's.
-    if let Err(msg) =
-        redirect_core::environ::check_utf8(redirect_core::istio::cli::flags::env_names())
-    {
+    if let Err(msg) = redirect_core::check_env_utf8(redirect_core::istio::cli::flags::env_names()) {
         eprintln!("error: {msg}");
         std::process::exit(1);
     }

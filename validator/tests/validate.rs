@@ -13,8 +13,8 @@ use std::io::Read;
 use std::net::TcpListener;
 
 use redirect_core::capture;
-use redirect_core::config::CaptureConfig;
-use redirect_core::plan::SystemGroups;
+use redirect_core::CaptureConfig;
+use redirect_core::SystemGroups;
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};

@@ -618,7 +618,7 @@ pub fn parse(
 pub const PLUGIN_LOG_LEVELS: &[&str] = &["debug", "info", "warn", "error", "none"];
 
 /// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).
-pub use redirect_core::config::parse_go_bool as parse_bool;
+pub use redirect_core::parse::parse_go_bool as parse_bool;
 
 /// An octal mode: `0600`, `600` or `0o600`, at most 0777.
 pub fn parse_mode(v: &str) -> Option<u32> {
@@ -631,7 +631,7 @@ pub fn parse_mode(v: &str) -> Option<u32> {
 
 /// The items of a comma-separated list, as every program splits them.
 fn split_list(v: &str) -> Vec<String> {
-    redirect_core::config::split_list(v)
+    redirect_core::parse::split_list(v)
         .map(String::from)
         .collect()
 }

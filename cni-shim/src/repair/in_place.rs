@@ -10,7 +10,7 @@ use redirect_core::capture;
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod_facts;
 use redirect_core::netns;
-use redirect_core::plan::SystemGroups;
+use redirect_core::SystemGroups;
 
 use super::pod_netns::{self, FindError};
 

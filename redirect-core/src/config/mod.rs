@@ -6,7 +6,7 @@
 //!
 //! Besides the model here: `validate` (the checks), `parse` (Istio's string forms, so every
 //! shim parses lists the same way) and `join` (lists written as Istio writes them); their
-//! public items are re-exported, so `config::split_list` and the like keep their paths.
+//! parsers are the public module `parse` (`redirect_core::parse::split_list`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -15,15 +15,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{Error, Result};
 
-mod join;
-mod parse;
+pub mod join;
+pub mod parse;
 mod validate;
 
 pub use join::{join, join_with, ListItem};
-pub use parse::{
-    parse_cidr, parse_cidr_selection, parse_cidrs, parse_go_bool, parse_groups, parse_ids,
-    parse_interfaces, parse_loopback_cidr, parse_port_selection, parse_ports, split_list,
-};
 
 /// Istio's fixed DNS agent port (`pilot-agent` listens here when DNS capture is on).
 pub const DNS_AGENT_PORT: u16 = 15053;

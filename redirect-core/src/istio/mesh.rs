@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::{
+use crate::config::parse::{
     parse_cidr_selection, parse_cidrs, parse_ids, parse_interfaces, parse_port_selection,
-    parse_ports, CaptureConfig, DnsCapture, InterceptionMode, Selection,
+    parse_ports,
 };
+use crate::config::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use crate::error::{Error, Result};
 use crate::istio::pod::{ContainerInfo, PodInfo};
 
@@ -108,7 +109,7 @@ struct InjectStatus {
 
 /// Go's strconv.ParseBool, after trimming (annotation and env values are hand-written).
 fn parse_bool(s: &str) -> Option<bool> {
-    crate::config::parse_go_bool(s.trim())
+    crate::config::parse::parse_go_bool(s.trim())
 }
 
 /// Decide for a pod. Errors are bad annotation values (named with their key).

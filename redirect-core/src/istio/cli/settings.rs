@@ -5,14 +5,14 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{
+use crate::config::parse::{
     parse_cidr_selection, parse_cidrs, parse_groups, parse_ids, parse_interfaces,
-    parse_loopback_cidr, parse_port_selection, parse_ports, CaptureConfig, DnsCapture, GroupRef,
-    InterceptionMode, Selection,
+    parse_loopback_cidr, parse_port_selection, parse_ports,
 };
+use crate::config::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 use crate::istio::pod_facts::{self, HostAddress, DEFAULT_PROXY_UID};
 use crate::istio::xtables::Variant;
-use crate::probe::ProbeSpec;
+use crate::validation::probe::ProbeSpec;
 use crate::{Error, Result};
 
 use super::flags::{Resolved, Value};
@@ -358,7 +358,7 @@ fn number(v: &Value) -> Result<u32> {
 
 /// Go's strconv.ParseBool, which Istio's flags and variables use.
 pub fn boolean(v: &Value) -> Result<bool> {
-    crate::config::parse_go_bool(v.value.trim())
+    crate::config::parse::parse_go_bool(v.value.trim())
         .ok_or_else(|| bad(v, "expected true or false (also 1/0, t/f)"))
 }
 

@@ -17,8 +17,8 @@ use std::net::SocketAddr;
 use serde::Serialize;
 
 use crate::nft::{Difference, TableState};
-use crate::probe::ProbeFailure;
 use crate::ruleset::Family;
+use crate::validation::probe::ProbeFailure;
 
 use causes::{
     ipv6_not_programmed, ipv6_unreachable, no_rules, not_proxy_uid, port_taken, rules_not_ours,

@@ -9,8 +9,8 @@ use super::{Facts, KernelView};
 use crate::config::CaptureConfig;
 use crate::istio::xtables;
 use crate::nft;
-use crate::probe::{ProbeFailure, ProbeSpec};
 use crate::ruleset::{Family, Ruleset};
+use crate::validation::probe::{ProbeFailure, ProbeSpec};
 
 /// Read the calling thread's namespace: our table (compared with `expected` when given; one
 /// dump either way), and Istio's rules. Needs CAP_NET_ADMIN; the error says so.
@@ -67,7 +67,7 @@ pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &CaptureConfi
             timeout: spec.timeout.min(Duration::from_secs(1)),
             ..spec.clone()
         };
-        facts.ipv4_probe_passed = Some(crate::probe::run(&v4).is_ok());
+        facts.ipv4_probe_passed = Some(crate::validation::probe::run(&v4).is_ok());
     }
     match crate::plan(cfg).and_then(|rs| read_kernel(Some(&rs))) {
         Ok(k) => facts.kernel = Some(k),
