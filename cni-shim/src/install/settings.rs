@@ -27,10 +27,7 @@ const fn s(
     default: &'static str,
     help: &'static str,
 ) -> Flag {
-    Flag {
-        env,
-        ..Flag::new(key, default, help)
-    }
+    Flag::new(key, default, help).with_env(env)
 }
 
 /// A Go bool flag and its variable.
@@ -40,11 +37,7 @@ const fn b(
     default: &'static str,
     help: &'static str,
 ) -> Flag {
-    Flag {
-        env: Some(env),
-        boolean: true,
-        ..Flag::new(key, default, help)
-    }
+    s(key, Some(env), default, help).go_bool()
 }
 
 const SPECS: &[Flag] = &[

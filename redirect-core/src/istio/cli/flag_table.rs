@@ -51,6 +51,19 @@ impl Flag {
             help,
         }
     }
+
+    /// The same flag, also read from variable `env` (`None`: a flag only).
+    pub const fn with_env(self, env: Option<&'static str>) -> Flag {
+        Flag { env, ..self }
+    }
+
+    /// The same flag as a Go bool: `--flag`, `--flag=true`, `--flag=false`.
+    pub const fn go_bool(self) -> Flag {
+        Flag {
+            boolean: true,
+            ..self
+        }
+    }
 }
 
 /// A program's flags and how its command line shows and checks them.
