@@ -12,6 +12,7 @@ pub mod environ;
 pub mod error;
 pub mod eval;
 pub mod istio;
+pub mod logging;
 pub mod netns;
 pub mod nft;
 pub mod plan;
