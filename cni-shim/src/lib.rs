@@ -6,7 +6,6 @@ pub mod agent;
 pub mod cni;
 pub mod install;
 pub mod kube;
-pub mod log;
 pub mod plugin;
 pub mod repair;
 
@@ -18,6 +17,7 @@ pub fn plugin_main(
     env_error: Option<String>,
 ) -> i32 {
     use std::io::Write;
+    plugin::log_to_stderr();
     let inv = plugin::Invocation {
         env,
         stdin,

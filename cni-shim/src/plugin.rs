@@ -8,16 +8,18 @@ use redirect_core::capture;
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod::PodInfo;
 use redirect_core::istio::pod_facts;
+use redirect_core::logging::{self, Sink};
 use redirect_core::nft;
 use redirect_core::routes::TproxyRouting;
 use redirect_core::CaptureConfig;
 use redirect_core::SystemGroups;
+use tracing::level_filters::LevelFilter;
+use tracing::{error, info, warn};
 
 use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};
 use crate::cni::result::passthrough;
 use crate::cni::{code, CniError, SUPPORTED_VERSIONS};
-use crate::log::Log;
 
 /// Prefixes of the node DaemonSet's pods (ours, and Istio's for a drop-in), skipped in the
 /// DaemonSet's namespace: fetching them would wait for the plugin's own kubeconfig.
@@ -32,6 +34,25 @@ pub const ENV_NAMES: &[&str] = &[
     "CNI_ARGS",
     "CNI_PATH",
 ];
+
+/// Between the level and the message of every log line: the runtime's log mixes plugins.
+const LOG_PREFIX: &str = "redirect-cni";
+
+/// Log lines before the config is read (so before its level and file are known): stderr, from
+/// info up. The process's subscriber (`redirect_core::logging`) is installed here.
+pub fn log_to_stderr() {
+    logging::install(Sink::stderr(Some(LOG_PREFIX), LevelFilter::INFO));
+}
+
+/// Log lines at the config's `log_level`, to stderr and to its `log_file` when it names one.
+fn log_as_configured(conf: &NetConf) {
+    logging::install(Sink {
+        prefix: Some(LOG_PREFIX),
+        // `conf::parse` accepts only the level names.
+        level: logging::level(&conf.log_level).unwrap_or(LevelFilter::INFO),
+        file: conf.log_file.clone(),
+    });
+}
 
 /// The process's inputs.
 pub struct Invocation<'a> {
@@ -51,27 +72,22 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     let conf = match conf::parse(inv.stdin) {
         Ok(conf) => conf,
         Err(e) => {
-            Log::stderr_only().error(&format!("{command} {}{e}", pod_label(inv)));
+            error!("{command} {}{e}", pod_label(inv));
             return Err((e, conf::requested_version(inv.stdin)));
         }
     };
-    let log = Log::new(&conf);
-    let result = dispatch(inv, &command, &conf, &log);
+    log_as_configured(&conf);
+    let result = dispatch(inv, &command, &conf);
     if let Err(e) = &result {
         // Into the log file too: a failed ADD is what an operator looks for there.
-        log.error(&format!("{command} {}{e}", pod_label(inv)));
+        error!("{command} {}{e}", pod_label(inv));
     }
     result.map_err(|e| (e, conf.cni_version.clone()))
 }
 
-fn dispatch(
-    inv: &Invocation,
-    command: &str,
-    conf: &NetConf,
-    log: &Log,
-) -> Result<String, CniError> {
+fn dispatch(inv: &Invocation, command: &str, conf: &NetConf) -> Result<String, CniError> {
     if conf.ambient_enabled {
-        log.warn("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
+        warn!("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
     }
     if let Some(msg) = &inv.env_error {
         return Err(CniError::new(
@@ -81,12 +97,12 @@ fn dispatch(
         ));
     }
     match command {
-        "ADD" => add(inv, conf, log),
-        "DEL" => del(inv, conf, log).map(|_| String::new()),
-        "CHECK" => check(inv, conf, log).map(|_| String::new()),
-        "STATUS" => status(conf, log).map(|_| String::new()),
+        "ADD" => add(inv, conf),
+        "DEL" => del(inv, conf).map(|_| String::new()),
+        "CHECK" => check(inv, conf).map(|_| String::new()),
+        "STATUS" => status(conf).map(|_| String::new()),
         "GC" => {
-            log.info("GC: nothing to collect: the rules live in the pod's namespace and go with it");
+            info!("GC: nothing to collect: the rules live in the pod's namespace and go with it");
             Ok(String::new())
         }
         "" => Err(CniError::new(
@@ -128,19 +144,13 @@ fn pod_label(inv: &Invocation) -> String {
 }
 
 /// What to do for this pod: `None` = pass through; else the config and dual-stack flag.
-fn plan_for(
-    inv: &Invocation,
-    conf: &NetConf,
-    log: &Log,
-) -> Result<Option<(CaptureConfig, bool)>, CniError> {
+fn plan_for(inv: &Invocation, conf: &NetConf) -> Result<Option<(CaptureConfig, bool)>, CniError> {
     let Some((ns, name)) = pod_identity(inv)? else {
-        log.info(
-            "no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",
-        );
+        info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",);
         return Ok(None);
     };
     if let Some(why) = excluded(conf, &ns, &name) {
-        log.info(&format!("{ns}/{name}: {why}"));
+        info!("{ns}/{name}: {why}");
         return Ok(None);
     }
     let defaults = mesh_defaults(conf);
@@ -151,16 +161,16 @@ fn plan_for(
             annotations: a.clone(),
             ..PodInfo::default()
         },
-        None => fetch(conf, &ns, &name, log, "the runtime sent no pod annotations")?,
+        None => fetch(conf, &ns, &name, "the runtime sent no pod annotations")?,
     };
     let mut decision = decide(&pod, &defaults)?;
     if let Decision::NeedSpec(why) = &decision {
-        pod = fetch(conf, &ns, &name, log, why)?;
+        pod = fetch(conf, &ns, &name, why)?;
         decision = decide(&pod, &defaults)?;
     }
     match decision {
         Decision::Skip(why) => {
-            log.info(&format!("{ns}/{name}: not captured: {why}"));
+            info!("{ns}/{name}: not captured: {why}");
             Ok(None)
         }
         Decision::NeedSpec(why) => Err(CniError::new(
@@ -174,7 +184,7 @@ fn plan_for(
             warnings,
         } => {
             for w in warnings {
-                log.warn(&format!("{ns}/{name}: {w}"));
+                warn!("{ns}/{name}: {w}");
             }
             Ok(Some((*config, dual_stack)))
         }
@@ -231,10 +241,8 @@ fn decide(pod: &PodInfo, d: &MeshDefaults) -> Result<Decision, CniError> {
     })
 }
 
-fn fetch(conf: &NetConf, ns: &str, name: &str, log: &Log, why: &str) -> Result<PodInfo, CniError> {
-    log.info(&format!(
-        "{ns}/{name}: reading the pod from the Kubernetes API ({why})"
-    ));
+fn fetch(conf: &NetConf, ns: &str, name: &str, why: &str) -> Result<PodInfo, CniError> {
+    info!("{ns}/{name}: reading the pod from the Kubernetes API ({why})");
     let policy = crate::kube::FetchPolicy {
         attempts: conf.kube_attempts,
         interval: Duration::from_millis(conf.kube_interval_ms),
@@ -324,14 +332,14 @@ fn apply_in(
     .map_err(|e| kernel_error("programming the pod's capture", e))
 }
 
-fn add(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<String, CniError> {
+fn add(inv: &Invocation, conf: &NetConf) -> Result<String, CniError> {
     let out = passthrough(&conf.cni_version, conf.prev_result.as_ref());
-    let Some((cfg, dual_stack)) = plan_for(inv, conf, log)? else {
+    let Some((cfg, dual_stack)) = plan_for(inv, conf)? else {
         return Ok(out);
     };
     let netns = netns_of(inv, conf)?;
     let cfg = apply_in(&netns, cfg, dual_stack)?;
-    log.info(&format!(
+    info!(
         "{}captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
         pod_label(inv),
         netns.display(),
@@ -339,15 +347,15 @@ fn add(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<String, CniError> 
         cfg.outbound_include_cidrs,
         cfg.ipv6,
         cfg.mode
-    ));
+    );
     Ok(out)
 }
 
 /// DEL: remove ours when the namespace is still there; everything else succeeds.
-fn del(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
+fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
     let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
     if netns.is_empty() || !Path::new(&netns).exists() {
-        log.info("DEL: no network namespace any more: nothing to remove");
+        info!("DEL: no network namespace any more: nothing to remove");
         return Ok(());
     }
     let path = PathBuf::from(&netns);
@@ -355,7 +363,7 @@ fn del(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
         && redirect_core::netns::netns_id_of(&path).ok()
             == redirect_core::netns::current_netns_id().ok()
     {
-        log.warn("DEL: CNI_NETNS is the plugin's own namespace: nothing removed");
+        warn!("DEL: CNI_NETNS is the plugin's own namespace: nothing removed");
         return Ok(());
     }
     let removed = redirect_core::netns::run_in(&path, || -> Result<bool, redirect_core::Error> {
@@ -368,20 +376,20 @@ fn del(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
     })
     .and_then(|r| r)
     .map_err(|e| kernel_error("removing the pod's capture", e))?;
-    log.info(&format!(
+    info!(
         "DEL {netns}: {}",
         if removed {
             "rules removed"
         } else {
             "no rules of ours"
         }
-    ));
+    );
     Ok(())
 }
 
 /// CHECK: the namespace's rules must be what the pod's annotations ask for.
-fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
-    let Some((cfg, dual_stack)) = plan_for(inv, conf, log)? else {
+fn check(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
+    let Some((cfg, dual_stack)) = plan_for(inv, conf)? else {
         return Ok(());
     };
     let netns = netns_of(inv, conf)?;
@@ -393,7 +401,7 @@ fn check(inv: &Invocation, conf: &NetConf, log: &Log) -> Result<(), CniError> {
     .and_then(|r| r)
     .map_err(|e| kernel_error("reading the pod's capture back", e))?;
     if diff.is_empty() {
-        log.info("CHECK: the rules match the pod's annotations");
+        info!("CHECK: the rules match the pod's annotations");
         return Ok(());
     }
     Err(CniError::new(
@@ -414,7 +422,7 @@ fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, redirect_core::Error>
 }
 
 /// STATUS: ready when the config parsed (done) and nf_tables answers.
-fn status(_conf: &NetConf, log: &Log) -> Result<(), CniError> {
+fn status(_conf: &NetConf) -> Result<(), CniError> {
     nft::families_with_tables().map_err(|e| {
         CniError::new(
             code::NOT_AVAILABLE,
@@ -422,6 +430,6 @@ fn status(_conf: &NetConf, log: &Log) -> Result<(), CniError> {
             "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
         )
     })?;
-    log.info("STATUS: ready");
+    info!("STATUS: ready");
     Ok(())
 }

@@ -993,3 +993,89 @@ fn plugin_add_reads_the_pod_when_the_runtime_sends_no_annotations() {
         "1337 used as the proxy UID:\n{table}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The plugin's log lines from the API path
+
+/// The retries of the kube client (`tracing` events in `cni_shim::kube`) are the plugin's log
+/// lines: on stderr and in the log file, in its format, at `log_level` debug. Before one
+/// subscriber served the whole process, they went nowhere.
+#[test]
+fn the_plugins_log_carries_the_kube_clients_retries() {
+    // An API server that refuses connections: the port of a listener already closed.
+    let refused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}", refused.local_addr().unwrap());
+    drop(refused);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), &url, &pki().ca_pem);
+    let log = dir.path().join("plugin.log");
+    let conf = serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
+        "kubeconfig": kubeconfig, "kube_attempts": 3, "kube_interval_ms": 50,
+        "log_level": "debug", "log_file": log});
+    let args = "K8S_POD_NAMESPACE=bookinfo;K8S_POD_NAME=reviews-v1";
+    let out = common::plugin(
+        &common::cni_env("ADD", "/nonexistent", args),
+        &conf.to_string(),
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.json()["code"], 102, "{out:?}");
+    let retry = "debug\tredirect-cni\tgetting the pod failed; retrying in 50ms";
+    let retries: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with(retry))
+        .collect();
+    assert_eq!(retries.len(), 2, "3 attempts, 2 retries:\n{}", out.stderr);
+    for (n, line) in retries.iter().enumerate() {
+        let fields = format!("server={url}/ attempt={} attempts=3 error=", n + 1);
+        assert!(line.contains(&fields), "{fields:?} not in {line:?}");
+    }
+    // The kube client's own lines: its failures (error) show, named by their target; nothing
+    // of another crate below warn does, though ours show from debug.
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.starts_with("error\tredirect-cni\tkube_client::")),
+        "{}",
+        out.stderr
+    );
+    for line in out.stderr.lines() {
+        let (level, rest) = line.split_once('\t').unwrap();
+        let message = rest.strip_prefix("redirect-cni\t").unwrap();
+        let other_crate = message.split_once(": ").is_some_and(|(t, _)| {
+            t.contains("::") && !t.contains(' ') && !t.starts_with("cni_shim")
+        });
+        assert!(
+            !(other_crate && matches!(level, "debug" | "info")),
+            "{line:?}"
+        );
+    }
+    let file = std::fs::read_to_string(&log).unwrap();
+    let stamped: Vec<&str> = file
+        .lines()
+        .filter_map(|l| l.split_once('\t').map(|(_, line)| line))
+        .filter(|l| l.starts_with(retry))
+        .collect();
+    assert_eq!(stamped, retries, "the file has other lines:\n{file}");
+    assert!(!out.stdout.contains(retry), "a log line on stdout");
+}
+
+/// A warning of the API path shows at the default level (info): nothing else is configured.
+#[test]
+fn the_plugins_log_carries_the_kube_paths_warnings_at_the_default_level() {
+    let conf = serde_json::json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
+        "kubeconfig": "/nonexistent/kubeconfig"});
+    let args = "K8S_POD_NAMESPACE=Book_Info;K8S_POD_NAME=reviews-v1";
+    let out = common::plugin(
+        &common::cni_env("ADD", "/nonexistent", args),
+        &conf.to_string(),
+    );
+    assert_eq!(out.code, 1, "{out:?}");
+    let warning = "warn\tredirect-cni\tnot a valid Kubernetes namespace or pod name; the API \
+         server is not asked namespace=\"Book_Info\" name=\"reviews-v1\"";
+    assert!(
+        out.stderr.lines().any(|l| l == warning),
+        "{warning:?} not in:\n{}",
+        out.stderr
+    );
+}

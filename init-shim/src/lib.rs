@@ -9,10 +9,19 @@ pub use redirect_core::istio::cli::{flags, settings};
 use std::ffi::OsString;
 
 use flags::Parsed;
+use redirect_core::logging::Sink;
 use run::{Failure, EXIT_ERROR, EXIT_OK};
+use tracing::level_filters::LevelFilter;
+
+/// redirect-init's log lines: `level<TAB>message` on stderr, from info up
+/// (`redirect_core::logging`). Installs the process's subscriber unless one is there already.
+pub fn log_to_stderr() {
+    redirect_core::logging::install(Sink::stderr(None, LevelFilter::INFO));
+}
 
 /// The whole program, from arguments and an environment lookup to an exit code.
 pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    log_to_stderr();
     let resolved = match flags::parse(args, env) {
         Ok(Parsed::Run(r)) => r,
         Ok(Parsed::Info(text)) => {
@@ -36,7 +45,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
     match result {
         Ok(()) => EXIT_OK,
         Err(f) => {
-            eprintln!("error\t{}", f.message);
+            tracing::error!("{}", f.message);
             f.code
         }
     }

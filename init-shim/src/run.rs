@@ -4,6 +4,8 @@
 
 use std::io::Write;
 
+use tracing::{info, warn};
+
 use redirect_core::capture::{self, Decision};
 use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::nft;
@@ -50,22 +52,6 @@ fn fail(message: String) -> Failure {
     }
 }
 
-pub fn info(msg: &str) {
-    log_line("info", msg);
-}
-
-pub fn warn(msg: &str) {
-    log_line("warn", msg);
-}
-
-/// One `write` per line: stderr is unbuffered, and `eprintln!` writes each piece on its own,
-/// which interleaves with other writers and costs a syscall per piece.
-fn log_line(level: &str, msg: &str) {
-    use std::io::Write;
-    let line = format!("{level}\t{msg}\n");
-    let _ = std::io::stderr().write_all(line.as_bytes());
-}
-
 /// Run in the current namespace (the caller entered `--network-namespace` already).
 pub fn run(mut s: Settings) -> Result<(), Failure> {
     let host = if s.cleanup_only {
@@ -74,16 +60,16 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
         Some(pod_facts::detect_host_address(s.dual_stack)?)
     };
     let (user_uid, nameservers, ignored) = settings::system_facts(&s)?;
-    ignored.iter().for_each(|w| warn(w));
+    ignored.iter().for_each(|w| warn!("{w}"));
     if let Some(h) = &host {
         for w in s.finish(h, user_uid, &nameservers)? {
-            warn(&w);
+            warn!("{w}");
         }
-        info(&format!(
+        info!(
             "pod address {} ({})",
             h.ip,
             if h.ipv6 { "IPv6 rules on" } else { "IPv4 only" }
-        ));
+        );
     }
     eprint!("{}", report::variables(&s));
 
@@ -96,7 +82,7 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
         return dry_run(&s, &rs);
     }
     if s.skip_rule_apply {
-        info("--skip-rule-apply: programming nothing");
+        info!("--skip-rule-apply: programming nothing");
     } else {
         match s.backend {
             Backend::Native => apply_native(&s, &rs)?,
@@ -113,23 +99,23 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
 fn cleanup(s: &Settings) -> Result<(), Failure> {
     if s.dry_run {
         let l = capture::leftovers()?;
-        info(&format!(
+        info!(
             "--dry-run: would remove: our table: {}; Istio nft tables: {:?}; Istio iptables chains: {}",
             l.table,
             l.istio_nft_tables,
             capture::describe(&l.istio_chains)
-        ));
+        );
         return Ok(());
     }
     let (done, istio) = capture::cleanup_with_istio(&capture::routing_of(&s.config))?;
-    info(&format!(
+    info!(
         "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {:?}; Istio iptables chains removed: {}",
         done.table,
         done.tproxy,
         done.lo_v6,
         istio.istio_nft_tables,
         capture::describe(&istio.istio_chains)
-    ));
+    );
     Ok(())
 }
 
@@ -180,24 +166,24 @@ fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
     let done = capture::reconcile(&s.config, rs, flags(s))?;
     match done.decision {
         Decision::Skip => {
-            info("the rules are already in place; nothing to apply (--force-apply reapplies)")
+            info!("the rules are already in place; nothing to apply (--force-apply reapplies)")
         }
         Decision::Apply { removes_istio, .. } => {
             // Counted as the kernel holds them (with the per-family dispatch of the hooked
             // chains), so the numbers are the ones `inspect` shows.
             let table = nft::expected(rs);
-            info(&format!(
+            info!(
                 "applied {} rules in {} chains to table inet {} in one transaction",
                 table.chains.iter().map(|c| c.rules.len()).sum::<usize>(),
                 table.chains.len(),
                 nft::TABLE
-            ));
+            );
             if removes_istio {
-                info(&format!(
+                info!(
                     "--reconcile: removed Istio's nft tables {:?} and iptables chains {}",
                     done.removed_istio_tables,
                     capture::describe(&done.removed_istio_chains)
-                ));
+                );
             }
         }
     }
@@ -208,22 +194,19 @@ fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
 fn apply_iptables(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
     let done = capture::reconcile_iptables(&s.config, rs, flags(s), s.force_iptables_binary)?;
     if !done.removed_istio_chains.is_empty() {
-        info(&format!(
+        info!(
             "--reconcile: removed {}",
             capture::describe(&done.removed_istio_chains)
-        ));
+        );
     }
     if done.removed_our_table {
-        info(&format!(
-            "--reconcile: removed our nft table {}",
-            nft::TABLE
-        ));
+        info!("--reconcile: removed our nft table {}", nft::TABLE);
     }
     for t in &done.tools {
-        info(&format!(
+        info!(
             "applied {} rules with {} ({} {}, {})",
             t.family, t.restore, t.variant, t.version, t.save
-        ));
+        );
     }
     let (v4, v6) = iptables_restore_all(rs);
     print_stdout(&v4);
@@ -236,21 +219,21 @@ fn apply_iptables(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
 /// Istio's probe; its failure is exit 126 with what the probe saw and what to check.
 fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
     let spec = s.probe_spec(host.ip.is_ipv6());
-    info(&format!(
+    info!(
         "validation: connecting to {}:{} as uid {}, expecting a redirect to port {} or {}",
         if spec.ipv6 { "[::6]" } else { "127.0.0.6" },
         spec.probe_port,
         nix_uid(),
         spec.envoy_port,
         spec.inbound_capture_port
-    ));
+    );
     match probe::run(&spec) {
         Ok(ok) => {
-            info(&format!(
+            info!(
                 "Validation passed, iptables rules established (redirected to port {} in {} ms)",
                 ok.listener_port,
                 ok.elapsed.as_millis()
-            ));
+            );
             Ok(())
         }
         Err(e) => {

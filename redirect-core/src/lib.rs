@@ -34,6 +34,8 @@ pub mod netns;
 pub mod routes;
 // Istio's validation probe and its diagnosis.
 pub mod validation;
+// The programs' one log subscriber and line format.
+pub mod logging;
 
 pub use config::{
     join, parse, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, DNS_AGENT_PORT,

@@ -18,7 +18,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch as signal;
 
 use super::metrics::{self, Metrics};
-use crate::install::log;
 
 /// What the endpoints report.
 #[derive(Clone)]
@@ -38,7 +37,7 @@ pub async fn serve(listener: TcpListener, status: Status, mut stop: signal::Rece
         let (tcp, _) = match conn {
             Ok(c) => c,
             Err(e) => {
-                log::warning!("monitoring port: accept failed: {e}");
+                tracing::warn!("monitoring port: accept failed: {e}");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }

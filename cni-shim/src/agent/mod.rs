@@ -16,7 +16,6 @@ use tokio::sync::watch as signal;
 use crate::cni::conf::NetConf;
 use crate::install::error::{Error, Result};
 use crate::install::kubeconfig::server_url;
-use crate::install::log;
 use crate::install::plugin_entry::standalone_conf;
 use crate::install::settings::Settings;
 use crate::repair::controller::Controller;
@@ -146,7 +145,7 @@ impl Parts {
         {
             Ok(r) => r,
             Err(e) => {
-                log::error!("the agent cannot start its runtime: {e}; no repair, no metrics");
+                tracing::error!("the agent cannot start its runtime: {e}; no repair, no metrics");
                 return;
             }
         };
@@ -160,7 +159,7 @@ impl Parts {
         if let Some(l) = self.listener {
             match tokio::net::TcpListener::from_std(l) {
                 Ok(l) => {
-                    log::info!(
+                    tracing::info!(
                         "serving /metrics, /readyz and /healthz on port {}",
                         s.monitoring_port
                     );
@@ -170,12 +169,12 @@ impl Parts {
                     };
                     tasks.spawn(http::serve(l, status, self.stop.clone()));
                 }
-                Err(e) => log::error!("monitoring port {}: {e}", s.monitoring_port),
+                Err(e) => tracing::error!("monitoring port {}: {e}", s.monitoring_port),
             }
         }
         let wants_client = s.repair.enabled || s.untaint.is_some();
         if !s.repair.enabled {
-            log::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
+            tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
         }
         if wants_client {
             match client(s).await {
@@ -200,7 +199,7 @@ impl Parts {
                         ));
                     }
                 }
-                Err(e) => log::error!("{e}; no repair controller and no untaint"),
+                Err(e) => tracing::error!("{e}; no repair controller and no untaint"),
             }
         }
         let mut stop = self.stop.clone();

@@ -12,8 +12,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::watch as signal;
 
-use crate::install::log;
-
 /// What an untaint pass found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Untainted {
@@ -63,14 +61,14 @@ pub async fn run(
     loop {
         match untaint(&client, &node, &key).await {
             Ok(Untainted::Removed) => {
-                log::info!("removed the taint {key} from node {node}: the plugin is installed");
+                tracing::info!("removed the taint {key} from node {node}: the plugin is installed");
                 return;
             }
             Ok(Untainted::Absent) => {
-                log::info!("node {node} does not carry the taint {key}: nothing to remove");
+                tracing::info!("node {node} does not carry the taint {key}: nothing to remove");
                 return;
             }
-            Err(e) => log::error!(
+            Err(e) => tracing::error!(
                 "could not remove the taint {key} from node {node}: {e}; the service account \
                  needs `get` and `patch` on nodes; retrying in {} s",
                 delay.as_secs()

@@ -10,7 +10,6 @@ use super::atomic_file::{self, FileAttrs};
 use super::chain;
 use super::conf_select::{self, ConfKind};
 use super::error::{Error, Result};
-use super::log;
 use super::plugin_entry::{self, is_ours};
 use super::settings::Settings;
 use super::undo::{Before, UndoRecord};
@@ -80,7 +79,7 @@ impl CniConfig {
             };
             match self.record.target() {
                 Some(prev) if prev != wanted => {
-                    log::info!(
+                    tracing::info!(
                         "the CNI config in use is now {}; removing our entry from {}",
                         wanted.display(),
                         prev.display()
@@ -144,7 +143,7 @@ impl CniConfig {
                 self.record.save(&self.state_path)?;
                 atomic_file::write_atomic(&list_path, &new, attrs)?;
                 atomic_file::remove(target)?;
-                log::info!(
+                tracing::info!(
                     "converted {} into {} (the original is kept in {} to restore on uninstall)",
                     target.display(),
                     list_path.display(),
@@ -183,8 +182,8 @@ impl CniConfig {
             self.record.restore_exact()?;
             for f in &self.record.files {
                 match f.before {
-                    Before::Absent => log::info!("removed {}", f.path.display()),
-                    _ => log::info!("restored {}", f.path.display()),
+                    Before::Absent => tracing::info!("removed {}", f.path.display()),
+                    _ => tracing::info!("restored {}", f.path.display()),
                 }
             }
         } else {
@@ -202,7 +201,7 @@ impl CniConfig {
                 continue;
             };
             let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
-                log::warning!("left {} alone: it is not JSON any more", f.path.display());
+                tracing::warn!("left {} alone: it is not JSON any more", f.path.display());
                 continue;
             };
             let attrs = atomic_file::attrs_of(&f.path)?.unwrap_or(FileAttrs::mode(0o644));
@@ -220,7 +219,7 @@ impl CniConfig {
                             atomic_file::remove(&f.path)?;
                         }
                     }
-                    log::info!("removed our config {}", f.path.display());
+                    tracing::info!("removed our config {}", f.path.display());
                 }
                 continue;
             }
@@ -238,7 +237,7 @@ impl CniConfig {
                     restore.push(f.clone());
                 }
                 UndoRecord { files: restore }.restore_exact()?;
-                log::info!(
+                tracing::info!(
                     "restored {} and removed our conversion {}",
                     conf.path.display(),
                     f.path.display()
@@ -247,7 +246,7 @@ impl CniConfig {
             }
             if remainder != value {
                 atomic_file::write_atomic(&f.path, &chain::render(&remainder), attrs)?;
-                log::info!("removed our entry from {}", f.path.display());
+                tracing::info!("removed our entry from {}", f.path.display());
             }
         }
         Ok(())
@@ -258,7 +257,7 @@ impl CniConfig {
             if let Some(bytes) = atomic_file::read_if_exists(&self.standalone_path)? {
                 if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| is_ours(&v)) {
                     atomic_file::remove(&self.standalone_path)?;
-                    log::info!("removed our config {}", self.standalone_path.display());
+                    tracing::info!("removed our config {}", self.standalone_path.display());
                 }
             }
             return Ok(());
@@ -283,7 +282,7 @@ impl CniConfig {
                     &chain::render(&chain::remove_entries(&value)),
                     attrs,
                 )?;
-                log::info!("removed our entry from {}", path.display());
+                tracing::info!("removed our entry from {}", path.display());
             }
         }
         Ok(())

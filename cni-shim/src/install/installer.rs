@@ -9,7 +9,6 @@ use super::binaries::{self, BinaryInstall};
 use super::config_file::{CniConfig, ConfigStatus};
 use super::error::{Error, Result};
 use super::kubeconfig::Kubeconfig;
-use super::log;
 use super::settings::Settings;
 
 #[derive(Debug)]
@@ -44,7 +43,7 @@ impl Installer {
     pub fn install_binaries(&self) -> Result<()> {
         for dir in &self.settings.cni_bin_dirs {
             if binaries::install_binary(&self.binary, dir)? == BinaryInstall::Copied {
-                log::info!(
+                tracing::info!(
                     "copied {} to {}",
                     self.binary.display(),
                     binaries::binary_path(dir).display()
@@ -58,7 +57,7 @@ impl Installer {
     pub fn ensure_kubeconfig(&self) -> Result<bool> {
         let written = self.kubeconfig.ensure()?;
         if written {
-            log::info!(
+            tracing::info!(
                 "wrote the kubeconfig {} (mode {:04o}, token from {})",
                 self.kubeconfig.path.display(),
                 self.kubeconfig.mode,
@@ -72,7 +71,7 @@ impl Installer {
     pub fn reconcile_config(&mut self) -> Result<ConfigStatus> {
         let status = self.config.reconcile()?;
         if let ConfigStatus::Written(path) = &status {
-            log::info!(
+            tracing::info!(
                 "wrote the CNI config {} ({})",
                 path.display(),
                 if self.settings.chained {
@@ -98,20 +97,20 @@ impl Installer {
         let mut first_err = None;
         let mut keep = |r: Result<()>| {
             if let Err(e) = r {
-                log::error!("uninstall: {e}");
+                tracing::error!("uninstall: {e}");
                 first_err.get_or_insert(e);
             }
         };
         keep(self.config.undo());
         keep(self.kubeconfig.remove().map(|removed| {
             if removed {
-                log::info!("removed {}", self.kubeconfig.path.display());
+                tracing::info!("removed {}", self.kubeconfig.path.display());
             }
         }));
         for dir in &self.settings.cni_bin_dirs {
             keep(binaries::remove_binary(&self.binary, dir).map(|removed| {
                 if removed {
-                    log::info!("removed {}", binaries::binary_path(dir).display());
+                    tracing::info!("removed {}", binaries::binary_path(dir).display());
                 }
             }));
         }

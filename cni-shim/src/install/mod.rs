@@ -20,7 +20,6 @@ pub mod config_file;
 pub mod error;
 pub mod installer;
 pub mod kubeconfig;
-pub(crate) mod log;
 pub mod plugin_entry;
 pub mod rate_limit;
 pub mod settings;
@@ -29,6 +28,9 @@ pub mod undo;
 pub mod watch;
 
 use std::ffi::OsString;
+
+use redirect_core::logging::Sink;
+use tracing::level_filters::LevelFilter;
 
 use crate::agent::Agent;
 
@@ -68,15 +70,15 @@ pub fn run_with_agent(
         a.stop();
     }
     let cleaned = if cleanup {
-        log::info!("stopping: removing what was installed");
+        tracing::info!("stopping: removing what was installed");
         inst.uninstall()
     } else {
-        log::info!("stopping: leaving the installation in place (--cleanup-on-exit=false)");
+        tracing::info!("stopping: leaving the installation in place (--cleanup-on-exit=false)");
         Ok(())
     };
     match (watched, cleaned) {
         (Err(e), Err(u)) => {
-            log::error!("{u}");
+            tracing::error!("{u}");
             Err(e)
         }
         (Err(e), Ok(())) => Err(e),
@@ -88,6 +90,8 @@ pub fn run_with_agent(
 /// `redirect-cni install` is skipped too), `env` looks up environment variables. Returns the
 /// exit code: 0 after a clean stop (SIGTERM/SIGINT) or `--help`, 1 on failure, 2 on bad flags.
 pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    // `level<TAB>message` on stderr, from info up, the agent's lines and kube's warnings too.
+    redirect_core::logging::install(Sink::stderr(None, LevelFilter::INFO));
     let settings = match settings::parse(args, env) {
         Ok(Parsed::Info(text)) => {
             print!("{text}");
@@ -95,18 +99,18 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         }
         Ok(Parsed::Run(s)) => *s,
         Err(e) => {
-            log::error!("{e}");
+            tracing::error!("{e}");
             return 2;
         }
     };
     let stop = match StopHandle::new().and_then(|s| signals::stop_on_signals(&s).map(|()| s)) {
         Ok(s) => s,
         Err(e) => {
-            log::error!("{e}");
+            tracing::error!("{e}");
             return 1;
         }
     };
-    log::info!(
+    tracing::info!(
         "redirect-cni install {}: {} mode, net dir {} (host {}), bin dirs {}, run dir {}",
         env!("CARGO_PKG_VERSION"),
         if settings.chained {
@@ -127,7 +131,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     let agent = match Agent::start(&settings) {
         Ok(a) => a,
         Err(e) => {
-            log::error!("{e}");
+            tracing::error!("{e}");
             return if matches!(e, Error::InvalidSetting { .. }) {
                 2
             } else {
@@ -138,7 +142,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     match run_with_agent(settings, &stop, &WatchOptions::default(), Some(agent)) {
         Ok(()) => 0,
         Err(e) => {
-            log::error!("{e}");
+            tracing::error!("{e}");
             1
         }
     }

@@ -11,7 +11,6 @@ use serde_json::Value;
 
 use super::atomic_file::{self, FileAttrs};
 use super::error::Result;
-use super::log;
 use super::plugin_entry::is_ours;
 
 /// A file before our change.
@@ -83,7 +82,7 @@ impl UndoRecord {
         match atomic_file::read_if_exists(path) {
             Ok(None) => UndoRecord::default(),
             Ok(Some(bytes)) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                log::warning!(
+                tracing::warn!(
                     "ignoring the unreadable install state {}: {e}; uninstall will only remove \
                      our entries",
                     path.display()
@@ -91,7 +90,7 @@ impl UndoRecord {
                 UndoRecord::default()
             }),
             Err(e) => {
-                log::warning!("ignoring the install state: {e}");
+                tracing::warn!("ignoring the install state: {e}");
                 UndoRecord::default()
             }
         }

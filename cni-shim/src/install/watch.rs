@@ -18,7 +18,6 @@ use super::atomic_file::TEMP_MARKER;
 use super::config_file::ConfigStatus;
 use super::error::{Error, Result};
 use super::installer::Installer;
-use super::log;
 use super::plugin_entry::PLUGIN_TYPE;
 use super::rate_limit::RewriteLimiter;
 
@@ -170,7 +169,7 @@ impl Watches {
             }
             Err(e) if required => Err(Error::Watch(format!("inotify on {}: {e}", dir.display()))),
             Err(e) => {
-                log::warning!(
+                tracing::warn!(
                     "cannot watch {} ({e}); it is re-checked every resync only",
                     dir.display()
                 );
@@ -188,7 +187,7 @@ impl Watches {
                 Ok(_) | Err(Errno::EAGAIN) => return rebuild,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    log::warning!("reading inotify events: {e}");
+                    tracing::warn!("reading inotify events: {e}");
                     *pending = Pending::all();
                     return true;
                 }
@@ -238,7 +237,7 @@ fn wait(watches: &Watches, stop: &StopHandle, timeout: Duration) -> bool {
     ) {
         Ok(_) | Err(Errno::EINTR) => {}
         Err(e) => {
-            log::warning!("poll: {e}");
+            tracing::warn!("poll: {e}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -292,13 +291,13 @@ pub fn watch(
                 Ok(status) => {
                     match (&status, &last) {
                         (ConfigStatus::Waiting, Some(ConfigStatus::Waiting)) => {}
-                        (ConfigStatus::Waiting, _) => log::info!(
+                        (ConfigStatus::Waiting, _) => tracing::info!(
                             "waiting for a CNI config in {} to chain into ({})",
                             inst.config.net_dir().display(),
                             inst.config.describe_dir()
                         ),
                         (ConfigStatus::Unchanged(path), None) => {
-                            log::info!("the CNI config {} is already in place", path.display())
+                            tracing::info!("the CNI config {} is already in place", path.display())
                         }
                         // A rewrite once the config has been in place is a repair: count it.
                         (ConfigStatus::Written(path), _) if installed_once => {
@@ -383,7 +382,7 @@ pub fn watch(
 fn report(e: Error, last_error: &mut String, opts: &WatchOptions) {
     let text = e.to_string();
     if text != *last_error {
-        log::error!("{text}; retrying every {}s", opts.retry.as_secs().max(1));
+        tracing::error!("{text}; retrying every {}s", opts.retry.as_secs().max(1));
         *last_error = text;
     }
 }
@@ -399,7 +398,7 @@ fn warn_rewrite_loop(
         Some(t) => format!(" (likely the owner of the {t:?} plugin)"),
         None => String::new(),
     };
-    log::warning!(
+    tracing::warn!(
         "the CNI config {} had to be rewritten {count} times in {}s: another CNI{culprit} keeps \
          rewriting its config without our entry; for Cilium set cni.exclusive=false; next \
          repair in {}s",

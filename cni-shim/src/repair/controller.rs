@@ -27,7 +27,6 @@ use super::queue::{Backoff, Queue, Retry};
 use super::RepairSettings;
 use crate::agent::metrics::{Metrics, Result as Counted};
 use crate::cni::conf::NetConf;
-use crate::install::log;
 use crate::plugin;
 
 /// Everything the controller needs.
@@ -53,7 +52,7 @@ impl Controller {
     /// Watches and acts until `stop` turns true.
     pub async fn run(self, mut stop: signal::Receiver<bool>) {
         let selector = self.settings.field_selector();
-        log::info!(
+        tracing::info!(
             "starting the repair controller: mode {}, pods with fieldSelector {selector:?}{}, \
              broken = init container {:?} last exited {} with annotation {:?}",
             self.settings.mode(),
@@ -94,7 +93,7 @@ impl Controller {
                 }
             }
         }
-        log::info!("the repair controller stopped");
+        tracing::info!("the repair controller stopped");
     }
 
     /// One attempt at the pod `uid`, with its latest state.
@@ -123,14 +122,14 @@ impl Controller {
             Done::Failed(why) => {
                 self.metrics.count(action, Counted::Fail);
                 match state.queue.retry(uid, Instant::now()) {
-                    Retry::After { delay, attempt } => log::error!(
+                    Retry::After { delay, attempt } => tracing::error!(
                         "pod {}: {} failed (attempt {attempt} of {}): {why}; retrying in {} ms",
                         pod_label(&pod),
                         action.metric_type(),
                         self.settings.max_attempts,
                         delay.as_millis()
                     ),
-                    Retry::GaveUp { attempts } => log::error!(
+                    Retry::GaveUp { attempts } => tracing::error!(
                         "pod {}: {} failed {attempts} times, the last: {why}; giving up until \
                          the pod changes again",
                         pod_label(&pod),
@@ -151,11 +150,13 @@ impl Controller {
             pod.metadata.name.clone().unwrap_or_default(),
         );
         if let Some(why) = plugin::excluded(&self.plugin, &ns, &name) {
-            log::info!("pod {who} is broken, but the plugin leaves it alone: {why}; not repaired");
+            tracing::info!(
+                "pod {who} is broken, but the plugin leaves it alone: {why}; not repaired"
+            );
             self.metrics.count(Action::Repair, Counted::Skip);
             return Done::Finished;
         }
-        log::info!(
+        tracing::info!(
             "pod {who} is broken (its validation exited {}): repairing it in place",
             self.settings.filter.exit_code
         );
@@ -172,7 +173,7 @@ impl Controller {
             Ok(Ok(Outcome::Repaired { netns })) => {
                 state.repaired.insert(uid.to_owned());
                 self.metrics.count(Action::Repair, Counted::Success);
-                log::info!(
+                tracing::info!(
                     "pod {who} repaired: its capture is in {} and reads back as the plugin's \
                      ({} ms); its validation passes at its next restart",
                     netns.display(),
@@ -183,7 +184,7 @@ impl Controller {
             Ok(Ok(Outcome::NotCaptured(why))) => {
                 state.repaired.insert(uid.to_owned());
                 self.metrics.count(Action::Repair, Counted::Skip);
-                log::info!("pod {who} is broken, but the plugin would not capture it ({why}); not repaired");
+                tracing::info!("pod {who} is broken, but the plugin would not capture it ({why}); not repaired");
                 Done::Finished
             }
             // The error names the pod first; the log line does already.
@@ -198,7 +199,7 @@ impl Controller {
 
     async fn delete(&self, pod: &Pod) -> Done {
         let who = pod_label(pod);
-        log::info!(
+        tracing::info!(
             "pod {who} is broken: deleting it (its controller recreates it with the plugin)"
         );
         let result = actions::delete(&self.client, pod).await;
@@ -210,7 +211,7 @@ impl Controller {
         match result {
             Ok(()) => {
                 self.metrics.count(Action::Delete, Counted::Success);
-                log::info!("pod {who} deleted");
+                tracing::info!("pod {who} deleted");
                 Done::Finished
             }
             Err(e) => Done::Failed(format!("delete: {e}")),
@@ -225,10 +226,10 @@ impl Controller {
         );
         if actions::has_label(pod, key) {
             self.metrics.count(Action::Label, Counted::Skip);
-            log::info!("pod {who} already has the label {key}: skipped");
+            tracing::info!("pod {who} already has the label {key}: skipped");
             return Done::Finished;
         }
-        log::info!("pod {who} is broken: labelling it {key}={value}");
+        tracing::info!("pod {who} is broken: labelling it {key}={value}");
         let result = actions::label(&self.client, pod, key, value).await;
         let message = match &result {
             Ok(()) => "pod detected as broken, labeled".to_string(),
@@ -238,7 +239,7 @@ impl Controller {
         match result {
             Ok(()) => {
                 self.metrics.count(Action::Label, Counted::Success);
-                log::info!("pod {who} labelled {key}={value}");
+                tracing::info!("pod {who} labelled {key}={value}");
                 Done::Finished
             }
             Err(e) => Done::Failed(format!("label: {e}")),
@@ -249,7 +250,7 @@ impl Controller {
         if let Err(e) =
             actions::warn(&self.client, pod, &self.settings.node_name, reason, message).await
         {
-            log::warning!(
+            tracing::warn!(
                 "pod {}: could not record the Event {reason}: {e}",
                 pod_label(pod)
             );
@@ -281,7 +282,7 @@ impl State {
 
     fn observe(&mut self, event: Event<Pod>, s: &RepairSettings) {
         if !self.last_error.is_empty() {
-            log::info!("watching pods again");
+            tracing::info!("watching pods again");
             self.last_error.clear();
         }
         match event {
@@ -336,7 +337,7 @@ impl State {
     fn watch_failed(&mut self, e: &watcher::Error) {
         let text = e.to_string();
         if text != self.last_error {
-            log::error!("watching this node's pods failed: {text}; retrying with backoff");
+            tracing::error!("watching this node's pods failed: {text}; retrying with backoff");
             self.last_error = text;
         }
     }
