@@ -17,7 +17,6 @@ pub fn plugin_main(
     env_error: Option<String>,
 ) -> i32 {
     use std::io::Write;
-    plugin::log_to_stderr();
     let inv = plugin::Invocation {
         env,
         stdin,

@@ -40,7 +40,7 @@ const LOG_PREFIX: &str = "redirect-cni";
 
 /// Log lines before the config is read (so before its level and file are known): stderr, from
 /// info up. The process's subscriber (`redirect_core::logging`) is installed here.
-pub fn log_to_stderr() {
+fn log_to_stderr() {
     logging::install(Sink::stderr(Some(LOG_PREFIX), LevelFilter::INFO));
 }
 
@@ -69,6 +69,8 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     if command == "VERSION" {
         return Ok(version(inv.stdin));
     }
+    // After VERSION, which logs nothing: the runtime runs it often, and it stays as cheap.
+    log_to_stderr();
     let conf = match conf::parse(inv.stdin) {
         Ok(conf) => conf,
         Err(e) => {
