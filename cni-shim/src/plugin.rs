@@ -38,8 +38,9 @@ pub const ENV_NAMES: &[&str] = &[
 /// Between the level and the message of every log line: the runtime's log mixes plugins.
 const LOG_PREFIX: &str = "redirect-cni";
 
-/// Log lines before the config is read (so before its level and file are known): stderr, from
-/// info up. The process's subscriber (`redirect_core::logging`) is installed here.
+/// Log lines when the config cannot be read (so its level and file are unknown): stderr, from
+/// info up. The process's subscriber (`redirect_core::logging`) is installed here or in
+/// `log_as_configured`.
 fn log_to_stderr() {
     logging::install(Sink::stderr(Some(LOG_PREFIX), LevelFilter::INFO));
 }
@@ -69,11 +70,12 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     if command == "VERSION" {
         return Ok(version(inv.stdin));
     }
-    // After VERSION, which logs nothing: the runtime runs it often, and it stays as cheap.
-    log_to_stderr();
+    // The subscriber is installed once: after VERSION, which logs nothing, and once the
+    // config says where lines go (parsing it logs nothing either); stderr alone when it is bad.
     let conf = match conf::parse(inv.stdin) {
         Ok(conf) => conf,
         Err(e) => {
+            log_to_stderr();
             error!("{command} {}{e}", pod_label(inv));
             return Err((e, conf::requested_version(inv.stdin)));
         }
