@@ -102,8 +102,8 @@ fn cleanup(s: &Settings) -> Result<(), Failure> {
         info!(
             "--dry-run: would remove: our table: {}; Istio nft tables: {:?}; Istio iptables chains: {}",
             l.table,
-            l.istio_nft_tables,
-            capture::describe(&l.istio_chains)
+            l.istio.nft_tables,
+            capture::describe(&l.istio.chains)
         );
         return Ok(());
     }
@@ -113,8 +113,8 @@ fn cleanup(s: &Settings) -> Result<(), Failure> {
         done.table,
         done.tproxy,
         done.lo_v6,
-        istio.istio_nft_tables,
-        capture::describe(&istio.istio_chains)
+        istio.nft_tables,
+        capture::describe(&istio.chains)
     );
     Ok(())
 }
@@ -181,8 +181,8 @@ fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
             if removes_istio {
                 info!(
                     "--reconcile: removed Istio's nft tables {:?} and iptables chains {}",
-                    done.removed_istio_tables,
-                    capture::describe(&done.removed_istio_chains)
+                    done.removed_istio.nft_tables,
+                    capture::describe(&done.removed_istio.chains)
                 );
             }
         }

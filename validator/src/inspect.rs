@@ -6,14 +6,14 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::capture::{self, Mismatch};
+use redirect_core::capture::{self, Mismatch, RoutesSeen};
 use redirect_core::istio::mesh::Decision;
 use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::nft::{self, text};
-use redirect_core::routes::{self, TproxyRouting};
+use redirect_core::routes::TproxyRouting;
 use redirect_core::validation::diagnosis::{self, KernelView};
+use redirect_core::Ruleset;
 use redirect_core::{netns, CaptureConfig};
-use redirect_core::{Family, Ruleset};
 use serde::Serialize;
 
 use crate::Error;
@@ -181,29 +181,32 @@ struct Kernel {
 
 fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::Result<Kernel> {
     let view = diagnosis::read_kernel(None)?;
+    // Read once: shown below, and judged against the expectation.
+    let routes = RoutesSeen::read_all(routing)?;
     let differences = match want {
-        Some(Expected::Rules(cfg, rs)) => capture::compare(cfg, rs, view.table.as_ref())?,
+        Some(Expected::Rules(cfg, rs)) => capture::compare(cfg, rs, view.table.as_ref(), &routes),
         Some(Expected::Nothing(_)) => capture::compare_uncaptured(view.table.as_ref()),
         None => Vec::new(),
     };
-    let mut tproxy = Vec::new();
-    for family in Family::ALL {
-        let st = routes::read_tproxy(routing, family)?;
-        if !st.is_absent() {
-            tproxy.push(format!(
+    let tproxy = routes
+        .tproxy
+        .iter()
+        .filter(|(_, st)| !st.is_absent())
+        .map(|(family, st)| {
+            format!(
                 "{family}: {} rule(s) fwmark {} lookup {}, local default route in table {}: {}",
                 st.rules,
                 routing.mark,
                 routing.table,
                 routing.table,
                 if st.route { "present" } else { "missing" }
-            ));
-        }
-    }
+            )
+        })
+        .collect();
     Ok(Kernel {
         view,
         tproxy,
-        lo_v6: routes::has_lo_v6_inbound_addr().unwrap_or(false),
+        lo_v6: routes.lo_v6,
         differences,
     })
 }

@@ -10,7 +10,7 @@ use crate::config::CaptureConfig;
 use crate::error::Result;
 use crate::nft::{self, Difference, TableState};
 use crate::plan::GroupResolver;
-use crate::routes;
+use crate::routes::{self, TproxyRouting, TproxyState};
 use crate::ruleset::{Family, Ruleset};
 
 /// One way the namespace differs from the config.
@@ -49,34 +49,83 @@ impl fmt::Display for Mismatch {
     }
 }
 
-/// In the calling thread's namespace: how its capture differs from `cfg` planned as `rs`;
-/// empty when it matches. One dump of our table.
-pub fn check(cfg: &CaptureConfig, rs: &Ruleset) -> Result<Vec<Mismatch>> {
-    compare(cfg, rs, nft::read_back()?.as_ref())
+/// What a namespace holds beside our table, read once: the TPROXY routing per family and
+/// `::6` on `lo`. `compare` judges it, `inspect` also shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoutesSeen {
+    /// The TPROXY rule and route of one mark and table, per family read.
+    pub tproxy: Vec<(Family, TproxyState)>,
+    /// `::6/128` on `lo` (false when not read).
+    pub lo_v6: bool,
 }
 
-/// `check` with our table already read back (`None`: no table of ours); the routes are read
-/// here.
+impl RoutesSeen {
+    /// What `cfg` planned as `rs` needs, and no more: the TPROXY routing of its families when
+    /// it tproxies inbound, `::6` with IPv6.
+    pub fn read_for(cfg: &CaptureConfig, rs: &Ruleset) -> Result<RoutesSeen> {
+        let tproxy = match super::tproxy_routing(cfg) {
+            Some(r) => read_tproxy_of(&r, &rs.families())?,
+            None => Vec::new(),
+        };
+        Ok(RoutesSeen {
+            tproxy,
+            lo_v6: cfg.ipv6 && routes::has_lo_v6_inbound_addr()?,
+        })
+    }
+
+    /// Everything, whatever a config needs: `routing` in both families, and `::6`.
+    pub fn read_all(routing: &TproxyRouting) -> Result<RoutesSeen> {
+        Ok(RoutesSeen {
+            tproxy: read_tproxy_of(routing, &Family::ALL)?,
+            lo_v6: routes::has_lo_v6_inbound_addr()?,
+        })
+    }
+
+    fn tproxy_complete(&self, family: Family) -> bool {
+        self.tproxy
+            .iter()
+            .any(|(f, st)| *f == family && st.is_complete())
+    }
+}
+
+fn read_tproxy_of(r: &TproxyRouting, families: &[Family]) -> Result<Vec<(Family, TproxyState)>> {
+    families
+        .iter()
+        .map(|&f| Ok((f, routes::read_tproxy(r, f)?)))
+        .collect()
+}
+
+/// In the calling thread's namespace: how its capture differs from `cfg` planned as `rs`;
+/// empty when it matches. One dump of our table, and only the routes `cfg` needs.
+pub fn check(cfg: &CaptureConfig, rs: &Ruleset) -> Result<Vec<Mismatch>> {
+    let table = nft::read_back()?;
+    let routes = RoutesSeen::read_for(cfg, rs)?;
+    Ok(compare(cfg, rs, table.as_ref(), &routes))
+}
+
+/// `check` on what was read already: our table (`None`: no table of ours) and the routes
+/// (read with at least what `RoutesSeen::read_for` reads).
 pub fn compare(
     cfg: &CaptureConfig,
     rs: &Ruleset,
     table: Option<&TableState>,
-) -> Result<Vec<Mismatch>> {
+    routes: &RoutesSeen,
+) -> Vec<Mismatch> {
     let mut out: Vec<Mismatch> = nft::compare(rs, table)
         .into_iter()
         .map(Mismatch::Rules)
         .collect();
-    if let Some(r) = super::tproxy_routing(cfg) {
+    if super::tproxy_routing(cfg).is_some() {
         for family in rs.families() {
-            if !routes::read_tproxy(&r, family)?.is_complete() {
+            if !routes.tproxy_complete(family) {
                 out.push(Mismatch::TproxyRouting(family));
             }
         }
     }
-    if cfg.ipv6 && !routes::has_lo_v6_inbound_addr()? {
+    if cfg.ipv6 && !routes.lo_v6 {
         out.push(Mismatch::LoV6Missing);
     }
-    Ok(out)
+    out
 }
 
 /// For a pod outside the mesh: our table must not be there.

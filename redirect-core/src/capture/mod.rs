@@ -6,17 +6,16 @@
 mod check;
 mod reconcile;
 
-pub use check::{check, check_in, compare, compare_uncaptured, Mismatch};
+pub use check::{check, check_in, compare, compare_uncaptured, Mismatch, RoutesSeen};
 pub use reconcile::{
-    decide, describe, reconcile, reconcile_iptables, Decision, Flags, Found, ReconcileError,
-    Reconciled, ReconciledIptables, Refusal,
+    decide, describe, reconcile, reconcile_iptables, Decision, Flags, Found, IstioRules,
+    ReconcileError, Reconciled, ReconciledIptables, Refusal,
 };
 
 use std::path::Path;
 
 use crate::config::{CaptureConfig, InterceptionMode};
 use crate::error::Result;
-use crate::istio::xtables::{self, Leftover};
 use crate::plan::GroupResolver;
 use crate::routes::{self, TproxyRouting};
 use crate::ruleset::{Family, Ruleset};
@@ -100,28 +99,22 @@ pub fn cleanup(routing: &TproxyRouting) -> Result<Cleaned> {
 pub struct Leftovers {
     /// Our nftables table.
     pub table: bool,
-    pub istio_nft_tables: Vec<String>,
-    pub istio_chains: Vec<Leftover>,
+    pub istio: IstioRules,
 }
 
 /// Read what `cleanup_with_istio` would remove (the routes aside).
 pub fn leftovers() -> Result<Leftovers> {
     Ok(Leftovers {
         table: crate::nft::read_back()?.is_some(),
-        istio_nft_tables: crate::nft::istio_tables()?,
-        istio_chains: xtables::find_istio_leftovers()?,
+        istio: IstioRules::read()?,
     })
 }
 
-/// `cleanup`, then Istio's nftables tables and iptables chains (`--cleanup-only`).
-pub fn cleanup_with_istio(routing: &TproxyRouting) -> Result<(Cleaned, Leftovers)> {
+/// `cleanup`, then Istio's nftables tables and iptables chains (`--cleanup-only`); returns
+/// what each removed.
+pub fn cleanup_with_istio(routing: &TproxyRouting) -> Result<(Cleaned, IstioRules)> {
     let ours = cleanup(routing)?;
-    let istio = Leftovers {
-        table: ours.table,
-        istio_nft_tables: crate::nft::remove_istio_tables()?,
-        istio_chains: xtables::remove_istio_leftovers()?,
-    };
-    Ok((ours, istio))
+    Ok((ours, IstioRules::remove()?))
 }
 
 /// Remove our table and the routes this config would have added.

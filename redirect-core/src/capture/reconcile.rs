@@ -20,15 +20,43 @@ pub struct Flags {
     pub force_apply: bool,
 }
 
+/// Istio's capture rules in a namespace (or our iptables backend's, which look the same).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IstioRules {
+    /// Istio's nftables tables (`inet istio-*`).
+    pub nft_tables: Vec<String>,
+    /// Istio's iptables chains, and its rules in built-in chains.
+    pub chains: Vec<Leftover>,
+}
+
+impl IstioRules {
+    /// Those in the calling thread's namespace.
+    pub fn read() -> Result<IstioRules> {
+        Ok(IstioRules {
+            nft_tables: nft::istio_tables()?,
+            chains: xtables::find_istio_leftovers()?,
+        })
+    }
+
+    /// Remove those in the calling thread's namespace; returns what was removed.
+    pub fn remove() -> Result<IstioRules> {
+        Ok(IstioRules {
+            nft_tables: nft::remove_istio_tables()?,
+            chains: xtables::remove_istio_leftovers()?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nft_tables.is_empty() && self.chains.is_empty()
+    }
+}
+
 /// What the namespace holds before the run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Found {
     /// Our table against the plan: `None` when there is no table of ours, empty when equal.
     pub ours: Option<Vec<Difference>>,
-    /// Istio's nftables tables (`istio-*`).
-    pub istio_nft_tables: Vec<String>,
-    /// Istio's iptables chains.
-    pub istio_chains: Vec<Leftover>,
+    pub istio: IstioRules,
 }
 
 impl Found {
@@ -38,13 +66,8 @@ impl Found {
         let ours = nft::read_back()?.map(|t| nft::compare(rs, Some(&t)));
         Ok(Found {
             ours,
-            istio_nft_tables: nft::istio_tables()?,
-            istio_chains: xtables::find_istio_leftovers()?,
+            istio: IstioRules::read()?,
         })
-    }
-
-    pub fn istio_present(&self) -> bool {
-        !self.istio_nft_tables.is_empty() || !self.istio_chains.is_empty()
     }
 }
 
@@ -65,10 +88,7 @@ pub enum Decision {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// Istio's rules are there and `--reconcile` was not given.
-    IstioRules {
-        nft_tables: Vec<String>,
-        chains: Vec<Leftover>,
-    },
+    IstioRules(IstioRules),
     /// Our rules for another configuration are there, and neither flag was given.
     OursDiffer { differences: Vec<Difference> },
     /// The iptables backend finds `ISTIO_*` chains, which iptables-restore cannot create again.
@@ -78,10 +98,11 @@ pub enum Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::IstioRules { nft_tables, chains } => write!(
+            Refusal::IstioRules(istio) => write!(
                 f,
-                "this namespace already holds Istio's capture rules (nft tables {nft_tables:?}; iptables chains {}): both sets of rules would act on every packet. Rerun with --reconcile to replace them with ours, or with --cleanup-only to remove them",
-                describe(chains)
+                "this namespace already holds Istio's capture rules (nft tables {:?}; iptables chains {}): both sets of rules would act on every packet. Rerun with --reconcile to replace them with ours, or with --cleanup-only to remove them",
+                istio.nft_tables,
+                describe(&istio.chains)
             ),
             Refusal::OursDiffer { differences } => {
                 let lines: Vec<String> = differences
@@ -128,12 +149,9 @@ pub fn describe(chains: &[Leftover]) -> String {
 
 /// The decision for the nftables backend.
 pub fn decide(found: &Found, flags: Flags) -> Result<Decision, Refusal> {
-    let istio = found.istio_present();
+    let istio = !found.istio.is_empty();
     if istio && !flags.reconcile {
-        return Err(Refusal::IstioRules {
-            nft_tables: found.istio_nft_tables.clone(),
-            chains: found.istio_chains.clone(),
-        });
+        return Err(Refusal::IstioRules(found.istio.clone()));
     }
     match &found.ours {
         Some(d) if d.is_empty() && !flags.force_apply && !istio => Ok(Decision::Skip),
@@ -154,8 +172,7 @@ pub fn decide(found: &Found, flags: Flags) -> Result<Decision, Refusal> {
 pub struct Reconciled {
     pub decision: Decision,
     /// Istio's tables and chains removed after ours were in place.
-    pub removed_istio_tables: Vec<String>,
-    pub removed_istio_chains: Vec<Leftover>,
+    pub removed_istio: IstioRules,
 }
 
 /// In the calling thread's namespace: read what is there, decide, and program `rs` (planned
@@ -167,23 +184,22 @@ pub fn reconcile(
 ) -> Result<Reconciled, ReconcileError> {
     let found = Found::read(rs)?;
     let decision = decide(&found, flags).map_err(ReconcileError::Refused)?;
-    let mut done = Reconciled {
-        decision,
-        removed_istio_tables: Vec::new(),
-        removed_istio_chains: Vec::new(),
-    };
-    if let Decision::Apply { removes_istio, .. } = decision {
+    if let Decision::Apply { .. } = decision {
         nft::apply(rs)?;
-        super::apply_routes(cfg)?;
-        if removes_istio {
-            // Ours are in place first, so no packet goes uncaptured while Istio's go.
-            done.removed_istio_tables = nft::remove_istio_tables()?;
-            done.removed_istio_chains = xtables::remove_istio_leftovers()?;
-        }
-    } else {
-        super::apply_routes(cfg)?;
     }
-    Ok(done)
+    super::apply_routes(cfg)?;
+    let removed_istio = match decision {
+        // Ours are in place first, so no packet goes uncaptured while Istio's go.
+        Decision::Apply {
+            removes_istio: true,
+            ..
+        } => IstioRules::remove()?,
+        _ => IstioRules::default(),
+    };
+    Ok(Reconciled {
+        decision,
+        removed_istio,
+    })
 }
 
 /// What `reconcile_iptables` did.
@@ -243,8 +259,10 @@ mod tests {
     fn found(ours: Option<Vec<Difference>>, istio: bool) -> Found {
         Found {
             ours,
-            istio_nft_tables: Vec::new(),
-            istio_chains: if istio { vec![chain()] } else { Vec::new() },
+            istio: IstioRules {
+                nft_tables: Vec::new(),
+                chains: if istio { vec![chain()] } else { Vec::new() },
+            },
         }
     }
 
@@ -296,8 +314,8 @@ mod tests {
     fn istio_rules_need_reconcile_even_when_forced() {
         for ours in [None, Some(Vec::new())] {
             let f = found(ours.clone(), true);
-            assert!(matches!(decide(&f, NONE), Err(Refusal::IstioRules { .. })));
-            assert!(matches!(decide(&f, FORCE), Err(Refusal::IstioRules { .. })));
+            assert!(matches!(decide(&f, NONE), Err(Refusal::IstioRules(_))));
+            assert!(matches!(decide(&f, FORCE), Err(Refusal::IstioRules(_))));
             // Equal rules of ours are programmed again before Istio's go.
             assert_eq!(decide(&f, RECONCILE), apply(ours.is_some(), true));
         }
