@@ -1,7 +1,7 @@
 //! The CNI commands. ADD programs a mesh pod's namespace; everything else about a pod that is
 //! not in the mesh is a pass-through, so the plugin never breaks a pod it does not capture.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use redirect_core::capture;
@@ -9,6 +9,7 @@ use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod::PodInfo;
 use redirect_core::istio::pod_facts;
 use redirect_core::logging::{self, Sink};
+use redirect_core::netns::Netns;
 use redirect_core::nft;
 use redirect_core::routes::TproxyRouting;
 use redirect_core::CaptureConfig;
@@ -262,8 +263,9 @@ fn fetch(conf: &NetConf, ns: &str, name: &str, why: &str) -> Result<PodInfo, Cni
     })
 }
 
-/// The pod's namespace file, checked: set, present, and not the plugin's own.
-fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<PathBuf, CniError> {
+/// The pod's namespace, opened once and judged by its descriptor: set, a network namespace,
+/// and not the plugin's own. What is judged here is what ADD and CHECK enter.
+fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<Netns, CniError> {
     let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
     if netns.is_empty() {
         return Err(CniError::new(
@@ -272,44 +274,39 @@ fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<PathBuf, CniError> {
             "the runtime must give the pod's network namespace",
         ));
     }
-    let path = PathBuf::from(&netns);
-    let missing = |e: std::io::Error| {
+    let ns = Netns::open(Path::new(&netns)).map_err(|e| {
         CniError::new(
             code::UNKNOWN_CONTAINER,
-            format!("CNI_NETNS {netns}: {e}"),
-            "the pod's network namespace does not exist (any more)",
+            format!("CNI_NETNS: {e}"),
+            "the runtime must pass the pod's namespace file (/proc/PID/ns/net or /run/netns/NAME), while the sandbox exists",
         )
-    };
-    let target = redirect_core::netns::netns_id_of(&path).map_err(missing)?;
-    if !redirect_core::netns::is_namespace_file(&path).map_err(missing)? {
+    })?;
+    if !conf.allow_host_netns && is_own(&ns)? {
         return Err(CniError::new(
-            code::UNKNOWN_CONTAINER,
-            format!("CNI_NETNS {netns} is not a network namespace (a regular file or a directory)"),
-            "the runtime must pass the pod's namespace file (/proc/PID/ns/net or /run/netns/NAME)",
+            code::HOST_NETNS,
+            format!("CNI_NETNS {netns} is the namespace the plugin runs in (the host's): refusing to capture its traffic"),
+            "a pod must have its own network namespace; set \"allow_host_netns\": true only for tests",
         ));
     }
-    if !conf.allow_host_netns {
-        let own = redirect_core::netns::current_netns_id().map_err(|e| {
-            CniError::new(
-                code::IO_FAILURE,
-                format!("cannot read our own network namespace: {e}"),
-                "",
-            )
-        })?;
-        if own == target {
-            return Err(CniError::new(
-                code::HOST_NETNS,
-                format!("CNI_NETNS {netns} is the namespace the plugin runs in (the host's): refusing to capture its traffic"),
-                "a pod must have its own network namespace; set \"allow_host_netns\": true only for tests",
-            ));
-        }
-    }
-    Ok(path)
+    Ok(ns)
+}
+
+/// Whether the held namespace is the plugin's own (the node's).
+fn is_own(ns: &Netns) -> Result<bool, CniError> {
+    ns.is_current().map_err(|e| {
+        CniError::new(
+            code::IO_FAILURE,
+            format!("cannot read our own network namespace: {e}"),
+            "",
+        )
+    })
 }
 
 fn kernel_error(what: &str, e: redirect_core::Error) -> CniError {
     let code = match e {
-        redirect_core::Error::NetnsOpen { .. } => code::UNKNOWN_CONTAINER,
+        redirect_core::Error::NetnsOpen { .. } | redirect_core::Error::NotNetns { .. } => {
+            code::UNKNOWN_CONTAINER
+        }
         redirect_core::Error::Config { .. } | redirect_core::Error::BypassConflict { .. } => {
             code::INVALID_CONFIG
         }
@@ -320,20 +317,18 @@ fn kernel_error(what: &str, e: redirect_core::Error) -> CniError {
 
 /// In the pod's namespace: the pod's own addresses decide IPv6 (as Istio), then apply.
 fn apply_in(
-    netns: &Path,
+    netns: &Netns,
     mut cfg: CaptureConfig,
     dual_stack: bool,
 ) -> Result<CaptureConfig, CniError> {
-    redirect_core::netns::run_in(
-        netns,
-        move || -> Result<CaptureConfig, redirect_core::Error> {
+    netns
+        .run(move || -> Result<CaptureConfig, redirect_core::Error> {
             cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
             capture::apply(&cfg, &SystemGroups)?;
             Ok(cfg)
-        },
-    )
-    .and_then(|r| r)
-    .map_err(|e| kernel_error("programming the pod's capture", e))
+        })
+        .and_then(|r| r)
+        .map_err(|e| kernel_error("programming the pod's capture", e))
 }
 
 fn add(inv: &Invocation, conf: &NetConf) -> Result<String, CniError> {
@@ -346,7 +341,7 @@ fn add(inv: &Invocation, conf: &NetConf) -> Result<String, CniError> {
     info!(
         "{}captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
         pod_label(inv),
-        netns.display(),
+        netns.path().display(),
         cfg.inbound_ports,
         cfg.outbound_include_cidrs,
         cfg.ipv6,
@@ -355,31 +350,48 @@ fn add(inv: &Invocation, conf: &NetConf) -> Result<String, CniError> {
     Ok(out)
 }
 
-/// DEL: remove ours when the namespace is still there; everything else succeeds.
+/// DEL: remove ours when the namespace is still there; everything else succeeds. A sandbox
+/// that is gone (no path, no file, or a file that is no network namespace any more, such as
+/// the empty mount point an unmounted namespace leaves) has nothing to remove: the CNI spec
+/// asks DEL to succeed then, or the runtime could never tear the sandbox down.
 fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
     let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
-    if netns.is_empty() || !Path::new(&netns).exists() {
-        info!("DEL: no network namespace any more: nothing to remove");
+    if netns.is_empty() {
+        info!("DEL: no network namespace given: nothing to remove");
         return Ok(());
     }
-    let path = PathBuf::from(&netns);
-    if !conf.allow_host_netns
-        && redirect_core::netns::netns_id_of(&path).ok()
-            == redirect_core::netns::current_netns_id().ok()
-    {
-        warn!("DEL: CNI_NETNS is the plugin's own namespace: nothing removed");
-        return Ok(());
-    }
-    let removed = redirect_core::netns::run_in(&path, || -> Result<bool, redirect_core::Error> {
-        // Only a namespace we programmed has routes and ::6 of ours.
-        if nft::read_back()?.is_none() {
-            return Ok(false);
+    let ns = match Netns::open(Path::new(&netns)) {
+        Ok(ns) => ns,
+        Err(redirect_core::Error::NetnsOpen { source, .. })
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::ENOENT) | Some(libc::ENOTDIR)
+            ) =>
+        {
+            info!("DEL: CNI_NETNS {netns} does not exist any more: nothing to remove");
+            return Ok(());
         }
-        capture::cleanup(&TproxyRouting::ISTIO)?;
-        Ok(true)
-    })
-    .and_then(|r| r)
-    .map_err(|e| kernel_error("removing the pod's capture", e))?;
+        Err(e @ redirect_core::Error::NotNetns { .. }) => {
+            info!("DEL: {e}: the sandbox is gone, nothing to remove");
+            return Ok(());
+        }
+        Err(e) => return Err(kernel_error("removing the pod's capture", e)),
+    };
+    if !conf.allow_host_netns && is_own(&ns)? {
+        warn!("DEL: CNI_NETNS {netns} is the plugin's own namespace: nothing removed");
+        return Ok(());
+    }
+    let removed = ns
+        .run(|| -> Result<bool, redirect_core::Error> {
+            // Only a namespace we programmed has routes and ::6 of ours.
+            if nft::read_back()?.is_none() {
+                return Ok(false);
+            }
+            capture::cleanup(&TproxyRouting::ISTIO)?;
+            Ok(true)
+        })
+        .and_then(|r| r)
+        .map_err(|e| kernel_error("removing the pod's capture", e))?;
     info!(
         "DEL {netns}: {}",
         if removed {
@@ -397,20 +409,21 @@ fn check(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
         return Ok(());
     };
     let netns = netns_of(inv, conf)?;
-    let diff = redirect_core::netns::run_in(&netns, move || -> Result<_, redirect_core::Error> {
-        let mut cfg = cfg;
-        cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
-        differences(&cfg)
-    })
-    .and_then(|r| r)
-    .map_err(|e| kernel_error("reading the pod's capture back", e))?;
+    let diff = netns
+        .run(move || -> Result<_, redirect_core::Error> {
+            let mut cfg = cfg;
+            cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
+            differences(&cfg)
+        })
+        .and_then(|r| r)
+        .map_err(|e| kernel_error("reading the pod's capture back", e))?;
     if diff.is_empty() {
         info!("CHECK: the rules match the pod's annotations");
         return Ok(());
     }
     Err(CniError::new(
         code::RULES_DIFFER,
-        format!("the capture rules in {} differ from what the pod's annotations ask for ({} differences)", netns.display(), diff.len()),
+        format!("the capture rules in {} differ from what the pod's annotations ask for ({} differences)", netns.path().display(), diff.len()),
         diff.iter().take(20).cloned().collect::<Vec<_>>().join("; "),
     ))
 }

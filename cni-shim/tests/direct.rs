@@ -281,25 +281,7 @@ fn the_plugin_refuses_its_own_namespace() {
     let node = pod_ns();
     let before = state(&node);
     let c = conf("1.0.0", Some(mesh_annotations()), serde_json::json!({}));
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", node.name(), common::BIN])
-        .env_clear()
-        .envs(env("ADD", node.path().to_str().unwrap(), ARGS))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut ch| {
-            use std::io::Write;
-            ch.stdin.take().unwrap().write_all(c.as_bytes())?;
-            ch.wait_with_output()
-        })
-        .unwrap();
-    let out = Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
+    let out = common::plugin_in(&node, &env("ADD", node.path().to_str().unwrap(), ARGS), &c);
     assert_cni_error(
         &out,
         103,

@@ -24,7 +24,7 @@ use common::cluster::Cluster;
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::netns::{netns_id_of, netns_id_of_file};
+use redirect_core::netns::{netns_id_of, Netns};
 use redirect_core::{nft, plan, CaptureConfig};
 use redirect_testkit::binary::{self, Run};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
@@ -81,8 +81,8 @@ fn cgroupfs(uid: &str) -> String {
     format!("/kubepods/besteffort/pod{uid}/0123456789abcdef")
 }
 
-fn same_ns(found: &fs::File, ns: &TestNetns) -> bool {
-    netns_id_of_file(found).unwrap() == netns_id_of(ns.path()).unwrap()
+fn same_ns(found: &Netns, ns: &TestNetns) -> bool {
+    found.id() == netns_id_of(ns.path()).unwrap()
 }
 
 #[test]
@@ -106,8 +106,8 @@ fn the_oldest_process_of_the_pod_whose_namespace_holds_its_ip_wins() {
     fs::create_dir_all(proc.path().join("self")).unwrap();
 
     let found = find(proc.path(), Path::new("/nonexistent"), UID, ip("10.55.0.2")).unwrap();
-    assert!(same_ns(&found.file, &a), "found {}", found.path.display());
-    assert_eq!(found.path, proc.path().join("11/ns/net"));
+    assert!(same_ns(&found, &a), "found {}", found.path().display());
+    assert_eq!(found.path(), proc.path().join("11/ns/net"));
 }
 
 #[test]
@@ -123,7 +123,7 @@ fn the_systemd_cgroup_driver_spells_the_uid_with_underscores() {
     );
     proc.add(42, &slice, 100, a.path());
     let found = find(proc.path(), Path::new("/nonexistent"), UID, ip("10.55.1.2")).unwrap();
-    assert!(same_ns(&found.file, &a));
+    assert!(same_ns(&found, &a));
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn the_agents_own_namespace_is_never_the_pods() {
     symlink(agent.path(), pins.path().join("agent")).unwrap();
     // Seen from another namespace, the pod's process and its namespace are found...
     let found = find(proc.path(), pins.path(), UID, ip("10.55.2.2")).unwrap();
-    assert!(same_ns(&found.file, &agent));
+    assert!(same_ns(&found, &agent));
     // ...seen from inside it (the agent's own namespace holds the IP), nothing is.
     let inside = agent.run(|| find(proc.path(), pins.path(), UID, ip("10.55.2.2")));
     match inside {
@@ -160,8 +160,8 @@ fn without_a_process_the_pinned_namespaces_are_searched() {
     symlink(a.path(), pins.path().join("cni-aaaa")).unwrap();
     symlink(b.path(), pins.path().join("cni-bbbb")).unwrap();
     let found = find(proc.path(), pins.path(), UID, ip("10.55.3.2")).unwrap();
-    assert!(same_ns(&found.file, &b));
-    assert_eq!(found.path, pins.path().join("cni-bbbb"));
+    assert!(same_ns(&found, &b));
+    assert_eq!(found.path(), pins.path().join("cni-bbbb"));
 
     let err = find(proc.path(), pins.path(), UID, ip("10.55.3.77")).unwrap_err();
     let text = err.to_string();

@@ -30,6 +30,11 @@ pub enum Error {
     #[error("cannot open network namespace {path}: {source}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
     NetnsOpen { path: PathBuf, source: io::Error },
 
+    /// The path opened, but what it names is not a network namespace (a regular file such as
+    /// the mount point a namespace left behind, a directory, another kind of namespace).
+    #[error("{path} is not a network namespace ({found}); the pod's namespace is /proc/PID/ns/net or /run/netns/NAME")]
+    NotNetns { path: PathBuf, found: String },
+
     /// `setns` into the namespace failed.
     #[error(
         "cannot enter network namespace {path}: {source}; {}",

@@ -9,35 +9,137 @@
 //!
 //! Netlink sockets belong to the namespace of the thread that created them, so code run inside
 //! opens its own sockets (as `routes` does).
+//!
+//! A path is named once: [`Netns::open`] opens it, judges the open descriptor (an nsfs file of
+//! a network namespace; its device and inode for the host guard) and enters that descriptor,
+//! never the path again. The plugin, `redirect-init --network-namespace`, `inspect --netns`
+//! and the repair controller all go through it.
 
 use std::any::Any;
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::sched::{setns, CloneFlags};
 
 use crate::error::{Error, Result};
 
-/// Runs `f` in the network namespace at `path` (e.g. `/var/run/netns/NAME` or
-/// `/proc/PID/ns/net`) on a dedicated thread and returns what `f` returns.
-///
-/// The namespace file is opened before the thread starts, so a missing path fails fast with
-/// [`Error::NetnsOpen`]. A failing `setns` gives [`Error::NetnsEnter`] and `f` does not run.
-/// A panic in `f` becomes [`Error::NetnsThread`]. `f` may borrow from the caller (scoped thread).
-pub fn run_in<T: Send, F: FnOnce() -> T + Send>(path: &Path, f: F) -> Result<T> {
-    let ns = File::open(path).map_err(|source| Error::NetnsOpen {
-        path: path.to_owned(),
-        source,
-    })?;
-    run_in_file(&ns, path, f)
+/// A network namespace held open: the descriptor that was judged is the one entered, so a
+/// path whose target changes between two system calls (a `/proc/PID/ns/net` whose PID was
+/// reused, a symlink swapped under us) can never send the work somewhere else. Open it once
+/// with [`Netns::open`], judge it (`id`, `is_current`), and [`Netns::run`] in it.
+#[derive(Debug)]
+pub struct Netns {
+    file: File,
+    path: PathBuf,
+    id: NetnsId,
 }
 
-/// [`run_in`] for a namespace file the caller holds open, so the namespace checked earlier is
-/// the one entered (a `/proc/PID/...` path could name another namespace by then). `path` only
-/// names it in errors.
-pub fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -> Result<T> {
+impl Netns {
+    /// Opens the namespace file at `path` and checks, on the open descriptor, that it is a
+    /// network namespace: [`Error::NetnsOpen`] when it cannot be opened (missing: the pod is
+    /// gone), [`Error::NotNetns`] when it is something else (the empty mount point a namespace
+    /// leaves when it is unmounted, a directory, another kind of namespace).
+    pub fn open(path: &Path) -> Result<Netns> {
+        let file = File::open(path).map_err(|source| Error::NetnsOpen {
+            path: path.to_owned(),
+            source,
+        })?;
+        Netns::from_file(file, path)
+    }
+
+    /// [`Netns::open`] for a file the caller opened; `path` names it in errors and logs.
+    pub fn from_file(file: File, path: &Path) -> Result<Netns> {
+        let not = |found: String| Error::NotNetns {
+            path: path.to_owned(),
+            found,
+        };
+        let io = |source: io::Error| Error::NetnsOpen {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = file.metadata().map_err(io)?;
+        let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| io(e.into()))?;
+        if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+            return Err(not(kind_of(&meta)));
+        }
+        match namespace_type(&file) {
+            Ok(t) if t == libc::CLONE_NEWNET => {}
+            Ok(t) => return Err(not(format!("a namespace of another kind (type {t:#x})"))),
+            Err(e) => {
+                return Err(not(format!(
+                    "a namespace file whose type cannot be read: {e}"
+                )))
+            }
+        }
+        Ok(Netns {
+            id: NetnsId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The namespace's identity, read from the open descriptor.
+    pub fn id(&self) -> NetnsId {
+        self.id
+    }
+
+    /// The path it was opened by (for messages: it may name something else by now).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this is the namespace the calling thread is in (the node's, for the plugin).
+    pub fn is_current(&self) -> io::Result<bool> {
+        Ok(current_netns_id()? == self.id)
+    }
+
+    /// Runs `f` in this namespace on a dedicated thread and returns what `f` returns: see the
+    /// module's comment. A failing `setns` gives [`Error::NetnsEnter`] and `f` does not run; a
+    /// panic in `f` becomes [`Error::NetnsThread`]. `f` may borrow from the caller.
+    pub fn run<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> Result<T> {
+        run_in_file(&self.file, &self.path, f)
+    }
+}
+
+/// What a file that is not a namespace is, in words.
+fn kind_of(meta: &std::fs::Metadata) -> String {
+    let t = meta.file_type();
+    if t.is_file() && meta.len() == 0 {
+        "an empty regular file, as the mount point of an unmounted namespace is".into()
+    } else if t.is_file() {
+        "a regular file".into()
+    } else if t.is_dir() {
+        "a directory".into()
+    } else {
+        "not a namespace file".into()
+    }
+}
+
+// NS_GET_NSTYPE (linux/nsfs.h): _IO(0xb7, 0x3); the namespace's CLONE_NEW* type.
+nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+
+/// The `CLONE_NEW*` type of an open namespace file (Linux 4.11+).
+fn namespace_type(file: &File) -> io::Result<libc::c_int> {
+    // SAFETY: NS_GET_NSTYPE takes no argument and returns the type; the descriptor is open
+    // for the duration of the call (borrowed from `file`).
+    unsafe { ns_get_nstype(file.as_raw_fd()) }.map_err(io::Error::from)
+}
+
+/// Runs `f` in the network namespace at `path` (e.g. `/var/run/netns/NAME` or
+/// `/proc/PID/ns/net`) on a dedicated thread and returns what `f` returns: [`Netns::open`]
+/// (the path is opened once, judged and entered by its descriptor), then [`Netns::run`].
+pub fn run_in<T: Send, F: FnOnce() -> T + Send>(path: &Path, f: F) -> Result<T> {
+    Netns::open(path)?.run(f)
+}
+
+/// Runs `f` in the namespace of a file the caller holds open; `path` only names it in errors.
+fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -> Result<T> {
     let thread_error = |reason: String| Error::NetnsThread {
         path: path.to_owned(),
         reason,
@@ -74,16 +176,8 @@ pub fn current_netns_id() -> io::Result<NetnsId> {
     netns_id_of(Path::new("/proc/thread-self/ns/net"))
 }
 
-/// The id of the namespace file the caller holds open.
-pub fn netns_id_of_file(f: &File) -> io::Result<NetnsId> {
-    let meta = f.metadata()?;
-    Ok(NetnsId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    })
-}
-
-/// The id of the network namespace that the namespace file at `path` refers to.
+/// The id of the network namespace that the namespace file at `path` refers to now (for tests
+/// and reports; to judge a namespace before entering it, hold it: [`Netns::id`]).
 pub fn netns_id_of(path: &Path) -> io::Result<NetnsId> {
     let meta = std::fs::metadata(path)?;
     Ok(NetnsId {
@@ -100,11 +194,4 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
     } else {
         "(a panic payload that is not a string)"
     }
-}
-
-/// Whether `path` is a namespace file (nsfs: `/proc/PID/ns/net` or a bind mount of it under
-/// `/run/netns`), not a regular file or a directory that merely exists.
-pub fn is_namespace_file(path: &Path) -> io::Result<bool> {
-    let fs = nix::sys::statfs::statfs(path).map_err(io::Error::from)?;
-    Ok(fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }

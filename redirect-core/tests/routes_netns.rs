@@ -231,26 +231,34 @@ fn run_in_turns_a_panic_into_netns_thread() {
 }
 
 #[test]
-fn run_in_on_a_file_that_is_no_namespace_is_netns_enter() {
-    if !kernel_tests_allowed("run_in_on_a_file_that_is_no_namespace_is_netns_enter") {
+fn run_in_on_a_file_that_is_no_network_namespace_is_not_netns() {
+    if !kernel_tests_allowed("run_in_on_a_file_that_is_no_network_namespace_is_not_netns") {
         return;
     }
-    let path = Path::new("/proc/version");
-    let ran = AtomicBool::new(false);
-    let err = netns::run_in(path, || ran.store(true, Ordering::SeqCst)).unwrap_err();
-    match &err {
-        Error::NetnsEnter { path: p, source } => {
-            assert_eq!(p, path);
-            assert_eq!(source.raw_os_error(), Some(libc::EINVAL));
+    // A regular file, a directory, and a namespace of another kind: judged on the open
+    // descriptor before any thread enters anything.
+    for (path, found) in [
+        ("/proc/version", "regular file"),
+        ("/proc/self", "a directory"),
+        ("/proc/self/ns/mnt", "another kind"),
+    ] {
+        let path = Path::new(path);
+        let ran = AtomicBool::new(false);
+        let err = netns::run_in(path, || ran.store(true, Ordering::SeqCst)).unwrap_err();
+        match &err {
+            Error::NotNetns { path: p, found: f } => {
+                assert_eq!(p, path);
+                assert!(f.contains(found), "{path:?}: {f}");
+            }
+            other => panic!("{path:?}: expected NotNetns, got {other:?}"),
         }
-        other => panic!("expected NetnsEnter, got {other:?}"),
+        let msg = err.to_string();
+        assert!(
+            msg.contains("is not a network namespace") && !msg.contains("CAP_SYS_ADMIN"),
+            "{msg}"
+        );
+        assert!(!ran.load(Ordering::SeqCst), "the closure must not run");
     }
-    let msg = err.to_string();
-    assert!(
-        msg.contains("not a network namespace file") && !msg.contains("CAP_SYS_ADMIN"),
-        "{msg}"
-    );
-    assert!(!ran.load(Ordering::SeqCst), "the closure must not run");
 }
 
 // ---- routes ----

@@ -94,9 +94,10 @@ enum Expected {
 
 fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
-    std::fs::metadata(&path).map_err(|source| Error::Netns {
-        path: path.clone(),
-        source,
+    // Opened once: both reads below enter this descriptor, whatever the path names later.
+    let ns = netns::Netns::open(&path).map_err(|e| match e {
+        redirect_core::Error::NetnsOpen { path, source } => Error::Netns { path, source },
+        other => other.into(),
     })?;
     let mut settings = args::settings(r)?;
     let decision = match args::get(&r.matches, "annotations") {
@@ -108,7 +109,9 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
         Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
         _ => settings.dual_stack,
     };
-    let host = netns::run_in(&path, move || pod_facts::detect_host_address(dual_stack))?.ok();
+    let host = ns
+        .run(move || pod_facts::detect_host_address(dual_stack))?
+        .ok();
     let expected = match decision {
         Some(Decision::Skip(why)) => {
             Some(("the pod's annotations".to_string(), Expected::Nothing(why)))
@@ -142,7 +145,9 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
         _ => TproxyRouting::ISTIO,
     };
     let want = expected.as_ref().map(|(_, e)| e);
-    let kernel = netns::run_in(&path, move || read(&routing, want))?.map_err(Error::KernelRead)?;
+    let kernel = ns
+        .run(move || read(&routing, want))?
+        .map_err(Error::KernelRead)?;
     Ok(found(path, host, kernel, expected))
 }
 

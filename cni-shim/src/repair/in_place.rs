@@ -9,7 +9,6 @@ use k8s_openapi::api::core::v1::Pod;
 use redirect_core::capture;
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod_facts;
-use redirect_core::netns;
 use redirect_core::SystemGroups;
 
 use super::pod_netns::{self, FindError};
@@ -94,27 +93,29 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
             source: Box::new(source),
         }
     })?;
-    let applied = netns::run_in_file(&ns.file, &ns.path, || -> Result<_, redirect_core::Error> {
-        let mut cfg = cfg;
-        cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
-        let rs = capture::apply(&cfg, &SystemGroups)?;
-        let differences = capture::check(&cfg, &rs)?;
-        Ok(differences
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>())
-    })
-    .and_then(|r| r);
+    let netns = ns.path().to_owned();
+    let applied = ns
+        .run(|| -> Result<_, redirect_core::Error> {
+            let mut cfg = cfg;
+            cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
+            let rs = capture::apply(&cfg, &SystemGroups)?;
+            let differences = capture::check(&cfg, &rs)?;
+            Ok(differences
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>())
+        })
+        .and_then(|r| r);
     match applied {
-        Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns: ns.path }),
+        Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns }),
         Ok(differences) => Err(RepairError::NotInKernel {
             pod: label,
-            netns: ns.path,
+            netns,
             differences,
         }),
         Err(source) => Err(RepairError::Apply {
             pod: label,
-            netns: ns.path,
+            netns,
             source,
         }),
     }

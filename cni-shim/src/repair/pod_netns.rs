@@ -15,20 +15,16 @@
 //! - the agent's own namespace is never a candidate;
 //! - the namespace is returned as an open file, which is what the apply enters.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::netns::{self, NetnsId};
+use redirect_core::netns::{self, Netns, NetnsId};
 
-/// A pod's network namespace, held open.
-#[derive(Debug)]
-pub struct PodNetns {
-    pub file: File,
-    /// Where it was found: `<proc>/<pid>/ns/net` or a pin, for log lines.
-    pub path: PathBuf,
-}
+/// A pod's network namespace, held open (its path, `Netns::path`, is where it was found:
+/// `<proc>/<pid>/ns/net` or a pin, for log lines).
+pub type PodNetns = Netns;
 
 /// Why no namespace was found; each names what was looked at.
 #[derive(Debug, thiserror::Error)]
@@ -143,19 +139,16 @@ fn start_time(stat: &str) -> Option<u64> {
 
 /// The namespace at `path`, opened, if it is not one already looked at and it holds `ip`.
 fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns> {
-    let file = File::open(path).ok()?;
-    let id = netns::netns_id_of_file(&file).ok()?;
-    if seen.contains(&id) {
+    let ns = Netns::open(path).ok()?;
+    if seen.contains(&ns.id()) {
         return None;
     }
-    seen.push(id);
-    let addrs = netns::run_in_file(&file, path, redirect_core::routes::interface_addresses)
+    seen.push(ns.id());
+    let addrs = ns
+        .run(redirect_core::routes::interface_addresses)
         .ok()?
         .ok()?;
-    addrs.iter().any(|(_, a)| *a == ip).then(|| PodNetns {
-        file,
-        path: path.to_owned(),
-    })
+    addrs.iter().any(|(_, a)| *a == ip).then_some(ns)
 }
 
 #[cfg(test)]

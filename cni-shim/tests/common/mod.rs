@@ -90,6 +90,31 @@ pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Out {
     }
 }
 
+/// Run the plugin inside `ns` (through `ip netns exec`), which plays the node's namespace: the
+/// plugin's own namespace, the one its host guard protects.
+pub fn plugin_in(ns: &TestNetns, env: &[(&str, &str)], stdin: &str) -> Out {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.name(), BIN])
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn ip netns exec redirect-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 /// Listeners in `ns` on `ports` (the kit's `Landings`); `probe` answers where a connection
 /// landed as (listener port, original destination), or `None`.
 pub fn listen(ns: &TestNetns, ports: &[u16]) -> Landings {
