@@ -412,6 +412,7 @@ fn oracle(label: &Label, t: &NftTable, acked: bool) -> Vec<u8> {
             true,
         ),
         Label::AddTable => table_msg(libc::NFT_MSG_NEWTABLE, libc::NLM_F_ACK, TABLE, false),
+        Label::ActivateTable => table_msg(libc::NFT_MSG_NEWTABLE, libc::NLM_F_ACK, TABLE, true),
         Label::DeleteTable(name) => table_msg(libc::NFT_MSG_DELTABLE, libc::NLM_F_ACK, name, false),
         Label::AddSet(i) => set_definition(&t.sets[*i]),
         Label::AddElements { set, chunk } => {
@@ -504,6 +505,12 @@ fn check_pair(from: &CaptureConfig, to: &CaptureConfig, what: &str) -> usize {
         return 0;
     };
     let mut n = check(&nft::encode_create(&b, 1), &b, &format!("{what}: create"));
+    // The same table found dormant: the update that makes it active again.
+    let mut dormant = nft::state_of(&b);
+    dormant.flags = 1;
+    let (batch, changes) = nft::encode_update(&dormant, &b).expect("a dormant table changes");
+    assert!(changes.table_flags, "{what}: {changes:?}");
+    n += check(&batch, &b, &format!("{what}: activate"));
     for (x, y, dir) in [(&a, &b, "forward"), (&b, &a, "back")] {
         let current = nft::state_of(x);
         if let Some((batch, _)) = nft::encode_update(&current, y) {

@@ -40,6 +40,8 @@ struct Found {
     netns: PathBuf,
     pod_address: Option<String>,
     table: Option<Vec<Chain>>,
+    /// The table's flags as nft names them (`dormant`), when it has any.
+    table_flags: Option<String>,
     sets: Vec<Set>,
     istio_nft_tables: Vec<String>,
     istio_iptables: Vec<String>,
@@ -252,6 +254,11 @@ fn found(
                 }
             )
         }),
+        table_flags: k
+            .table
+            .as_ref()
+            .filter(|t| t.flags != 0)
+            .map(|t| nft::table_flags(t.flags)),
         sets: k
             .table
             .as_ref()
@@ -303,8 +310,15 @@ fn text(f: &Found) -> String {
         }
         Some(chains) => {
             let rules: usize = chains.iter().map(|c| c.rules.len()).sum();
+            let flags = match &f.table_flags {
+                Some(fl) if fl.contains("dormant") => {
+                    format!("flags {fl} (its chains are unhooked: nothing is captured), ")
+                }
+                Some(fl) => format!("flags {fl}, "),
+                None => String::new(),
+            };
             s += &format!(
-                "table inet {}: {}, {}, {}\n",
+                "table inet {}: {flags}{}, {}, {}\n",
                 nft::TABLE,
                 counted(chains.len(), "chain"),
                 counted(rules, "rule"),

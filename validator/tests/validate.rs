@@ -337,6 +337,38 @@ fn inspect_compares_and_names_a_deleted_rule() {
     assert!(r.stdout.contains("expected: not given"), "{}", r.stdout);
 }
 
+/// A dormant table captures nothing whatever its rules: inspect says so and counts it.
+#[test]
+fn inspect_names_a_dormant_table() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    let flags: Vec<&str> = SIDECAR_ARGS.to_vec();
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    ns.sh("nft add table inet redirect_capture '{ flags dormant; }'");
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("table inet redirect_capture: flags dormant (its chains are unhooked: nothing is captured)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("- table inet redirect_capture has flags dormant but the plan has none: a dormant table hooks no chain"),
+        "{}",
+        r.stdout
+    );
+    let v: Value =
+        serde_json::from_str(&inspect(&ns, &[&flags[..], &["--json"]].concat()).stdout).unwrap();
+    assert_eq!(v["table_flags"], "dormant", "{v}");
+    assert_eq!(v["equal"], false, "{v}");
+    // Applied again, the table is active and equal.
+    apply(&ns, &CaptureConfig::istio_sidecar_default());
+    let r = inspect(&ns, &flags);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}
+
 #[test]
 fn inspect_with_annotations_and_istio_leftovers() {
     if !kernel_tests_enabled() {

@@ -19,15 +19,23 @@ pub enum Label {
     End,
     CreateTable,
     AddTable,
+    /// `add table` with its flags written as 0: a dormant table becomes active.
+    ActivateTable,
     DeleteTable(String),
     AddSet(usize),
     FlushSet(String),
     DeleteSet(String),
-    AddElements { set: usize, chunk: usize },
+    AddElements {
+        set: usize,
+        chunk: usize,
+    },
     AddChain(usize),
     FlushChain(String),
     DeleteChain(String),
-    AddRule { chain: usize, rule: usize },
+    AddRule {
+        chain: usize,
+        rule: usize,
+    },
 }
 
 impl Label {
@@ -38,6 +46,7 @@ impl Label {
             Label::End => "the batch (its commit)".into(),
             Label::CreateTable => format!("create table inet {TABLE}"),
             Label::AddTable => format!("add table inet {TABLE}"),
+            Label::ActivateTable => format!("add table inet {TABLE} {{ flags 0; }}"),
             Label::DeleteTable(name) => format!("delete table inet {name}"),
             Label::AddSet(i) => format!("add set {}", t.sets[*i].name),
             Label::FlushSet(name) => format!("flush set {name}"),

@@ -39,11 +39,20 @@ pub fn generation(sock: &Socket) -> Result<u32> {
     })
 }
 
-/// Whether our table exists.
-pub fn exists(sock: &Socket) -> Result<bool> {
-    Ok(sock
-        .request(message::get_table(TABLE), "our table")?
-        .is_some())
+/// Our table's flags (`NFTA_TABLE_FLAGS`), or `None` when it does not exist.
+pub fn table_flags(sock: &Socket) -> Result<Option<u32>> {
+    let answer = sock.request(message::get_table(TABLE), "our table")?;
+    Ok(answer.map(|m| match m {
+        NfTablesMessage::NewTable(t) => t
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                TableAttribute::Flags(f) => Some(f.bits()),
+                _ => None,
+            })
+            .unwrap_or(0),
+        _ => 0,
+    }))
 }
 
 /// Dump our table; `None` when it does not exist.
@@ -61,10 +70,13 @@ pub fn table(sock: &Socket) -> Result<Option<TableState>> {
 }
 
 fn table_once(sock: &Socket) -> Result<Option<TableState>> {
-    if !exists(sock)? {
+    let Some(flags) = table_flags(sock)? else {
         return Ok(None);
-    }
-    let mut state = TableState::default();
+    };
+    let mut state = TableState {
+        flags,
+        ..TableState::default()
+    };
     for raw in sock
         .dump_ours(message::get_chains(), "our chains")?
         .unwrap_or_default()

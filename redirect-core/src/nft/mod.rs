@@ -39,7 +39,7 @@ pub use lower::{
     base_chain_name, chain_name, lower, merged_ranges, BaseSpec, ChainKind, NftChain, NftSet,
     NftTable, SetElem,
 };
-pub use state::{BaseState, ChainState, Difference, SetState, TableState};
+pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableState};
 pub use update::Changes;
 
 use crate::error::Result;

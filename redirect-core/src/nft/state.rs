@@ -13,9 +13,12 @@ use super::text;
 use super::TABLE;
 use crate::ruleset::Hook;
 
-/// A table as read back: chains (sorted by name) and sets (sorted by name).
+/// A table as read back: its flags, chains (sorted by name) and sets (sorted by name).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableState {
+    /// `NFTA_TABLE_FLAGS`: 0 for ours. `dormant` unhooks every chain: nothing is captured,
+    /// whatever the rules say.
+    pub flags: u32,
     pub chains: Vec<ChainState>,
     pub sets: Vec<SetState>,
 }
@@ -125,6 +128,10 @@ impl TableState {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Difference {
     TableMissing,
+    /// The table carries flags (`dormant`: its chains are unhooked, nothing is captured).
+    TableFlags {
+        flags: String,
+    },
     ChainMissing {
         chain: String,
     },
@@ -174,6 +181,15 @@ impl fmt::Display for Difference {
             TableMissing => write!(
                 f,
                 "table inet {TABLE} is missing: no capture rules in this namespace"
+            ),
+            TableFlags { flags } => write!(
+                f,
+                "table inet {TABLE} has flags {flags} but the plan has none{}",
+                if flags.contains("dormant") {
+                    ": a dormant table hooks no chain, so nothing is captured"
+                } else {
+                    ""
+                }
             ),
             ChainMissing { chain } => write!(f, "chain {chain} is missing"),
             ChainUnexpected { chain } => write!(f, "chain {chain} is not in the plan"),
@@ -230,6 +246,7 @@ impl fmt::Display for Difference {
 /// What the kernel should hold for a lowered table.
 pub fn expected(t: &NftTable) -> TableState {
     let mut state = TableState {
+        flags: 0,
         chains: t
             .chains
             .iter()
@@ -267,6 +284,11 @@ pub fn compare(expected: &TableState, actual: Option<&TableState>) -> Vec<Differ
         return vec![Difference::TableMissing];
     };
     let mut out = Vec::new();
+    if actual.flags != expected.flags {
+        out.push(Difference::TableFlags {
+            flags: table_flags(actual.flags),
+        });
+    }
     for e in &expected.chains {
         let Some(a) = actual.chain(&e.name) else {
             out.push(Difference::ChainMissing {
@@ -315,6 +337,21 @@ pub fn compare(expected: &TableState, actual: Option<&TableState>) -> Vec<Differ
         }
     }
     out
+}
+
+/// Table flags as nft names them (`dormant`, `owner`, `persist`), unknown bits in hex.
+pub fn table_flags(flags: u32) -> String {
+    const NAMES: [(u32, &str); 3] = [(1, "dormant"), (2, "owner"), (4, "persist")];
+    let mut words: Vec<String> = NAMES
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| name.to_string())
+        .collect();
+    let rest = flags & !NAMES.iter().map(|(bit, _)| bit).sum::<u32>();
+    if rest != 0 {
+        words.push(format!("{rest:#x}"));
+    }
+    words.join(",")
 }
 
 /// The elements one set has and the other lacks, as ports or CIDRs; as raw keys when the

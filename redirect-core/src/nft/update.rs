@@ -110,6 +110,8 @@ fn fill(b: &mut Batch, t: &NftTable) {
 /// What an in-place update changes, by name.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
+    /// The table's flags are cleared (a `dormant` table hooks no chain).
+    pub table_flags: bool,
     /// Chains flushed and refilled (kept, with other rules).
     pub refilled_chains: Vec<String>,
     /// Chains deleted and added again (their hook or kind changed).
@@ -139,7 +141,10 @@ fn refers_to(rules: &[Vec<Expr>], chains: &BTreeSet<&str>, sets: &BTreeSet<&str>
 /// What turns `cur` into `t`.
 pub fn changes(cur: &TableState, t: &NftTable) -> Changes {
     let want = expected(t);
-    let mut ch = Changes::default();
+    let mut ch = Changes {
+        table_flags: cur.flags != want.flags,
+        ..Changes::default()
+    };
     for s in &want.sets {
         match cur.set(&s.name) {
             None => ch.added_sets.push(s.name.clone()),
@@ -201,11 +206,17 @@ pub fn update(
         return None;
     }
     let mut b = Batch::new(first_seq, genid);
-    // The table is there; adding it again asserts so within the transaction.
+    // The table is there; adding it again asserts so within the transaction, and with its
+    // flags written (0) clears them: a dormant table becomes active again.
+    let label = if ch.table_flags {
+        Label::ActivateTable
+    } else {
+        Label::AddTable
+    };
     b.push(
-        message::new_table(TABLE, false),
+        message::new_table(TABLE, ch.table_flags),
         flags::ADD_TABLE,
-        Label::AddTable,
+        label,
     );
     // 1. Empty every chain that changes or goes: their rules hold references.
     let emptied = ch
