@@ -54,6 +54,11 @@ pub enum Error {
         hint: &'static str,
     },
 
+    /// The ruleset changed while our table was read, every time it was tried: what was read
+    /// could mix two states, so it is not judged.
+    #[error("the nf_tables ruleset kept changing while our table was read ({tries} reads, each overtaken by another writer); nothing was judged: try again once the other writer is done")]
+    ReadUnsettled { tries: usize },
+
     /// The kernel rejected an nf_tables message.
     #[error("the kernel rejected {what}: {source} (errno {errno}){hint}")]
     NftRejected {

@@ -19,8 +19,11 @@ use super::TABLE;
 use crate::error::Result;
 use crate::Error;
 
-/// How often a dump that a concurrent change interrupted is tried again.
-const DUMP_TRIES: usize = 3;
+/// How often a read of our table starts over because the ruleset changed while it was read,
+/// before it fails with [`Error::ReadUnsettled`]. A read takes about a millisecond; another
+/// writer that moves the ruleset ten times in a row is still writing, and what it leaves is
+/// for the next read to judge.
+const READ_TRIES: usize = 10;
 
 /// The ruleset's generation: a batch bound to it fails if anything changed since.
 pub fn generation(sock: &Socket) -> Result<u32> {
@@ -55,18 +58,29 @@ pub fn table_flags(sock: &Socket) -> Result<Option<u32>> {
     }))
 }
 
-/// Dump our table; `None` when it does not exist.
+/// Dump our table; `None` when it does not exist. One state of it, never a mix: see
+/// [`table_at`].
 pub fn table(sock: &Socket) -> Result<Option<TableState>> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match table_once(sock) {
-            Err(Error::NftRejected { errno, .. }) if errno == libc::EINTR && tries < DUMP_TRIES => {
-                continue
-            }
-            other => return other,
+    table_at(sock).map(|(_, t)| t)
+}
+
+/// Dump our table, with the ruleset generation it was read at. The table, its chains, rules,
+/// sets and elements come in separate dumps; the generation is read before and after them,
+/// and when it moved (another writer committed in between, so the parts may belong to two
+/// states) the read starts over, up to [`READ_TRIES`] times.
+pub fn table_at(sock: &Socket) -> Result<(u32, Option<TableState>)> {
+    for _ in 0..READ_TRIES {
+        let before = generation(sock)?;
+        let state = match table_once(sock) {
+            // A dump the kernel marked interrupted: the generation moved too.
+            Err(Error::NftRejected { errno, .. }) if errno == libc::EINTR => continue,
+            other => other?,
+        };
+        if generation(sock)? == before {
+            return Ok((before, state));
         }
     }
+    Err(Error::ReadUnsettled { tries: READ_TRIES })
 }
 
 fn table_once(sock: &Socket) -> Result<Option<TableState>> {

@@ -49,7 +49,8 @@ use crate::ruleset::Ruleset;
 pub const TABLE: &str = "redirect_capture";
 
 /// How often apply reads the table again when a concurrent change moved the ruleset under it,
-/// before it replaces the table whatever it holds.
+/// before it replaces the table whatever it holds (as it does when the read itself cannot
+/// settle).
 const APPLY_TRIES: usize = 3;
 
 /// Program a ruleset: create our table, or update it in place to the ruleset, atomically.
@@ -73,8 +74,14 @@ pub enum Applied {
 pub fn apply_table(table: &NftTable) -> Result<Applied> {
     let sock = socket::Socket::open()?;
     for _ in 0..APPLY_TRIES {
-        let genid = dump::generation(&sock)?;
-        let (batch, applied) = match dump::table(&sock)? {
+        // The batch is bound to the generation the table was read at: if anything changed
+        // since, the kernel refuses it whole.
+        let (genid, current) = match dump::table_at(&sock) {
+            Ok(read) => read,
+            Err(crate::Error::ReadUnsettled { .. }) => break,
+            Err(e) => return Err(e),
+        };
+        let (batch, applied) = match current {
             None => (
                 update::create(table, sock.next_seq(), Some(genid)),
                 Applied::Created,
