@@ -64,6 +64,24 @@ pub fn cidr_list(cidrs: &[IpNet]) -> String {
     Selection::List(cidrs.to_vec()).to_string()
 }
 
+/// The sidecar default with every port excluded from inbound capture but one (65,535 ports, as
+/// an `excludeInboundPorts` annotation can list them): one range in the interval set.
+pub fn ports_all() -> CaptureConfig {
+    CaptureConfig {
+        inbound_exclude_ports: (1..=65535).collect(),
+        ..sidecar_default()
+    }
+}
+
+/// The sidecar default with every other port excluded (2, 4, ..., 65534: 32,767 ports, none
+/// adjacent): the worst case of the interval form, where nothing merges.
+pub fn ports_alternate() -> CaptureConfig {
+    CaptureConfig {
+        inbound_exclude_ports: (2..=65534).step_by(2).collect(),
+        ..sidecar_default()
+    }
+}
+
 /// The configurations every benchmark runs, by name.
 pub fn configs() -> Vec<(&'static str, CaptureConfig)> {
     vec![
@@ -72,6 +90,8 @@ pub fn configs() -> Vec<(&'static str, CaptureConfig)> {
         ("exclude-10", with_excluded(10)),
         ("exclude-1000", with_excluded(1000)),
         ("exclude-10000", with_excluded(10_000)),
+        ("ports-65535", ports_all()),
+        ("ports-alternate", ports_alternate()),
     ]
 }
 

@@ -416,10 +416,39 @@ fn with_filler(mut list: Vec<IpNet>) -> Vec<IpNet> {
     list
 }
 
+/// A port list made long enough for the nft backend's interval form (merged ranges, see
+/// `nft::PORT_RANGES_MIN`): each listed port opens a run of the next three (so a tested port is
+/// the first port of a range, and some of its neighbours join it), and 300 ports that merge
+/// with nothing (every other port from 40000).
+fn with_port_filler(list: Vec<u16>) -> Vec<u16> {
+    let mut out: Vec<u16> = Vec::new();
+    let runs = list
+        .iter()
+        .flat_map(|&p| (0..4).map(move |i| p.saturating_add(i)));
+    for p in runs.chain((0..300).map(|i| 40000 + 2 * i)) {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Ports from `pool`, sometimes padded into a long list (`with_port_filler`).
+fn port_list(
+    pool: &'static [u16],
+    len: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = Vec<u16>> {
+    prop_oneof![
+        4 => subsequence(pool, len.clone()),
+        1 => subsequence(pool, len).prop_map(with_port_filler),
+    ]
+}
+
 fn port_selection(pool: &'static [u16]) -> impl Strategy<Value = Selection<u16>> {
     prop_oneof![
         3 => Just(Selection::All),
         2 => subsequence(pool, 1..=pool.len()).prop_map(Selection::List),
+        1 => subsequence(pool, 1..=pool.len()).prop_map(|l| Selection::List(with_port_filler(l))),
         1 => Just(Selection::List(Vec::new())),
     ]
 }
@@ -457,9 +486,9 @@ fn config() -> impl Strategy<Value = CaptureConfig> {
             Just(InterceptionMode::Tproxy)
         ],
         port_selection(&INBOUND),
-        subsequence(&INBOUND_EXCLUDE[..], 0..=INBOUND_EXCLUDE.len()),
-        subsequence(&OUT_INCLUDE_PORTS[..], 0..=OUT_INCLUDE_PORTS.len()),
-        subsequence(&OUT_EXCLUDE_PORTS[..], 0..=3),
+        port_list(&INBOUND_EXCLUDE, 0..=INBOUND_EXCLUDE.len()),
+        port_list(&OUT_INCLUDE_PORTS, 0..=OUT_INCLUDE_PORTS.len()),
+        port_list(&OUT_EXCLUDE_PORTS, 0..=3),
     );
     let ids = (
         // Root (0) owns the pod's listeners: as the proxy, their replies are "the proxy's".

@@ -1,7 +1,7 @@
 //! The nftables netlink backend against the kernel: apply, idempotence, atomic failure,
 //! remove, read-back and drift detection. Each test has a fresh network namespace.
 
-use redirect_core::nft::{self, Difference, TABLE};
+use redirect_core::nft::{self, text, Difference, TABLE};
 use redirect_core::plan;
 use redirect_core::{Action, Chain, Family, Match, Rule, Stage, L4};
 use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
@@ -32,8 +32,20 @@ fn full_config() -> CaptureConfig {
     }
 }
 
+/// Port lists long enough for the interval form (merged ranges): a contiguous run, the
+/// worst case (every other port: nothing merges), and all ports but one.
+fn long_port_lists() -> CaptureConfig {
+    CaptureConfig {
+        inbound_exclude_ports: (1..=20000).chain([15090, 15021, 15020]).collect(),
+        outbound_exclude_ports: (2..=65534).step_by(2).collect(),
+        outbound_include_ports: (1..=65535).filter(|p| *p != 8080).collect(),
+        ..CaptureConfig::istio_sidecar_default()
+    }
+}
+
 fn configs() -> Vec<(&'static str, CaptureConfig)> {
     vec![
+        ("long port lists", long_port_lists()),
         ("istio default", CaptureConfig::istio_sidecar_default()),
         (
             "istio default ipv6",
@@ -203,4 +215,40 @@ fn large_cidr_lists_load_as_one_set() {
     let rs = plan(&cfg).unwrap();
     nft::apply_in(ns.path(), &rs).unwrap();
     assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());
+}
+
+/// A long port list is one interval set of merged ranges, read back as ranges; a second apply
+/// sends nothing.
+#[test]
+fn long_port_lists_are_ranges_in_an_interval_set() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = TestNetns::new();
+    let rs = plan(&long_port_lists()).unwrap();
+    let t = nft::lower(&rs);
+    nft::apply_in(ns.path(), &rs).unwrap();
+    let back = nft::read_back_in(ns.path()).unwrap().expect("a table");
+    let set = |name: &str| back.set(name).unwrap_or_else(|| panic!("no set {name}"));
+    let inbound = set("inbound-exclude-ports");
+    assert!(inbound.interval(), "{inbound:?}");
+    assert_eq!(text::set_elements(inbound), ["1-20000"]);
+    let every_other = set("outbound-exclude-ports");
+    assert_eq!(text::set_elements(every_other).len(), 32767);
+    assert_eq!(text::set_elements(every_other)[..2], ["2", "4"]);
+    assert_eq!(
+        text::set_elements(set("outbound-include-ports")),
+        ["1-8079", "8081-65535"]
+    );
+    let listed = ns.sh("nft list set inet redirect_capture outbound-include-ports");
+    assert!(
+        listed.contains("flags interval") && listed.contains("1-8079, 8081-65535"),
+        "{listed}"
+    );
+    // Applied again: nothing differs, nothing is sent.
+    assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());
+    match ns.run(|| nft::apply_table(&t)).unwrap() {
+        nft::Applied::Updated(ch) => assert!(ch.is_empty(), "{ch:?}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -44,6 +44,14 @@ fn configs() -> Vec<(&'static str, CaptureConfig)> {
             },
         ),
         (
+            // Long enough for the interval form: a run and ports that merge with nothing.
+            "long port lists",
+            CaptureConfig {
+                inbound_exclude_ports: (1..=300).chain((1000..1600).step_by(2)).collect(),
+                ..CaptureConfig::istio_sidecar_default()
+            },
+        ),
+        (
             "capture all dns",
             CaptureConfig {
                 dns: DnsCapture::All,

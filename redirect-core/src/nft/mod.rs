@@ -36,8 +36,8 @@ pub use batch::{Encoded, Label};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
 pub use foreign::{families_with_tables, istio_tables, remove_istio_tables};
 pub use lower::{
-    base_chain_name, chain_name, lower, merged_ranges, BaseSpec, ChainKind, NftChain, NftSet,
-    NftTable, SetElem,
+    base_chain_name, chain_name, lower, merged_ranges, port_ranges, BaseSpec, ChainKind, NftChain,
+    NftSet, NftTable, SetElem, PORT_RANGES_MIN,
 };
 pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableState};
 pub use update::Changes;

@@ -357,11 +357,11 @@ pub fn set_elements(set: &SetState) -> Vec<String> {
         }
     }
     if let Some((start, len)) = open {
-        // No end: the range runs to the top of the address space.
-        let top = if len == 4 {
-            u32::MAX as u128
-        } else {
-            u128::MAX
+        // No end: the range runs to the top of the key space.
+        let top = match len {
+            2 => u16::MAX as u128,
+            4 => u32::MAX as u128,
+            _ => u128::MAX,
         };
         out.extend(cidrs(start, Some(top), len));
     }
@@ -370,6 +370,14 @@ pub fn set_elements(set: &SetState) -> Vec<String> {
 
 fn cidrs(start: u128, last: Option<u128>, len: usize) -> Vec<String> {
     let Some(last) = last else { return Vec::new() };
+    if len == 2 {
+        // Ports: one port, or a range as nft writes it.
+        return vec![if start == last {
+            start.to_string()
+        } else {
+            format!("{start}-{last}")
+        }];
+    }
     if len == 4 {
         let (a, b) = (Ipv4Addr::from(start as u32), Ipv4Addr::from(last as u32));
         Ipv4Subnets::new(a, b, 0).map(|n| n.to_string()).collect()

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::config::join_with;
-use crate::nft::{base_chain_name, chain_name, TABLE};
+use crate::nft::{base_chain_name, chain_name, port_ranges, TABLE};
 use crate::ruleset::{
     Action, AddrMatch, CtStates, Family, HookedChains, Match, NamedSet, PortMatch, Rule, Ruleset,
     SetElements, Stage,
@@ -39,7 +39,25 @@ pub fn nft_script(rs: &Ruleset) -> String {
 
 fn write_set(s: &mut String, set: &NamedSet) {
     let (ty, flags, elems) = match &set.elements {
-        SetElements::Ports(p) => ("inet_service", "", join_with(p, ", ")),
+        // A long list as the netlink backend lowers it: merged ranges in an interval set.
+        SetElements::Ports(p) => match port_ranges(p) {
+            Some(ranges) => (
+                "inet_service",
+                " flags interval;",
+                ranges
+                    .iter()
+                    .map(|(a, b)| {
+                        if a == b {
+                            a.to_string()
+                        } else {
+                            format!("{a}-{b}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            None => ("inet_service", "", join_with(p, ", ")),
+        },
         SetElements::Cidrs(c) => (
             if set.family == Some(Family::V6) {
                 "ipv6_addr"

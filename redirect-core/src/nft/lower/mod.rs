@@ -16,7 +16,7 @@ mod sets;
 
 /// The type of a base chain; the model decides it (`Stage::chain_kind`).
 pub use crate::ruleset::ChainKind;
-pub use sets::merged_ranges;
+pub use sets::{merged_ranges, port_ranges, PORT_RANGES_MIN};
 
 /// A base chain's hook, kind and priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,6 +22,32 @@ pub const MASKED_MIN_CIDRS: usize = 256;
 /// Each prefix length costs one more rule and one more lookup per packet.
 pub const MASKED_MAX_PREFIXES: usize = 8;
 
+/// A port list at least this long is lowered to an interval set of merged ranges. A plain set
+/// of 2-byte keys gets the kernel's bitmap backend, which checks each new element against every
+/// element already inserted: 43,000 ports cost 8 s of kernel time, and any pod author can write
+/// that many into one annotation. An interval set (an rbtree) inserts each range in
+/// logarithmic time, and a contiguous run of ports is one range. Shorter lists keep the bitmap,
+/// the fastest lookup (and cheap to fill at this size).
+pub const PORT_RANGES_MIN: usize = 256;
+
+/// A long port list as sorted, merged inclusive ranges; `None` for a short list (see
+/// [`PORT_RANGES_MIN`]). The renderers use the same decision.
+pub fn port_ranges(ports: &[u16]) -> Option<Vec<(u16, u16)>> {
+    if ports.len() < PORT_RANGES_MIN {
+        return None;
+    }
+    let mut sorted = ports.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<(u16, u16)> = Vec::new();
+    for p in sorted {
+        match out.last_mut() {
+            Some((_, last)) if p <= last.saturating_add(1) => *last = (*last).max(p),
+            _ => out.push((p, p)),
+        }
+    }
+    Some(out)
+}
+
 /// Every set of the ruleset, appended to `out` with dense ids from 1; returns the CIDR sets
 /// lowered as hash sets per prefix length, which the rules that look them up need.
 pub(super) fn lower_sets<'a>(sets: &'a [NamedSet], out: &mut Vec<NftSet>) -> Masked<'a> {
@@ -120,6 +146,22 @@ const TYPE_INET_SERVICE: u32 = 13;
 
 fn lower_set(set: &NamedSet, id: u32) -> NftSet {
     match &set.elements {
+        SetElements::Ports(ports) if port_ranges(ports).is_some() => {
+            let ranges: Vec<(u128, Option<u128>)> = port_ranges(ports)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(first, last)| (first as u128, (last < u16::MAX).then_some(last as u128 + 1)))
+                .collect();
+            NftSet {
+                name: set.name.clone(),
+                id,
+                key_type: TYPE_INET_SERVICE,
+                key_len: 2,
+                interval: true,
+                size: None,
+                elements: interval_elements(&ranges, 2),
+            }
+        }
         SetElements::Ports(ports) => NftSet {
             name: set.name.clone(),
             id,
@@ -137,28 +179,6 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
         },
         SetElements::Cidrs(cidrs) => {
             let (key_type, key_len) = addr_key(set);
-            let mut elements = Vec::new();
-            let ranges = merged_ranges(cidrs);
-            // Like nft, open with an interval end at 0 when the first range starts above it, so
-            // every key below the first range finds an end and misses on every kernel.
-            if ranges.first().is_some_and(|(start, _)| *start > 0) {
-                elements.push(SetElem {
-                    key: int_to_key(0, key_len),
-                    interval_end: true,
-                });
-            }
-            for (start, end) in ranges {
-                elements.push(SetElem {
-                    key: int_to_key(start, key_len),
-                    interval_end: false,
-                });
-                if let Some(end) = end {
-                    elements.push(SetElem {
-                        key: int_to_key(end, key_len),
-                        interval_end: true,
-                    });
-                }
-            }
             NftSet {
                 name: set.name.clone(),
                 id,
@@ -166,10 +186,37 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
                 key_len,
                 interval: true,
                 size: None,
-                elements,
+                elements: interval_elements(&merged_ranges(cidrs), key_len),
             }
         }
     }
+}
+
+/// The keys of an interval set holding sorted, disjoint, non-adjacent [start, end) ranges
+/// (`None` end: to the top of the key space).
+fn interval_elements(ranges: &[(u128, Option<u128>)], key_len: u32) -> Vec<SetElem> {
+    let mut elements = Vec::with_capacity(ranges.len() * 2 + 1);
+    // Like nft, open with an interval end at 0 when the first range starts above it, so
+    // every key below the first range finds an end and misses on every kernel.
+    if ranges.first().is_some_and(|(start, _)| *start > 0) {
+        elements.push(SetElem {
+            key: int_to_key(0, key_len),
+            interval_end: true,
+        });
+    }
+    for &(start, end) in ranges {
+        elements.push(SetElem {
+            key: int_to_key(start, key_len),
+            interval_end: false,
+        });
+        if let Some(end) = end {
+            elements.push(SetElem {
+                key: int_to_key(end, key_len),
+                interval_end: true,
+            });
+        }
+    }
+    elements
 }
 
 /// CIDRs as sorted, merged half-open ranges [start, end); `None` end = to the top of the space.
@@ -212,10 +259,10 @@ pub fn merged_ranges(cidrs: &[IpNet]) -> Vec<(u128, Option<u128>)> {
 }
 
 pub(super) fn int_to_key(v: u128, len: u32) -> Vec<u8> {
-    if len == 4 {
-        (v as u32).to_be_bytes().to_vec()
-    } else {
-        v.to_be_bytes().to_vec()
+    match len {
+        2 => (v as u16).to_be_bytes().to_vec(),
+        4 => (v as u32).to_be_bytes().to_vec(),
+        _ => v.to_be_bytes().to_vec(),
     }
 }
 
@@ -226,6 +273,43 @@ mod tests {
 
     fn nets(s: &[&str]) -> Vec<IpNet> {
         s.iter().map(|c| c.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn long_port_lists_become_merged_ranges_short_ones_stay_plain() {
+        assert_eq!(port_ranges(&[15090, 15021, 15020]), None);
+        let mut long: Vec<u16> = (1000..1300).collect();
+        long.extend([7, 5, 6, 65535, 65534, 1299, 40000]);
+        assert_eq!(
+            port_ranges(&long).unwrap(),
+            [(5, 7), (1000, 1299), (40000, 40000), (65534, 65535)]
+        );
+        let set = NamedSet {
+            name: "p".into(),
+            family: None,
+            elements: SetElements::Ports(long),
+        };
+        let lowered = lower_set(&set, 1);
+        assert!(lowered.interval);
+        let keys: Vec<(u16, bool)> = lowered
+            .elements
+            .iter()
+            .map(|e| (u16::from_be_bytes([e.key[0], e.key[1]]), e.interval_end))
+            .collect();
+        // An end at 0 first; the last range runs to the top of the port space (no end key).
+        assert_eq!(
+            keys,
+            [
+                (0, true),
+                (5, false),
+                (8, true),
+                (1000, false),
+                (1300, true),
+                (40000, false),
+                (40001, true),
+                (65534, false)
+            ]
+        );
     }
 
     #[test]
