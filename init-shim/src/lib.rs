@@ -46,6 +46,9 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
         Ok(()) => EXIT_OK,
         Err(f) => {
             tracing::error!("{}", f.message);
+            for line in &f.details {
+                tracing::error!("{line}");
+            }
             f.code
         }
     }

@@ -26,7 +26,9 @@ const ENVIRONMENT: &[&str] = &[
 pub fn environment(env: &dyn Fn(&str) -> Option<String>) -> String {
     let mut s = String::from("Istio iptables environment:\n");
     for name in ENVIRONMENT {
-        let _ = writeln!(s, "{name}={}", env(name).unwrap_or_default());
+        // The values are the pod author's: escaped, so none can forge a line of the log.
+        let value = redirect_core::logging::escape(&env(name).unwrap_or_default());
+        let _ = writeln!(s, "{name}={value}");
     }
     s
 }
@@ -103,7 +105,8 @@ pub fn variables(s: &Settings) -> String {
     ];
     let mut out = String::from("Istio iptables variables:\n");
     for (k, v) in rows {
-        let _ = writeln!(out, "{k}={v}");
+        // The namespace path and interface names come from outside: one line each, always.
+        let _ = writeln!(out, "{k}={}", redirect_core::logging::escape(&v));
     }
     out
 }

@@ -28,6 +28,9 @@ pub const EXIT_VALIDATION: i32 = 126;
 pub struct Failure {
     pub code: i32,
     pub message: String,
+    /// Lines logged after the message, each an error line of its own (a log line is one
+    /// event: see `redirect_core::logging`).
+    pub details: Vec<String>,
 }
 
 impl From<capture::ReconcileError> for Failure {
@@ -41,6 +44,7 @@ impl From<Error> for Failure {
         Failure {
             code: EXIT_ERROR,
             message: e.to_string(),
+            details: Vec::new(),
         }
     }
 }
@@ -49,6 +53,7 @@ fn fail(message: String) -> Failure {
     Failure {
         code: EXIT_ERROR,
         message,
+        details: Vec::new(),
     }
 }
 
@@ -244,9 +249,12 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Err(Failure {
                 code: EXIT_VALIDATION,
                 message: format!(
-                    "iptables validation failed; workload is not ready for Istio: {e}\n  diagnosis: {}: {}\n  fix: {}",
-                    d.cause, d.summary, d.fix
+                    "iptables validation failed; workload is not ready for Istio: {e}"
                 ),
+                details: vec![
+                    format!("diagnosis: {}: {}", d.cause, d.summary),
+                    format!("fix: {}", d.fix),
+                ],
             })
         }
     }

@@ -451,8 +451,10 @@ fn validation_exits_0_with_rules_and_126_without() {
     assert!(
         lines
             .get(at + 1)
-            .is_some_and(|l| l.starts_with("  diagnosis: "))
-            && lines.get(at + 2).is_some_and(|l| l.starts_with("  fix: ")),
+            .is_some_and(|l| l.starts_with("error\tdiagnosis: "))
+            && lines
+                .get(at + 2)
+                .is_some_and(|l| l.starts_with("error\tfix: ")),
         "{}",
         ran.stderr
     );

@@ -7,8 +7,15 @@
 //!   lines from several threads or processes never interleave. The prefix names the program
 //!   where the runtime mixes several on one stream (`redirect-cni` for the CNI plugin).
 //! - the file, when the [`Sink`] names one: the same line after its RFC 3339 time (UTC,
-//!   milliseconds) and a TAB, appended. A file that cannot be opened or written loses the line
-//!   and fails nothing.
+//!   milliseconds) and a TAB, appended. It is opened once, at the first line, without blocking
+//!   (`O_NONBLOCK`): only a regular file is kept. A FIFO (read or not), a directory, a device,
+//!   or a file that cannot be opened gets one `warn` line on stderr naming it and why, and no
+//!   lines after that; nothing fails and nothing waits on it.
+//! - one event, one line: the message and fields are escaped ([`escape`]): a line break, a
+//!   TAB (our column separator), any other control character, and the Unicode line and
+//!   paragraph separators and direction overrides become `\n`, `\t`, `\u{..}`. A pod name,
+//!   annotation, path or server answer carrying them can never forge a line or a column, on
+//!   stderr or in the file, and no caller has to remember to escape.
 //! - levels: `debug`, `info`, `warn`, `error`. Fields of an event follow its message as
 //!   ` name=value`; a line from another crate names its target first (`kube_client::...: `).
 //! - the filter: our crates ([`OURS`]) log from the sink's level; every other crate (kube,
@@ -19,8 +26,10 @@
 //! Never stdout: the CNI protocol and redirect-init's ruleset use it.
 
 use std::fmt::{self, Write as _};
+use std::fs::{File, OpenOptions};
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
@@ -89,7 +98,7 @@ static HANDLE: OnceLock<Option<reload::Handle<Lines, Registry>>> = OnceLock::new
 pub fn install(sink: Sink) -> bool {
     let mut fresh = false;
     let handle = HANDLE.get_or_init(|| {
-        let (layer, handle) = reload::Layer::new(Lines { sink: sink.clone() });
+        let (layer, handle) = reload::Layer::new(Lines::new(sink.clone()));
         let subscriber = Registry::default().with(layer);
         tracing::subscriber::set_global_default(subscriber).ok()?;
         // Only ours forwards `log` records: with another subscriber they would bypass it.
@@ -103,7 +112,7 @@ pub fn install(sink: Sink) -> bool {
     log::set_max_level(log_level(sink.level));
     if !fresh {
         // Re-registers every call site against the new level.
-        let _ = handle.reload(Lines { sink });
+        let _ = handle.reload(Lines::new(sink));
     }
     true
 }
@@ -111,9 +120,18 @@ pub fn install(sink: Sink) -> bool {
 /// The layer that writes our lines (behind `reload`, so that [`install`] can change its sink).
 struct Lines {
     sink: Sink,
+    /// The sink's file, opened at the first line (`None`: none, or refused).
+    file: OnceLock<Option<File>>,
 }
 
 impl Lines {
+    fn new(sink: Sink) -> Lines {
+        Lines {
+            sink,
+            file: OnceLock::new(),
+        }
+    }
+
     fn passes(&self, level: &Level, target: &str) -> bool {
         let floor = if is_ours(target) {
             self.sink.level
@@ -136,7 +154,9 @@ impl Lines {
             line.push_str(target);
             line.push_str(": ");
         }
-        body(&mut line);
+        let mut text = String::with_capacity(96);
+        body(&mut text);
+        escape_into(&mut line, &text);
         line.push('\n');
         line
     }
@@ -158,21 +178,65 @@ impl Lines {
     }
 
     fn append(&self, line: &str) {
-        if let Some(path) = &self.sink.file {
-            // The file gathers the lines of many processes: each needs its time. (The
-            // runtime stamps stderr itself.)
-            let stamped = format!(
-                "{}\t{line}",
-                humantime::format_rfc3339_millis(SystemTime::now())
+        let Some(mut file) = self.log_file() else {
+            return;
+        };
+        // The file gathers the lines of many processes: each needs its time. (The runtime
+        // stamps stderr itself.)
+        let stamped = format!(
+            "{}\t{line}",
+            humantime::format_rfc3339_millis(SystemTime::now())
+        );
+        let _ = file.write_all(stamped.as_bytes());
+    }
+
+    fn log_file(&self) -> Option<&File> {
+        self.file
+            .get_or_init(|| {
+                let path = self.sink.file.as_deref()?;
+                open_log_file(path)
+                    .map_err(|why| self.refuse(path, &why))
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// The one stderr line that says the file gets no lines, and why.
+    fn refuse(&self, path: &Path, why: &str) {
+        let line = self.line(&Level::WARN, OURS[0], |l| {
+            let _ = write!(
+                l,
+                "log_file {}: {why}; log lines go to stderr only",
+                path.display()
             );
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-            {
-                let _ = f.write_all(stamped.as_bytes());
-            }
-        }
+        });
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+}
+
+/// Opens the log file for appending without ever waiting on it: `O_NONBLOCK`, so a FIFO with
+/// no reader fails at once instead of hanging the plugin (after its rules are in); and only a
+/// regular file is kept (a FIFO with a reader, a device or a socket could stall every write).
+fn open_log_file(path: &Path) -> Result<File, String> {
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => "a FIFO that nobody reads".to_string(),
+            _ => format!("cannot be opened: {e}"),
+        })?;
+    let kind = file
+        .metadata()
+        .map_err(|e| format!("cannot be read: {e}"))?
+        .file_type();
+    if kind.is_file() {
+        Ok(file)
+    } else if kind.is_fifo() {
+        Err("a FIFO, not a regular file".into())
+    } else {
+        Err("not a regular file".into())
     }
 }
 
@@ -204,6 +268,46 @@ impl Lines {
     fn wants(&self, m: &Metadata<'_>) -> bool {
         m.is_event() && self.passes(m.level(), m.target())
     }
+}
+
+/// Writes one `level<TAB>message` line on stderr, the message escaped, in one write: for a
+/// program's own status lines outside the subscriber (redirect-validate's).
+pub fn stderr_line(level: &str, message: &str) {
+    let mut line = String::with_capacity(message.len() + 16);
+    line.push_str(level);
+    line.push('\t');
+    escape_into(&mut line, message);
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// `s` with what could break a log line escaped: see the module's comment. For text that
+/// reaches stderr outside the subscriber (a program's own report block).
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    escape_into(&mut out, s);
+    out
+}
+
+fn escape_into(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if needs_escape(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// Control characters (C0, DEL, C1: NEL among them), the line and paragraph separators, and
+/// the bidirectional overrides that make a line read as another.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 fn is_ours(target: &str) -> bool {
@@ -318,7 +422,7 @@ mod tests {
     fn lines_of(sink: Sink, f: impl FnOnce()) -> Vec<String> {
         let out = Arc::new(Mutex::new(Vec::new()));
         let collect = Collect {
-            lines: Lines { sink },
+            lines: Lines::new(sink),
             out: out.clone(),
         };
         tracing::subscriber::with_default(Registry::default().with(collect), f);
@@ -333,7 +437,7 @@ mod tests {
             || {
                 tracing::info!("pod {}/{} captured", "shop", "web-0");
                 tracing::warn!(attempt = 2, server = %"https://10.0.0.1", name = "web-0", "retrying");
-                tracing::error!("three\n  lines\n  here");
+                tracing::error!("three\n  lines\r\n  here\tend");
                 tracing::debug!("not at info");
             },
         );
@@ -342,7 +446,8 @@ mod tests {
             [
                 "info\tredirect-cni\tpod shop/web-0 captured\n",
                 "warn\tredirect-cni\tretrying attempt=2 server=https://10.0.0.1 name=\"web-0\"\n",
-                "error\tredirect-cni\tthree\n  lines\n  here\n",
+                // One event, one line: breaks and TABs are escaped.
+                "error\tredirect-cni\tthree\\n  lines\\r\\n  here\\tend\n",
             ]
         );
         let lines = lines_of(Sink::stderr(None, LevelFilter::DEBUG), || {
@@ -394,13 +499,11 @@ mod tests {
     fn the_file_gets_the_line_after_its_time() {
         let path = std::env::temp_dir().join(format!("redirect-logging-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let lines = Lines {
-            sink: Sink {
-                prefix: Some("redirect-cni"),
-                level: LevelFilter::INFO,
-                file: Some(path.clone()),
-            },
-        };
+        let lines = Lines::new(Sink {
+            prefix: Some("redirect-cni"),
+            level: LevelFilter::INFO,
+            file: Some(path.clone()),
+        });
         lines.append("info\tredirect-cni\tone\n");
         lines.append("warn\tredirect-cni\ttwo\n");
         let text = std::fs::read_to_string(&path).unwrap();
@@ -415,12 +518,81 @@ mod tests {
             assert!(humantime::parse_rfc3339(time).is_ok(), "{time}");
         }
         // A file that cannot be written loses the line, nothing else.
-        let unwritable = Lines {
-            sink: Sink {
-                file: Some("/proc/no/such/dir/plugin.log".into()),
-                ..lines.sink
-            },
-        };
+        let unwritable = Lines::new(Sink {
+            file: Some("/proc/no/such/dir/plugin.log".into()),
+            ..lines.sink.clone()
+        });
         unwritable.append("info\tredirect-cni\tlost\n");
+    }
+
+    #[test]
+    fn outside_strings_never_break_a_line_or_a_column() {
+        let forged = "cart\n2026-01-01T00:00:00.000Z\terror\tredirect-cni\tFORGED";
+        assert_eq!(
+            escape(forged),
+            "cart\\n2026-01-01T00:00:00.000Z\\terror\\tredirect-cni\\tFORGED"
+        );
+        assert_eq!(escape("a\r\nb"), "a\\r\\nb");
+        // NEL, the line and paragraph separators, a direction override, ESC, DEL.
+        assert_eq!(
+            escape("a\u{85}b\u{2028}c\u{2029}d\u{202e}e\u{1b}[2Jf\u{7f}"),
+            "a\\u{85}b\\u{2028}c\\u{2029}d\\u{202e}e\\u{1b}[2Jf\\u{7f}"
+        );
+        assert_eq!(escape("ünïcode stays, \\n too"), "ünïcode stays, \\n too");
+        // Through the subscriber: the message and every field, on one line.
+        let lines = lines_of(
+            Sink::stderr(Some("redirect-cni"), LevelFilter::INFO),
+            || {
+                tracing::info!("ADD {}/{} captured", "shop", forged);
+                tracing::warn!(pod = %forged, path = forged, "retrying");
+            },
+        );
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        for l in &lines {
+            assert_eq!(l.matches('\n').count(), 1, "{l:?}");
+            assert_eq!(l.matches('\t').count(), 2, "{l:?}");
+        }
+    }
+
+    #[test]
+    fn a_log_file_that_is_no_regular_file_is_refused_without_waiting() {
+        use nix::sys::stat::Mode;
+        let dir = std::env::temp_dir().join(format!("redirect-logfile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
+        let sink = |file: &Path| Sink {
+            prefix: None,
+            level: LevelFilter::INFO,
+            file: Some(file.to_owned()),
+        };
+        // A FIFO nobody reads (opening it for writing would block), and a directory.
+        for path in [&fifo, &dir] {
+            let lines = Lines::new(sink(path));
+            lines.append("info\tlost\n");
+            assert!(lines.log_file().is_none(), "{}", path.display());
+        }
+        // A FIFO with a reader opens, and is refused all the same: a write could wait on it.
+        let reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let lines = Lines::new(sink(&fifo));
+        lines.append("info\tlost\n");
+        assert!(lines.log_file().is_none());
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut &reader, &mut got);
+        assert!(got.is_empty(), "{got:?}");
+        // A regular file is kept, and created when missing.
+        let file = dir.join("plugin.log");
+        let lines = Lines::new(sink(&file));
+        lines.append("info\tkept\n");
+        assert!(lines.log_file().is_some());
+        assert!(std::fs::read_to_string(&file)
+            .unwrap()
+            .ends_with("\tinfo\tkept\n"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

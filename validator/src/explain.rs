@@ -1,6 +1,7 @@
 //! `explain`: where a flow goes under the rules Istio's flags describe, and the rules on the
 //! way. No privilege, no namespace: the evaluator reads the plan.
 
+use redirect_core::logging::stderr_line;
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::Path;
@@ -44,7 +45,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     match run(&r) {
         Ok((out, notes)) => {
             for n in notes {
-                eprintln!("note\t{n}");
+                stderr_line("note", &n.to_string());
             }
             if r.matches.get_flag("json") {
                 println!(
@@ -57,7 +58,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             EXIT_OK
         }
         Err(msg) => {
-            eprintln!("error\t{msg}");
+            stderr_line("error", &msg.to_string());
             EXIT_ERROR
         }
     }

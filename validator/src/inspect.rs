@@ -2,6 +2,7 @@
 //! leftovers, the TPROXY routing and `::6`), in readable form, and when given the expected
 //! configuration (Istio's flags, or the pod's annotations) how they differ. Needs root.
 
+use redirect_core::logging::stderr_line;
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -82,7 +83,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             }
         }
         Err(msg) => {
-            eprintln!("error\t{msg}");
+            stderr_line("error", &msg.to_string());
             EXIT_ERROR
         }
     }

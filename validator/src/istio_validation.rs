@@ -1,6 +1,7 @@
 //! The default mode: Istio's validation probe, run as Istio's `istio-validation` container runs
 //! it (same flags, unprivileged, as the proxy UID), with a diagnosis when it fails.
 
+use redirect_core::logging::stderr_line;
 use std::ffi::OsString;
 
 use redirect_core::istio::pod_facts;
@@ -56,7 +57,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             report.exit_code
         }
         Err(msg) => {
-            eprintln!("error\t{msg}");
+            stderr_line("error", &msg.to_string());
             if json {
                 println!(
                     "{}",
@@ -128,23 +129,26 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
 
 fn print_text(r: &Report) {
     for w in &r.warnings {
-        eprintln!("warn\t{w}");
+        stderr_line("warn", &w.to_string());
     }
     match &r.diagnosis {
-        None => eprintln!(
-            "info\t{} (probe to {} as uid {} redirected to port {} in {} ms)",
-            r.message,
-            r.target,
-            r.uid,
-            r.listener_port.unwrap_or_default(),
-            r.elapsed_ms
+        None => stderr_line(
+            "info",
+            &format!(
+                "{} (probe to {} as uid {} redirected to port {} in {} ms)",
+                r.message,
+                r.target,
+                r.uid,
+                r.listener_port.unwrap_or_default(),
+                r.elapsed_ms
+            ),
         ),
         Some(d) => {
-            eprintln!("error\t{}", r.message);
-            eprintln!("error\tdiagnosis: {}: {}", d.cause, d.summary);
-            eprintln!("error\tfix: {}", d.fix);
+            stderr_line("error", &r.message);
+            stderr_line("error", &format!("diagnosis: {}: {}", d.cause, d.summary));
+            stderr_line("error", &format!("fix: {}", d.fix));
             for e in &d.evidence {
-                eprintln!("error\tevidence: {e}");
+                stderr_line("error", &format!("evidence: {e}"));
             }
         }
     }
