@@ -41,13 +41,56 @@ fn families(cfg: &CaptureConfig) -> Vec<Family> {
     }
 }
 
-/// Plan and apply in the calling thread's namespace. The rules go first (atomically); routes
-/// are idempotent, so a retry after a route failure converges.
+/// Plan and apply in the calling thread's namespace. The routes go first, then the rules
+/// (atomically): the routes are harmless without the rules (nothing marks packets for them),
+/// so a process killed at any point never leaves rules whose TPROXY routing is missing, and a
+/// retry converges (both steps are idempotent).
 pub fn apply(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
     let rs = crate::plan::plan_with(cfg, groups)?;
-    crate::nft::apply(&rs)?;
-    apply_routes(cfg)?;
+    routes_then(cfg, || crate::nft::apply(&rs))?;
     Ok(rs)
+}
+
+/// Ensure the routes `cfg` needs, then run `rules`. When `rules` fails, the routes this call
+/// added are removed again (best effort), so a failed apply leaves the namespace as it was.
+pub(crate) fn routes_then<T>(cfg: &CaptureConfig, rules: impl FnOnce() -> Result<T>) -> Result<T> {
+    let missing = MissingRoutes::read(cfg)?;
+    apply_routes(cfg)?;
+    rules().inspect_err(|_| missing.remove(cfg))
+}
+
+/// The routes a config needs that a namespace lacks entirely (partial ones are not ours to
+/// take away).
+struct MissingRoutes {
+    tproxy: Vec<Family>,
+    lo_v6: bool,
+}
+
+impl MissingRoutes {
+    /// Read only what `cfg` needs: nothing at all for Istio's default REDIRECT over IPv4.
+    fn read(cfg: &CaptureConfig) -> Result<MissingRoutes> {
+        let mut tproxy = Vec::new();
+        if let Some(r) = tproxy_routing(cfg) {
+            for family in families(cfg) {
+                if routes::read_tproxy(&r, family)?.is_absent() {
+                    tproxy.push(family);
+                }
+            }
+        }
+        Ok(MissingRoutes {
+            tproxy,
+            lo_v6: cfg.ipv6 && !routes::has_lo_v6_inbound_addr()?,
+        })
+    }
+
+    fn remove(&self, cfg: &CaptureConfig) {
+        if let (Some(r), false) = (tproxy_routing(cfg), self.tproxy.is_empty()) {
+            let _ = routes::remove_tproxy(&r, &self.tproxy);
+        }
+        if self.lo_v6 {
+            let _ = routes::remove_lo_v6_inbound_addr();
+        }
+    }
 }
 
 /// The routes beside the rules, whatever backend programmed the rules: `::6` on `lo` with

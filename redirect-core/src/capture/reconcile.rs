@@ -105,16 +105,18 @@ impl fmt::Display for Refusal {
                 describe(&istio.chains)
             ),
             Refusal::OursDiffer { differences } => {
-                let lines: Vec<String> = differences
-                    .iter()
-                    .take(10)
-                    .map(|d| format!("  {d}"))
-                    .collect();
+                // One line: it is logged, and a log line is one event.
+                let shown: Vec<String> =
+                    differences.iter().take(10).map(|d| d.to_string()).collect();
+                let more = match differences.len().saturating_sub(shown.len()) {
+                    0 => String::new(),
+                    n => format!("; and {n} more"),
+                };
                 write!(
                     f,
-                    "this namespace already has our rules for another configuration ({} differences):\n{}\nRerun with --reconcile to replace them atomically",
+                    "this namespace already has our rules for another configuration ({} differences: {}{more}). Rerun with --reconcile to replace them atomically",
                     differences.len(),
-                    lines.join("\n")
+                    shown.join("; ")
                 )
             }
             Refusal::IstioChains { chains } => write!(
@@ -176,7 +178,9 @@ pub struct Reconciled {
 }
 
 /// In the calling thread's namespace: read what is there, decide, and program `rs` (planned
-/// from `cfg`) with the nftables backend; the routes beside the rules are ensured either way.
+/// from `cfg`) with the nftables backend; the routes beside the rules are ensured either way,
+/// and first (see `capture::apply`), so a run that finds its rules in place completes the
+/// routes a killed run left out.
 pub fn reconcile(
     cfg: &CaptureConfig,
     rs: &Ruleset,
@@ -184,10 +188,10 @@ pub fn reconcile(
 ) -> Result<Reconciled, ReconcileError> {
     let found = Found::read(rs)?;
     let decision = decide(&found, flags).map_err(ReconcileError::Refused)?;
-    if let Decision::Apply { .. } = decision {
-        nft::apply(rs)?;
+    match decision {
+        Decision::Apply { .. } => super::routes_then(cfg, || nft::apply(rs))?,
+        Decision::Skip => super::apply_routes(cfg)?,
     }
-    super::apply_routes(cfg)?;
     let removed_istio = match decision {
         // Ours are in place first, so no packet goes uncaptured while Istio's go.
         Decision::Apply {
@@ -231,8 +235,7 @@ pub fn reconcile_iptables(
         chains
     };
     let removed_our_table = flags.reconcile && nft::remove()?;
-    let tools = xtables::apply(rs, force_binary)?;
-    super::apply_routes(cfg)?;
+    let tools = super::routes_then(cfg, || xtables::apply(rs, force_binary))?;
     Ok(ReconciledIptables {
         tools,
         removed_istio_chains,

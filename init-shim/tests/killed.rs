@@ -1,0 +1,114 @@
+//! A `redirect-init` killed at any moment (SIGKILL: the kubelet's, the OOM killer's) never
+//! leaves the rules without the routes they need: TPROXY's policy routing is in place before
+//! the table that marks packets for it is committed, so "the table is there" implies "its
+//! routes are there". The next run (the init container's restart) completes what is missing.
+//! `REDIRECT_RACE_RUNS` sets the number of kills (default 150).
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::BIN;
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
+
+/// Istio's sidecar arguments with inbound TPROXY (mark 1337, route table 133).
+const ARGS: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "TPROXY",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
+fn kills() -> u64 {
+    std::env::var("REDIRECT_RACE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150)
+}
+
+fn pod() -> TestNetns {
+    let ns = TestNetns::with_prefix("rdkill");
+    ns.sh("ip link add eth0 type veth peer name peer0 && ip addr add 10.66.0.2/24 dev eth0 && ip link set eth0 up");
+    ns
+}
+
+/// (our table, the fwmark rule, the local route of table 133).
+fn state(ns: &TestNetns) -> (bool, bool, bool) {
+    let out = ns.sh(
+        "nft list tables; echo ---; ip rule; echo ---; ip route show table 133 2>/dev/null; true",
+    );
+    let parts: Vec<&str> = out.split("---").collect();
+    (
+        parts[0].contains("redirect_capture"),
+        parts[1].contains("fwmark 0x539 lookup 133"),
+        parts[2].contains("local default dev lo"),
+    )
+}
+
+fn run(ns: &TestNetns) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.name(), BIN])
+        .args(ARGS)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+#[test]
+fn a_killed_run_never_leaves_the_table_without_its_routes_and_the_next_run_completes_it() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let (mut table_seen, mut nothing_seen, mut kills_done) = (0, 0, 0);
+    for i in 0..kills() {
+        let ns = pod();
+        let mut child = run(&ns).spawn().unwrap();
+        // `ip netns exec` execs the program in place, so the PID is redirect-init's; spread
+        // the kill over the whole run (a few milliseconds) in steps of 50 µs.
+        std::thread::sleep(Duration::from_micros(50 * (i % 120)));
+        if child.kill().is_ok() {
+            kills_done += 1;
+        }
+        let _ = child.wait();
+        let (table, rule, route) = state(&ns);
+        assert!(
+            !table || (rule && route),
+            "kill {i}: the table is there without its TPROXY routing (rule {rule}, route {route})"
+        );
+        if table {
+            table_seen += 1;
+        } else if !rule && !route {
+            nothing_seen += 1;
+        }
+        // The restart completes the capture, whatever the kill left.
+        let status = run(&ns).status().unwrap();
+        assert!(status.success(), "kill {i}: the next run failed: {status}");
+        assert_eq!(
+            state(&ns),
+            (true, true, true),
+            "kill {i}: after the next run"
+        );
+    }
+    eprintln!(
+        "{kills_done} kills: {table_seen} left the table (with its routes), {nothing_seen} left nothing"
+    );
+    assert!(
+        table_seen > 0 && nothing_seen > 0,
+        "the kills should land both before and after the commit: {table_seen} tables, {nothing_seen} empty"
+    );
+}
