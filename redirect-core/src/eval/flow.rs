@@ -160,6 +160,7 @@ impl FromStr for Flow {
             mark: 0,
             ct: CtState::New,
         };
+        let mut keys: Vec<&str> = Vec::new();
         for word in s.split_whitespace() {
             let once = |seen: bool, what: &str| {
                 if seen {
@@ -182,7 +183,12 @@ impl FromStr for Flow {
                     proto = Some(if word == "tcp" { L4::Tcp } else { L4::Udp });
                 }
                 _ => match word.split_once('=') {
-                    Some((key, value)) => set_key(&mut flow, key, value).map_err(&err)?,
+                    Some((key, value)) => {
+                        // `uid=1000 uid=1337` would be judged as the last one said.
+                        once(keys.contains(&key), &format!("{key}="))?;
+                        keys.push(key);
+                        set_key(&mut flow, key, value).map_err(&err)?
+                    }
                     None => {
                         once(dst.is_some(), "the destination")?;
                         let a = word.parse::<SocketAddr>().map_err(|_| {

@@ -179,6 +179,15 @@ fn flows_parse_and_print() {
         ("in tcp 10.0.0.1:80 uid=5", "'out' flow"),
         ("out tcp 10.0.0.1:80 src=::1", "different address families"),
         ("out out 10.0.0.1:80", "twice"),
+        // A repeated key is refused, not judged as its last value.
+        (
+            "out tcp uid=1000 10.0.0.1:80 uid=1337",
+            "uid= is given twice (\"uid=1337\")",
+        ),
+        (
+            "in tcp 10.0.0.1:80 src=10.0.0.9 src=10.0.0.8",
+            "src= is given twice",
+        ),
         ("out tcp 10.0.0.1:0", "port is 0"),
     ];
     for (text, needle) in bad {
