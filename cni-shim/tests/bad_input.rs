@@ -809,6 +809,19 @@ fn bad_installer_settings() {
             &["KUBECONFIG_MODE", "rw-------"],
         ),
         (
+            // The token would be readable by every user of the node.
+            "kubeconfig readable by others",
+            &[],
+            &[("KUBECONFIG_MODE", "0644")],
+            &["KUBECONFIG_MODE", "0644", "service-account token"],
+        ),
+        (
+            "kubeconfig writable by the group",
+            &["--kubeconfig-mode", "0660"],
+            &[],
+            &["kubeconfig-mode", "0660", "0640"],
+        ),
+        (
             "boolean flag value",
             &["--chained-cni-plugin=maybe"],
             &[],

@@ -739,6 +739,48 @@ fn uninstall_removes_the_standalone_conf() {
     );
 }
 
+/// A conflist that is a symbolic link to the primary CNI's own file: install never writes
+/// through the link (that file stays as it is), and uninstall puts the link back, so the node's
+/// config follows that file again; also after a restart, and after an edit elsewhere in ours.
+#[test]
+fn uninstall_restores_a_symlinked_conflist_as_the_link() {
+    let node = Node::new();
+    fs::create_dir(node.p("calico")).unwrap();
+    node.write("calico/10-calico.conflist", CALICO, 0o644);
+    let target = node.p("calico/10-calico.conflist");
+    let link = node.p("net/10-calico.conflist");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let is_link = |p: &Path| fs::symlink_metadata(p).unwrap().file_type().is_symlink();
+    for restart in [false, true] {
+        let mut inst = Installer::new(node.settings(&[])).unwrap();
+        assert!(matches!(inst.install().unwrap(), ConfigStatus::Written(_)));
+        assert_eq!(
+            fs::read_to_string(&target).unwrap(),
+            CALICO,
+            "written through the link"
+        );
+        assert!(!is_link(&link), "our chained config is a file of its own");
+        assert_eq!(ours(&json_of(&link)).len(), 1);
+        if restart {
+            inst = Installer::new(node.settings(&[])).unwrap();
+            inst.install().unwrap();
+        }
+        inst.uninstall().unwrap();
+        assert!(is_link(&link), "restart {restart}: not a link again");
+        assert_eq!(fs::read_link(&link).unwrap(), target);
+        assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+    }
+    // Our file edited meanwhile (our entry kept, the rest as the link's file): the link still
+    // comes back, since without our entry it is that file.
+    let mut inst = Installer::new(node.settings(&[])).unwrap();
+    inst.install().unwrap();
+    let edited = json_of(&link).to_string();
+    fs::write(&link, edited).unwrap();
+    inst.uninstall().unwrap();
+    assert!(is_link(&link), "after an edit: not a link again");
+    assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+}
+
 #[test]
 fn uninstall_after_another_cni_changed_the_file_removes_only_our_entry() {
     let node = Node::new();
@@ -1079,6 +1121,63 @@ fn binary_installs_until_sigterm_then_restores_and_never_logs_the_token() {
         diff.is_empty(),
         "SIGTERM must leave the node as it was: {diff:?}"
     );
+}
+
+/// A config file a runtime skips (not JSON, or JSON that is no config) is named with the
+/// reason, once per version of the file: not at every pass of the watcher, again when it
+/// changes.
+#[test]
+fn binary_says_once_per_version_why_it_skips_a_config_file() {
+    let node = Node::new();
+    let broken = node.p("net/05-broken.conflist");
+    fs::write(&broken, "{\"name\": \"k8s-pod-network\", \"plugins\": [").unwrap();
+    let mut args: Vec<OsString> = node.args(&[]);
+    args.truncate(args.len() - 2); // no --binary
+    let mut child = Command::new(BIN)
+        .arg("install")
+        .args(&args)
+        .env_clear()
+        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+        .env("KUBERNETES_SERVICE_PORT", "6443")
+        .env("REPAIR_ENABLED", "false")
+        .env("MONITORING_PORT", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let pause = || thread::sleep(Duration::from_millis(600));
+    pause();
+    // Passes of the watcher with the same broken bytes: an unrelated file, then the same
+    // bytes written again.
+    fs::write(node.p("net/README"), "notes").unwrap();
+    pause();
+    fs::write(&broken, "{\"name\": \"k8s-pod-network\", \"plugins\": [").unwrap();
+    pause();
+    // A new version, broken another way.
+    fs::write(&broken, r#"{"name": "k8s-pod-network", "plugins": []}"#).unwrap();
+    pause();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let _ = child.wait();
+    let stderr = reader.join().unwrap();
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("05-broken.conflist") && l.contains("skipped"))
+        .collect();
+    assert_eq!(said.len(), 2, "one line per version:\n{stderr}");
+    assert!(
+        said[0].starts_with("warn\t") && said[0].contains("not JSON"),
+        "{}",
+        said[0]
+    );
+    assert!(said[1].contains("no plugins"), "{}", said[1]);
 }
 
 /// Runs the installer binary on `node` (its DaemonSet flags, no `--binary`) with `env` only,

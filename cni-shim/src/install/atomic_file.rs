@@ -63,6 +63,28 @@ pub fn write_atomic_from(path: &Path, reader: &mut dyn Read, attrs: FileAttrs) -
     Ok(())
 }
 
+/// Make `path` a symbolic link to `target`, atomically (a new link renamed over it): a
+/// runtime sees the old file or the link, never no config.
+pub fn symlink_atomic(path: &Path, target: &Path) -> Result<()> {
+    let tmp = temp_path(path);
+    let result = std::os::unix::fs::symlink(target, &tmp).and_then(|()| fs::rename(&tmp, path));
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io("link", path, e));
+    }
+    sync_dir(&parent(path));
+    Ok(())
+}
+
+/// Where `path` points when it is a symbolic link (as written, relative or not); `None` for a
+/// file, or when it does not exist.
+pub fn link_of(path: &Path) -> Option<PathBuf> {
+    fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_symlink())
+        .and_then(|_| fs::read_link(path).ok())
+}
+
 /// Remove `path` (and fsync its directory); `Ok(false)` if it did not exist.
 pub fn remove(path: &Path) -> Result<bool> {
     match fs::remove_file(path) {

@@ -80,21 +80,39 @@ pub fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A config file the runtime skips (it does not parse as one), before the one it uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+    /// A hash of the bytes read: a new one is a new version of the file.
+    pub digest: u64,
+}
+
 /// The file to chain into: `conf_name` if given (or its `.conf`/`.conflist` twin when only
 /// that exists), else the file the runtime uses. `Ok(None)`: none yet.
 pub fn select_target(dir: &Path, conf_name: Option<&str>) -> Result<Option<PathBuf>> {
+    select_target_noting(dir, conf_name).map(|(target, _)| target)
+}
+
+/// [`select_target`], and the files a runtime would skip on the way to it, with why.
+pub fn select_target_noting(
+    dir: &Path,
+    conf_name: Option<&str>,
+) -> Result<(Option<PathBuf>, Vec<Skipped>)> {
     if let Some(name) = conf_name {
         let path = dir.join(name);
         if path.is_file() {
-            return Ok(Some(path));
+            return Ok((Some(path), Vec::new()));
         }
         let twin = match conf_kind(&path) {
             Some(ConfKind::List) => Some(path.with_extension("conf")),
             Some(ConfKind::Single) => Some(path.with_extension("conflist")),
             None => None,
         };
-        return Ok(twin.filter(|t| t.is_file()));
+        return Ok((twin.filter(|t| t.is_file()), Vec::new()));
     }
+    let mut skipped = Vec::new();
     for path in candidates(dir)? {
         let Some(kind) = conf_kind(&path) else {
             continue;
@@ -103,9 +121,21 @@ pub fn select_target(dir: &Path, conf_name: Option<&str>) -> Result<Option<PathB
         let Ok(bytes) = fs::read(&path) else {
             continue;
         };
-        if parse_conf(kind, &bytes).is_ok() {
-            return Ok(Some(path));
+        match parse_conf(kind, &bytes) {
+            Ok(_) => return Ok((Some(path), skipped)),
+            Err(reason) => skipped.push(Skipped {
+                digest: digest(&bytes),
+                path,
+                reason,
+            }),
         }
     }
-    Ok(None)
+    Ok((None, skipped))
+}
+
+fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }

@@ -1,6 +1,7 @@
 //! The CNI config in the net dir: chained into the file the runtime uses, or our own standalone
 //! file; checked and rewritten only when wrong; undone exactly on uninstall (see `undo`).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,9 @@ pub struct CniConfig {
     standalone_mode: u32,
     state_path: PathBuf,
     record: UndoRecord,
+    /// The files a runtime skips that were reported, by the digest of the version reported:
+    /// each version is reported once, not at every pass.
+    reported_skips: BTreeMap<PathBuf, u64>,
 }
 
 impl CniConfig {
@@ -53,6 +57,7 @@ impl CniConfig {
             standalone_mode: s.standalone_conf_mode(),
             record: UndoRecord::load(&state_path),
             state_path,
+            reported_skips: BTreeMap::new(),
         }
     }
 
@@ -70,7 +75,10 @@ impl CniConfig {
         // A second pass covers the case where undoing the previous target changed the choice.
         for _ in 0..2 {
             let wanted = if self.chained {
-                match conf_select::select_target(&self.net_dir, self.conf_name.as_deref())? {
+                let (target, skipped) =
+                    conf_select::select_target_noting(&self.net_dir, self.conf_name.as_deref())?;
+                self.report_skips(&skipped);
+                match target {
                     Some(t) => t,
                     None => return Ok(ConfigStatus::Waiting),
                 }
@@ -96,6 +104,22 @@ impl CniConfig {
             };
         }
         Ok(ConfigStatus::Waiting)
+    }
+
+    /// Says which config files a runtime skips and why, once per version of each file.
+    fn report_skips(&mut self, skipped: &[conf_select::Skipped]) {
+        for s in skipped {
+            if self.reported_skips.get(&s.path) != Some(&s.digest) {
+                tracing::warn!(
+                    "{} is skipped, as a runtime skips it: {}",
+                    s.path.display(),
+                    s.reason
+                );
+                self.reported_skips.insert(s.path.clone(), s.digest);
+            }
+        }
+        self.reported_skips
+            .retain(|p, _| skipped.iter().any(|s| &s.path == p));
     }
 
     fn chain_into(&mut self, target: &Path) -> Result<ConfigStatus> {
@@ -224,6 +248,14 @@ impl CniConfig {
                 continue;
             }
             let remainder = chain::remove_entries(&value);
+            if let Before::Saved {
+                link: Some(link), ..
+            } = &f.before
+            {
+                if restore_link(&f.path, link, &remainder)? {
+                    continue;
+                }
+            }
             if let Some(conf) = self.converted_from(&remainder) {
                 // The list is our conversion of that .conf: bring the .conf back (unless it has
                 // been put back meanwhile) and drop the list (or restore what it replaced).
@@ -333,4 +365,29 @@ impl CniConfig {
             .as_str()
             .map(String::from)
     }
+}
+
+/// `path` was a symbolic link to `link` before we chained into it: when what is there now,
+/// without our entry, is what `link` holds, put the link back (so the node's config follows
+/// the primary CNI's file again) and say so; otherwise leave the file, with a warning.
+fn restore_link(path: &Path, link: &Path, remainder: &Value) -> Result<bool> {
+    let resolved = path.parent().unwrap_or(Path::new("/")).join(link);
+    let linked = atomic_file::read_if_exists(&resolved)?
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    if linked.as_ref() == Some(remainder) {
+        atomic_file::symlink_atomic(path, link)?;
+        tracing::info!(
+            "restored {} as the link to {}",
+            path.display(),
+            link.display()
+        );
+        return Ok(true);
+    }
+    tracing::warn!(
+        "{} was a link to {}, but besides our entry it now differs from that file: left as a \
+         file, our entry removed",
+        path.display(),
+        link.display()
+    );
+    Ok(false)
 }

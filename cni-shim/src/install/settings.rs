@@ -492,6 +492,13 @@ pub fn parse(
         value: mode.clone(),
         reason: "expected an octal file mode such as 0600".into(),
     })?;
+    if kubeconfig_mode & KUBECONFIG_UNSAFE_BITS != 0 {
+        return Err(Error::InvalidSetting {
+            setting: mode_from,
+            value: mode.clone(),
+            reason: "the kubeconfig holds the node agent's service-account token: a mode that gives other users any access, or the group write access, lets them read or replace it; use 0600 (the default) or 0640".into(),
+        });
+    }
     let plugin_config = match non_empty("plugin-config-json") {
         None => Map::new(),
         Some(text) => parse_plugin_config(&text).map_err(|reason| Error::InvalidSetting {
@@ -614,6 +621,9 @@ pub const PLUGIN_LOG_LEVELS: &[&str] = &["debug", "info", "warn", "error", "none
 pub use redirect_core::parse::parse_go_bool as parse_bool;
 
 /// An octal mode: `0600`, `600` or `0o600`, at most 0777.
+/// Mode bits refused for the kubeconfig: any access for others, write or execute for the group.
+pub const KUBECONFIG_UNSAFE_BITS: u32 = 0o037;
+
 pub fn parse_mode(v: &str) -> Option<u32> {
     let digits = v.strip_prefix("0o").unwrap_or(v);
     if digits.is_empty() || digits.len() > 4 {

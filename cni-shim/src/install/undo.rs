@@ -24,19 +24,24 @@ pub enum Before {
         mode: u32,
         uid: Option<u32>,
         gid: Option<u32>,
+        /// It was a symbolic link to this path (the primary CNI's own file, say): put back as
+        /// that link, so the node's config follows that file again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        link: Option<PathBuf>,
     },
     /// It already held an entry of ours when we first saw it: no clean original is known.
     Unknown,
 }
 
 impl Before {
-    pub fn saved(contents: &[u8], attrs: FileAttrs) -> Self {
+    pub fn saved(contents: &[u8], attrs: FileAttrs, link: Option<PathBuf>) -> Self {
         match std::str::from_utf8(contents) {
             Ok(text) => Before::Saved {
                 contents: text.to_string(),
                 mode: attrs.mode,
                 uid: attrs.owner.map(|o| o.0),
                 gid: attrs.owner.map(|o| o.1),
+                link,
             },
             Err(_) => Before::Unknown,
         }
@@ -133,7 +138,9 @@ impl UndoRecord {
         let clean = |b: &[u8]| serde_json::from_slice::<Value>(b).is_ok() && !holds_ours(b);
         let before = match current {
             None => Before::Absent,
-            Some((bytes, attrs)) if clean(bytes) => Before::saved(bytes, attrs),
+            Some((bytes, attrs)) if clean(bytes) => {
+                Before::saved(bytes, attrs, atomic_file::link_of(path))
+            }
             Some(_) => earlier.unwrap_or(Before::Unknown),
         };
         let after = after.map(|b| String::from_utf8_lossy(&b).into_owned());
@@ -168,18 +175,22 @@ impl UndoRecord {
     /// directory without a config), then the removals.
     pub fn restore_exact(&self) -> Result<()> {
         for f in &self.files {
-            if let Before::Saved {
-                contents,
-                mode,
-                uid,
-                gid,
-            } = &f.before
-            {
-                atomic_file::write_atomic(
+            match &f.before {
+                Before::Saved {
+                    link: Some(target), ..
+                } => atomic_file::symlink_atomic(&f.path, target)?,
+                Before::Saved {
+                    contents,
+                    mode,
+                    uid,
+                    gid,
+                    link: None,
+                } => atomic_file::write_atomic(
                     &f.path,
                     contents.as_bytes(),
                     Before::attrs(*mode, *uid, *gid),
-                )?;
+                )?,
+                _ => {}
             }
         }
         for f in &self.files {
