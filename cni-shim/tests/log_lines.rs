@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{cni_env as env, pod_ns, Out, BIN, STATUS_CNI};
+use common::{cni_env as env, plugin_within, pod_ns, STATUS_CNI};
 use redirect_testkit::kernel_tests_enabled;
 
 const FORGED_TIME: &str = "2026-01-01T00:00:00.000Z";
@@ -26,39 +25,6 @@ fn temp(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Runs the plugin; fails the test if it has not exited within `limit`.
-fn plugin_within(limit: Duration, vars: &[(&str, &str)], stdin: &str) -> Out {
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .envs(vars.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the plugin did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = child.wait_with_output().unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }
 
 /// Every stderr line is one of ours: `level<TAB>redirect-cni<TAB>message` with no further TAB;

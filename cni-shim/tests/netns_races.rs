@@ -22,10 +22,7 @@ use redirect_testkit::{kernel_tests_enabled, TestNetns};
 const TABLE: &str = "redirect_capture";
 
 fn runs() -> usize {
-    std::env::var("REDIRECT_RACE_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+    redirect_testkit::race_runs(1000)
 }
 
 /// The stand-in node: a namespace with an address of its own, as a node has, so a plugin that

@@ -10,33 +10,19 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::BIN;
+use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// Istio's sidecar arguments with inbound TPROXY (mark 1337, route table 133).
-const ARGS: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "TPROXY",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
+fn args() -> Vec<&'static str> {
+    SIDECAR_ARGS
+        .iter()
+        .map(|a| if *a == "REDIRECT" { "TPROXY" } else { a })
+        .collect()
+}
 
-fn kills() -> u64 {
-    std::env::var("REDIRECT_RACE_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(150)
+fn kills() -> usize {
+    redirect_testkit::race_runs(150)
 }
 
 fn pod() -> TestNetns {
@@ -61,7 +47,7 @@ fn state(ns: &TestNetns) -> (bool, bool, bool) {
 fn run(ns: &TestNetns) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns.name(), BIN])
-        .args(ARGS)
+        .args(args())
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -75,7 +61,7 @@ fn a_killed_run_never_leaves_the_table_without_its_routes_and_the_next_run_compl
         return;
     }
     let (mut table_seen, mut nothing_seen, mut kills_done) = (0, 0, 0);
-    for i in 0..kills() {
+    for i in 0..kills() as u64 {
         let ns = pod();
         let mut child = run(&ns).spawn().unwrap();
         // `ip netns exec` execs the program in place, so the PID is redirect-init's; spread

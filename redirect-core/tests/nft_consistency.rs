@@ -10,10 +10,7 @@ use redirect_core::{plan, CaptureConfig, DnsCapture, Error, Selection};
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn reads() -> usize {
-    std::env::var("REDIRECT_RACE_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+    redirect_testkit::race_runs(1000)
 }
 
 /// Two configurations whose chains, rules and sets all differ: a read that mixes them differs

@@ -50,6 +50,14 @@ pub use traffic::{
     Probe, ProbeReport,
 };
 
+/// How many rounds a race test runs: `REDIRECT_RACE_RUNS`, else `default`.
+pub fn race_runs(default: usize) -> usize {
+    std::env::var("REDIRECT_RACE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The environment variable that skips kernel tests explicitly (CI never sets it).
 pub const SKIP_ENV: &str = "REDIRECT_SKIP_KERNEL_TESTS";
 

@@ -11,6 +11,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use redirect_testkit::{Landings, TestNetns};
 
@@ -70,9 +71,27 @@ impl Out {
 
 /// Run the plugin directly with this environment (only these variables) and stdin.
 pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Out {
-    let mut cmd = Command::new(BIN);
-    cmd.env_clear().envs(env.iter().copied());
-    cmd.stdin(Stdio::piped())
+    finish(Command::new(BIN), env, stdin, None)
+}
+
+/// Run the plugin inside `ns` (through `ip netns exec`), which plays the node's namespace: the
+/// plugin's own namespace, the one its host guard protects.
+pub fn plugin_in(ns: &TestNetns, env: &[(&str, &str)], stdin: &str) -> Out {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.name(), BIN]);
+    finish(cmd, env, stdin, None)
+}
+
+/// [`plugin`], failing the test if the plugin has not exited within `limit`.
+pub fn plugin_within(limit: Duration, env: &[(&str, &str)], stdin: &str) -> Out {
+    finish(Command::new(BIN), env, stdin, Some(limit))
+}
+
+/// Spawn `cmd` with only `env`, write `stdin`, wait (at most `limit`), and collect the output.
+fn finish(mut cmd: Command, env: &[(&str, &str)], stdin: &str, limit: Option<Duration>) -> Out {
+    cmd.env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn redirect-cni");
@@ -82,31 +101,17 @@ pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Out {
         .unwrap()
         .write_all(stdin.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    if let Some(limit) = limit {
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the plugin did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
-}
-
-/// Run the plugin inside `ns` (through `ip netns exec`), which plays the node's namespace: the
-/// plugin's own namespace, the one its host guard protects.
-pub fn plugin_in(ns: &TestNetns, env: &[(&str, &str)], stdin: &str) -> Out {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns.name(), BIN])
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn ip netns exec redirect-cni");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
     let out = child.wait_with_output().unwrap();
     Out {
         code: out.status.code().unwrap_or(-1),
