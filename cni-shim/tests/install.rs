@@ -8,6 +8,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -1146,14 +1147,31 @@ fn binary_says_once_per_version_why_it_skips_a_config_file() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-        s
-    });
+    // Lines as they come, so each step waits for what the installer says, not for a time.
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (stderr, lines) = (child.stderr.take().unwrap(), lines.clone());
+        thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let skipped = |n: usize| {
+        let lines = lines.clone();
+        move || {
+            lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("05-broken.conflist") && l.contains("skipped"))
+                .count()
+                >= n
+        }
+    };
+    wait_until("the first skip line", Duration::from_secs(30), skipped(1));
     let pause = || thread::sleep(Duration::from_millis(600));
-    pause();
     // Passes of the watcher with the same broken bytes: an unrelated file, then the same
     // bytes written again.
     fs::write(node.p("net/README"), "notes").unwrap();
@@ -1162,11 +1180,13 @@ fn binary_says_once_per_version_why_it_skips_a_config_file() {
     pause();
     // A new version, broken another way.
     fs::write(&broken, r#"{"name": "k8s-pod-network", "plugins": []}"#).unwrap();
+    wait_until("the second skip line", Duration::from_secs(30), skipped(2));
     pause();
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let _ = child.wait();
-    let stderr = reader.join().unwrap();
+    reader.join().unwrap();
+    let stderr = lines.lock().unwrap().join("\n");
     let said: Vec<&str> = stderr
         .lines()
         .filter(|l| l.contains("05-broken.conflist") && l.contains("skipped"))

@@ -10,6 +10,7 @@ use netlink_packet_netfilter::nftables::{
 };
 use netlink_packet_netfilter::NetfilterProtoFamily;
 
+use super::batch::Batch;
 use super::elements;
 use super::expr::Expr;
 use super::message;
@@ -76,11 +77,25 @@ pub fn table_at(sock: &Socket) -> Result<(u32, Option<TableState>)> {
             Err(Error::NftRejected { errno, .. }) if errno == libc::EINTR => continue,
             other => other?,
         };
+        wait_for_writers(sock)?;
         if generation(sock)? == before {
             return Ok((before, state));
         }
     }
     Err(Error::ReadUnsettled { tries: READ_TRIES })
+}
+
+/// Returns once no other transaction is in flight. A writer's batch changes the table's
+/// objects while the kernel prepares it, before its commit moves the generation, and a dump
+/// that runs meanwhile can see elements twice; a generation read right after that dump would
+/// still be the old one. Any batch takes the kernel's commit mutex, so an empty one (begin,
+/// end: nothing to commit, the generation stays) returns after the writer committed or
+/// aborted, and the generation read next tells whether it committed.
+fn wait_for_writers(sock: &Socket) -> Result<()> {
+    let empty = Batch::new(sock.next_seq(), None).finish();
+    sock.send_batch(&empty, &|_| {
+        "an empty batch (waiting for other writers)".into()
+    })
 }
 
 fn table_once(sock: &Socket) -> Result<Option<TableState>> {

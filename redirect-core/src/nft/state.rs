@@ -367,6 +367,16 @@ fn element_difference(e: &SetState, a: &SetState) -> Difference {
         let (ke, ka) = (keys(e), keys(a));
         missing = only(&ke, &ka);
         unexpected = only(&ka, &ke);
+        if missing.is_empty() && unexpected.is_empty() {
+            // The same keys, some listed more often than planned.
+            let count = |x: &[String], v: &String| x.iter().filter(|k| *k == v).count();
+            unexpected = ka
+                .iter()
+                .filter(|k| count(&ka, k) > count(&ke, k))
+                .map(|k| format!("{k} (repeated)"))
+                .collect();
+            unexpected.dedup();
+        }
     }
     Difference::SetElements {
         set: e.name.clone(),
@@ -414,5 +424,45 @@ fn compare_rules(
         out.push(Difference::RuleOrder {
             chain: chain.into(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elem(key: [u8; 4], interval_end: bool) -> SetElem {
+        SetElem {
+            key: key.to_vec(),
+            interval_end,
+        }
+    }
+
+    /// A read that lists an element twice (a dump that overlapped another writer's batch) is
+    /// a difference that says which key came twice, not "0 missing, 0 unexpected".
+    #[test]
+    fn a_repeated_element_is_named() {
+        let set = |elements| SetState {
+            name: "ip-exclude-cidrs".into(),
+            key_type: 7,
+            key_len: 4,
+            flags: SET_INTERVAL,
+            size: None,
+            elements,
+        };
+        let planned = set(vec![
+            elem([0, 0, 0, 0], true),
+            elem([10, 0, 0, 0], false),
+            elem([10, 64, 0, 0], true),
+        ]);
+        let read = set(vec![
+            elem([0, 0, 0, 0], true),
+            elem([0, 0, 0, 0], true),
+            elem([10, 0, 0, 0], false),
+            elem([10, 64, 0, 0], true),
+        ]);
+        let d = element_difference(&planned, &read).to_string();
+        assert!(d.contains("-00000000 (repeated)"), "{d}");
+        assert!(d.contains("0 element(s) missing"), "{d}");
     }
 }
