@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_benches::configs;
-use redirect_core::SystemGroups;
-use redirect_core::{capture, nft, plan};
+use redirect_istio::capture;
+use redirect_kernel::nft;
+use redirect_kernel::SystemGroups;
+use redirect_model::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// Sum of `iters` timings of `f`, each in a fresh namespace where `setup` ran first.

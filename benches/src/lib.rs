@@ -5,8 +5,8 @@
 pub mod istio_rules;
 
 use ipnet::{IpNet, Ipv4Net};
-use redirect_core::CaptureConfig;
-use redirect_core::{DnsCapture, InterceptionMode, Selection};
+use redirect_model::CaptureConfig;
+use redirect_model::{DnsCapture, InterceptionMode, Selection};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Istio's sidecar default (`-p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x "" -b '*'
@@ -105,7 +105,7 @@ mod tests {
         let set: std::collections::BTreeSet<_> = cidrs.iter().collect();
         assert_eq!(set.len(), 10_000);
         // Non-adjacent: merging them gives as many ranges as CIDRs.
-        assert_eq!(redirect_core::nft::merged_ranges(&cidrs).len(), 10_000);
+        assert_eq!(redirect_model::table::merged_ranges(&cidrs).len(), 10_000);
         let text = cidr_list(&cidrs);
         assert!(text.len() < 128 * 1024, "{} bytes", text.len());
         let ten: IpNet = "10.0.0.0/8".parse().unwrap();

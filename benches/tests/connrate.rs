@@ -4,8 +4,8 @@
 use std::process::Command;
 
 use redirect_benches::{sidecar_default, with_excluded};
-use redirect_core::capture;
-use redirect_core::SystemGroups;
+use redirect_istio::capture;
+use redirect_kernel::SystemGroups;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 const BIN: &str = env!("CARGO_BIN_EXE_connrate");

@@ -1,5 +1,5 @@
 //! redirect-cni: the CNI plugin (`cni`, `plugin`) and its node installer (`install`). Thin:
-//! CNI stdin, CNI_ARGS and pod annotations become a `redirect_core` config; the library does
+//! CNI stdin, CNI_ARGS and pod annotations become a `redirect_model` config; the library does
 //! the rest.
 
 pub mod agent;
@@ -10,7 +10,7 @@ pub mod plugin;
 pub mod repair;
 
 /// The plugin's process: stdout gets the result or the CNI error object; returns the exit code.
-/// `env_error`: a CNI variable that is not UTF-8 (`redirect_core::check_env_utf8`).
+/// `env_error`: a CNI variable that is not UTF-8 (`redirect_program::env::check_utf8`).
 pub fn plugin_main(
     env: &dyn Fn(&str) -> Option<String>,
     stdin: &[u8],

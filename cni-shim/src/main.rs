@@ -3,6 +3,14 @@
 
 use std::io::Read;
 
+/// The heap allocator of the static (musl) builds. musl's own malloc made redirect-init with
+/// 10,000 CIDRs 50% slower than the same code on glibc (22.8 ms against 15.1 ms); dlmalloc, a
+/// pure-Rust port of the allocator glibc's derives from, brings it back. Other builds keep
+/// their libc's allocator.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 fn main() {
     let env = |name: &str| std::env::var(name).ok();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -13,6 +21,6 @@ fn main() {
     // VERSION may come with no stdin at all; an unreadable stdin is an empty config.
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let env_error =
-        redirect_core::check_env_utf8(cni_shim::plugin::ENV_NAMES.iter().copied()).err();
+        redirect_program::env::check_utf8(cni_shim::plugin::ENV_NAMES.iter().copied()).err();
     std::process::exit(cni_shim::plugin_main(&env, &stdin, env_error));
 }

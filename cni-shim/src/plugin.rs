@@ -4,16 +4,17 @@
 use std::path::Path;
 use std::time::Duration;
 
-use redirect_core::capture;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::istio::pod::PodInfo;
-use redirect_core::istio::pod_facts;
-use redirect_core::logging::{self, Sink};
-use redirect_core::netns::Netns;
-use redirect_core::nft;
-use redirect_core::routes::TproxyRouting;
-use redirect_core::CaptureConfig;
-use redirect_core::SystemGroups;
+use redirect_istio::capture;
+use redirect_istio::mesh::{self, Decision, MeshDefaults};
+use redirect_istio::pod::PodInfo;
+use redirect_istio::pod_facts;
+use redirect_istio::Error as CaptureError;
+use redirect_kernel::netns::Netns;
+use redirect_kernel::nft;
+use redirect_kernel::Error as KernelError;
+use redirect_kernel::SystemGroups;
+use redirect_model::CaptureConfig;
+use redirect_program::logging::{self, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
 
@@ -40,7 +41,7 @@ pub const ENV_NAMES: &[&str] = &[
 const LOG_PREFIX: &str = "redirect-cni";
 
 /// Log lines when the config cannot be read (so its level and file are unknown): stderr, from
-/// info up. The process's subscriber (`redirect_core::logging`) is installed here or in
+/// info up. The process's subscriber (`redirect_program::logging`) is installed here or in
 /// `log_as_configured`.
 fn log_to_stderr() {
     logging::install(Sink::stderr(Some(LOG_PREFIX), LevelFilter::INFO));
@@ -226,7 +227,7 @@ pub(crate) fn mesh_defaults(conf: &NetConf) -> MeshDefaults {
 fn decide(pod: &PodInfo, d: &MeshDefaults) -> Result<Decision, CniError> {
     mesh::decide(pod, d).map_err(|e| {
         // The plugin config's own lists conflicting with the proxy's IDs: a config error.
-        if let redirect_core::Error::BypassConflict { field, .. } = &e {
+        if let redirect_model::Error::BypassConflict { field, .. } = &e {
             if matches!(*field, "bypass_uids" | "bypass_gids") {
                 return CniError::new(
                     code::INVALID_CONFIG,
@@ -302,14 +303,12 @@ fn is_own(ns: &Netns) -> Result<bool, CniError> {
     })
 }
 
-fn kernel_error(what: &str, e: redirect_core::Error) -> CniError {
+fn kernel_error(what: &str, e: CaptureError) -> CniError {
     let code = match e {
-        redirect_core::Error::NetnsOpen { .. } | redirect_core::Error::NotNetns { .. } => {
+        CaptureError::Kernel(KernelError::NetnsOpen { .. } | KernelError::NotNetns { .. }) => {
             code::UNKNOWN_CONTAINER
         }
-        redirect_core::Error::Config { .. } | redirect_core::Error::BypassConflict { .. } => {
-            code::INVALID_CONFIG
-        }
+        CaptureError::Model(_) => code::INVALID_CONFIG,
         _ => code::IO_FAILURE,
     };
     CniError::new(code, format!("{what}: {e}"), "")
@@ -322,11 +321,12 @@ fn apply_in(
     dual_stack: bool,
 ) -> Result<CaptureConfig, CniError> {
     netns
-        .run(move || -> Result<CaptureConfig, redirect_core::Error> {
+        .run(move || -> Result<CaptureConfig, CaptureError> {
             cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
             capture::apply(&cfg, &SystemGroups)?;
             Ok(cfg)
         })
+        .map_err(CaptureError::from)
         .and_then(|r| r)
         .map_err(|e| kernel_error("programming the pod's capture", e))
 }
@@ -362,7 +362,7 @@ fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
     }
     let ns = match Netns::open(Path::new(&netns)) {
         Ok(ns) => ns,
-        Err(redirect_core::Error::NetnsOpen { source, .. })
+        Err(KernelError::NetnsOpen { source, .. })
             if matches!(
                 source.raw_os_error(),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR)
@@ -371,25 +371,26 @@ fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
             info!("DEL: CNI_NETNS {netns} does not exist any more: nothing to remove");
             return Ok(());
         }
-        Err(e @ redirect_core::Error::NotNetns { .. }) => {
+        Err(e @ KernelError::NotNetns { .. }) => {
             info!("DEL: {e}: the sandbox is gone, nothing to remove");
             return Ok(());
         }
-        Err(e) => return Err(kernel_error("removing the pod's capture", e)),
+        Err(e) => return Err(kernel_error("removing the pod's capture", e.into())),
     };
     if !conf.allow_host_netns && is_own(&ns)? {
         warn!("DEL: CNI_NETNS {netns} is the plugin's own namespace: nothing removed");
         return Ok(());
     }
     let removed = ns
-        .run(|| -> Result<bool, redirect_core::Error> {
+        .run(|| -> Result<bool, CaptureError> {
             // Only a namespace we programmed has routes and ::6 of ours.
             if nft::read_back()?.is_none() {
                 return Ok(false);
             }
-            capture::cleanup(&TproxyRouting::ISTIO)?;
+            capture::cleanup(&redirect_istio::TPROXY_ROUTING)?;
             Ok(true)
         })
+        .map_err(CaptureError::from)
         .and_then(|r| r)
         .map_err(|e| kernel_error("removing the pod's capture", e))?;
     info!(
@@ -410,11 +411,12 @@ fn check(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
     };
     let netns = netns_of(inv, conf)?;
     let diff = netns
-        .run(move || -> Result<_, redirect_core::Error> {
+        .run(move || -> Result<_, CaptureError> {
             let mut cfg = cfg;
             cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
             differences(&cfg)
         })
+        .map_err(CaptureError::from)
         .and_then(|r| r)
         .map_err(|e| kernel_error("reading the pod's capture back", e))?;
     if diff.is_empty() {
@@ -430,8 +432,8 @@ fn check(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
 
 /// In the current namespace: how its capture differs from `cfg` (rules, TPROXY routing, `::6`),
 /// one line each in nft syntax; empty when it matches.
-fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, redirect_core::Error> {
-    let rs = redirect_core::plan_with(cfg, &SystemGroups)?;
+fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, CaptureError> {
+    let rs = redirect_model::plan_with(cfg, &SystemGroups)?;
     Ok(capture::check(cfg, &rs)?
         .iter()
         .map(|d| d.to_string())

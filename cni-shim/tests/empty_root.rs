@@ -22,8 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{cni_env, mesh_conf, pod_ns, static_bin, ARGS, BIN};
-use redirect_core::CaptureConfig;
-use redirect_core::{nft, plan};
+use redirect_kernel::nft;
+use redirect_model::plan;
+use redirect_model::CaptureConfig;
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 

@@ -23,9 +23,10 @@ use cni_shim::repair::RepairSettings;
 use common::cluster::Cluster;
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::netns::{netns_id_of, Netns};
-use redirect_core::{nft, plan, CaptureConfig};
+use redirect_istio::mesh::{self, Decision, MeshDefaults};
+use redirect_kernel::netns::{netns_id_of, Netns};
+use redirect_kernel::nft;
+use redirect_model::{plan, CaptureConfig};
 use redirect_testkit::binary::{self, Run};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 

@@ -1,22 +1,22 @@
 //! redirect-init: a drop-in for Istio's `istio-iptables` in the init container. Thin: flags and
-//! environment become a `redirect_core` config (`flags`, `settings`); `run` calls the library.
+//! environment become a `redirect_model` config (`flags`, `settings`); `run` calls the library.
 
 pub mod report;
 pub mod run;
 
-pub use redirect_core::istio::cli::{flags, settings};
+pub use redirect_istio::cli::{flags, settings};
 
 use std::ffi::OsString;
 
 use flags::Parsed;
-use redirect_core::logging::Sink;
+use redirect_program::logging::Sink;
 use run::{Failure, EXIT_ERROR, EXIT_OK};
 use tracing::level_filters::LevelFilter;
 
 /// redirect-init's log lines: `level<TAB>message` on stderr, from info up
-/// (`redirect_core::logging`). Installs the process's subscriber unless one is there already.
+/// (`redirect_program::logging`). Installs the process's subscriber unless one is there already.
 pub fn log_to_stderr() {
-    redirect_core::logging::install(Sink::stderr(None, LevelFilter::INFO));
+    redirect_program::logging::install(Sink::stderr(None, LevelFilter::INFO));
 }
 
 /// The whole program, from arguments and an environment lookup to an exit code.
@@ -37,7 +37,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
     let result = settings::Settings::from_resolved(&resolved)
         .map_err(Failure::from)
         .and_then(|s| match s.network_namespace.clone() {
-            Some(path) => redirect_core::netns::run_in(&path, move || run::run(s))
+            Some(path) => redirect_kernel::netns::run_in(&path, move || run::run(s))
                 .map_err(Failure::from)
                 .and_then(|r| r),
             None => run::run(s),

@@ -1,8 +1,16 @@
 //! `redirect-init`: see the crate docs in lib.rs.
 
+/// The heap allocator of the static (musl) builds. musl's own malloc made redirect-init with
+/// 10,000 CIDRs 50% slower than the same code on glibc (22.8 ms against 15.1 ms); dlmalloc, a
+/// pure-Rust port of the allocator glibc's derives from, brings it back. Other builds keep
+/// their libc's allocator.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 fn main() {
     init_shim::log_to_stderr();
-    if let Err(msg) = redirect_core::check_env_utf8(init_shim::flags::env_names()) {
+    if let Err(msg) = redirect_program::env::check_utf8(init_shim::flags::env_names()) {
         tracing::error!("{msg}");
         std::process::exit(init_shim::run::EXIT_ERROR);
     }

@@ -3,9 +3,9 @@
 
 use std::fmt::Write;
 
-use redirect_core::{join, DnsCapture};
+use redirect_model::{join, DnsCapture};
 
-use redirect_core::istio::cli::settings::{Backend, Settings};
+use redirect_istio::cli::settings::{Backend, Settings};
 
 /// The variables listed under "Istio iptables environment:", as Istio lists them.
 const ENVIRONMENT: &[&str] = &[
@@ -27,7 +27,7 @@ pub fn environment(env: &dyn Fn(&str) -> Option<String>) -> String {
     let mut s = String::from("Istio iptables environment:\n");
     for name in ENVIRONMENT {
         // The values are the pod author's: escaped, so none can forge a line of the log.
-        let value = redirect_core::logging::escape(&env(name).unwrap_or_default());
+        let value = redirect_program::logging::escape(&env(name).unwrap_or_default());
         let _ = writeln!(s, "{name}={value}");
     }
     s
@@ -106,7 +106,7 @@ pub fn variables(s: &Settings) -> String {
     let mut out = String::from("Istio iptables variables:\n");
     for (k, v) in rows {
         // The namespace path and interface names come from outside: one line each, always.
-        let _ = writeln!(out, "{k}={}", redirect_core::logging::escape(&v));
+        let _ = writeln!(out, "{k}={}", redirect_program::logging::escape(&v));
     }
     out
 }

@@ -6,17 +6,17 @@ use std::io::Write;
 
 use tracing::{info, warn};
 
-use redirect_core::capture::{self, Decision};
-use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::nft;
-use redirect_core::render::{iptables_restore_all, nft_script};
-use redirect_core::validation::probe;
-use redirect_core::Error;
-use redirect_core::Ruleset;
-use redirect_core::SystemGroups;
+use redirect_istio::capture::{self, Decision};
+use redirect_istio::pod_facts::{self, HostAddress};
+use redirect_istio::validation::probe;
+use redirect_istio::Error;
+use redirect_kernel::nft;
+use redirect_kernel::SystemGroups;
+use redirect_model::render::{iptables_restore_all, nft_script};
+use redirect_model::Ruleset;
 
 use crate::report;
-use redirect_core::istio::cli::settings::{self, Backend, DryRunFormat, Settings};
+use redirect_istio::cli::settings::{self, Backend, DryRunFormat, Settings};
 
 /// Istio's exit codes.
 pub const EXIT_OK: i32 = 0;
@@ -29,7 +29,7 @@ pub struct Failure {
     pub code: i32,
     pub message: String,
     /// Lines logged after the message, each an error line of its own (a log line is one
-    /// event: see `redirect_core::logging`).
+    /// event: see `redirect_program::logging`).
     pub details: Vec<String>,
 }
 
@@ -46,6 +46,18 @@ impl From<Error> for Failure {
             message: e.to_string(),
             details: Vec::new(),
         }
+    }
+}
+
+impl From<redirect_model::Error> for Failure {
+    fn from(e: redirect_model::Error) -> Self {
+        Error::from(e).into()
+    }
+}
+
+impl From<redirect_kernel::Error> for Failure {
+    fn from(e: redirect_kernel::Error) -> Self {
+        Error::from(e).into()
     }
 }
 
@@ -82,7 +94,7 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
         return cleanup(&s);
     }
     let host = host.expect("derived above unless cleanup-only");
-    let rs = redirect_core::plan_with(&s.config, &SystemGroups)?;
+    let rs = redirect_model::plan_with(&s.config, &SystemGroups)?;
     if s.dry_run {
         return dry_run(&s, &rs);
     }
@@ -242,9 +254,9 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Ok(())
         }
         Err(e) => {
-            let d = redirect_core::validation::diagnosis::diagnose(
+            let d = redirect_istio::validation::diagnosis::diagnose(
                 &e,
-                &redirect_core::validation::diagnosis::gather_facts(&spec, &e, &s.config),
+                &redirect_istio::validation::diagnosis::gather_facts(&spec, &e, &s.config),
             );
             Err(Failure {
                 code: EXIT_VALIDATION,

@@ -7,7 +7,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::BIN;
 use redirect_testkit::istio::SIDECAR_ARGS;
@@ -60,13 +60,25 @@ fn a_killed_run_never_leaves_the_table_without_its_routes_and_the_next_run_compl
     if !kernel_tests_enabled() {
         return;
     }
+    // How long a whole run takes here and now (a few milliseconds, more on a loaded machine),
+    // so that the kills spread over all of it.
+    let mut whole: Vec<Duration> = (0..5)
+        .map(|_| {
+            let ns = pod();
+            let start = Instant::now();
+            assert!(run(&ns).status().unwrap().success(), "an uninterrupted run");
+            start.elapsed()
+        })
+        .collect();
+    whole.sort();
+    let step = (whole[2] * 6 / 5 / 120).max(Duration::from_micros(50));
     let (mut table_seen, mut nothing_seen, mut kills_done) = (0, 0, 0);
-    for i in 0..kills() as u64 {
+    for i in 0..kills() as u32 {
         let ns = pod();
         let mut child = run(&ns).spawn().unwrap();
         // `ip netns exec` execs the program in place, so the PID is redirect-init's; spread
-        // the kill over the whole run (a few milliseconds) in steps of 50 µs.
-        std::thread::sleep(Duration::from_micros(50 * (i % 120)));
+        // the kill over the whole run, and a little after, in 120 steps.
+        std::thread::sleep(step * (i % 120));
         if child.kill().is_ok() {
             kills_done += 1;
         }
@@ -91,7 +103,9 @@ fn a_killed_run_never_leaves_the_table_without_its_routes_and_the_next_run_compl
         );
     }
     eprintln!(
-        "{kills_done} kills: {table_seen} left the table (with its routes), {nothing_seen} left nothing"
+        "{kills_done} kills, {step:?} apart (a run takes {:?}): {table_seen} left the table \
+         (with its routes), {nothing_seen} left nothing",
+        whole[2]
     );
     assert!(
         table_seen > 0 && nothing_seen > 0,

@@ -10,7 +10,7 @@ use std::process::Command;
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("redirect-core is in the workspace")
+        .expect("the test kit is in the workspace")
         .to_path_buf()
 }
 

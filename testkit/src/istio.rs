@@ -64,7 +64,7 @@ pub fn group_gid(name: &str) -> Option<u32> {
 /// repository (a user's clone has no `../shared`). When it is missing, the calling test fails
 /// with one line naming the folder and the test: it never passes without the data.
 pub fn istio_testdata_dir() -> PathBuf {
-    // CARGO_MANIFEST_DIR is <clone>/redirect-core: the shared folder sits beside <clone>.
+    // CARGO_MANIFEST_DIR is <clone>/testkit: the shared folder sits beside <clone>.
     let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = beside
         .canonicalize()
@@ -439,12 +439,7 @@ pub fn iptables_restore(ns: &TestNetns, v6: bool, path: &Path) {
 
 /// Like [`iptables_restore`], with the given variant's binary (`iptables-legacy-restore`,
 /// `iptables-nft-restore`); `None` = the plain `iptables-restore`.
-pub fn iptables_restore_with(
-    ns: &TestNetns,
-    v6: bool,
-    path: &Path,
-    variant: Option<redirect_core::istio::xtables::Variant>,
-) {
+pub fn iptables_restore_with(ns: &TestNetns, v6: bool, path: &Path, variant: Option<&str>) {
     let group_path = group_file();
     let family = if v6 { "ip6tables" } else { "iptables" };
     let bin = match variant {
@@ -486,11 +481,7 @@ pub fn load_istio_case(ns: &TestNetns, case: &IstioCase) {
 }
 
 /// Like [`load_istio_case`], loading the restore files with the given iptables variant.
-pub fn load_istio_case_with(
-    ns: &TestNetns,
-    case: &IstioCase,
-    variant: Option<redirect_core::istio::xtables::Variant>,
-) {
+pub fn load_istio_case_with(ns: &TestNetns, case: &IstioCase, variant: Option<&str>) {
     iptables_restore_with(ns, false, &case.restore_path(), variant);
     if case.enable_ipv6 {
         iptables_restore_with(ns, true, &case.restore6_path(), variant);

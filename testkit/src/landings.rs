@@ -97,7 +97,7 @@ fn serve(
     let l = TcpListener::bind(("0.0.0.0", port)).expect("bind a listener");
     ready.send(()).expect("report readiness");
     for mut s in l.incoming().flatten() {
-        let orig = redirect_core::original_dst(&s.as_fd(), false)
+        let orig = redirect_kernel::sockopt::original_dst(&s.as_fd(), false)
             .or_else(|_| s.local_addr())
             .expect("a local address");
         let _ = tx.send(Landing { at, port, orig });

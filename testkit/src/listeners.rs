@@ -273,7 +273,7 @@ fn serve_tcp(side: Side, port: u16, v6: bool, listener: &TcpListener) {
     loop {
         match listener.accept() {
             Ok((mut stream, _)) => {
-                let orig = redirect_core::original_dst(&stream, v6).ok();
+                let orig = redirect_kernel::sockopt::original_dst(&stream, v6).ok();
                 let local = stream.local_addr().ok();
                 let _ = stream.set_nonblocking(false);
                 let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));

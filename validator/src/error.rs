@@ -5,14 +5,14 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use redirect_core::eval::FlowError;
+use redirect_model::eval::FlowError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Istio's flags or variables (typed by the core, which names the flag), planning, or
     /// reading the pod's address.
     #[error(transparent)]
-    Core(#[from] redirect_core::Error),
+    Core(#[from] redirect_istio::Error),
 
     #[error("--{flag} {value:?}: {item:?} is not an IP address; expected e.g. 10.244.1.7,fd00::7")]
     IpList {
@@ -32,7 +32,7 @@ pub enum Error {
 
     /// The annotations ask for something the mesh mapping refuses.
     #[error("--annotations: {0}")]
-    Annotation(redirect_core::Error),
+    Annotation(redirect_model::Error),
 
     /// The annotations alone do not decide the capture.
     #[error("--annotations: {0}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u")]
@@ -52,5 +52,17 @@ pub enum Error {
 
     /// Reading the namespace's rules failed (nf_tables needs CAP_NET_ADMIN there).
     #[error("{0} (inspect reads nf_tables over netlink: run it as root on the node)")]
-    KernelRead(redirect_core::Error),
+    KernelRead(redirect_istio::Error),
+}
+
+impl From<redirect_model::Error> for Error {
+    fn from(e: redirect_model::Error) -> Self {
+        Error::Core(e.into())
+    }
+}
+
+impl From<redirect_kernel::Error> for Error {
+    fn from(e: redirect_kernel::Error) -> Self {
+        Error::Core(e.into())
+    }
 }

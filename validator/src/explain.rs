@@ -1,16 +1,16 @@
 //! `explain`: where a flow goes under the rules Istio's flags describe, and the rules on the
 //! way. No privilege, no namespace: the evaluator reads the plan.
 
-use redirect_core::logging::stderr_line;
+use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::Path;
 
-use redirect_core::eval::{self, Evaluation, Flow, Verdict};
-use redirect_core::istio::mesh::Decision;
-use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::Ruleset;
-use redirect_core::{CaptureConfig, DNS_AGENT_PORT};
+use redirect_istio::mesh::Decision;
+use redirect_istio::pod_facts::{self, HostAddress};
+use redirect_model::eval::{self, Evaluation, Flow, Verdict};
+use redirect_model::Ruleset;
+use redirect_model::{CaptureConfig, DNS_AGENT_PORT};
 use serde::Serialize;
 
 use crate::Error;
@@ -64,9 +64,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(
-    r: &redirect_core::istio::cli::flags::Resolved,
-) -> Result<(Vec<Explained>, Vec<String>), Error> {
+fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<String>), Error> {
     let flows: Vec<Flow> = r
         .matches
         .get_many::<String>("flow")
@@ -113,7 +111,7 @@ fn run(
         }) => {
             notes.extend(warnings);
             config.ipv6 = host.ipv6;
-            let rs = redirect_core::plan(&config)?;
+            let rs = redirect_model::plan_with(&config, &redirect_kernel::SystemGroups)?;
             (*config, rs)
         }
         Some(Decision::Skip(why)) => {
@@ -127,7 +125,7 @@ fn run(
         }
         None => {
             notes.extend(args::finish(&mut s, &host, &nameservers)?);
-            let rs = redirect_core::plan(&s.config)?;
+            let rs = redirect_model::plan_with(&s.config, &redirect_kernel::SystemGroups)?;
             (s.config, rs)
         }
     };

@@ -2,19 +2,20 @@
 //! leftovers, the TPROXY routing and `::6`), in readable form, and when given the expected
 //! configuration (Istio's flags, or the pod's annotations) how they differ. Needs root.
 
-use redirect_core::logging::stderr_line;
+use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::capture::{self, Mismatch, RoutesSeen};
-use redirect_core::istio::mesh::Decision;
-use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::nft::{self, text};
-use redirect_core::routes::TproxyRouting;
-use redirect_core::validation::diagnosis::{self, KernelView};
-use redirect_core::Ruleset;
-use redirect_core::{netns, CaptureConfig};
+use redirect_istio::capture::{self, Mismatch, RoutesSeen};
+use redirect_istio::mesh::Decision;
+use redirect_istio::pod_facts::{self, HostAddress};
+use redirect_istio::validation::diagnosis::{self, KernelView};
+use redirect_kernel::netns;
+use redirect_kernel::nft::{self, text};
+use redirect_kernel::routes::TproxyRouting;
+use redirect_model::CaptureConfig;
+use redirect_model::Ruleset;
 use serde::Serialize;
 
 use crate::Error;
@@ -95,11 +96,11 @@ enum Expected {
     Nothing(String),
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
+fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     // Opened once: both reads below enter this descriptor, whatever the path names later.
     let ns = netns::Netns::open(&path).map_err(|e| match e {
-        redirect_core::Error::NetnsOpen { path, source } => Error::Netns { path, source },
+        redirect_kernel::Error::NetnsOpen { path, source } => Error::Netns { path, source },
         other => other.into(),
     })?;
     let mut settings = args::settings(r)?;
@@ -125,7 +126,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
         Some(Decision::Capture { mut config, .. }) => {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             config.ipv6 = h.ipv6;
-            let rs = redirect_core::plan(&config)?;
+            let rs = redirect_model::plan_with(&config, &redirect_kernel::SystemGroups)?;
             Some((
                 "the pod's annotations".to_string(),
                 Expected::Rules(config, rs),
@@ -135,7 +136,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             let servers = nameservers(r, settings.wants_nameservers(), &path)?;
             args::finish(&mut settings, &h, &servers)?;
-            let rs = redirect_core::plan(&settings.config)?;
+            let rs = redirect_model::plan_with(&settings.config, &redirect_kernel::SystemGroups)?;
             Some((
                 "Istio's flags".to_string(),
                 Expected::Rules(Box::new(settings.config), rs),
@@ -145,7 +146,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
     };
     let routing = match &expected {
         Some((_, Expected::Rules(cfg, _))) => capture::routing_of(cfg),
-        _ => TproxyRouting::ISTIO,
+        _ => redirect_istio::TPROXY_ROUTING,
     };
     let want = expected.as_ref().map(|(_, e)| e);
     let kernel = ns
@@ -156,7 +157,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
 
 /// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
 fn nameservers(
-    r: &redirect_core::istio::cli::flags::Resolved,
+    r: &redirect_istio::cli::flags::Resolved,
     wanted: bool,
     netns: &Path,
 ) -> Result<Vec<IpAddr>, Error> {
@@ -187,7 +188,7 @@ struct Kernel {
     differences: Vec<Mismatch>,
 }
 
-fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::Result<Kernel> {
+fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_istio::Result<Kernel> {
     let view = diagnosis::read_kernel(None)?;
     // Read once: shown below, and judged against the expectation.
     let routes = RoutesSeen::read_all(routing)?;

@@ -1,12 +1,12 @@
 //! The default mode: Istio's validation probe, run as Istio's `istio-validation` container runs
 //! it (same flags, unprivileged, as the proxy UID), with a diagnosis when it fails.
 
-use redirect_core::logging::stderr_line;
+use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 
-use redirect_core::istio::pod_facts;
-use redirect_core::validation::diagnosis::{self, Diagnosis};
-use redirect_core::validation::probe::{self, ProbeFailure};
+use redirect_istio::pod_facts;
+use redirect_istio::validation::diagnosis::{self, Diagnosis};
+use redirect_istio::validation::probe::{self, ProbeFailure};
 use serde::Serialize;
 
 use crate::args;
@@ -69,7 +69,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> {
+fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Report, Error> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
     let host = pod_facts::detect_host_address(s.dual_stack)?;

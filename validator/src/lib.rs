@@ -1,7 +1,7 @@
 //! redirect-validate: Istio's `istio-validation` probe (the default mode, same flags), and two
 //! tools for people debugging a pod: `inspect` (the rules a namespace holds, against what it
 //! should hold) and `explain` (where a flow goes, and why). Thin: the probe, the diagnosis, the
-//! evaluator and the read-back live in redirect-core.
+//! evaluator and the read-back live in the library crates (redirect-model, redirect-kernel, redirect-istio).
 
 mod args;
 mod error;

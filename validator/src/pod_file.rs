@@ -1,11 +1,11 @@
 //! `--annotations FILE` (inspect, explain): the pod decided as redirect-cni decides it (the same
-//! redirect-core code), Istio's flags standing in for the plugin's config defaults.
+//! redirect-istio code), Istio's flags standing in for the plugin's config defaults.
 
 use std::path::Path;
 
-use redirect_core::istio::cli::settings::Settings;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::istio::pod;
+use redirect_istio::cli::settings::Settings;
+use redirect_istio::mesh::{self, Decision, MeshDefaults};
+use redirect_istio::pod;
 
 use crate::Error;
 

@@ -12,9 +12,9 @@
 use std::io::Read;
 use std::net::TcpListener;
 
-use redirect_core::capture;
-use redirect_core::CaptureConfig;
-use redirect_core::SystemGroups;
+use redirect_istio::capture;
+use redirect_kernel::SystemGroups;
+use redirect_model::CaptureConfig;
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};

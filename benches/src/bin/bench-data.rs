@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use redirect_benches::{cidr_list, excluded_cidrs, istio_rules, sidecar_default, with_excluded};
-use redirect_core::{plan, render};
+use redirect_model::{plan, render};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -29,7 +29,7 @@ pub mod watch;
 
 use std::ffi::OsString;
 
-use redirect_core::logging::Sink;
+use redirect_program::logging::Sink;
 use tracing::level_filters::LevelFilter;
 
 use crate::agent::Agent;
@@ -91,7 +91,7 @@ pub fn run_with_agent(
 /// exit code: 0 after a clean stop (SIGTERM/SIGINT) or `--help`, 1 on failure, 2 on bad flags.
 pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     // `level<TAB>message` on stderr, from info up, the agent's lines and kube's warnings too.
-    redirect_core::logging::install(Sink::stderr(None, LevelFilter::INFO));
+    redirect_program::logging::install(Sink::stderr(None, LevelFilter::INFO));
     let settings = match settings::parse(args, env) {
         Ok(Parsed::Info(text)) => {
             print!("{text}");

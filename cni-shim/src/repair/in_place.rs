@@ -6,10 +6,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::capture;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::istio::pod_facts;
-use redirect_core::SystemGroups;
+use redirect_istio::capture;
+use redirect_istio::mesh::{self, Decision, MeshDefaults};
+use redirect_istio::pod_facts;
+use redirect_kernel::SystemGroups;
 
 use super::pod_netns::{self, FindError};
 
@@ -39,7 +39,7 @@ pub enum RepairError {
     #[error("pod {pod}: {source}")]
     Annotations {
         pod: String,
-        source: redirect_core::Error,
+        source: redirect_model::Error,
     },
     #[error("pod {pod}: {source}")]
     Netns { pod: String, source: Box<FindError> },
@@ -47,7 +47,7 @@ pub enum RepairError {
     Apply {
         pod: String,
         netns: PathBuf,
-        source: redirect_core::Error,
+        source: redirect_istio::Error,
     },
     #[error(
         "pod {pod}: the capture was applied in {netns} but reads back different ({}): not \
@@ -95,7 +95,7 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
     })?;
     let netns = ns.path().to_owned();
     let applied = ns
-        .run(|| -> Result<_, redirect_core::Error> {
+        .run(|| -> Result<_, redirect_istio::Error> {
             let mut cfg = cfg;
             cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
             let rs = capture::apply(&cfg, &SystemGroups)?;
@@ -105,6 +105,7 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
                 .map(|d| d.to_string())
                 .collect::<Vec<_>>())
         })
+        .map_err(redirect_istio::Error::from)
         .and_then(|r| r);
     match applied {
         Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns }),

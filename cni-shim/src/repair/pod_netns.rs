@@ -20,7 +20,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::netns::{self, Netns, NetnsId};
+use redirect_kernel::netns::{self, Netns, NetnsId};
 
 /// A pod's network namespace, held open (its path, `Netns::path`, is where it was found:
 /// `<proc>/<pid>/ns/net` or a pin, for log lines).
@@ -145,7 +145,7 @@ fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns>
     }
     seen.push(ns.id());
     let addrs = ns
-        .run(redirect_core::routes::interface_addresses)
+        .run(redirect_kernel::routes::interface_addresses)
         .ok()?
         .ok()?;
     addrs.iter().any(|(_, a)| *a == ip).then_some(ns)

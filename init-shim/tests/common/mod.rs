@@ -1,5 +1,5 @@
 //! Running the real `redirect-init` binary inside a test namespace; the runner and the state
-//! snapshots live in redirect-core's testkit (`testkit::binary`), shared with redirect-validate.
+//! snapshots live in the test kit (`testkit::binary`), shared with redirect-validate.
 
 #![allow(dead_code, unused_imports)]
 

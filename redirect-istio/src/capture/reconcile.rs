@@ -1,0 +1,337 @@
+//! Before a program run in a namespace that may hold rules already (ours from an earlier run,
+//! or Istio's): program, skip, or replace, as the flags allow. Two capture rule sets would both
+//! act on every packet, and rules of ours for another configuration would be silently kept, so
+//! both are refused unless the operator asked to replace them (`--reconcile`).
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::xtables::{self, Leftover, Tool, Variant};
+use redirect_kernel::nft::{self, Difference};
+use redirect_model::CaptureConfig;
+use redirect_model::Ruleset;
+
+/// What the operator allowed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// Replace Istio's rules, or ours for another configuration (`--reconcile`).
+    pub reconcile: bool,
+    /// Program even when ours are already in place (`--force-apply`).
+    pub force_apply: bool,
+}
+
+/// Istio's capture rules in a namespace (or our iptables backend's, which look the same).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IstioRules {
+    /// Istio's nftables tables (`inet istio-*`).
+    pub nft_tables: Vec<String>,
+    /// Istio's iptables chains, and its rules in built-in chains.
+    pub chains: Vec<Leftover>,
+}
+
+impl IstioRules {
+    /// Those in the calling thread's namespace.
+    pub fn read() -> Result<IstioRules> {
+        Ok(IstioRules {
+            nft_tables: crate::tables::istio_tables()?,
+            chains: xtables::find_istio_leftovers()?,
+        })
+    }
+
+    /// Remove those in the calling thread's namespace; returns what was removed.
+    pub fn remove() -> Result<IstioRules> {
+        Ok(IstioRules {
+            nft_tables: crate::tables::remove_istio_tables()?,
+            chains: xtables::remove_istio_leftovers()?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nft_tables.is_empty() && self.chains.is_empty()
+    }
+}
+
+/// What the namespace holds before the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// Our table against the plan: `None` when there is no table of ours, empty when equal.
+    pub ours: Option<Vec<Difference>>,
+    pub istio: IstioRules,
+}
+
+impl Found {
+    /// Read the calling thread's namespace: one dump of our table, Istio's tables and chains.
+    pub fn read(rs: &Ruleset) -> Result<Found> {
+        // A pod's first run finds no table: skip building the expected state to compare with.
+        let ours = nft::read_back()?.map(|t| nft::compare(rs, Some(&t)));
+        Ok(Found {
+            ours,
+            istio: IstioRules::read()?,
+        })
+    }
+}
+
+/// What a run does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Ours are in place and equal, and nothing else is: the routes beside them are ensured.
+    Skip,
+    /// Program the plan (creating our table, or replacing it atomically), then remove Istio's
+    /// when there are any, so no packet goes uncaptured in between.
+    Apply {
+        replaces_ours: bool,
+        removes_istio: bool,
+    },
+}
+
+/// Why a run would not program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Istio's rules are there and `--reconcile` was not given.
+    IstioRules(IstioRules),
+    /// Our rules for another configuration are there, and neither flag was given.
+    OursDiffer { differences: Vec<Difference> },
+    /// The iptables backend finds `ISTIO_*` chains, which iptables-restore cannot create again.
+    IstioChains { chains: Vec<Leftover> },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::IstioRules(istio) => write!(
+                f,
+                "this namespace already holds Istio's capture rules (nft tables {:?}; iptables chains {}): both sets of rules would act on every packet. Rerun with --reconcile to replace them with ours, or with --cleanup-only to remove them",
+                istio.nft_tables,
+                describe(&istio.chains)
+            ),
+            Refusal::OursDiffer { differences } => {
+                // One line: it is logged, and a log line is one event.
+                let shown: Vec<String> =
+                    differences.iter().take(10).map(|d| d.to_string()).collect();
+                let more = match differences.len().saturating_sub(shown.len()) {
+                    0 => String::new(),
+                    n => format!("; and {n} more"),
+                };
+                write!(
+                    f,
+                    "this namespace already has our rules for another configuration ({} differences: {}{more}). Rerun with --reconcile to replace them atomically",
+                    differences.len(),
+                    shown.join("; ")
+                )
+            }
+            Refusal::IstioChains { chains } => write!(
+                f,
+                "ISTIO_* chains exist already ({}); iptables-restore cannot create them again. Rerun with --reconcile to replace them, or --cleanup-only to remove them",
+                describe(chains)
+            ),
+        }
+    }
+}
+
+/// A run that did not program: refused, or the kernel failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error(transparent)]
+    Kernel(#[from] Error),
+}
+
+/// Istio's chains as one line for a message: `IPv4/nft/nat/ISTIO_OUTPUT, ...`, or `none`.
+pub fn describe(chains: &[Leftover]) -> String {
+    if chains.is_empty() {
+        return "none".into();
+    }
+    chains
+        .iter()
+        .map(|x| format!("{}/{}/{}/{}", x.variant, x.family, x.table, x.chain))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The decision for the nftables backend.
+pub fn decide(found: &Found, flags: Flags) -> Result<Decision, Refusal> {
+    let istio = !found.istio.is_empty();
+    if istio && !flags.reconcile {
+        return Err(Refusal::IstioRules(found.istio.clone()));
+    }
+    match &found.ours {
+        Some(d) if d.is_empty() && !flags.force_apply && !istio => Ok(Decision::Skip),
+        Some(d) if !d.is_empty() && !flags.reconcile && !flags.force_apply => {
+            Err(Refusal::OursDiffer {
+                differences: d.clone(),
+            })
+        }
+        ours => Ok(Decision::Apply {
+            replaces_ours: ours.is_some(),
+            removes_istio: istio,
+        }),
+    }
+}
+
+/// What `reconcile` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reconciled {
+    pub decision: Decision,
+    /// Istio's tables and chains removed after ours were in place.
+    pub removed_istio: IstioRules,
+}
+
+/// In the calling thread's namespace: read what is there, decide, and program `rs` (planned
+/// from `cfg`) with the nftables backend; the routes beside the rules are ensured either way,
+/// and first (see `capture::apply`), so a run that finds its rules in place completes the
+/// routes a killed run left out.
+pub fn reconcile(
+    cfg: &CaptureConfig,
+    rs: &Ruleset,
+    flags: Flags,
+) -> Result<Reconciled, ReconcileError> {
+    let found = Found::read(rs)?;
+    let decision = decide(&found, flags).map_err(ReconcileError::Refused)?;
+    match decision {
+        Decision::Apply { .. } => super::routes_then(cfg, || Ok(nft::apply(rs)?))?,
+        Decision::Skip => super::apply_routes(cfg)?,
+    }
+    let removed_istio = match decision {
+        // Ours are in place first, so no packet goes uncaptured while Istio's go.
+        Decision::Apply {
+            removes_istio: true,
+            ..
+        } => IstioRules::remove()?,
+        _ => IstioRules::default(),
+    };
+    Ok(Reconciled {
+        decision,
+        removed_istio,
+    })
+}
+
+/// What `reconcile_iptables` did.
+#[derive(Clone, Debug)]
+pub struct ReconciledIptables {
+    /// The binaries that loaded each family's rules.
+    pub tools: Vec<Tool>,
+    pub removed_istio_chains: Vec<Leftover>,
+    /// Our nftables table, removed under `--reconcile`.
+    pub removed_our_table: bool,
+}
+
+/// The iptables backend's run: Istio's chains are refused (iptables-restore cannot create them
+/// again) unless `--reconcile` removes them first, with our nftables table.
+pub fn reconcile_iptables(
+    cfg: &CaptureConfig,
+    rs: &Ruleset,
+    flags: Flags,
+    force_binary: Option<Variant>,
+) -> Result<ReconciledIptables, ReconcileError> {
+    let chains = xtables::find_istio_leftovers()?;
+    if !chains.is_empty() && !flags.reconcile {
+        return Err(ReconcileError::Refused(Refusal::IstioChains { chains }));
+    }
+    let removed_istio_chains = if chains.is_empty() {
+        Vec::new()
+    } else {
+        xtables::remove_istio_leftovers()?;
+        chains
+    };
+    let removed_our_table = flags.reconcile && nft::remove().map_err(Error::from)?;
+    let tools = super::routes_then(cfg, || xtables::apply(rs, force_binary))?;
+    Ok(ReconciledIptables {
+        tools,
+        removed_istio_chains,
+        removed_our_table,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redirect_model::Family;
+
+    fn chain() -> Leftover {
+        Leftover {
+            family: Family::V4,
+            variant: Variant::Nft,
+            table: "nat".into(),
+            chain: "ISTIO_OUTPUT".into(),
+            rules: 3,
+            jumps: 1,
+        }
+    }
+
+    fn found(ours: Option<Vec<Difference>>, istio: bool) -> Found {
+        Found {
+            ours,
+            istio: IstioRules {
+                nft_tables: Vec::new(),
+                chains: if istio { vec![chain()] } else { Vec::new() },
+            },
+        }
+    }
+
+    const NONE: Flags = Flags {
+        reconcile: false,
+        force_apply: false,
+    };
+    const RECONCILE: Flags = Flags {
+        reconcile: true,
+        force_apply: false,
+    };
+    const FORCE: Flags = Flags {
+        reconcile: false,
+        force_apply: true,
+    };
+
+    fn apply(replaces_ours: bool, removes_istio: bool) -> Result<Decision, Refusal> {
+        Ok(Decision::Apply {
+            replaces_ours,
+            removes_istio,
+        })
+    }
+
+    #[test]
+    fn a_first_run_programs() {
+        assert_eq!(decide(&found(None, false), NONE), apply(false, false));
+    }
+
+    #[test]
+    fn equal_rules_are_left_alone_unless_forced() {
+        let equal = found(Some(Vec::new()), false);
+        assert_eq!(decide(&equal, NONE), Ok(Decision::Skip));
+        assert_eq!(decide(&equal, RECONCILE), Ok(Decision::Skip));
+        assert_eq!(decide(&equal, FORCE), apply(true, false));
+    }
+
+    #[test]
+    fn our_rules_for_another_config_need_a_flag() {
+        let differ = found(Some(vec![Difference::TableMissing]), false);
+        assert!(matches!(
+            decide(&differ, NONE),
+            Err(Refusal::OursDiffer { differences }) if differences.len() == 1
+        ));
+        assert_eq!(decide(&differ, RECONCILE), apply(true, false));
+        assert_eq!(decide(&differ, FORCE), apply(true, false));
+    }
+
+    #[test]
+    fn istio_rules_need_reconcile_even_when_forced() {
+        for ours in [None, Some(Vec::new())] {
+            let f = found(ours.clone(), true);
+            assert!(matches!(decide(&f, NONE), Err(Refusal::IstioRules(_))));
+            assert!(matches!(decide(&f, FORCE), Err(Refusal::IstioRules(_))));
+            // Equal rules of ours are programmed again before Istio's go.
+            assert_eq!(decide(&f, RECONCILE), apply(ours.is_some(), true));
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_flag_and_the_chains() {
+        let r = Refusal::IstioChains {
+            chains: vec![chain()],
+        }
+        .to_string();
+        assert!(r.contains("nft/IPv4/nat/ISTIO_OUTPUT"), "{r}");
+        assert!(r.contains("--reconcile"), "{r}");
+        assert_eq!(describe(&[]), "none");
+    }
+}

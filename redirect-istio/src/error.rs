@@ -1,0 +1,19 @@
+//! The Istio crate's errors: the model's and the kernel's, and a tool (an iptables binary) that
+//! failed. Every message names what was wrong, the value, and what to do about it.
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value that cannot be planned.
+    #[error(transparent)]
+    Model(#[from] redirect_model::Error),
+
+    /// The kernel refused, or a namespace could not be entered.
+    #[error(transparent)]
+    Kernel(#[from] redirect_kernel::Error),
+
+    /// A rendered ruleset could not be loaded by an external tool, or the tool is missing.
+    #[error("{tool} failed: {detail}")]
+    Tool { tool: String, detail: String },
+}

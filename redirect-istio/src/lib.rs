@@ -1,0 +1,37 @@
+//! redirect-istio: Istio's side of a pod's capture, on top of the model and the kernel.
+//!
+//! - Istio's inputs: istio-iptables' command line and variables (`cli`, with the `cli`
+//!   feature), the pod's annotations and spec mapped to a capture config ([`mesh`], [`pod`]),
+//!   what Istio derives inside the pod ([`pod_facts`]: proxy UID, IPv6, DNS servers), the
+//!   warnings about Istio's quirks ([`quirks`]), Go's forms ([`go`]).
+//! - Istio's own rules: its iptables chains ([`xtables`]: found, loaded, the leftovers scan) and
+//!   its nftables tables ([`tables`]), and its TPROXY routing values ([`TPROXY_ROUTING`]).
+//! - The policy on one namespace ([`capture`]): apply (the routes, then the table), check what
+//!   is there against a config, decide what a run may do over rules already there (reconcile),
+//!   clean up.
+//! - Istio's validation ([`validation`]): the probe and, when it fails, why.
+//! - [`Error`] and [`Result`]: the model's and the kernel's errors, and a failed tool.
+
+pub mod capture;
+#[cfg(feature = "cli")]
+pub mod cli;
+mod error;
+pub mod go;
+pub mod mesh;
+pub mod pod;
+pub mod pod_facts;
+pub mod quirks;
+pub mod tables;
+pub mod validation;
+pub mod xtables;
+
+pub use error::{Error, Result};
+
+use redirect_kernel::routes::TproxyRouting;
+
+/// Istio's TPROXY routing (`--istio-inbound-tproxy-mark 1337`,
+/// `--istio-inbound-tproxy-route-table 133`), which DEL removes whatever the pod's config was.
+pub const TPROXY_ROUTING: TproxyRouting = TproxyRouting {
+    mark: 1337,
+    table: 133,
+};

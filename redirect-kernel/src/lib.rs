@@ -1,0 +1,27 @@
+//! redirect-kernel: a pod's capture in the kernel, over netlink, in Rust (no C library, no
+//! `nft`, `ip` or `iptables` binary).
+//!
+//! - [`nft`]: our one `inet` table (`redirect_model::table`): a lowered ruleset encoded
+//!   into one atomic batch (byte-identical to libnftnl's), applied, updated in place, read
+//!   back bound to the ruleset's generation, compared, printed as nft syntax; other tables
+//!   listed and deleted by name.
+//! - [`routes`]: TPROXY policy routing and `::6` on `lo` (rtnetlink), the addresses of the
+//!   namespace's interfaces.
+//! - [`netns`]: a network namespace opened once and judged by its descriptor, and work run
+//!   inside it.
+//! - [`sockopt`]: the original destination of a redirected connection (`SO_ORIGINAL_DST`).
+//! - [`SystemGroups`]: the host's group database for the plan's owner groups.
+//! - [`Error`], [`Result`], [`errno_hint`].
+//!
+//! Nothing here knows Istio: names and policies are the caller's.
+
+mod error;
+mod groups;
+
+pub mod netns;
+pub mod nft;
+pub mod routes;
+pub mod sockopt;
+
+pub use error::{errno_hint, Error, Result};
+pub use groups::SystemGroups;

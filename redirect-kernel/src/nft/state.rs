@@ -1,0 +1,468 @@
+//! Our table as the kernel holds it, in the typed form we encode from: a dump (`dump`) and a
+//! plan (`expected`) meet here and are compared structurally, object by object. The text of a
+//! difference is nft syntax, printed from the typed form (`text`).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::expr::Expr;
+use super::lower::{NftTable, SetElem};
+use super::message::SET_INTERVAL;
+use super::text;
+use super::TABLE;
+use redirect_model::Hook;
+
+/// A table as read back: its flags, chains (sorted by name) and sets (sorted by name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableState {
+    /// `NFTA_TABLE_FLAGS`: 0 for ours. `dormant` unhooks every chain: nothing is captured,
+    /// whatever the rules say.
+    pub flags: u32,
+    pub chains: Vec<ChainState>,
+    pub sets: Vec<SetState>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainState {
+    pub name: String,
+    pub base: Option<BaseState>,
+    /// Each rule's expressions, in order.
+    pub rules: Vec<Vec<Expr>>,
+}
+
+/// What makes a chain a base chain: its type, hook, priority and policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseState {
+    pub kind: String,
+    /// The `inet` hook number (`NF_INET_*`).
+    pub hook: u32,
+    pub priority: i32,
+    pub policy: u32,
+}
+
+impl BaseState {
+    pub(super) fn hook_name(&self) -> String {
+        match Hook::from_number(self.hook) {
+            Some(h) => h.nf_name().into(),
+            None => format!("hook#{}", self.hook),
+        }
+    }
+}
+
+impl fmt::Display for BaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = match self.policy {
+            1 => "accept".to_string(),
+            0 => "drop".to_string(),
+            p => p.to_string(),
+        };
+        write!(
+            f,
+            "type {} hook {} priority {} policy {policy}",
+            self.kind,
+            self.hook_name(),
+            self.priority
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetState {
+    pub name: String,
+    /// nft key type (`inet_service` 13, `ipv4_addr` 7, `ipv6_addr` 8) and key length.
+    pub key_type: u32,
+    pub key_len: u32,
+    pub flags: u32,
+    /// The declared size, if any (`NFTA_SET_DESC_SIZE`).
+    pub size: Option<u32>,
+    /// Element keys, sorted (interval sets hold start and end keys).
+    pub elements: Vec<SetElem>,
+}
+
+impl SetState {
+    pub fn interval(&self) -> bool {
+        self.flags & SET_INTERVAL != 0
+    }
+
+    /// Key type, key length and flags, as one phrase.
+    pub fn spec(&self) -> String {
+        format!(
+            "key type {} len {}{}",
+            self.key_type,
+            self.key_len,
+            if self.interval() { " interval" } else { "" }
+        )
+    }
+
+    fn same_spec(&self, other: &SetState) -> bool {
+        (self.key_type, self.key_len, self.flags) == (other.key_type, other.key_len, other.flags)
+    }
+}
+
+impl TableState {
+    pub fn chain(&self, name: &str) -> Option<&ChainState> {
+        self.chains.iter().find(|c| c.name == name)
+    }
+
+    pub fn set(&self, name: &str) -> Option<&SetState> {
+        self.sets.iter().find(|s| s.name == name)
+    }
+
+    pub fn rule_count(&self) -> usize {
+        self.chains.iter().map(|c| c.rules.len()).sum()
+    }
+
+    pub(super) fn sort(&mut self) {
+        self.chains.sort_by(|a, b| a.name.cmp(&b.name));
+        self.sets.sort_by(|a, b| a.name.cmp(&b.name));
+        for s in &mut self.sets {
+            s.elements
+                .sort_by(|a, b| (&a.key, a.interval_end).cmp(&(&b.key, b.interval_end)));
+        }
+    }
+}
+
+/// One way in which the kernel differs from the plan. Rules are in nft syntax.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Difference {
+    TableMissing,
+    /// The table carries flags (`dormant`: its chains are unhooked, nothing is captured).
+    TableFlags {
+        flags: String,
+    },
+    ChainMissing {
+        chain: String,
+    },
+    ChainUnexpected {
+        chain: String,
+    },
+    ChainSpec {
+        chain: String,
+        expected: Option<String>,
+        actual: Option<String>,
+    },
+    RuleMissing {
+        chain: String,
+        position: usize,
+        rule: String,
+    },
+    RuleUnexpected {
+        chain: String,
+        position: usize,
+        rule: String,
+    },
+    RuleOrder {
+        chain: String,
+    },
+    SetMissing {
+        set: String,
+    },
+    SetUnexpected {
+        set: String,
+    },
+    SetSpec {
+        set: String,
+        expected: String,
+        actual: String,
+    },
+    SetElements {
+        set: String,
+        missing: Vec<String>,
+        unexpected: Vec<String>,
+    },
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Difference::*;
+        match self {
+            TableMissing => write!(
+                f,
+                "table inet {TABLE} is missing: no capture rules in this namespace"
+            ),
+            TableFlags { flags } => write!(
+                f,
+                "table inet {TABLE} has flags {flags} but the plan has none{}",
+                if flags.contains("dormant") {
+                    ": a dormant table hooks no chain, so nothing is captured"
+                } else {
+                    ""
+                }
+            ),
+            ChainMissing { chain } => write!(f, "chain {chain} is missing"),
+            ChainUnexpected { chain } => write!(f, "chain {chain} is not in the plan"),
+            ChainSpec {
+                chain,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "chain {chain} is {} but the plan says {}",
+                actual.as_deref().unwrap_or("a regular chain"),
+                expected.as_deref().unwrap_or("a regular chain")
+            ),
+            RuleMissing {
+                chain,
+                position,
+                rule,
+            } => write!(f, "chain {chain}: rule {position} is missing: {rule}"),
+            RuleUnexpected {
+                chain,
+                position,
+                rule,
+            } => write!(
+                f,
+                "chain {chain}: rule {position} is not in the plan: {rule}"
+            ),
+            RuleOrder { chain } => write!(
+                f,
+                "chain {chain}: the rules are in another order than planned"
+            ),
+            SetMissing { set } => write!(f, "set {set} is missing"),
+            SetUnexpected { set } => write!(f, "set {set} is not in the plan"),
+            SetSpec {
+                set,
+                expected,
+                actual,
+            } => write!(f, "set {set} is {actual} but the plan says {expected}"),
+            SetElements {
+                set,
+                missing,
+                unexpected,
+            } => write!(
+                f,
+                "set {set}: {} element(s) missing {:?}, {} unexpected {:?}",
+                missing.len(),
+                missing,
+                unexpected.len(),
+                unexpected
+            ),
+        }
+    }
+}
+
+/// What the kernel should hold for a lowered table.
+pub fn expected(t: &NftTable) -> TableState {
+    let mut state = TableState {
+        flags: 0,
+        chains: t
+            .chains
+            .iter()
+            .map(|c| ChainState {
+                name: c.name.clone(),
+                base: c.base.map(|b| BaseState {
+                    kind: b.kind.name().into(),
+                    hook: b.hook.number(),
+                    priority: b.priority,
+                    policy: 1,
+                }),
+                rules: c.rules.clone(),
+            })
+            .collect(),
+        sets: t
+            .sets
+            .iter()
+            .map(|s| SetState {
+                name: s.name.clone(),
+                key_type: s.key_type,
+                key_len: s.key_len,
+                flags: if s.interval { SET_INTERVAL } else { 0 },
+                size: s.size,
+                elements: s.elements.clone(),
+            })
+            .collect(),
+    };
+    state.sort();
+    state
+}
+
+/// Compare the expected table with the kernel's (None = no table).
+pub fn compare(expected: &TableState, actual: Option<&TableState>) -> Vec<Difference> {
+    let Some(actual) = actual else {
+        return vec![Difference::TableMissing];
+    };
+    let mut out = Vec::new();
+    if actual.flags != expected.flags {
+        out.push(Difference::TableFlags {
+            flags: table_flags(actual.flags),
+        });
+    }
+    for e in &expected.chains {
+        let Some(a) = actual.chain(&e.name) else {
+            out.push(Difference::ChainMissing {
+                chain: e.name.clone(),
+            });
+            continue;
+        };
+        if e.base != a.base {
+            out.push(Difference::ChainSpec {
+                chain: e.name.clone(),
+                expected: e.base.as_ref().map(|b| b.to_string()),
+                actual: a.base.as_ref().map(|b| b.to_string()),
+            });
+        }
+        compare_rules(&e.name, &e.rules, &a.rules, &mut out);
+    }
+    for a in &actual.chains {
+        if expected.chain(&a.name).is_none() {
+            out.push(Difference::ChainUnexpected {
+                chain: a.name.clone(),
+            });
+        }
+    }
+    for e in &expected.sets {
+        let Some(a) = actual.set(&e.name) else {
+            out.push(Difference::SetMissing {
+                set: e.name.clone(),
+            });
+            continue;
+        };
+        if !e.same_spec(a) {
+            out.push(Difference::SetSpec {
+                set: e.name.clone(),
+                expected: e.spec(),
+                actual: a.spec(),
+            });
+        } else if e.elements != a.elements {
+            out.push(element_difference(e, a));
+        }
+    }
+    for a in &actual.sets {
+        if expected.set(&a.name).is_none() {
+            out.push(Difference::SetUnexpected {
+                set: a.name.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Table flags as nft names them (`dormant`, `owner`, `persist`), unknown bits in hex.
+pub fn table_flags(flags: u32) -> String {
+    const NAMES: [(u32, &str); 3] = [(1, "dormant"), (2, "owner"), (4, "persist")];
+    let mut words: Vec<String> = NAMES
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| name.to_string())
+        .collect();
+    let rest = flags & !NAMES.iter().map(|(bit, _)| bit).sum::<u32>();
+    if rest != 0 {
+        words.push(format!("{rest:#x}"));
+    }
+    words.join(",")
+}
+
+/// The elements one set has and the other lacks, as ports or CIDRs; as raw keys when the
+/// two hold the same ranges written differently.
+fn element_difference(e: &SetState, a: &SetState) -> Difference {
+    let only = |x: &[String], y: &[String]| -> Vec<String> {
+        x.iter().filter(|v| !y.contains(v)).cloned().collect()
+    };
+    let (de, da) = (text::set_elements(e), text::set_elements(a));
+    let (mut missing, mut unexpected) = (only(&de, &da), only(&da, &de));
+    if missing.is_empty() && unexpected.is_empty() {
+        let keys = |s: &SetState| -> Vec<String> { s.elements.iter().map(text::key).collect() };
+        let (ke, ka) = (keys(e), keys(a));
+        missing = only(&ke, &ka);
+        unexpected = only(&ka, &ke);
+        if missing.is_empty() && unexpected.is_empty() {
+            // The same keys, some listed more often than planned.
+            let count = |x: &[String], v: &String| x.iter().filter(|k| *k == v).count();
+            unexpected = ka
+                .iter()
+                .filter(|k| count(&ka, k) > count(&ke, k))
+                .map(|k| format!("{k} (repeated)"))
+                .collect();
+            unexpected.dedup();
+        }
+    }
+    Difference::SetElements {
+        set: e.name.clone(),
+        missing,
+        unexpected,
+    }
+}
+
+fn compare_rules(
+    chain: &str,
+    expected: &[Vec<Expr>],
+    actual: &[Vec<Expr>],
+    out: &mut Vec<Difference>,
+) {
+    if expected == actual {
+        return;
+    }
+    // Match rules as multisets first; what is left over is missing or unexpected.
+    let mut used = vec![false; actual.len()];
+    let mut any = false;
+    for (i, r) in expected.iter().enumerate() {
+        match (0..actual.len()).find(|&j| !used[j] && &actual[j] == r) {
+            Some(j) => used[j] = true,
+            None => {
+                any = true;
+                out.push(Difference::RuleMissing {
+                    chain: chain.into(),
+                    position: i + 1,
+                    rule: text::exprs(r),
+                });
+            }
+        }
+    }
+    for (j, a) in actual.iter().enumerate() {
+        if !used[j] {
+            any = true;
+            out.push(Difference::RuleUnexpected {
+                chain: chain.into(),
+                position: j + 1,
+                rule: text::exprs(a),
+            });
+        }
+    }
+    if !any {
+        out.push(Difference::RuleOrder {
+            chain: chain.into(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elem(key: [u8; 4], interval_end: bool) -> SetElem {
+        SetElem {
+            key: key.to_vec(),
+            interval_end,
+        }
+    }
+
+    /// A read that lists an element twice (a dump that overlapped another writer's batch) is
+    /// a difference that says which key came twice, not "0 missing, 0 unexpected".
+    #[test]
+    fn a_repeated_element_is_named() {
+        let set = |elements| SetState {
+            name: "ip-exclude-cidrs".into(),
+            key_type: 7,
+            key_len: 4,
+            flags: SET_INTERVAL,
+            size: None,
+            elements,
+        };
+        let planned = set(vec![
+            elem([0, 0, 0, 0], true),
+            elem([10, 0, 0, 0], false),
+            elem([10, 64, 0, 0], true),
+        ]);
+        let read = set(vec![
+            elem([0, 0, 0, 0], true),
+            elem([0, 0, 0, 0], true),
+            elem([10, 0, 0, 0], false),
+            elem([10, 64, 0, 0], true),
+        ]);
+        let d = element_difference(&planned, &read).to_string();
+        assert!(d.contains("-00000000 (repeated)"), "{d}");
+        assert!(d.contains("0 element(s) missing"), "{d}");
+    }
+}

@@ -1,0 +1,554 @@
+//! Kernel tests for `netns` and `routes`. Each test makes a fresh network namespace of its own.
+//! They need root; without it they fail, unless REDIRECT_SKIP_KERNEL_TESTS=1 (CI never sets it).
+//!
+//! State is checked twice: through our read-back functions and through `ip` (iproute2) run
+//! inside the namespace, compared with what Istio's `ip` commands produce.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use redirect_kernel::netns::{self, current_netns_id, netns_id_of};
+use redirect_kernel::routes::{self, TproxyRouting, TproxyState};
+use redirect_kernel::Error;
+use redirect_model::Family;
+
+/// Istio's TPROXY mark and route table.
+const ISTIO: TproxyRouting = TproxyRouting {
+    mark: 1337,
+    table: 133,
+};
+
+// ---- helpers ----
+
+/// True if kernel tests may run. Not root: panics saying so, or, with
+/// REDIRECT_SKIP_KERNEL_TESTS=1, prints that it skips and returns false.
+fn kernel_tests_allowed(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var("REDIRECT_SKIP_KERNEL_TESTS").as_deref() == Ok("1") {
+        eprintln!("{test}: skipped: needs root (REDIRECT_SKIP_KERNEL_TESTS=1 is set)");
+        return false;
+    }
+    panic!(
+        "{test}: kernel tests need root (they create network namespaces and change routes); \
+         run them as root, or set REDIRECT_SKIP_KERNEL_TESTS=1 to skip them"
+    );
+}
+
+/// A fresh network namespace, pinned by a bind mount on a file under /run/netns-test, so it
+/// outlives the thread that made it. Dropping it unmounts and removes the file.
+struct TestNetns {
+    path: PathBuf,
+}
+
+impl TestNetns {
+    fn new(tag: &str) -> TestNetns {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = Path::new("/run/netns-test");
+        fs::create_dir_all(dir).expect("create /run/netns-test");
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{tag}-{}-{n}", std::process::id()));
+        File::create(&path).expect("create the namespace mount point");
+        let target = path.clone();
+        // unshare moves only this short-lived thread into the new namespace.
+        std::thread::spawn(move || {
+            unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .expect("bind-mount the new namespace");
+        })
+        .join()
+        .expect("namespace thread");
+        TestNetns { path }
+    }
+
+    /// A fresh namespace with lo up (by iproute2), as in a pod: IPv6 routes via lo need it.
+    fn with_lo_up(tag: &str) -> TestNetns {
+        let ns = TestNetns::new(tag);
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// Runs `ip ARGS` inside the namespace (a child spawned from a thread inside inherits its
+    /// namespace) and returns stdout; panics if `ip` fails.
+    fn ip(&self, args: &[&str]) -> String {
+        let out = netns::run_in(&self.path, || Command::new("ip").args(args).output())
+            .expect("run_in")
+            .expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("ip output is UTF-8")
+    }
+
+    /// `ip [-6] route show table all`, only the lines of `table`. (`show table N` of a table
+    /// that does not exist is an error in recent iproute2.)
+    fn routes_in_table(&self, family: Family, table: u32) -> Vec<String> {
+        let fam = match family {
+            Family::V4 => "-4",
+            Family::V6 => "-6",
+        };
+        let needle = format!(" table {table} ");
+        self.ip(&[fam, "route", "show", "table", "all"])
+            .lines()
+            .filter(|l| format!("{l} ").contains(&needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn rules(&self, family: Family) -> String {
+        let fam = match family {
+            Family::V4 => "-4",
+            Family::V6 => "-6",
+        };
+        self.ip(&[fam, "rule", "show"])
+    }
+
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        netns::run_in(&self.path, f).expect("run_in")
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// What the namespace looks like for `routing`, as iproute2 prints it.
+#[derive(Debug, PartialEq, Eq)]
+struct IpView {
+    rules: String,
+    routes: Vec<String>,
+}
+
+fn ip_view(ns: &TestNetns, family: Family, routing: &TproxyRouting) -> IpView {
+    IpView {
+        rules: ns.rules(family),
+        routes: ns.routes_in_table(family, routing.table),
+    }
+}
+
+fn count_rule_lines(rules: &str, routing: &TproxyRouting) -> usize {
+    let needle = format!("fwmark {:#x} lookup {}", routing.mark, routing.table);
+    rules.lines().filter(|l| l.contains(&needle)).count()
+}
+
+/// Istio's commands for TPROXY routing, run with iproute2 inside `ns`.
+fn istio_ip_commands(ns: &TestNetns, family: Family, r: &TproxyRouting) {
+    let (fam, dst) = match family {
+        Family::V4 => ("-4", "0.0.0.0/0"),
+        Family::V6 => ("-6", "::/0"),
+    };
+    let (mark, table) = (r.mark.to_string(), r.table.to_string());
+    ns.ip(&[fam, "rule", "add", "fwmark", &mark, "lookup", &table]);
+    ns.ip(&[
+        fam, "route", "add", "local", dst, "dev", "lo", "table", &table,
+    ]);
+}
+
+const BOTH: [Family; 2] = [Family::V4, Family::V6];
+
+// ---- netns ----
+
+#[test]
+fn run_in_enters_the_namespace_and_leaves_the_caller_alone() {
+    if !kernel_tests_allowed("run_in_enters_the_namespace_and_leaves_the_caller_alone") {
+        return;
+    }
+    let ns = TestNetns::new("enter");
+    let before = current_netns_id().unwrap();
+    let target = netns_id_of(&ns.path).unwrap();
+    assert_ne!(before, target, "a fresh namespace must differ from ours");
+
+    // The closure may borrow mutably from the caller (scoped thread).
+    let mut seen = Vec::new();
+    let inside = netns::run_in(&ns.path, || {
+        seen.push(current_netns_id().unwrap());
+        current_netns_id().unwrap()
+    })
+    .unwrap();
+    assert_eq!(
+        inside, target,
+        "the closure must run in the target namespace"
+    );
+    assert_eq!(seen, vec![target]);
+    assert_eq!(
+        current_netns_id().unwrap(),
+        before,
+        "the caller's namespace changed"
+    );
+
+    // The fresh namespace has only lo, as `ip` run through run_in shows.
+    let links = ns.ip(&["-o", "link", "show"]);
+    assert_eq!(links.lines().count(), 1, "{links}");
+    assert!(links.contains(": lo:"), "{links}");
+}
+
+#[test]
+fn run_in_on_a_missing_path_is_netns_open_naming_the_path() {
+    // Opening a missing file needs no privilege, so this runs everywhere.
+    let path = PathBuf::from(format!(
+        "/run/netns-test/does-not-exist-{}",
+        std::process::id()
+    ));
+    let ran = AtomicBool::new(false);
+    let err = netns::run_in(&path, || ran.store(true, Ordering::SeqCst)).unwrap_err();
+    match &err {
+        Error::NetnsOpen { path: p, source } => {
+            assert_eq!(p, &path);
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected NetnsOpen, got {other:?}"),
+    }
+    assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+    assert!(!ran.load(Ordering::SeqCst), "the closure must not run");
+}
+
+#[test]
+fn run_in_turns_a_panic_into_netns_thread() {
+    if !kernel_tests_allowed("run_in_turns_a_panic_into_netns_thread") {
+        return;
+    }
+    let ns = TestNetns::new("panic");
+    let before = current_netns_id().unwrap();
+    let err = netns::run_in(&ns.path, || -> u32 { panic!("boom in the pod") }).unwrap_err();
+    match &err {
+        Error::NetnsThread { path, reason } => {
+            assert_eq!(path, &ns.path);
+            assert!(reason.contains("boom in the pod"), "{reason}");
+        }
+        other => panic!("expected NetnsThread, got {other:?}"),
+    }
+    assert_eq!(current_netns_id().unwrap(), before);
+}
+
+#[test]
+fn run_in_on_a_file_that_is_no_network_namespace_is_not_netns() {
+    if !kernel_tests_allowed("run_in_on_a_file_that_is_no_network_namespace_is_not_netns") {
+        return;
+    }
+    // A regular file, a directory, and a namespace of another kind: judged on the open
+    // descriptor before any thread enters anything.
+    for (path, found) in [
+        ("/proc/version", "regular file"),
+        ("/proc/self", "a directory"),
+        ("/proc/self/ns/mnt", "another kind"),
+    ] {
+        let path = Path::new(path);
+        let ran = AtomicBool::new(false);
+        let err = netns::run_in(path, || ran.store(true, Ordering::SeqCst)).unwrap_err();
+        match &err {
+            Error::NotNetns { path: p, found: f } => {
+                assert_eq!(p, path);
+                assert!(f.contains(found), "{path:?}: {f}");
+            }
+            other => panic!("{path:?}: expected NotNetns, got {other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("is not a network namespace") && !msg.contains("CAP_SYS_ADMIN"),
+            "{msg}"
+        );
+        assert!(!ran.load(Ordering::SeqCst), "the closure must not run");
+    }
+}
+
+// ---- routes ----
+
+#[test]
+fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
+    if !kernel_tests_allowed("apply_tproxy_gives_the_same_state_as_istios_ip_commands") {
+        return;
+    }
+    // Istio's defaults, and a table id above 255 (it travels in an attribute, not the header).
+    for r in [
+        ISTIO,
+        TproxyRouting {
+            mark: 0x10000,
+            table: 1000,
+        },
+    ] {
+        let ours = TestNetns::with_lo_up("apply-ours");
+        let theirs = TestNetns::with_lo_up("apply-ip");
+        ours.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+        for family in BOTH {
+            istio_ip_commands(&theirs, family, &r);
+            let view = ip_view(&ours, family, &r);
+            assert_eq!(view, ip_view(&theirs, family, &r), "{family} {r:?}");
+            assert_eq!(count_rule_lines(&view.rules, &r), 1, "{}", view.rules);
+            assert_eq!(view.routes.len(), 1, "{:?}", view.routes);
+            assert!(view.routes[0].starts_with("local "), "{:?}", view.routes);
+            assert!(view.routes[0].contains(" dev lo "), "{:?}", view.routes);
+
+            let state = ours.run(|| routes::read_tproxy(&r, family)).unwrap();
+            assert_eq!(
+                state,
+                TproxyState {
+                    rules: 1,
+                    route: true
+                },
+                "{family}"
+            );
+            // Our read-back recognises what iproute2 made, too.
+            let state = theirs.run(|| routes::read_tproxy(&r, family)).unwrap();
+            assert_eq!(
+                state,
+                TproxyState {
+                    rules: 1,
+                    route: true
+                },
+                "{family}"
+            );
+        }
+    }
+}
+
+#[test]
+fn apply_tproxy_twice_changes_nothing() {
+    if !kernel_tests_allowed("apply_tproxy_twice_changes_nothing") {
+        return;
+    }
+    let ns = TestNetns::with_lo_up("apply-twice");
+    let r = ISTIO;
+    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    let once: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    let thrice: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    assert_eq!(once, thrice);
+    for (family, view) in BOTH.iter().zip(&thrice) {
+        assert_eq!(
+            count_rule_lines(&view.rules, &r),
+            1,
+            "{family}: {}",
+            view.rules
+        );
+        assert_eq!(view.routes.len(), 1, "{family}: {:?}", view.routes);
+        let state = ns.run(|| routes::read_tproxy(&r, *family)).unwrap();
+        assert_eq!(
+            state,
+            TproxyState {
+                rules: 1,
+                route: true
+            }
+        );
+    }
+    // After iproute2 made them (Istio's init container ran first), apply adds nothing.
+    let theirs = TestNetns::with_lo_up("apply-after-ip");
+    for family in BOTH {
+        istio_ip_commands(&theirs, family, &r);
+    }
+    let before: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&theirs, f, &r)).collect();
+    theirs.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&theirs, f, &r)).collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn apply_tproxy_touches_only_the_families_asked_for() {
+    if !kernel_tests_allowed("apply_tproxy_touches_only_the_families_asked_for") {
+        return;
+    }
+    let ns = TestNetns::with_lo_up("apply-v4");
+    let r = ISTIO;
+    let v6_before = ip_view(&ns, Family::V6, &r);
+    ns.run(|| routes::apply_tproxy(&r, &[Family::V4])).unwrap();
+    assert_eq!(ip_view(&ns, Family::V6, &r), v6_before);
+    let v6 = ns.run(|| routes::read_tproxy(&r, Family::V6)).unwrap();
+    assert!(v6.is_absent(), "{v6:?}");
+    let v4 = ns.run(|| routes::read_tproxy(&r, Family::V4)).unwrap();
+    assert!(v4.is_complete(), "{v4:?}");
+}
+
+#[test]
+fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
+    if !kernel_tests_allowed("apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so") {
+        return;
+    }
+    let ns = TestNetns::new("lo-down");
+    let r = ISTIO;
+    let err = ns
+        .run(|| routes::apply_tproxy(&r, &[Family::V6]))
+        .unwrap_err();
+    match &err {
+        Error::Route { family, errno, .. } => {
+            assert_eq!(*family, Family::V6);
+            assert_eq!(*errno, libc::ENETDOWN, "{err}");
+        }
+        other => panic!("expected Route, got {other:?}"),
+    }
+    assert!(err.to_string().contains("lo up"), "{err}");
+    // IPv4 local routes do not care.
+    ns.run(|| routes::apply_tproxy(&r, &[Family::V4])).unwrap();
+    let v4 = ns.run(|| routes::read_tproxy(&r, Family::V4)).unwrap();
+    assert!(v4.is_complete(), "{v4:?}");
+}
+
+#[test]
+fn remove_tproxy_leaves_nothing_and_may_run_twice() {
+    if !kernel_tests_allowed("remove_tproxy_leaves_nothing_and_may_run_twice") {
+        return;
+    }
+    let ns = TestNetns::with_lo_up("remove");
+    let r = ISTIO;
+    let pristine: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    assert!(pristine.iter().all(|v| v.routes.is_empty()));
+
+    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    assert_eq!(after, pristine);
+    for family in BOTH {
+        let state = ns.run(|| routes::read_tproxy(&r, family)).unwrap();
+        assert!(state.is_absent(), "{family}: {state:?}");
+    }
+
+    // Nothing left to remove: still fine, still nothing.
+    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    let again: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    assert_eq!(again, pristine);
+}
+
+#[test]
+fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
+    if !kernel_tests_allowed("remove_tproxy_removes_what_iproute2_made_duplicates_included") {
+        return;
+    }
+    let ns = TestNetns::with_lo_up("remove-ip");
+    let r = ISTIO;
+    let pristine: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    let (mark, table) = (r.mark.to_string(), r.table.to_string());
+    for family in BOTH {
+        istio_ip_commands(&ns, family, &r);
+        // `ip rule add` twice makes two rules: the kernel does not refuse duplicates.
+        let fam = if family == Family::V4 { "-4" } else { "-6" };
+        ns.ip(&[fam, "rule", "add", "fwmark", &mark, "lookup", &table]);
+        assert_eq!(count_rule_lines(&ns.rules(family), &r), 2);
+        let state = ns.run(|| routes::read_tproxy(&r, family)).unwrap();
+        assert_eq!(
+            state,
+            TproxyState {
+                rules: 2,
+                route: true
+            }
+        );
+    }
+    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
+    assert_eq!(after, pristine);
+}
+
+#[test]
+fn remove_tproxy_leaves_other_rules_and_routes_alone() {
+    if !kernel_tests_allowed("remove_tproxy_leaves_other_rules_and_routes_alone") {
+        return;
+    }
+    let ns = TestNetns::with_lo_up("remove-others");
+    let r = ISTIO;
+    // Near misses: another mark to the same table, the same mark with an extra selector, and
+    // a unicast route in the same table.
+    ns.ip(&["rule", "add", "fwmark", "1338", "lookup", "133"]);
+    ns.ip(&[
+        "rule", "add", "fwmark", "1337", "iif", "lo", "lookup", "133",
+    ]);
+    ns.ip(&["route", "add", "10.1.0.0/16", "dev", "lo", "table", "133"]);
+    let others = ip_view(&ns, Family::V4, &r);
+    let state = ns.run(|| routes::read_tproxy(&r, Family::V4)).unwrap();
+    assert!(state.is_absent(), "near misses are not ours: {state:?}");
+
+    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    assert_eq!(ip_view(&ns, Family::V4, &r), others);
+}
+
+#[test]
+fn tproxy_routing_refuses_values_that_would_capture_everything() {
+    // Pure validation: no namespace needed.
+    let bad = [
+        TproxyRouting {
+            mark: 0,
+            table: 133,
+        },
+        TproxyRouting {
+            mark: 1337,
+            table: 0,
+        },
+        TproxyRouting {
+            mark: 1337,
+            table: 254,
+        },
+        TproxyRouting {
+            mark: 1337,
+            table: 255,
+        },
+    ];
+    for r in bad {
+        assert!(
+            matches!(
+                routes::apply_tproxy(&r, &BOTH),
+                Err(Error::UnsafeRouting { .. })
+            ),
+            "{r:?}"
+        );
+        assert!(
+            matches!(
+                routes::remove_tproxy(&r, &BOTH),
+                Err(Error::UnsafeRouting { .. })
+            ),
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+fn lo_v6_inbound_addr_is_idempotent_and_removable() {
+    if !kernel_tests_allowed("lo_v6_inbound_addr_is_idempotent_and_removable") {
+        return;
+    }
+    let ns = TestNetns::new("lo6");
+    let lo6_lines = |ns: &TestNetns| -> usize {
+        ns.ip(&["-6", "addr", "show", "dev", "lo"])
+            .lines()
+            .filter(|l| l.trim_start().starts_with("inet6 ::6/128 "))
+            .count()
+    };
+    assert!(!ns.run(routes::has_lo_v6_inbound_addr).unwrap());
+    assert_eq!(lo6_lines(&ns), 0);
+
+    // lo is down in a fresh namespace; the address goes on all the same.
+    ns.run(routes::ensure_lo_v6_inbound_addr).unwrap();
+    assert_eq!(lo6_lines(&ns), 1);
+    assert!(ns.run(routes::has_lo_v6_inbound_addr).unwrap());
+    ns.run(routes::ensure_lo_v6_inbound_addr).unwrap();
+    assert_eq!(lo6_lines(&ns), 1);
+
+    ns.ip(&["link", "set", "lo", "up"]);
+    ns.run(routes::ensure_lo_v6_inbound_addr).unwrap();
+    assert_eq!(lo6_lines(&ns), 1);
+
+    ns.run(routes::remove_lo_v6_inbound_addr).unwrap();
+    assert_eq!(lo6_lines(&ns), 0);
+    assert!(!ns.run(routes::has_lo_v6_inbound_addr).unwrap());
+    ns.run(routes::remove_lo_v6_inbound_addr).unwrap();
+    assert_eq!(lo6_lines(&ns), 0);
+
+    // What iproute2 adds, we see and remove.
+    ns.ip(&["-6", "addr", "add", "::6/128", "dev", "lo"]);
+    assert!(ns.run(routes::has_lo_v6_inbound_addr).unwrap());
+    ns.run(routes::remove_lo_v6_inbound_addr).unwrap();
+    assert_eq!(lo6_lines(&ns), 0);
+}

@@ -1,0 +1,42 @@
+//! redirect-model: what a pod's traffic capture is, without touching anything.
+//!
+//! `CaptureConfig` (what the mesh wants, validated) → [`plan`] → [`Ruleset`] (backend-neutral
+//! chains, rules and sets, following Istio's rule generation step by step) → the renderings
+//! ([`render`]: an `nft -f` script, `iptables-restore` input) and the evaluator ([`eval`]:
+//! where one flow ends, and through which rules). [`table`] is the layout of our one nftables
+//! table (its name, chain names, the shape of long lists) that the kernel crate encodes.
+//!
+//! No I/O: group names are resolved by a [`GroupResolver`] the caller passes (the host's group
+//! database lives in `redirect-kernel`). No unsafe code.
+//!
+//! The public surface:
+//! - the config: [`CaptureConfig`], [`DnsCapture`], [`GroupRef`], [`InterceptionMode`],
+//!   [`Selection`], [`DNS_AGENT_PORT`], [`OUTBOUND_MARK`], [`MAX_OWNER_GROUPS`], and Istio's
+//!   string forms of its lists ([`parse`], [`join`](mod@join));
+//! - the plan: [`plan`], [`plan_with`], [`GroupResolver`], [`NoGroupDatabase`], and the chain
+//!   names the plan uses ([`chains`]);
+//! - the ruleset types ([`Ruleset`] and its parts);
+//! - [`render`], [`eval`], [`table`];
+//! - [`Error`] and [`Result`].
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+mod plan;
+mod ruleset;
+
+pub mod eval;
+pub mod render;
+pub mod table;
+
+pub use config::{
+    join, parse, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, DNS_AGENT_PORT,
+    MAX_OWNER_GROUPS, OUTBOUND_MARK,
+};
+pub use error::{Error, Result};
+pub use plan::{chains, plan, plan_with, GroupResolver, NoGroupDatabase};
+pub use ruleset::{
+    Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,
+    PortMatch, Rule, Ruleset, SetElements, Stage, L4,
+};

@@ -1,0 +1,177 @@
+//! `nft -f` script rendering. The script describes the same table layout as the netlink
+//! backend (`redirect_kernel::nft`) and replaces the table atomically when loaded.
+
+use std::fmt::Write;
+
+use crate::config::join_with;
+use crate::ruleset::{
+    Action, AddrMatch, CtStates, Family, HookedChains, Match, NamedSet, PortMatch, Rule, Ruleset,
+    SetElements, Stage,
+};
+use crate::table::{base_chain_name, chain_name, port_ranges, TABLE};
+
+/// The whole ruleset as an `nft -f` script: create-then-delete our table, then define it, so
+/// loading it replaces any previous version in one transaction.
+pub fn nft_script(rs: &Ruleset) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# redirect: sidecar capture rules; load with `nft -f`");
+    let _ = writeln!(s, "table inet {TABLE} {{}}");
+    let _ = writeln!(s, "delete table inet {TABLE}");
+    let _ = writeln!(s, "table inet {TABLE} {{");
+    for set in &rs.sets {
+        write_set(&mut s, set);
+    }
+    for h in rs.hooked_chains() {
+        write_base_chain(&mut s, &h);
+    }
+    for c in &rs.chains {
+        let _ = writeln!(s, "\tchain {} {{", chain_name(c.stage, c.family, &c.name));
+        for r in &c.rules {
+            for line in nft_rule(r, c.family, c.stage) {
+                let _ = writeln!(s, "\t\t{line}");
+            }
+        }
+        let _ = writeln!(s, "\t}}");
+    }
+    let _ = writeln!(s, "}}");
+    s
+}
+
+fn write_set(s: &mut String, set: &NamedSet) {
+    let (ty, flags, elems) = match &set.elements {
+        // A long list as the netlink backend lowers it: merged ranges in an interval set.
+        SetElements::Ports(p) => match port_ranges(p) {
+            Some(ranges) => (
+                "inet_service",
+                " flags interval;",
+                ranges
+                    .iter()
+                    .map(|(a, b)| {
+                        if a == b {
+                            a.to_string()
+                        } else {
+                            format!("{a}-{b}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            None => ("inet_service", "", join_with(p, ", ")),
+        },
+        SetElements::Cidrs(c) => (
+            if set.family == Some(Family::V6) {
+                "ipv6_addr"
+            } else {
+                "ipv4_addr"
+            },
+            " flags interval;",
+            join_with(c, ", "),
+        ),
+    };
+    let _ = write!(s, "\tset {} {{ type {ty};{flags}", set.name);
+    if !elems.is_empty() {
+        let _ = write!(s, " elements = {{ {elems} }}");
+    }
+    let _ = writeln!(s, " }}");
+}
+
+/// The base chain of a (stage, hook), dispatching to each family's chain as the netlink
+/// backend's does.
+fn write_base_chain(s: &mut String, h: &HookedChains) {
+    let (stage, hook) = (h.stage, h.hook);
+    let _ = writeln!(s, "\tchain {} {{", base_chain_name(stage, hook));
+    let _ = writeln!(
+        s,
+        "\t\ttype {} hook {} priority {}; policy accept;",
+        stage.chain_kind(hook).name(),
+        hook.nf_name(),
+        stage.priority()
+    );
+    for c in &h.chains {
+        let proto = match c.family {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        };
+        let _ = writeln!(
+            s,
+            "\t\tmeta nfproto {proto} jump {}",
+            chain_name(stage, c.family, &c.name)
+        );
+    }
+    let _ = writeln!(s, "\t}}");
+}
+
+/// One rule in nft syntax (TPROXY takes two: the tproxy and the drop when no socket is found).
+pub fn nft_rule(r: &Rule, family: Family, stage: Stage) -> Vec<String> {
+    let fam = family.nft_name();
+    let mut m: Vec<String> = Vec::new();
+    for cond in &r.matches {
+        m.push(match cond {
+            Match::Proto(p) => format!("meta l4proto {}", p.name()),
+            Match::DPort(pm) => port("dport", pm),
+            Match::SPort(pm) => port("sport", pm),
+            Match::DAddr(am) => addr(fam, "daddr", am),
+            Match::SAddr(am) => addr(fam, "saddr", am),
+            Match::Iif { name, negate } => format!("iifname {}\"{name}\"", neg(*negate)),
+            Match::Oif { name, negate } => format!("oifname {}\"{name}\"", neg(*negate)),
+            Match::Uid { id, negate } => format!("meta skuid {}{id}", neg(*negate)),
+            Match::Gid { id, negate } => format!("meta skgid {}{id}", neg(*negate)),
+            Match::Mark { value, negate } => format!("meta mark {}{value}", neg(*negate)),
+            Match::CtMark { value } => format!("ct mark {value}"),
+            Match::CtState(CtStates::Invalid) => "ct state invalid".into(),
+            Match::CtState(CtStates::RelatedEstablished) => "ct state established,related".into(),
+        });
+    }
+    let prefix = if m.is_empty() {
+        String::new()
+    } else {
+        format!("{} ", m.join(" "))
+    };
+    let action = match &r.action {
+        Action::Jump(t) => format!("jump {}", chain_name(stage, family, t)),
+        Action::Return => "return".into(),
+        Action::Accept => "accept".into(),
+        Action::Drop => "drop".into(),
+        Action::Redirect(p) => format!("redirect to :{p}"),
+        Action::Tproxy { port, mark } => {
+            return vec![
+                format!("{prefix}tproxy {fam} to :{port} meta mark set {mark} accept"),
+                format!("{prefix}drop"),
+            ]
+        }
+        Action::SetMark(v) => format!("meta mark set {v}"),
+        Action::SaveMark => "ct mark set meta mark".into(),
+        Action::RestoreMark => "meta mark set ct mark".into(),
+        Action::CtZone(z) => format!("ct zone set {z}"),
+    };
+    vec![format!("{prefix}{action}")]
+}
+
+fn neg(n: bool) -> &'static str {
+    if n {
+        "!= "
+    } else {
+        ""
+    }
+}
+
+fn port(dir: &str, pm: &PortMatch) -> String {
+    match pm {
+        PortMatch::Eq(p) => format!("th {dir} {p}"),
+        PortMatch::Ne(p) => format!("th {dir} != {p}"),
+        PortMatch::NotIn(ps) => ps
+            .iter()
+            .map(|p| format!("th {dir} != {p}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        PortMatch::InSet(s) => format!("th {dir} @{s}"),
+    }
+}
+
+fn addr(fam: &str, dir: &str, am: &AddrMatch) -> String {
+    match am {
+        AddrMatch::Eq(n) => format!("{fam} {dir} {n}"),
+        AddrMatch::Ne(n) => format!("{fam} {dir} != {n}"),
+        AddrMatch::InSet(s) => format!("{fam} {dir} @{s}"),
+    }
+}

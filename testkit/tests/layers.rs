@@ -1,0 +1,238 @@
+//! The layers are crates, and their manifests hold the dependency rules of docs/architecture.md
+//! (read here from `cargo metadata`, not by scanning source text); the map in that document
+//! names every place of the library crates, and only places that exist.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+const LIBRARIES: [&str; 4] = [
+    "redirect-model",
+    "redirect-kernel",
+    "redirect-istio",
+    "redirect-program",
+];
+const PROGRAMS: [&str; 3] = ["init-shim", "cni-shim", "validator"];
+
+/// Each workspace package's declared dependencies: name → [(dependency, kind)], kind being
+/// `normal`, `dev` or `build`.
+fn manifests() -> BTreeMap<String, Vec<(String, String)>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut map = BTreeMap::new();
+    for p in meta["packages"].as_array().unwrap() {
+        let deps = p["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let kind = d["kind"].as_str().unwrap_or("normal").to_string();
+                (d["name"].as_str().unwrap().to_string(), kind)
+            })
+            .collect();
+        map.insert(p["name"].as_str().unwrap().to_string(), deps);
+    }
+    map
+}
+
+/// The crates of ours that `package` depends on with one of `kinds`.
+fn ours(
+    m: &BTreeMap<String, Vec<(String, String)>>,
+    package: &str,
+    kinds: &[&str],
+) -> BTreeSet<String> {
+    m.get(package)
+        .unwrap_or_else(|| panic!("{package} is not a workspace package"))
+        .iter()
+        .filter(|(name, kind)| {
+            kinds.contains(&kind.as_str())
+                && (name.starts_with("redirect-") || m.contains_key(name))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn the_manifests_keep_the_layers() {
+    let m = manifests();
+    let all = ["normal", "build", "dev"];
+    let normal = ["normal", "build"];
+    assert_eq!(
+        ours(&m, "redirect-model", &all),
+        set(&[]),
+        "redirect-model depends on no crate of ours, not even for its tests"
+    );
+    assert_eq!(
+        ours(&m, "redirect-kernel", &normal),
+        set(&["redirect-model"]),
+        "redirect-kernel depends on the model only"
+    );
+    assert!(
+        !ours(&m, "redirect-kernel", &all).contains("redirect-istio"),
+        "redirect-kernel's tests must not need the Istio crate"
+    );
+    assert_eq!(
+        ours(&m, "redirect-istio", &normal),
+        set(&["redirect-model", "redirect-kernel"]),
+        "redirect-istio depends on the model and the kernel crate"
+    );
+    assert_eq!(
+        ours(&m, "redirect-program", &normal),
+        set(&[]),
+        "redirect-program depends on no crate of ours"
+    );
+    assert_eq!(
+        ours(&m, "redirect-testkit", &normal),
+        set(&["redirect-kernel"]),
+        "the test kit uses the kernel crate only"
+    );
+    let allowed = set(&LIBRARIES);
+    for program in PROGRAMS {
+        let deps = ours(&m, program, &normal);
+        assert!(
+            deps.is_subset(&allowed),
+            "{program} may depend on the library crates only, not on {:?}",
+            deps.difference(&allowed).collect::<Vec<_>>()
+        );
+        for (name, kind) in &m[program] {
+            if kind != "dev" {
+                assert!(
+                    ![
+                        "nftnl",
+                        "nftnl-sys",
+                        "mnl",
+                        "redirect-testkit",
+                        "redirect-benches"
+                    ]
+                    .contains(&name.as_str()),
+                    "{program} links {name}, which is for tests only"
+                );
+            }
+        }
+    }
+}
+
+/// Each library crate either forbids unsafe code, or each `unsafe` in it has a SAFETY comment
+/// within the three lines above.
+#[test]
+fn unsafe_code_is_forbidden_or_said_why() {
+    for krate in LIBRARIES {
+        let src = repo().join(krate).join("src");
+        let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+        if lib.contains("#![forbid(unsafe_code)]") {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, l) in lines.iter().enumerate() {
+                let code = l.split("//").next().unwrap_or("");
+                if !code.contains("unsafe ") && !code.contains("unsafe{") {
+                    continue;
+                }
+                let said = lines[i.saturating_sub(3)..i]
+                    .iter()
+                    .any(|p| p.trim_start().starts_with("// SAFETY:"));
+                assert!(
+                    said,
+                    "{}:{}: `unsafe` without a `// SAFETY:` comment above it",
+                    f.display(),
+                    i + 1
+                );
+            }
+        }
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The paths the map names: the first word of each line of the code block under "## Map";
+/// an indented line is inside the last unindented `<crate>/src/` above it.
+fn map_paths() -> Vec<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let section = doc
+        .split("\n## Map\n")
+        .nth(1)
+        .expect("docs/architecture.md has a `## Map` section");
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("the map is a fenced block");
+    let mut parent = String::new();
+    let mut out = Vec::new();
+    for l in block.lines().filter(|l| !l.trim().is_empty()) {
+        let word = l.split_whitespace().next().unwrap();
+        if l.starts_with(' ') {
+            out.push(format!("{parent}{word}"));
+        } else {
+            parent = word.to_string();
+            out.push(word.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_map_names_every_place_and_only_places_that_exist() {
+    let named = map_paths();
+    assert!(
+        named.len() > 20,
+        "the map is too short to be one: {named:?}"
+    );
+    for p in &named {
+        assert!(
+            repo().join(p).exists(),
+            "docs/architecture.md's map names {p}, which does not exist"
+        );
+    }
+    for krate in LIBRARIES {
+        let src = repo().join(krate).join("src");
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let here = format!("{krate}/src/{name}");
+            assert!(
+                named
+                    .iter()
+                    .any(|p| p.trim_end_matches('/') == here.trim_end_matches('/')),
+                "{here} is not in docs/architecture.md's map"
+            );
+        }
+    }
+}
