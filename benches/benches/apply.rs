@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_benches::configs;
 use redirect_istio::capture;
-use redirect_kernel::nft;
 use redirect_kernel::SystemGroups;
 use redirect_model::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
@@ -53,7 +52,18 @@ fn apply(c: &mut Criterion) {
         g.sample_size(20);
         g.bench_function("rules", |b| {
             b.iter_custom(|iters| {
-                in_fresh_namespaces(iters, || {}, || timed(|| nft::apply(&rs).expect("apply")))
+                in_fresh_namespaces(
+                    iters,
+                    || {},
+                    || {
+                        timed(|| {
+                            redirect_kernel::nft::Nft::open()
+                                .and_then(|n| n.apply(&rs))
+                                .map(drop)
+                                .expect("apply")
+                        })
+                    },
+                )
             })
         });
         g.bench_function("capture", |b| {
@@ -61,7 +71,18 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {},
-                    || timed(|| drop(capture::apply(&cfg, &SystemGroups).expect("capture"))),
+                    || {
+                        timed(|| {
+                            drop(
+                                capture::apply(
+                                    &redirect_kernel::backend::Live::open().unwrap(),
+                                    &cfg,
+                                    &SystemGroups,
+                                )
+                                .expect("capture"),
+                            )
+                        })
+                    },
                 )
             })
         });
@@ -69,8 +90,20 @@ fn apply(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 in_fresh_namespaces(
                     iters,
-                    || nft::apply(&rs).expect("first apply"),
-                    || timed(|| nft::apply(&rs).expect("replace")),
+                    || {
+                        redirect_kernel::nft::Nft::open()
+                            .and_then(|n| n.apply(&rs))
+                            .map(drop)
+                            .expect("first apply")
+                    },
+                    || {
+                        timed(|| {
+                            redirect_kernel::nft::Nft::open()
+                                .and_then(|n| n.apply(&rs))
+                                .map(drop)
+                                .expect("replace")
+                        })
+                    },
                 )
             })
         });
@@ -79,8 +112,20 @@ fn apply(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 in_fresh_namespaces(
                     iters,
-                    || nft::apply(&before).expect("first apply"),
-                    || timed(|| nft::apply(&rs).expect("update")),
+                    || {
+                        redirect_kernel::nft::Nft::open()
+                            .and_then(|n| n.apply(&before))
+                            .map(drop)
+                            .expect("first apply")
+                    },
+                    || {
+                        timed(|| {
+                            redirect_kernel::nft::Nft::open()
+                                .and_then(|n| n.apply(&rs))
+                                .map(drop)
+                                .expect("update")
+                        })
+                    },
                 )
             })
         });
@@ -88,8 +133,21 @@ fn apply(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 in_fresh_namespaces(
                     iters,
-                    || nft::apply(&rs).expect("apply"),
-                    || timed(|| drop(nft::read_back().expect("read back"))),
+                    || {
+                        redirect_kernel::nft::Nft::open()
+                            .and_then(|n| n.apply(&rs))
+                            .map(drop)
+                            .expect("apply")
+                    },
+                    || {
+                        timed(|| {
+                            drop(
+                                redirect_kernel::nft::Nft::open()
+                                    .and_then(|n| n.read())
+                                    .expect("read back"),
+                            )
+                        })
+                    },
                 )
             })
         });

@@ -44,7 +44,7 @@ fn counts_redirected_connections_and_fails_without_rules() {
     }
     for cfg in [sidecar_default(), with_excluded(10_000)] {
         let ns = pod();
-        capture::apply_in(ns.path(), &cfg, &SystemGroups).expect("apply");
+        capture::apply(&redirect_testkit::live_in(ns.path()), &cfg, &SystemGroups).expect("apply");
         let (code, out, err) = connrate(&ns);
         assert_eq!(code, 0, "stdout {out} stderr {err}");
         let n = field(&out, "connections");

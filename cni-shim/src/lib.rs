@@ -21,6 +21,7 @@ pub fn plugin_main(
         env,
         stdin,
         env_error,
+        kernel: &redirect_kernel::backend::open_live,
     };
     let (out, code) = match plugin::run(&inv) {
         Ok(out) => (out, 0),

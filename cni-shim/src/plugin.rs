@@ -1,16 +1,20 @@
 //! The CNI commands. ADD programs a mesh pod's namespace; everything else about a pod that is
 //! not in the mesh is a pass-through, so the plugin never breaks a pod it does not capture.
+//!
+//! The kernel side of a pod's namespace is opened through [`Invocation::kernel`]: the kernel
+//! in the plugin, a fake namespace in tests, so the decisions (which pods,
+//! which rules, which errors) are tested without root.
 
 use std::path::Path;
 use std::time::Duration;
 
 use redirect_istio::capture;
-use redirect_istio::mesh::{self, Decision, MeshDefaults};
+use redirect_istio::mesh::{self, Decision};
 use redirect_istio::pod::PodInfo;
-use redirect_istio::pod_facts;
 use redirect_istio::Error as CaptureError;
+use redirect_kernel::backend::{Backend, Opener};
 use redirect_kernel::netns::Netns;
-use redirect_kernel::nft;
+use redirect_kernel::nft::Nft;
 use redirect_kernel::Error as KernelError;
 use redirect_kernel::SystemGroups;
 use redirect_model::CaptureConfig;
@@ -22,10 +26,6 @@ use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};
 use crate::cni::result::passthrough;
 use crate::cni::{code, CniError, SUPPORTED_VERSIONS};
-
-/// Prefixes of the node DaemonSet's pods (ours, and Istio's for a drop-in), skipped in the
-/// DaemonSet's namespace: fetching them would wait for the plugin's own kubeconfig.
-const OWN_POD_PREFIXES: &[&str] = &["redirect-cni-node-", "istio-cni-node-"];
 
 /// The variables the runtime passes (CNI spec), checked for UTF-8 before anything runs.
 pub const ENV_NAMES: &[&str] = &[
@@ -64,6 +64,41 @@ pub struct Invocation<'a> {
     /// Set when one of `ENV_NAMES` is not UTF-8: read as unset, it would drop the pod's
     /// capture silently.
     pub env_error: Option<String>,
+    /// How a pod's namespace is reached: `redirect_kernel::backend::open_live`.
+    pub kernel: Opener<'a>,
+}
+
+/// One call, with what the runtime says of the pod read once.
+struct Call<'a> {
+    inv: &'a Invocation<'a>,
+    command: String,
+    /// The pod from CNI_ARGS: `Ok(None)` when it is not a Kubernetes pod.
+    pod: Result<Option<(String, String)>, CniError>,
+}
+
+impl<'a> Call<'a> {
+    fn new(inv: &'a Invocation<'a>, command: String) -> Call<'a> {
+        let pod =
+            args::parse(&(inv.env)("CNI_ARGS").unwrap_or_default()).map(|a: CniArgs| {
+                match (a.pod_namespace, a.pod_name) {
+                    (Some(ns), Some(name)) => Some((ns, name)),
+                    _ => None,
+                }
+            });
+        Call { inv, command, pod }
+    }
+
+    /// `"<namespace>/<name> "` for log lines, or nothing when the pod is not known.
+    fn label(&self) -> String {
+        match &self.pod {
+            Ok(Some((ns, name))) => format!("{ns}/{name} "),
+            _ => String::new(),
+        }
+    }
+
+    fn netns_path(&self) -> String {
+        (self.inv.env)("CNI_NETNS").unwrap_or_default()
+    }
 }
 
 /// Runs one command: `Ok(stdout)` or a CNI error (printed as JSON, exit 1).
@@ -72,40 +107,41 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     if command == "VERSION" {
         return Ok(version(inv.stdin));
     }
+    let call = Call::new(inv, command);
     // The subscriber is installed once: after VERSION, which logs nothing, and once the
     // config says where lines go (parsing it logs nothing either); stderr alone when it is bad.
     let conf = match conf::parse(inv.stdin) {
         Ok(conf) => conf,
         Err(e) => {
             log_to_stderr();
-            error!("{command} {}{e}", pod_label(inv));
+            error!("{} {}{e}", call.command, call.label());
             return Err((e, conf::requested_version(inv.stdin)));
         }
     };
     log_as_configured(&conf);
-    let result = dispatch(inv, &command, &conf);
+    let result = dispatch(&call, &conf);
     if let Err(e) = &result {
         // Into the log file too: a failed ADD is what an operator looks for there.
-        error!("{command} {}{e}", pod_label(inv));
+        error!("{} {}{e}", call.command, call.label());
     }
     result.map_err(|e| (e, conf.cni_version.clone()))
 }
 
-fn dispatch(inv: &Invocation, command: &str, conf: &NetConf) -> Result<String, CniError> {
+fn dispatch(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     if conf.ambient_enabled {
         warn!("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
     }
-    if let Some(msg) = &inv.env_error {
+    if let Some(msg) = &call.inv.env_error {
         return Err(CniError::new(
             code::INVALID_ENV,
             msg.clone(),
             "the runtime must pass the CNI variables as UTF-8",
         ));
     }
-    match command {
-        "ADD" => add(inv, conf),
-        "DEL" => del(inv, conf).map(|_| String::new()),
-        "CHECK" => check(inv, conf).map(|_| String::new()),
+    match call.command.as_str() {
+        "ADD" => add(call, conf),
+        "DEL" => del(call, conf).map(|_| String::new()),
+        "CHECK" => check(call, conf).map(|_| String::new()),
         "STATUS" => status(conf).map(|_| String::new()),
         "GC" => {
             info!("GC: nothing to collect: the rules live in the pod's namespace and go with it");
@@ -132,34 +168,16 @@ fn version(stdin: &[u8]) -> String {
     .to_string()
 }
 
-/// Who the pod is, from CNI_ARGS; `None` when it is not a Kubernetes pod.
-fn pod_identity(inv: &Invocation) -> Result<Option<(String, String)>, CniError> {
-    let a: CniArgs = args::parse(&(inv.env)("CNI_ARGS").unwrap_or_default())?;
-    Ok(match (a.pod_namespace, a.pod_name) {
-        (Some(ns), Some(name)) => Some((ns, name)),
-        _ => None,
-    })
-}
-
-/// `"<namespace>/<name> "` for log lines, or nothing when the pod is not known.
-fn pod_label(inv: &Invocation) -> String {
-    match pod_identity(inv) {
-        Ok(Some((ns, name))) => format!("{ns}/{name} "),
-        _ => String::new(),
-    }
-}
-
 /// What to do for this pod: `None` = pass through; else the config and dual-stack flag.
-fn plan_for(inv: &Invocation, conf: &NetConf) -> Result<Option<(CaptureConfig, bool)>, CniError> {
-    let Some((ns, name)) = pod_identity(inv)? else {
+fn plan_for(call: &Call, conf: &NetConf) -> Result<Option<(CaptureConfig, bool)>, CniError> {
+    let Some((ns, name)) = call.pod.clone()? else {
         info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",);
         return Ok(None);
     };
-    if let Some(why) = excluded(conf, &ns, &name) {
+    if let Some(why) = conf.excluded(&ns, &name) {
         info!("{ns}/{name}: {why}");
         return Ok(None);
     }
-    let defaults = mesh_defaults(conf);
     let mut pod = match &conf.pod_annotations {
         Some(a) => PodInfo {
             namespace: ns.clone(),
@@ -169,10 +187,10 @@ fn plan_for(inv: &Invocation, conf: &NetConf) -> Result<Option<(CaptureConfig, b
         },
         None => fetch(conf, &ns, &name, "the runtime sent no pod annotations")?,
     };
-    let mut decision = decide(&pod, &defaults)?;
+    let mut decision = decide(&pod, conf)?;
     if let Decision::NeedSpec(why) = &decision {
         pod = fetch(conf, &ns, &name, why)?;
-        decision = decide(&pod, &defaults)?;
+        decision = decide(&pod, conf)?;
     }
     match decision {
         Decision::Skip(why) => {
@@ -197,53 +215,22 @@ fn plan_for(inv: &Invocation, conf: &NetConf) -> Result<Option<(CaptureConfig, b
     }
 }
 
-/// Why the plugin leaves pod `ns`/`name` alone before looking at it (its own DaemonSet's pods,
-/// excluded namespaces), or `None`. The repair controller asks the same.
-pub(crate) fn excluded(conf: &NetConf, ns: &str, name: &str) -> Option<String> {
-    if conf.pod_namespace.as_deref() == Some(ns)
-        && OWN_POD_PREFIXES.iter().any(|p| name.starts_with(p))
-    {
-        return Some("the plugin's own DaemonSet pod: skipped".into());
-    }
-    if conf.exclude_namespaces.iter().any(|n| n == ns) {
-        return Some(format!("namespace {ns} is excluded"));
-    }
-    None
-}
-
-/// The mesh settings of the plugin's config entry.
-pub(crate) fn mesh_defaults(conf: &NetConf) -> MeshDefaults {
-    MeshDefaults {
-        proxy_uid: conf.proxy_uid,
-        proxy_gid: conf.proxy_gid,
-        dns_capture: conf.dns_capture,
-        dual_stack: conf.dual_stack,
-        drop_invalid: conf.drop_invalid,
-        bypass_uids: conf.bypass_uids.clone(),
-        bypass_gids: conf.bypass_gids.clone(),
-    }
-}
-
-fn decide(pod: &PodInfo, d: &MeshDefaults) -> Result<Decision, CniError> {
-    mesh::decide(pod, d).map_err(|e| {
+fn decide(pod: &PodInfo, conf: &NetConf) -> Result<Decision, CniError> {
+    mesh::decide(pod, &conf.mesh).map_err(|e| match e {
         // The plugin config's own lists conflicting with the proxy's IDs: a config error.
-        if let redirect_model::Error::BypassConflict { field, .. } = &e {
-            if matches!(*field, "bypass_uids" | "bypass_gids") {
-                return CniError::new(
-                    code::INVALID_CONFIG,
-                    format!("config field {e}"),
-                    "fix the plugin's config; nothing was applied",
-                );
-            }
-        }
-        CniError::new(
+        mesh::MeshError::DefaultsConflict(e) => CniError::new(
+            code::INVALID_CONFIG,
+            format!("config field {e}"),
+            "fix the plugin's config; nothing was applied",
+        ),
+        mesh::MeshError::Annotation(e) => CniError::new(
             code::BAD_ANNOTATION,
             format!(
                 "pod {}/{}: annotation value error: {e}",
                 pod.namespace, pod.name
             ),
             "fix the pod's annotation; nothing was applied",
-        )
+        ),
     })
 }
 
@@ -266,8 +253,8 @@ fn fetch(conf: &NetConf, ns: &str, name: &str, why: &str) -> Result<PodInfo, Cni
 
 /// The pod's namespace, opened once and judged by its descriptor: set, a network namespace,
 /// and not the plugin's own. What is judged here is what ADD and CHECK enter.
-fn netns_of(inv: &Invocation, conf: &NetConf) -> Result<Netns, CniError> {
-    let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
+fn netns_of(call: &Call, conf: &NetConf) -> Result<Netns, CniError> {
+    let netns = call.netns_path();
     if netns.is_empty() {
         return Err(CniError::new(
             code::INVALID_ENV,
@@ -314,33 +301,24 @@ fn kernel_error(what: &str, e: CaptureError) -> CniError {
     CniError::new(code, format!("{what}: {e}"), "")
 }
 
-/// In the pod's namespace: the pod's own addresses decide IPv6 (as Istio), then apply.
-fn apply_in(
-    netns: &Netns,
-    mut cfg: CaptureConfig,
-    dual_stack: bool,
-) -> Result<CaptureConfig, CniError> {
-    netns
-        .run(move || -> Result<CaptureConfig, CaptureError> {
-            cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
-            capture::apply(&cfg, &SystemGroups)?;
-            Ok(cfg)
-        })
-        .map_err(CaptureError::from)
-        .and_then(|r| r)
-        .map_err(|e| kernel_error("programming the pod's capture", e))
+/// The kernel side of the judged namespace.
+fn open(call: &Call, netns: &Netns, what: &str) -> Result<Box<dyn Backend>, CniError> {
+    (call.inv.kernel)(netns).map_err(|e| kernel_error(what, e.into()))
 }
 
-fn add(inv: &Invocation, conf: &NetConf) -> Result<String, CniError> {
+fn add(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     let out = passthrough(&conf.cni_version, conf.prev_result.as_ref());
-    let Some((cfg, dual_stack)) = plan_for(inv, conf)? else {
+    let Some((cfg, dual_stack)) = plan_for(call, conf)? else {
         return Ok(out);
     };
-    let netns = netns_of(inv, conf)?;
-    let cfg = apply_in(&netns, cfg, dual_stack)?;
+    let netns = netns_of(call, conf)?;
+    let what = "programming the pod's capture";
+    let k = open(call, &netns, what)?;
+    let (cfg, _) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)
+        .map_err(|e| kernel_error(what, e))?;
     info!(
         "{}captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
-        pod_label(inv),
+        call.label(),
         netns.path().display(),
         cfg.inbound_ports,
         cfg.outbound_include_cidrs,
@@ -354,12 +332,13 @@ fn add(inv: &Invocation, conf: &NetConf) -> Result<String, CniError> {
 /// that is gone (no path, no file, or a file that is no network namespace any more, such as
 /// the empty mount point an unmounted namespace leaves) has nothing to remove: the CNI spec
 /// asks DEL to succeed then, or the runtime could never tear the sandbox down.
-fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
-    let netns = (inv.env)("CNI_NETNS").unwrap_or_default();
+fn del(call: &Call, conf: &NetConf) -> Result<(), CniError> {
+    let netns = call.netns_path();
     if netns.is_empty() {
         info!("DEL: no network namespace given: nothing to remove");
         return Ok(());
     }
+    let what = "removing the pod's capture";
     let ns = match Netns::open(Path::new(&netns)) {
         Ok(ns) => ns,
         Err(KernelError::NetnsOpen { source, .. })
@@ -375,24 +354,14 @@ fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
             info!("DEL: {e}: the sandbox is gone, nothing to remove");
             return Ok(());
         }
-        Err(e) => return Err(kernel_error("removing the pod's capture", e.into())),
+        Err(e) => return Err(kernel_error(what, e.into())),
     };
     if !conf.allow_host_netns && is_own(&ns)? {
         warn!("DEL: CNI_NETNS {netns} is the plugin's own namespace: nothing removed");
         return Ok(());
     }
-    let removed = ns
-        .run(|| -> Result<bool, CaptureError> {
-            // Only a namespace we programmed has routes and ::6 of ours.
-            if nft::read_back()?.is_none() {
-                return Ok(false);
-            }
-            capture::cleanup(&redirect_istio::TPROXY_ROUTING)?;
-            Ok(true)
-        })
-        .map_err(CaptureError::from)
-        .and_then(|r| r)
-        .map_err(|e| kernel_error("removing the pod's capture", e))?;
+    let k = open(call, &ns, what)?;
+    let removed = remove_ours(k.as_ref()).map_err(|e| kernel_error(what, e))?;
     info!(
         "DEL {netns}: {}",
         if removed {
@@ -404,25 +373,30 @@ fn del(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
     Ok(())
 }
 
+/// Only a namespace we programmed has routes and `::6` of ours.
+fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
+    if k.read_table()?.is_none() {
+        return Ok(false);
+    }
+    capture::cleanup(k, &redirect_istio::TPROXY_ROUTING)?;
+    Ok(true)
+}
+
 /// CHECK: the namespace's rules must be what the pod's annotations ask for.
-fn check(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
-    let Some((cfg, dual_stack)) = plan_for(inv, conf)? else {
+fn check(call: &Call, conf: &NetConf) -> Result<(), CniError> {
+    let Some((cfg, dual_stack)) = plan_for(call, conf)? else {
         return Ok(());
     };
-    let netns = netns_of(inv, conf)?;
-    let diff = netns
-        .run(move || -> Result<_, CaptureError> {
-            let mut cfg = cfg;
-            cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
-            differences(&cfg)
-        })
-        .map_err(CaptureError::from)
-        .and_then(|r| r)
-        .map_err(|e| kernel_error("reading the pod's capture back", e))?;
+    let netns = netns_of(call, conf)?;
+    let what = "reading the pod's capture back";
+    let k = open(call, &netns, what)?;
+    let (_, diff) = capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)
+        .map_err(|e| kernel_error(what, e))?;
     if diff.is_empty() {
         info!("CHECK: the rules match the pod's annotations");
         return Ok(());
     }
+    let diff: Vec<String> = diff.iter().map(|d| d.to_string()).collect();
     Err(CniError::new(
         code::RULES_DIFFER,
         format!("the capture rules in {} differ from what the pod's annotations ask for ({} differences)", netns.path().display(), diff.len()),
@@ -430,25 +404,17 @@ fn check(inv: &Invocation, conf: &NetConf) -> Result<(), CniError> {
     ))
 }
 
-/// In the current namespace: how its capture differs from `cfg` (rules, TPROXY routing, `::6`),
-/// one line each in nft syntax; empty when it matches.
-fn differences(cfg: &CaptureConfig) -> Result<Vec<String>, CaptureError> {
-    let rs = redirect_model::plan_with(cfg, &SystemGroups)?;
-    Ok(capture::check(cfg, &rs)?
-        .iter()
-        .map(|d| d.to_string())
-        .collect())
-}
-
 /// STATUS: ready when the config parsed (done) and nf_tables answers.
 fn status(_conf: &NetConf) -> Result<(), CniError> {
-    nft::families_with_tables().map_err(|e| {
-        CniError::new(
-            code::NOT_AVAILABLE,
-            format!("nf_tables does not answer: {e}"),
-            "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
-        )
-    })?;
+    Nft::open()
+        .and_then(|nft| nft.families_with_tables())
+        .map_err(|e| {
+            CniError::new(
+                code::NOT_AVAILABLE,
+                format!("nf_tables does not answer: {e}"),
+                "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
+            )
+        })?;
     info!("STATUS: ready");
     Ok(())
 }

@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{cni_env, mesh_conf, pod_ns, static_bin, ARGS, BIN};
-use redirect_kernel::nft;
 use redirect_model::plan;
 use redirect_model::CaptureConfig;
 use redirect_testkit::istio::SIDECAR_ARGS;
@@ -139,7 +138,8 @@ fn the_plugin_runs_add_check_del_from_an_empty_root() {
 
     let out = root.run(&[], &env("ADD"), &conf, pod.path(), false, None);
     assert_eq!(out.code, 0, "ADD: {out:?}");
-    let written = nft::read_back_in(pod.path())
+    let written = redirect_testkit::nft_in(pod.path())
+        .read()
         .unwrap()
         .expect("ADD wrote our table");
     // The workspace's plugin, for the same input, writes the same table.
@@ -147,14 +147,17 @@ fn the_plugin_runs_add_check_del_from_an_empty_root() {
     let twin_path = twin.path().to_str().unwrap();
     let out = common::plugin(&cni_env("ADD", twin_path, ARGS), &conf);
     assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!(Some(written), nft::read_back_in(twin.path()).unwrap());
+    assert_eq!(
+        Some(written),
+        redirect_testkit::nft_in(twin.path()).read().unwrap()
+    );
 
     let out = root.run(&[], &env("CHECK"), &conf, pod.path(), false, None);
     assert_eq!(out.code, 0, "CHECK: {out:?}");
     let out = root.run(&[], &env("DEL"), &conf, pod.path(), false, None);
     assert_eq!(out.code, 0, "DEL: {out:?}");
     assert_eq!(
-        nft::read_back_in(pod.path()).unwrap(),
+        redirect_testkit::nft_in(pod.path()).read().unwrap(),
         None,
         "DEL left the table"
     );
@@ -170,7 +173,7 @@ fn the_init_container_and_the_probe_run_from_empty_roots() {
     let out = init.run(SIDECAR_ARGS, &[], "", pod.path(), true, None);
     assert_eq!(out.code, 0, "redirect-init: {out:?}");
     let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    let diff = nft::diff_in(pod.path(), &rs).unwrap();
+    let diff = redirect_testkit::nft_in(pod.path()).diff(&rs).unwrap();
     assert!(diff.is_empty(), "{diff:#?}");
 
     // Istio's validation init container: as the proxy's UID, no capability.

@@ -206,7 +206,7 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
     let (ns, proc) = running_pod("10.55.5.2");
     let probe = || binary::run_in(validate, &ns, &Run::args(&[]).user(1337, 1337));
     // Broken: no rules, and the probe says so as istio-validation does.
-    assert_eq!(ns.run(nft::read_back).unwrap(), None);
+    assert_eq!(redirect_testkit::nft_in(ns.path()).read().unwrap(), None);
     assert_eq!(probe().code, 126, "the probe must fail before the repair");
 
     let out = repair(
@@ -233,7 +233,10 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
         "the fixture's DNS capture"
     );
     let expected = nft::expected(&plan(&config).unwrap());
-    assert_eq!(ns.run(nft::read_back).unwrap(), Some(expected));
+    assert_eq!(
+        redirect_testkit::nft_in(ns.path()).read().unwrap(),
+        Some(expected)
+    );
     let ran = probe();
     assert_eq!(ran.code, 0, "the probe after the repair: {ran:?}");
 }
@@ -251,7 +254,7 @@ fn a_pod_the_plugin_would_not_capture_is_left_alone() {
         .insert("sidecar.istio.io/inject".into(), "false".into());
     let out = repair(&pod, &MeshDefaults::default(), &places(&proc)).unwrap();
     assert!(matches!(out, Outcome::NotCaptured(_)), "{out:?}");
-    assert_eq!(ns.run(nft::read_back).unwrap(), None);
+    assert_eq!(redirect_testkit::nft_in(ns.path()).read().unwrap(), None);
 }
 
 #[test]
@@ -269,7 +272,7 @@ fn a_pod_whose_namespace_is_not_found_is_a_failure_with_nothing_applied() {
     .unwrap_err();
     assert!(matches!(err, RepairError::Netns { .. }), "{err:?}");
     assert!(err.to_string().contains("10.55.7.9"), "{err}");
-    assert_eq!(ns.run(nft::read_back).unwrap(), None);
+    assert_eq!(redirect_testkit::nft_in(ns.path()).read().unwrap(), None);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -463,7 +466,10 @@ fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>
 const WAIT: Duration = Duration::from_secs(20);
 
 fn has_rules(ns: &TestNetns) -> bool {
-    ns.run(nft::read_back).unwrap().is_some()
+    redirect_testkit::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .is_some()
 }
 
 /// Puts a pod on this node whose validation is crash-looping with 126; returns what is stored.

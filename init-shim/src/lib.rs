@@ -37,7 +37,8 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
     let result = settings::Settings::from_resolved(&resolved)
         .map_err(Failure::from)
         .and_then(|s| match s.network_namespace.clone() {
-            Some(path) => redirect_kernel::netns::run_in(&path, move || run::run(s))
+            Some(path) => redirect_kernel::netns::Netns::open(&path)
+                .and_then(|ns| ns.run(move || run::run(s)))
                 .map_err(Failure::from)
                 .and_then(|r| r),
             None => run::run(s),

@@ -6,10 +6,11 @@ use std::io::Write;
 
 use tracing::{info, warn};
 
-use redirect_istio::capture::{self, Decision};
+use redirect_istio::capture::{self, Decision, IstioRuleStore, LiveIstioRules};
 use redirect_istio::pod_facts::{self, HostAddress};
 use redirect_istio::validation::probe;
 use redirect_istio::Error;
+use redirect_kernel::backend::{self, Live};
 use redirect_kernel::nft;
 use redirect_kernel::SystemGroups;
 use redirect_model::render::{iptables_restore_all, nft_script};
@@ -69,12 +70,33 @@ fn fail(message: String) -> Failure {
     }
 }
 
+/// What a run acts on: our table and the routes beside it, and Istio's rules.
+pub struct Target<'a> {
+    pub kernel: &'a dyn backend::Backend,
+    pub istio: &'a dyn IstioRuleStore,
+}
+
 /// Run in the current namespace (the caller entered `--network-namespace` already).
-pub fn run(mut s: Settings) -> Result<(), Failure> {
+pub fn run(s: Settings) -> Result<(), Failure> {
+    let live = Live::open()?;
+    run_with(
+        s,
+        &Target {
+            kernel: &live,
+            istio: &LiveIstioRules,
+        },
+    )
+}
+
+/// Run on `t`: the kernel (`run`), or a fake namespace in a test.
+pub fn run_with(mut s: Settings, t: &Target) -> Result<(), Failure> {
     let host = if s.cleanup_only {
         None
     } else {
-        Some(pod_facts::detect_host_address(s.dual_stack)?)
+        Some(pod_facts::detect_host_address(
+            &t.kernel.addresses()?,
+            s.dual_stack,
+        )?)
     };
     let (user_uid, nameservers, ignored) = settings::system_facts(&s)?;
     ignored.iter().for_each(|w| warn!("{w}"));
@@ -91,7 +113,7 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
     eprint!("{}", report::variables(&s));
 
     if s.cleanup_only {
-        return cleanup(&s);
+        return cleanup(&s, t);
     }
     let host = host.expect("derived above unless cleanup-only");
     let rs = redirect_model::plan_with(&s.config, &SystemGroups)?;
@@ -102,8 +124,8 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
         info!("--skip-rule-apply: programming nothing");
     } else {
         match s.backend {
-            Backend::Native => apply_native(&s, &rs)?,
-            Backend::Iptables => apply_iptables(&s, &rs)?,
+            Backend::Native => apply_native(&s, &rs, t)?,
+            Backend::Iptables => apply_iptables(&s, &rs, t)?,
         }
     }
     if s.run_validation {
@@ -113,9 +135,9 @@ pub fn run(mut s: Settings) -> Result<(), Failure> {
 }
 
 /// `--cleanup-only`: ours (table, routes, `::6`) and Istio's (nft tables, ISTIO_* chains).
-fn cleanup(s: &Settings) -> Result<(), Failure> {
+fn cleanup(s: &Settings, t: &Target) -> Result<(), Failure> {
     if s.dry_run {
-        let l = capture::leftovers()?;
+        let l = capture::leftovers(t.kernel, t.istio)?;
         info!(
             "--dry-run: would remove: our table: {}; Istio nft tables: {:?}; Istio iptables chains: {}",
             l.table,
@@ -124,7 +146,8 @@ fn cleanup(s: &Settings) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    let (done, istio) = capture::cleanup_with_istio(&capture::routing_of(&s.config))?;
+    let (done, istio) =
+        capture::cleanup_with_istio(t.kernel, t.istio, &capture::routing_of(&s.config))?;
     info!(
         "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {:?}; Istio iptables chains removed: {}",
         done.table,
@@ -179,8 +202,8 @@ fn flags(s: &Settings) -> capture::Flags {
     }
 }
 
-fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
-    let done = capture::reconcile(&s.config, rs, flags(s))?;
+fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
+    let done = capture::reconcile(t.kernel, t.istio, &s.config, rs, flags(s))?;
     match done.decision {
         Decision::Skip => {
             info!("the rules are already in place; nothing to apply (--force-apply reapplies)")
@@ -208,8 +231,9 @@ fn apply_native(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
     Ok(())
 }
 
-fn apply_iptables(s: &Settings, rs: &Ruleset) -> Result<(), Failure> {
-    let done = capture::reconcile_iptables(&s.config, rs, flags(s), s.force_iptables_binary)?;
+fn apply_iptables(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
+    let done =
+        capture::reconcile_iptables(t.kernel, &s.config, rs, flags(s), s.force_iptables_binary)?;
     if !done.removed_istio_chains.is_empty() {
         info!(
             "--reconcile: removed {}",

@@ -12,7 +12,7 @@ use redirect_model::parse::{
     parse_ports,
 };
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
-use redirect_model::{Error, Result};
+use redirect_model::{Error, IdKind, Result};
 
 pub const STATUS: &str = "sidecar.istio.io/status";
 pub const INJECT: &str = "sidecar.istio.io/inject";
@@ -112,8 +112,28 @@ fn parse_bool(s: &str) -> Option<bool> {
     crate::go::parse_bool(s.trim())
 }
 
-/// Decide for a pod. Errors are bad annotation values (named with their key).
-pub fn decide(pod: &PodInfo, defaults: &MeshDefaults) -> Result<Decision> {
+/// Why a pod's capture cannot be decided.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    /// An annotation has a bad value (named with its key), or brought one of the proxy's IDs
+    /// into a bypass list.
+    #[error(transparent)]
+    Annotation(Error),
+    /// The defaults themselves (the plugin config's `bypass_uids`/`bypass_gids`) name one of
+    /// the proxy's IDs.
+    #[error(transparent)]
+    DefaultsConflict(Error),
+}
+
+impl From<Error> for MeshError {
+    fn from(e: Error) -> Self {
+        MeshError::Annotation(e)
+    }
+}
+
+/// Decide for a pod. Errors are bad annotation values (named with their key), or defaults
+/// that conflict with the proxy's IDs.
+pub fn decide(pod: &PodInfo, defaults: &MeshDefaults) -> Result<Decision, MeshError> {
     let ann = &pod.annotations;
     let Some(status) = ann.get(STATUS) else {
         return Ok(Decision::Skip(format!(
@@ -210,7 +230,10 @@ fn typed<T>(
     parse(key, v).map_err(|e| ann_err(key, v, e))
 }
 
-fn config_for(pod: &PodInfo, d: &MeshDefaults) -> Result<(CaptureConfig, bool, Vec<String>)> {
+fn config_for(
+    pod: &PodInfo,
+    d: &MeshDefaults,
+) -> Result<(CaptureConfig, bool, Vec<String>), MeshError> {
     let ann = &pod.annotations;
     let mut warnings = Vec::new();
     let proxy = pod.spec.as_ref().and_then(|s| s.container(PROXY));
@@ -354,21 +377,25 @@ fn outbound_excludes(ann: &BTreeMap<String, String>) -> Result<Vec<u16>> {
 }
 
 /// Blame the annotation for a bypass conflict only when it brought the conflicting ID;
-/// otherwise it came from the plugin's config (`bypass_uids`/`bypass_gids`), whose name stays.
-fn blame_bypass(e: Error, ann_bypass_uids: &[u32], ann_bypass_gids: &[u32]) -> Error {
+/// otherwise it came from the defaults (`bypass_uids`/`bypass_gids`), whose name stays.
+fn blame_bypass(e: Error, ann_bypass_uids: &[u32], ann_bypass_gids: &[u32]) -> MeshError {
     match e {
-        Error::BypassConflict { field, id } => {
-            let (key, from_ann) = if field == "bypass_uids" {
-                (BYPASS_UIDS, ann_bypass_uids)
-            } else {
-                (BYPASS_GIDS, ann_bypass_gids)
+        Error::BypassConflict { field, kind, id } => {
+            let (key, from_ann) = match kind {
+                IdKind::Uid => (BYPASS_UIDS, ann_bypass_uids),
+                IdKind::Gid => (BYPASS_GIDS, ann_bypass_gids),
             };
-            Error::BypassConflict {
-                field: if from_ann.contains(&id) { key } else { field },
-                id,
+            if from_ann.contains(&id) {
+                MeshError::Annotation(Error::BypassConflict {
+                    field: key,
+                    kind,
+                    id,
+                })
+            } else {
+                MeshError::DefaultsConflict(Error::BypassConflict { field, kind, id })
             }
         }
-        other => other,
+        other => MeshError::Annotation(other),
     }
 }
 

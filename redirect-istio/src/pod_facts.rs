@@ -50,13 +50,10 @@ fn is_usable(a: &IpAddr) -> bool {
     }
 }
 
-/// `host_address` over the calling thread's namespace; no usable address is Istio's error.
-pub fn detect_host_address(dual_stack: bool) -> Result<HostAddress> {
-    let addrs: Vec<IpAddr> = redirect_kernel::routes::interface_addresses()?
-        .into_iter()
-        .map(|(_, ip)| ip)
-        .collect();
-    host_address(&addrs, dual_stack).ok_or_else(|| Error::from(redirect_model::Error::Config {
+/// `host_address` over a namespace's addresses (`Backend::addresses`,
+/// `Routes::interface_addresses`); no usable address is Istio's error.
+pub fn detect_host_address(addrs: &[IpAddr], dual_stack: bool) -> Result<HostAddress> {
+    host_address(addrs, dual_stack).ok_or_else(|| Error::from(redirect_model::Error::Config {
         field: "pod address",
         value: addrs
             .iter()

@@ -3,18 +3,18 @@
 //! Listed with a netlink table dump, deleted in one batch with every ACK checked. Tables of
 //! other families and our own table are never touched.
 
-use redirect_kernel::nft;
+use redirect_kernel::nft::Nft;
 
 use crate::error::Result;
 
 const PREFIX: &str = "istio-";
 
-/// Names of the `inet` tables starting with `istio-` in the current netns, in kernel order.
-pub fn istio_tables() -> Result<Vec<String>> {
-    Ok(nft::inet_tables(PREFIX)?)
+/// Names of the `inet` tables starting with `istio-` in `nft`'s namespace, in kernel order.
+pub fn istio_tables(nft: &Nft) -> Result<Vec<String>> {
+    Ok(nft.inet_tables(PREFIX)?)
 }
 
 /// Delete every table [`istio_tables`] lists, in one batch (all or none). Returns the names.
-pub fn remove_istio_tables() -> Result<Vec<String>> {
-    Ok(nft::remove_inet_tables(PREFIX)?)
+pub fn remove_istio_tables(nft: &Nft) -> Result<Vec<String>> {
+    Ok(nft.remove_inet_tables(PREFIX)?)
 }

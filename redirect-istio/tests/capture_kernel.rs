@@ -39,7 +39,12 @@ fn config(mode: InterceptionMode) -> CaptureConfig {
 
 fn check(mode: InterceptionMode) {
     let topo = Topology::basic();
-    redirect_istio::capture::apply_in(topo.pod.path(), &config(mode), &SystemGroups).unwrap();
+    redirect_istio::capture::apply(
+        &redirect_testkit::live_in(topo.pod.path()),
+        &config(mode),
+        &SystemGroups,
+    )
+    .unwrap();
     // REDIRECT: the NATed connection's original destination. TPROXY: no NAT, so conntrack's
     // original destination is the address the transparent socket accepted on: the same.
     let inbound = |orig: &str| landed(Side::Pod, 15006, Some(orig));
@@ -126,7 +131,8 @@ fn check(mode: InterceptionMode) {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Removing leaves the pod as it was: nothing is diverted any more.
-    redirect_istio::capture::remove_in(topo.pod.path(), &config(mode)).unwrap();
+    redirect_istio::capture::remove(&redirect_testkit::live_in(topo.pod.path()), &config(mode))
+        .unwrap();
     assert_eq!(
         run_probe(&topo, &Probe::tcp(APP, sa("10.77.0.1:80"))),
         landed(Side::Peer, 80, None)
@@ -176,7 +182,12 @@ fn bypass_ids_reach_dns_and_services_directly_while_the_app_is_captured() {
         ..config(InterceptionMode::Redirect)
     };
     let topo = Topology::basic();
-    redirect_istio::capture::apply_in(topo.pod.path(), &cfg, &SystemGroups).unwrap();
+    redirect_istio::capture::apply(
+        &redirect_testkit::live_in(topo.pod.path()),
+        &cfg,
+        &SystemGroups,
+    )
+    .unwrap();
     let cases: Vec<(Probe, Outcome)> = vec![
         (
             Probe::udp(INIT, sa("10.77.0.1:53")),

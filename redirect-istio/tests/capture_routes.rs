@@ -67,12 +67,27 @@ fn a_failed_apply_takes_back_the_routes_it_added() {
     let before = routes(&ns);
     {
         let _owned = OwnedTable::hold(&ns);
-        let err = ns.run(|| capture::apply(&cfg, &SystemGroups)).unwrap_err();
+        let err = ns
+            .run(|| {
+                capture::apply(
+                    &redirect_kernel::backend::Live::open().unwrap(),
+                    &cfg,
+                    &SystemGroups,
+                )
+            })
+            .unwrap_err();
         assert!(err.to_string().contains("Operation not permitted"), "{err}");
         assert_eq!(routes(&ns), before, "the failed apply left routes behind");
     }
     // The other owner gone, the same apply goes through: routes and rules.
-    ns.run(|| capture::apply(&cfg, &SystemGroups)).unwrap();
+    ns.run(|| {
+        capture::apply(
+            &redirect_kernel::backend::Live::open().unwrap(),
+            &cfg,
+            &SystemGroups,
+        )
+    })
+    .unwrap();
     let after = routes(&ns);
     assert!(
         after.contains("fwmark 0x539 lookup 133") && after.contains("::6/128"),

@@ -965,8 +965,9 @@ fn run_flows(cfg: &CaptureConfig, specs: &[FlowSpec]) -> Result<Run, String> {
     // and reports or not depending on timing. A blackhole drops them silently in both.
     topo.peer
         .ip_batch(true, &["route add blackhole default".to_string()]);
-    let applied = redirect_istio::capture::apply_in(topo.pod.path(), cfg, &groups)
-        .map_err(|e| format!("apply: {e}\n{}", cfg.to_json()))?;
+    let applied =
+        redirect_istio::capture::apply(&redirect_testkit::live_in(topo.pod.path()), cfg, &groups)
+            .map_err(|e| format!("apply: {e}\n{}", cfg.to_json()))?;
     if applied != rs {
         return Err(format!(
             "apply programmed another ruleset than plan_with planned\n{}",

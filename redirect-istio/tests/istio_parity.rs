@@ -103,8 +103,12 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
         let theirs = Topology::for_case(&case);
         load_istio_case(&theirs.pod, &case);
         let ours = Topology::for_case(&case);
-        redirect_istio::capture::apply_in(ours.pod.path(), &cfg, &resolver)
-            .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
+        redirect_istio::capture::apply(
+            &redirect_testkit::live_in(ours.pod.path()),
+            &cfg,
+            &resolver,
+        )
+        .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
 
         let want = run_probes(&theirs, &probes);
         let got = run_probes(&ours, &probes);

@@ -34,7 +34,12 @@ fn probe_with(cfg: Option<&CaptureConfig>, spec: &ProbeSpec) -> Result<ProbeSucc
     let ns = TestNetns::new();
     ns.run(|| {
         if let Some(cfg) = cfg {
-            redirect_istio::capture::apply(cfg, &SystemGroups).unwrap();
+            redirect_istio::capture::apply(
+                &redirect_kernel::backend::Live::open().unwrap(),
+                cfg,
+                &SystemGroups,
+            )
+            .unwrap();
         }
         probe::run(spec)
     })
@@ -211,9 +216,17 @@ fn ipv6_times_out_with_ipv4_rules_only() {
     }
     let ns = TestNetns::new();
     let result = ns.run(|| {
-        redirect_istio::capture::apply(&root_proxy(), &SystemGroups).unwrap();
+        redirect_istio::capture::apply(
+            &redirect_kernel::backend::Live::open().unwrap(),
+            &root_proxy(),
+            &SystemGroups,
+        )
+        .unwrap();
         // ::6 is there, so only the missing IPv6 rules can make the difference.
-        redirect_kernel::routes::ensure_lo_v6_inbound_addr().unwrap();
+        redirect_kernel::routes::Routes::open()
+            .unwrap()
+            .ensure_lo_v6_inbound_addr()
+            .unwrap();
         probe::run(&spec(true))
     });
     let (errno, failure) = assert_timeout(result);
@@ -226,7 +239,12 @@ fn ipv6_times_out_with_ipv4_rules_only() {
 fn probe_with_taken(taken: &[u16]) -> Result<ProbeSuccess, ProbeFailure> {
     let ns = TestNetns::new();
     ns.run(|| {
-        redirect_istio::capture::apply(&root_proxy(), &SystemGroups).unwrap();
+        redirect_istio::capture::apply(
+            &redirect_kernel::backend::Live::open().unwrap(),
+            &root_proxy(),
+            &SystemGroups,
+        )
+        .unwrap();
         let _blockers: Vec<TcpListener> = taken
             .iter()
             .map(|p| TcpListener::bind(("127.0.0.1", *p)).unwrap())

@@ -8,7 +8,6 @@ use std::net::{IpAddr, SocketAddr};
 
 use redirect_istio::xtables::{self, Leftover, Variant};
 use redirect_istio::Error;
-use redirect_kernel::nft;
 use redirect_model::plan;
 use redirect_model::{AddrMatch, Family, Match, Rule, Ruleset, Stage};
 use redirect_model::{CaptureConfig, InterceptionMode};
@@ -160,7 +159,9 @@ fn apply_with_each_variant_captures_real_traffic() {
     let rs = sidecar();
     for variant in VARIANTS {
         let topo = Topology::basic();
-        let tools = xtables::apply_in(topo.pod.path(), &rs, Some(variant)).unwrap();
+        let tools =
+            redirect_testkit::run_in(topo.pod.path(), || xtables::apply(&rs, Some(variant)))
+                .unwrap();
         assert_eq!(tools.len(), 1, "{variant}");
         assert_eq!(tools[0].family, Family::V4);
         assert_eq!(tools[0].variant, variant);
@@ -199,10 +200,14 @@ fn apply_with_each_variant_captures_real_traffic() {
         );
 
         // Not idempotent, as Istio without --reconcile: a second apply is refused.
-        assert!(xtables::apply_in(topo.pod.path(), &rs, Some(variant)).is_err());
+        assert!(
+            redirect_testkit::run_in(topo.pod.path(), || xtables::apply(&rs, Some(variant)))
+                .is_err()
+        );
 
         // Our own iptables rules have Istio's shape: the leftover cleanup removes them.
-        let removed = xtables::remove_istio_leftovers_in(topo.pod.path()).unwrap();
+        let removed =
+            redirect_testkit::run_in(topo.pod.path(), xtables::remove_istio_leftovers).unwrap();
         assert_eq!(removed.len(), 4, "{variant}: {removed:#?}");
         assert!(removed
             .iter()
@@ -224,7 +229,7 @@ fn apply_picks_nft_for_both_families_in_a_fresh_namespace() {
     })
     .unwrap();
     let topo = Topology::basic();
-    let tools = xtables::apply_in(topo.pod.path(), &rs, None).unwrap();
+    let tools = redirect_testkit::run_in(topo.pod.path(), || xtables::apply(&rs, None)).unwrap();
     let got: Vec<(Family, Variant, &str)> = tools
         .iter()
         .map(|t| (t.family, t.variant, t.restore.as_str()))
@@ -254,7 +259,8 @@ fn detect_prefers_legacy_only_when_it_holds_rules() {
         return;
     }
     let detect = |ns: &TestNetns, f: Family, force: Option<Variant>| {
-        xtables::detect_in(ns.path(), f, force).unwrap_or_else(|e| panic!("{f} {force:?}: {e}"))
+        redirect_testkit::run_in(ns.path(), || xtables::detect(f, force))
+            .unwrap_or_else(|e| panic!("{f} {force:?}: {e}"))
     };
 
     let fresh = TestNetns::new();
@@ -313,7 +319,7 @@ fn apply_over_istio_chains_fails_and_changes_nothing() {
         iptables_restore_with(&ns, false, &basic, Some(&variant.to_string()));
         let before = save_all(&ns);
         assert!(before.iter().any(|d| d.contains("ISTIO_OUTPUT")));
-        let err = xtables::apply_in(ns.path(), &rs, None).unwrap_err();
+        let err = redirect_testkit::run_in(ns.path(), || xtables::apply(&rs, None)).unwrap_err();
         eprintln!("{variant}: {err}");
         match &err {
             Error::Tool { tool, detail } => {
@@ -334,7 +340,8 @@ fn apply_over_istio_chains_fails_and_changes_nothing() {
             Variant::Legacy => Variant::Nft,
             Variant::Nft => Variant::Legacy,
         };
-        let err = xtables::apply_in(ns.path(), &rs, Some(other)).unwrap_err();
+        let err =
+            redirect_testkit::run_in(ns.path(), || xtables::apply(&rs, Some(other))).unwrap_err();
         let Error::Tool { tool, detail } = &err else {
             panic!("{variant}: {err:?}")
         };
@@ -388,7 +395,8 @@ fn failed_restore_rolls_back_every_table_and_family() {
                 bin(Family::V4, variant, "restore").replace("-restore", "")
             ));
             let before: Vec<Vec<String>> = save_all(&ns).iter().map(|d| content(d)).collect();
-            let err = xtables::apply_in(ns.path(), rs, Some(variant)).unwrap_err();
+            let err = redirect_testkit::run_in(ns.path(), || xtables::apply(rs, Some(variant)))
+                .unwrap_err();
             eprintln!("{name} {variant}: {err}");
             let Error::Tool { tool, detail } = &err else {
                 panic!("{name} {variant}: {err:?}")
@@ -513,10 +521,12 @@ fn istio_leftovers_are_found_and_removed_for_both_variants() {
                     variant,
                 ));
             }
-            let found = xtables::find_istio_leftovers_in(topo.pod.path()).unwrap();
+            let found =
+                redirect_testkit::run_in(topo.pod.path(), xtables::find_istio_leftovers).unwrap();
             assert_eq!(sorted(found.clone()), sorted(want), "{name} {variant}");
 
-            let removed = xtables::remove_istio_leftovers_in(topo.pod.path()).unwrap();
+            let removed =
+                redirect_testkit::run_in(topo.pod.path(), xtables::remove_istio_leftovers).unwrap();
             assert_eq!(removed, found, "{name} {variant}");
             for dump in save_all(&topo.pod) {
                 assert!(!dump.contains("ISTIO_"), "{name} {variant}:\n{dump}");
@@ -525,7 +535,8 @@ fn istio_leftovers_are_found_and_removed_for_both_variants() {
                     "{name} {variant}: rules left:\n{dump}"
                 );
             }
-            let again = xtables::remove_istio_leftovers_in(topo.pod.path()).unwrap();
+            let again =
+                redirect_testkit::run_in(topo.pod.path(), xtables::remove_istio_leftovers).unwrap();
             assert!(again.is_empty(), "{name} {variant}: {again:#?}");
 
             let after = run_probes(&topo, &probes);
@@ -554,8 +565,8 @@ fn leftover_cleanup_leaves_tables_without_istio_chains_alone() {
         ns.sh(&format!("{ipt} -t nat -A PREROUTING -i eth1 -j RETURN"));
         ns.sh(&format!("{ipt} -t mangle -N ISTIO_X"));
         ns.sh(&format!("{ipt} -t mangle -A OUTPUT -o eth1 -j RETURN"));
-        let found = xtables::find_istio_leftovers_in(ns.path()).unwrap();
-        let removed = xtables::remove_istio_leftovers_in(ns.path()).unwrap();
+        let found = redirect_testkit::run_in(ns.path(), xtables::find_istio_leftovers).unwrap();
+        let removed = redirect_testkit::run_in(ns.path(), xtables::remove_istio_leftovers).unwrap();
         assert_eq!(removed, found);
         // The empty ISTIO_X chain and the shaped rule beside it go; nat is untouched.
         let chains: Vec<&str> = removed.iter().map(|l| l.chain.as_str()).collect();
@@ -578,12 +589,16 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
     }
     let ns = TestNetns::new();
     let rs = sidecar();
-    nft::apply_in(ns.path(), &rs).unwrap();
+    redirect_testkit::nft_in(ns.path())
+        .apply(&rs)
+        .map(|_| ())
+        .unwrap();
     let golden = istio_testdata_dir().join("nftables/tproxy.golden");
     ns.sh(&format!("nft -f {}", golden.display()));
     ns.sh("nft add table inet istio-ambient-nat; nft add table ip istio-v4only; nft add table inet istioish");
 
-    let mut listed = ns.run(redirect_istio::tables::istio_tables).unwrap();
+    let mut listed =
+        redirect_istio::tables::istio_tables(&redirect_testkit::nft_in(ns.path())).unwrap();
     listed.sort();
     assert_eq!(
         listed,
@@ -594,7 +609,8 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
             "istio-proxy-raw"
         ]
     );
-    let mut removed = ns.run(redirect_istio::tables::remove_istio_tables).unwrap();
+    let mut removed =
+        redirect_istio::tables::remove_istio_tables(&redirect_testkit::nft_in(ns.path())).unwrap();
     removed.sort();
     assert_eq!(removed, listed);
 
@@ -609,11 +625,15 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
             "{kept}: {tables}"
         );
     }
-    assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());
-    assert!(ns
-        .run(redirect_istio::tables::remove_istio_tables)
+    assert!(redirect_testkit::nft_in(ns.path())
+        .diff(&rs)
         .unwrap()
         .is_empty());
+    assert!(
+        redirect_istio::tables::remove_istio_tables(&redirect_testkit::nft_in(ns.path()))
+            .unwrap()
+            .is_empty()
+    );
 
     // And it makes a difference to traffic: Istio's nat table captured outbound.
     let topo = Topology::basic();
@@ -634,8 +654,7 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
         run_probe(&topo, &probe),
         Outcome::landed(Side::Pod, 15001, Some(at(topo.peer_addr(false), 80)))
     );
-    topo.pod
-        .run(redirect_istio::tables::remove_istio_tables)
+    redirect_istio::tables::remove_istio_tables(&redirect_testkit::nft_in(topo.pod.path()))
         .unwrap();
     assert_eq!(
         run_probe(&topo, &probe),

@@ -9,8 +9,6 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use redirect_kernel::netns;
-use redirect_kernel::nft;
 use redirect_model::render::nft_script;
 use redirect_model::{plan, CaptureConfig};
 use redirect_testkit::TestNetns;
@@ -33,12 +31,17 @@ fn main() {
     ns.sh("ip link add d0 type veth peer name d1 && ip addr add 10.99.0.1/24 dev d0 && ip link set d0 up && ip link set d1 up");
 
     let t = Instant::now();
-    nft::apply_in(ns.path(), &rs).expect("apply");
+    redirect_testkit::nft_in(ns.path())
+        .apply(&rs)
+        .map(|_| ())
+        .expect("apply");
     println!(
         "== applied over netlink in {:?} (one atomic batch, every ACK checked)",
         t.elapsed()
     );
-    let diff = nft::diff_in(ns.path(), &rs).expect("read back");
+    let diff = redirect_testkit::nft_in(ns.path())
+        .diff(&rs)
+        .expect("read back");
     println!(
         "== read back: {}",
         if diff.is_empty() {
@@ -48,22 +51,30 @@ fn main() {
         }
     );
 
-    let results = netns::run_in(ns.path(), || {
-        let listener = TcpListener::bind("0.0.0.0:15001").expect("bind 15001");
-        listener.set_nonblocking(true).unwrap();
-        let dst = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 2), 80));
-        let app = probe(&listener, dst, 1000);
-        let proxy = probe(&listener, dst, 1337);
-        (app, proxy)
-    })
-    .expect("enter namespace");
+    let results = redirect_kernel::netns::Netns::open(ns.path())
+        .and_then(|ns| {
+            ns.run(|| {
+                let listener = TcpListener::bind("0.0.0.0:15001").expect("bind 15001");
+                listener.set_nonblocking(true).unwrap();
+                let dst = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 2), 80));
+                let app = probe(&listener, dst, 1000);
+                let proxy = probe(&listener, dst, 1337);
+                (app, proxy)
+            })
+        })
+        .expect("enter namespace");
     println!("== app (uid 1000) -> 10.99.0.2:80: {}", results.0);
     println!("== proxy (uid 1337) -> 10.99.0.2:80: {}", results.1);
 
-    nft::remove_in(ns.path()).expect("remove");
+    redirect_testkit::nft_in(ns.path())
+        .remove()
+        .expect("remove");
     println!(
         "== removed: table present = {}",
-        nft::read_back_in(ns.path()).unwrap().is_some()
+        redirect_testkit::nft_in(ns.path())
+            .read()
+            .unwrap()
+            .is_some()
     );
     let ok = results
         .0

@@ -1,15 +1,18 @@
 //! redirect-kernel: a pod's capture in the kernel, over netlink, in Rust (no C library, no
 //! `nft`, `ip` or `iptables` binary).
 //!
-//! - [`nft`]: our one `inet` table (`redirect_model::table`): a lowered ruleset encoded
+//! - [`nft`]: a handle (`Nft`) on our one `inet` table (`redirect_model::table`): a lowered ruleset encoded
 //!   into one atomic batch (byte-identical to libnftnl's), applied, updated in place, read
 //!   back bound to the ruleset's generation, compared, printed as nft syntax; other tables
 //!   listed and deleted by name.
-//! - [`routes`]: TPROXY policy routing and `::6` on `lo` (rtnetlink), the addresses of the
-//!   namespace's interfaces.
+//! - [`routes`]: a handle (`Routes`) on TPROXY policy routing and `::6` on `lo` (rtnetlink),
+//!   and the addresses of the namespace's interfaces.
 //! - [`netns`]: a network namespace opened once and judged by its descriptor, and work run
 //!   inside it.
 //! - [`sockopt`]: the original destination of a redirected connection (`SO_ORIGINAL_DST`).
+//! - [`backend`]: what the capture policy needs of one namespace (our table, the routes beside
+//!   it, the addresses), behind the `Backend` trait: `Live` over the kernel, and with the
+//!   `testing` feature `fake::Fake` in memory.
 //! - [`SystemGroups`]: the host's group database for the plan's owner groups.
 //! - [`Error`], [`Result`], [`errno_hint`].
 //!
@@ -18,6 +21,9 @@
 mod error;
 mod groups;
 
+pub mod backend;
+#[cfg(feature = "testing")]
+pub mod fake;
 pub mod netns;
 pub mod nft;
 pub mod routes;

@@ -4,11 +4,12 @@
 //! that thread exits or switches back. Rust gives no guarantee about which thread runs what
 //! next (thread pools, async runtimes, test harnesses reuse threads), so switching the caller's
 //! thread could leak the pod's namespace into unrelated work, or fail to switch back. Instead
-//! [`run_in`] gives the closure a dedicated, short-lived thread that enters the namespace and
-//! dies with it; the caller's thread never changes namespace.
+//! [`Netns::run`] gives the closure a dedicated, short-lived thread that enters the namespace
+//! and dies with it; the caller's thread never changes namespace.
 //!
-//! Netlink sockets belong to the namespace of the thread that created them, so code run inside
-//! opens its own sockets (as `routes` does).
+//! Netlink sockets belong to the namespace of the thread that created them, so a handle
+//! opened in a namespace (`Nft::open_in`, `Routes::open_in`) creates its socket on such a
+//! thread and then serves from any thread.
 //!
 //! A path is named once: [`Netns::open`] opens it, judges the open descriptor (an nsfs file of
 //! a network namespace; its device and inode for the host guard) and enters that descriptor,
@@ -129,13 +130,6 @@ fn namespace_type(file: &File) -> io::Result<libc::c_int> {
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the type; the descriptor is open
     // for the duration of the call (borrowed from `file`).
     unsafe { ns_get_nstype(file.as_raw_fd()) }.map_err(io::Error::from)
-}
-
-/// Runs `f` in the network namespace at `path` (e.g. `/var/run/netns/NAME` or
-/// `/proc/PID/ns/net`) on a dedicated thread and returns what `f` returns: [`Netns::open`]
-/// (the path is opened once, judged and entered by its descriptor), then [`Netns::run`].
-pub fn run_in<T: Send, F: FnOnce() -> T + Send>(path: &Path, f: F) -> Result<T> {
-    Netns::open(path)?.run(f)
 }
 
 /// Runs `f` in the namespace of a file the caller holds open; `path` only names it in errors.

@@ -31,7 +31,10 @@ use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessa
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
+use std::cell::RefCell;
+
 use crate::error::{Error, Result};
+use crate::netns::Netns;
 use redirect_model::Family;
 
 /// The address Istio puts on `lo` for IPv6 inbound capture (`::6/128`).
@@ -68,7 +71,7 @@ impl TproxyRouting {
     }
 }
 
-/// What [`read_tproxy`] found for one family.
+/// What [`Routes::read_tproxy`] found for one family.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TproxyState {
     /// Number of `fwmark <mark> lookup <table>` rules (more than one if someone added
@@ -90,184 +93,214 @@ impl TproxyState {
     }
 }
 
-/// Adds, for each family, the rule `fwmark <mark> lookup <table>` and the route
-/// `local default dev lo table <table>`, unless they exist already.
-///
-/// `lo` must be up for IPv6: the kernel refuses an IPv6 route via a down device (ENETDOWN).
-/// In a pod it is (the runtime or the CNI `loopback` plugin brings it up).
-pub fn apply_tproxy(r: &TproxyRouting, families: &[Family]) -> Result<()> {
-    r.validate()?;
-    let mut nl = Rtnl::open()?;
-    let lo = link_index(&mut nl, "lo")?;
-    for &family in families {
-        // `ip rule add` happily adds duplicates, and NLM_F_EXCL does not help: the kernel's
-        // duplicate check compares the priority too, which it picks anew for each rule sent
-        // without one (Linux 6.18: three adds gave rules at 32765, 32764, 32763; with an
-        // explicit priority the second add gets EEXIST). So look before adding.
-        if our_rules(&mut nl, r, family)?.is_empty() {
+/// TPROXY routing, `::6` on `lo` and the interfaces' addresses of one network namespace, over
+/// one NETLINK_ROUTE socket opened there.
+pub struct Routes {
+    nl: RefCell<Rtnl>,
+}
+
+impl Routes {
+    /// A handle on the calling thread's network namespace.
+    pub fn open() -> Result<Routes> {
+        Ok(Routes {
+            nl: RefCell::new(Rtnl::open()?),
+        })
+    }
+
+    /// A handle on the namespace `netns` holds (the socket is created there, on a thread that
+    /// enters it; the caller's thread stays where it is).
+    pub fn open_in(netns: &Netns) -> Result<Routes> {
+        netns.run(Routes::open)?
+    }
+
+    /// Adds, for each family, the rule `fwmark <mark> lookup <table>` and the route
+    /// `local default dev lo table <table>`, unless they exist already.
+    ///
+    /// `lo` must be up for IPv6: the kernel refuses an IPv6 route via a down device (ENETDOWN).
+    /// In a pod it is (the runtime or the CNI `loopback` plugin brings it up).
+    pub fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
+        r.validate()?;
+        let nl = &mut *self.nl.borrow_mut();
+        let lo = link_index(nl, "lo")?;
+        for &family in families {
+            // `ip rule add` happily adds duplicates, and NLM_F_EXCL does not help: the kernel's
+            // duplicate check compares the priority too, which it picks anew for each rule sent
+            // without one (Linux 6.18: three adds gave rules at 32765, 32764, 32763; with an
+            // explicit priority the second add gets EEXIST). So look before adding.
+            if our_rules(nl, r, family)?.is_empty() {
+                let errno = nl.ack(
+                    RouteNetlinkMessage::NewRule(rule_message(r, family)),
+                    NLM_F_CREATE | NLM_F_EXCL,
+                )?;
+                check(errno, &[libc::EEXIST], || {
+                    route_error(format!("add rule {}", rule_text(r)), family, errno)
+                })?;
+            }
+            // Routes have a real identity: NLM_F_EXCL makes a duplicate fail with EEXIST.
             let errno = nl.ack(
-                RouteNetlinkMessage::NewRule(rule_message(r, family)),
+                RouteNetlinkMessage::NewRoute(route_message(r, family, lo, RouteScope::Host)),
                 NLM_F_CREATE | NLM_F_EXCL,
             )?;
             check(errno, &[libc::EEXIST], || {
-                route_error(format!("add rule {}", rule_text(r)), family, errno)
-            })?;
-        }
-        // Routes have a real identity: NLM_F_EXCL makes a duplicate fail with EEXIST.
-        let errno = nl.ack(
-            RouteNetlinkMessage::NewRoute(route_message(r, family, lo, RouteScope::Host)),
-            NLM_F_CREATE | NLM_F_EXCL,
-        )?;
-        check(errno, &[libc::EEXIST], || {
-            route_error(
-                format!("add route {}", route_text(r, family)),
-                family,
-                errno,
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// Deletes, for each family, every `fwmark <mark> lookup <table>` rule and the `local` default
-/// route in the table. What is absent already is fine.
-pub fn remove_tproxy(r: &TproxyRouting, families: &[Family]) -> Result<()> {
-    r.validate()?;
-    let mut nl = Rtnl::open()?;
-    let lo = link_index(&mut nl, "lo")?;
-    for &family in families {
-        // Send back each rule as dumped (with its priority) so only that rule goes.
-        for rule in our_rules(&mut nl, r, family)? {
-            let errno = nl.ack(RouteNetlinkMessage::DelRule(rule), 0)?;
-            check(errno, &[libc::ENOENT], || {
-                route_error(format!("delete rule {}", rule_text(r)), family, errno)
-            })?;
-        }
-        // Scope "nowhere" is the kernel's wildcard for deletion: match whatever scope it has.
-        let del = route_message(r, family, lo, RouteScope::NoWhere);
-        // Bounded: a table could hold several such routes (other metrics or TOS), each
-        // delete removes one.
-        for _ in 0..16 {
-            let errno = nl.ack(RouteNetlinkMessage::DelRoute(del.clone()), 0)?;
-            if matches!(errno, libc::ESRCH | libc::ENOENT | libc::EAFNOSUPPORT) {
-                break;
-            }
-            check(errno, &[], || {
                 route_error(
-                    format!("delete route {}", route_text(r, family)),
+                    format!("add route {}", route_text(r, family)),
                     family,
                     errno,
                 )
             })?;
         }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Reads back whether the rule and the route of `r` exist for `family`.
-pub fn read_tproxy(r: &TproxyRouting, family: Family) -> Result<TproxyState> {
-    let mut nl = Rtnl::open()?;
-    let lo = link_index(&mut nl, "lo")?;
-    let rules = our_rules(&mut nl, r, family)?.len();
-    let mut dump = RouteMessage::default();
-    dump.header.address_family = address_family(family);
-    let routes = nl.dump(RouteNetlinkMessage::GetRoute(dump), "list routes", family)?;
-    let route = routes.iter().any(|m| match m {
-        RouteNetlinkMessage::NewRoute(m) => is_our_route(m, r, family, lo),
-        _ => false,
-    });
-    Ok(TproxyState { rules, route })
-}
+    /// Deletes, for each family, every `fwmark <mark> lookup <table>` rule and the `local` default
+    /// route in the table. What is absent already is fine.
+    pub fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
+        r.validate()?;
+        let nl = &mut *self.nl.borrow_mut();
+        let lo = link_index(nl, "lo")?;
+        for &family in families {
+            // Send back each rule as dumped (with its priority) so only that rule goes.
+            for rule in our_rules(nl, r, family)? {
+                let errno = nl.ack(RouteNetlinkMessage::DelRule(rule), 0)?;
+                check(errno, &[libc::ENOENT], || {
+                    route_error(format!("delete rule {}", rule_text(r)), family, errno)
+                })?;
+            }
+            // Scope "nowhere" is the kernel's wildcard for deletion: match whatever scope it has.
+            let del = route_message(r, family, lo, RouteScope::NoWhere);
+            // Bounded: a table could hold several such routes (other metrics or TOS), each
+            // delete removes one.
+            for _ in 0..16 {
+                let errno = nl.ack(RouteNetlinkMessage::DelRoute(del.clone()), 0)?;
+                if matches!(errno, libc::ESRCH | libc::ENOENT | libc::EAFNOSUPPORT) {
+                    break;
+                }
+                check(errno, &[], || {
+                    route_error(
+                        format!("delete route {}", route_text(r, family)),
+                        family,
+                        errno,
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
 
-/// Adds `::6/128` to `lo`; present already is fine. `lo` need not be up.
-pub fn ensure_lo_v6_inbound_addr() -> Result<()> {
-    let mut nl = Rtnl::open()?;
-    let lo = link_index(&mut nl, "lo")?;
-    let errno = nl.ack(
-        RouteNetlinkMessage::NewAddress(lo_v6_message(lo)),
-        NLM_F_CREATE | NLM_F_EXCL,
-    )?;
-    check(errno, &[libc::EEXIST], || {
-        route_error(
-            format!("add address {LO_V6_INBOUND_ADDR}/128 to lo"),
-            Family::V6,
-            errno,
-        )
-    })
-}
+    /// Reads back whether the rule and the route of `r` exist for `family`.
+    pub fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
+        let nl = &mut *self.nl.borrow_mut();
+        let lo = link_index(nl, "lo")?;
+        let rules = our_rules(nl, r, family)?.len();
+        let mut dump = RouteMessage::default();
+        dump.header.address_family = address_family(family);
+        let routes = nl.dump(RouteNetlinkMessage::GetRoute(dump), "list routes", family)?;
+        let route = routes.iter().any(|m| match m {
+            RouteNetlinkMessage::NewRoute(m) => is_our_route(m, r, family, lo),
+            _ => false,
+        });
+        Ok(TproxyState { rules, route })
+    }
 
-/// Deletes `::6/128` from `lo`; absent is fine.
-pub fn remove_lo_v6_inbound_addr() -> Result<()> {
-    let mut nl = Rtnl::open()?;
-    let lo = link_index(&mut nl, "lo")?;
-    let errno = nl.ack(RouteNetlinkMessage::DelAddress(lo_v6_message(lo)), 0)?;
-    // EADDRNOTAVAIL: not on lo; EAFNOSUPPORT: no IPv6 here at all, so nothing to remove.
-    check(
-        errno,
-        &[libc::EADDRNOTAVAIL, libc::ENOENT, libc::EAFNOSUPPORT],
-        || {
+    /// Adds `::6/128` to `lo`; present already is fine. `lo` need not be up.
+    pub fn ensure_lo_v6_inbound_addr(&self) -> Result<()> {
+        let nl = &mut *self.nl.borrow_mut();
+        let lo = link_index(nl, "lo")?;
+        let errno = nl.ack(
+            RouteNetlinkMessage::NewAddress(lo_v6_message(lo)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        check(errno, &[libc::EEXIST], || {
             route_error(
-                format!("delete address {LO_V6_INBOUND_ADDR}/128 from lo"),
+                format!("add address {LO_V6_INBOUND_ADDR}/128 to lo"),
                 Family::V6,
                 errno,
             )
-        },
-    )
-}
+        })
+    }
 
-/// Whether `lo` has `::6/128`.
-pub fn has_lo_v6_inbound_addr() -> Result<bool> {
-    let mut nl = Rtnl::open()?;
-    let lo = link_index(&mut nl, "lo")?;
-    let mut dump = AddressMessage::default();
-    dump.header.family = AddressFamily::Inet6;
-    let addrs = nl.dump(
-        RouteNetlinkMessage::GetAddress(dump),
-        "list addresses",
-        Family::V6,
-    )?;
-    Ok(addrs.iter().any(|m| match m {
-        RouteNetlinkMessage::NewAddress(a) => {
-            a.header.index == lo
-                && a.header.prefix_len == 128
-                && a.attributes.iter().any(|attr| {
-                    matches!(attr, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == LO_V6_INBOUND_ADDR)
-                })
-        }
-        _ => false,
-    }))
-}
+    /// Deletes `::6/128` from `lo`; absent is fine.
+    pub fn remove_lo_v6_inbound_addr(&self) -> Result<()> {
+        let nl = &mut *self.nl.borrow_mut();
+        let lo = link_index(nl, "lo")?;
+        let errno = nl.ack(RouteNetlinkMessage::DelAddress(lo_v6_message(lo)), 0)?;
+        // EADDRNOTAVAIL: not on lo; EAFNOSUPPORT: no IPv6 here at all, so nothing to remove.
+        check(
+            errno,
+            &[libc::EADDRNOTAVAIL, libc::ENOENT, libc::EAFNOSUPPORT],
+            || {
+                route_error(
+                    format!("delete address {LO_V6_INBOUND_ADDR}/128 from lo"),
+                    Family::V6,
+                    errno,
+                )
+            },
+        )
+    }
 
-/// Every address on every interface of this namespace, in the kernel's order (IPv4 first,
-/// then IPv6), with the interface index. Istio's host-IP detection reads the same list.
-pub fn interface_addresses() -> Result<Vec<(u32, IpAddr)>> {
-    let mut nl = Rtnl::open()?;
-    let mut out = Vec::new();
-    for family in [Family::V4, Family::V6] {
+    /// Whether `lo` has `::6/128`.
+    pub fn has_lo_v6_inbound_addr(&self) -> Result<bool> {
+        let nl = &mut *self.nl.borrow_mut();
+        let lo = link_index(nl, "lo")?;
         let mut dump = AddressMessage::default();
-        dump.header.family = address_family(family);
-        for m in nl.dump(
+        dump.header.family = AddressFamily::Inet6;
+        let addrs = nl.dump(
             RouteNetlinkMessage::GetAddress(dump),
             "list addresses",
-            family,
-        )? {
-            if let RouteNetlinkMessage::NewAddress(a) = m {
-                // IFA_LOCAL is the address itself on point-to-point links; IFA_ADDRESS otherwise.
-                let local = a.attributes.iter().find_map(|at| match at {
-                    AddressAttribute::Local(ip) => Some(*ip),
-                    _ => None,
-                });
-                let addr = a.attributes.iter().find_map(|at| match at {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
-                });
-                if let Some(ip) = local.or(addr) {
-                    out.push((a.header.index, ip));
+            Family::V6,
+        )?;
+        Ok(addrs.iter().any(|m| match m {
+            RouteNetlinkMessage::NewAddress(a) => {
+                a.header.index == lo
+                    && a.header.prefix_len == 128
+                    && a.attributes.iter().any(|attr| {
+                        matches!(attr, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == LO_V6_INBOUND_ADDR)
+                    })
+            }
+            _ => false,
+        }))
+    }
+
+    /// The addresses of [`Routes::interface_addresses`], without the interfaces.
+    pub fn addresses(&self) -> Result<Vec<IpAddr>> {
+        Ok(self
+            .interface_addresses()?
+            .into_iter()
+            .map(|(_, ip)| ip)
+            .collect())
+    }
+
+    /// Every address on every interface of this namespace, in the kernel's order (IPv4 first,
+    /// then IPv6), with the interface index. Istio's host-IP detection reads the same list.
+    pub fn interface_addresses(&self) -> Result<Vec<(u32, IpAddr)>> {
+        let nl = &mut *self.nl.borrow_mut();
+        let mut out = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            let mut dump = AddressMessage::default();
+            dump.header.family = address_family(family);
+            for m in nl.dump(
+                RouteNetlinkMessage::GetAddress(dump),
+                "list addresses",
+                family,
+            )? {
+                if let RouteNetlinkMessage::NewAddress(a) = m {
+                    // IFA_LOCAL is the address itself on point-to-point links; IFA_ADDRESS otherwise.
+                    let local = a.attributes.iter().find_map(|at| match at {
+                        AddressAttribute::Local(ip) => Some(*ip),
+                        _ => None,
+                    });
+                    let addr = a.attributes.iter().find_map(|at| match at {
+                        AddressAttribute::Address(ip) => Some(*ip),
+                        _ => None,
+                    });
+                    if let Some(ip) = local.or(addr) {
+                        out.push((a.header.index, ip));
+                    }
                 }
             }
         }
+        Ok(out)
     }
-    Ok(out)
 }
 
 // ---- messages, built as iproute2 builds them ----

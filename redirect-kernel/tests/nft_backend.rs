@@ -67,10 +67,13 @@ fn apply_reads_back_equal_to_the_plan() {
     for (name, cfg) in configs() {
         let ns = TestNetns::new();
         let rs = plan(&cfg).unwrap();
-        nft::apply_in(ns.path(), &rs).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let diff = nft::diff_in(ns.path(), &rs).unwrap();
+        redirect_testkit::nft_in(ns.path())
+            .apply(&rs)
+            .map(|_| ())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let diff = redirect_testkit::nft_in(ns.path()).diff(&rs).unwrap();
         assert!(diff.is_empty(), "{name}: {diff:#?}");
-        let state = nft::read_back_in(ns.path()).unwrap().unwrap();
+        let state = redirect_testkit::nft_in(ns.path()).read().unwrap().unwrap();
         assert_eq!(state, nft::expected(&rs), "{name}");
         assert!(state.rule_count() >= rs.rule_count(), "{name}");
         // nft itself sees the table.
@@ -87,15 +90,30 @@ fn apply_twice_gives_the_same_state_and_replaces_a_different_one() {
     let ns = TestNetns::new();
     let full = plan(&full_config()).unwrap();
     let small = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    nft::apply_in(ns.path(), &full).unwrap();
+    redirect_testkit::nft_in(ns.path())
+        .apply(&full)
+        .map(|_| ())
+        .unwrap();
     let first = ns.sh(&format!("nft list table inet {TABLE}"));
-    nft::apply_in(ns.path(), &full).unwrap();
+    redirect_testkit::nft_in(ns.path())
+        .apply(&full)
+        .map(|_| ())
+        .unwrap();
     let second = ns.sh(&format!("nft list table inet {TABLE}"));
     assert_eq!(first, second);
-    nft::apply_in(ns.path(), &small).unwrap();
-    assert!(nft::diff_in(ns.path(), &small).unwrap().is_empty());
+    redirect_testkit::nft_in(ns.path())
+        .apply(&small)
+        .map(|_| ())
+        .unwrap();
+    assert!(redirect_testkit::nft_in(ns.path())
+        .diff(&small)
+        .unwrap()
+        .is_empty());
     // Nothing of the larger ruleset survives the replace.
-    assert!(!nft::diff_in(ns.path(), &full).unwrap().is_empty());
+    assert!(!redirect_testkit::nft_in(ns.path())
+        .diff(&full)
+        .unwrap()
+        .is_empty());
     assert_eq!(ns.sh("nft list tables").lines().count(), 1);
 }
 
@@ -106,7 +124,10 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
     }
     let ns = TestNetns::new();
     let good = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    nft::apply_in(ns.path(), &good).unwrap();
+    redirect_testkit::nft_in(ns.path())
+        .apply(&good)
+        .map(|_| ())
+        .unwrap();
     let before = ns.sh(&format!("nft list table inet {TABLE}"));
     // REDIRECT is only valid in nat chains: put one in the raw stage.
     let mut bad = good.clone();
@@ -120,7 +141,11 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
             Action::Redirect(15001),
         )],
     });
-    let err = nft::apply_in(ns.path(), &bad).unwrap_err().to_string();
+    let err = redirect_testkit::nft_in(ns.path())
+        .apply(&bad)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("raw_ip_output"),
         "the error names the rule: {err}"
@@ -130,7 +155,10 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
     assert_eq!(before, after);
     // Also on a namespace without our table: nothing is left behind.
     let empty = TestNetns::new();
-    assert!(nft::apply_in(empty.path(), &bad).is_err());
+    assert!(redirect_testkit::nft_in(empty.path())
+        .apply(&bad)
+        .map(|_| ())
+        .is_err());
     assert_eq!(empty.sh("nft list ruleset").trim(), "");
 }
 
@@ -140,13 +168,21 @@ fn remove_leaves_nothing_and_is_idempotent() {
         return;
     }
     let ns = TestNetns::new();
-    nft::apply_in(ns.path(), &plan(&full_config()).unwrap()).unwrap();
-    assert!(nft::remove_in(ns.path()).unwrap());
+    redirect_testkit::nft_in(ns.path())
+        .apply(&plan(&full_config()).unwrap())
+        .map(|_| ())
+        .unwrap();
+    assert!(redirect_testkit::nft_in(ns.path()).remove().unwrap());
     assert_eq!(ns.sh("nft list ruleset").trim(), "");
-    assert!(!nft::remove_in(ns.path()).unwrap());
-    assert!(nft::read_back_in(ns.path()).unwrap().is_none());
+    assert!(!redirect_testkit::nft_in(ns.path()).remove().unwrap());
+    assert!(redirect_testkit::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .is_none());
     assert_eq!(
-        nft::diff_in(ns.path(), &plan(&CaptureConfig::default()).unwrap()).unwrap(),
+        redirect_testkit::nft_in(ns.path())
+            .diff(&plan(&CaptureConfig::default()).unwrap())
+            .unwrap(),
         vec![Difference::TableMissing]
     );
 }
@@ -158,7 +194,10 @@ fn a_rule_deleted_by_hand_is_reported() {
     }
     let ns = TestNetns::new();
     let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    nft::apply_in(ns.path(), &rs).unwrap();
+    redirect_testkit::nft_in(ns.path())
+        .apply(&rs)
+        .map(|_| ())
+        .unwrap();
     // Delete the last rule of the v4 ISTIO_OUTPUT chain (the catch-all redirect).
     let listing = ns.sh(&format!(
         "nft -a list chain inet {TABLE} nat_ip_istio_output"
@@ -174,7 +213,7 @@ fn a_rule_deleted_by_hand_is_reported() {
     ns.sh(&format!(
         "nft delete rule inet {TABLE} nat_ip_istio_output handle {handle}"
     ));
-    let diff = nft::diff_in(ns.path(), &rs).unwrap();
+    let diff = redirect_testkit::nft_in(ns.path()).diff(&rs).unwrap();
     assert_eq!(diff.len(), 1, "{diff:#?}");
     match &diff[0] {
         Difference::RuleMissing { chain, rule, .. } => {
@@ -186,11 +225,14 @@ fn a_rule_deleted_by_hand_is_reported() {
     }
     // A set element removed by hand is reported too.
     let rs6 = plan(&full_config()).unwrap();
-    nft::apply_in(ns.path(), &rs6).unwrap();
+    redirect_testkit::nft_in(ns.path())
+        .apply(&rs6)
+        .map(|_| ())
+        .unwrap();
     ns.sh(&format!(
         "nft delete element inet {TABLE} ip-exclude-cidrs {{ 1.2.3.4 }}"
     ));
-    let diff = nft::diff_in(ns.path(), &rs6).unwrap();
+    let diff = redirect_testkit::nft_in(ns.path()).diff(&rs6).unwrap();
     assert!(
         matches!(&diff[..], [Difference::SetElements { set, .. }] if set == "ip-exclude-cidrs"),
         "{diff:#?}"
@@ -213,8 +255,14 @@ fn large_cidr_lists_load_as_one_set() {
         ..CaptureConfig::istio_sidecar_default()
     };
     let rs = plan(&cfg).unwrap();
-    nft::apply_in(ns.path(), &rs).unwrap();
-    assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());
+    redirect_testkit::nft_in(ns.path())
+        .apply(&rs)
+        .map(|_| ())
+        .unwrap();
+    assert!(redirect_testkit::nft_in(ns.path())
+        .diff(&rs)
+        .unwrap()
+        .is_empty());
 }
 
 /// A long port list is one interval set of merged ranges, read back as ranges; a second apply
@@ -227,8 +275,14 @@ fn long_port_lists_are_ranges_in_an_interval_set() {
     let ns = TestNetns::new();
     let rs = plan(&long_port_lists()).unwrap();
     let t = nft::lower(&rs);
-    nft::apply_in(ns.path(), &rs).unwrap();
-    let back = nft::read_back_in(ns.path()).unwrap().expect("a table");
+    redirect_testkit::nft_in(ns.path())
+        .apply(&rs)
+        .map(|_| ())
+        .unwrap();
+    let back = redirect_testkit::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .expect("a table");
     let set = |name: &str| back.set(name).unwrap_or_else(|| panic!("no set {name}"));
     let inbound = set("inbound-exclude-ports");
     assert!(inbound.interval(), "{inbound:?}");
@@ -246,8 +300,11 @@ fn long_port_lists_are_ranges_in_an_interval_set() {
         "{listed}"
     );
     // Applied again: nothing differs, nothing is sent.
-    assert!(nft::diff_in(ns.path(), &rs).unwrap().is_empty());
-    match ns.run(|| nft::apply_table(&t)).unwrap() {
+    assert!(redirect_testkit::nft_in(ns.path())
+        .diff(&rs)
+        .unwrap()
+        .is_empty());
+    match redirect_testkit::nft_in(ns.path()).apply_table(&t).unwrap() {
         nft::Applied::Updated(ch) => assert!(ch.is_empty(), "{ch:?}"),
         other => panic!("{other:?}"),
     }

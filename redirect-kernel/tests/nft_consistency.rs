@@ -47,7 +47,8 @@ fn reads_while_another_writer_switches_configs_are_never_a_mix() {
     let (ra, rb) = (plan(&a).unwrap(), plan(&b).unwrap());
     let (ea, eb): (TableState, TableState) = (nft::expected(&ra), nft::expected(&rb));
     assert_ne!(ea, eb);
-    ns.run(|| nft::apply(&ra)).unwrap();
+    ns.run(|| redirect_kernel::nft::Nft::open().and_then(|n| n.apply(&ra)))
+        .unwrap();
     let stop = AtomicBool::new(false);
     let writes = AtomicU64::new(0);
     let (mut as_a, mut as_b, mut unsettled) = (0, 0, 0);
@@ -56,7 +57,9 @@ fn reads_while_another_writer_switches_configs_are_never_a_mix() {
             ns.run(|| {
                 while !stop.load(Ordering::Relaxed) {
                     for rs in [&rb, &ra] {
-                        nft::apply(rs).expect("the writer's apply");
+                        redirect_kernel::nft::Nft::open()
+                            .and_then(|n| n.apply(rs))
+                            .expect("the writer's apply");
                         writes.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -64,7 +67,7 @@ fn reads_while_another_writer_switches_configs_are_never_a_mix() {
         });
         ns.run(|| {
             for i in 0..reads() {
-                match nft::read_back() {
+                match redirect_kernel::nft::Nft::open().and_then(|n| n.read()) {
                     Ok(Some(t)) if t == ea => as_a += 1,
                     Ok(Some(t)) if t == eb => as_b += 1,
                     Ok(Some(t)) => {

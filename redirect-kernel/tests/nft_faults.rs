@@ -155,10 +155,13 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
             tried += 1;
             // Over a previous table A.
             let ns = TestNetns::new();
-            nft::apply_in(ns.path(), a).unwrap_or_else(|e| panic!("{base_name}: apply A: {e}"));
-            let before = nft::read_back_in(ns.path()).unwrap();
+            redirect_testkit::nft_in(ns.path())
+                .apply(a)
+                .map(|_| ())
+                .unwrap_or_else(|e| panic!("{base_name}: apply A: {e}"));
+            let before = redirect_testkit::nft_in(ns.path()).read().unwrap();
             let listed = ns.sh(&format!("nft list table inet {TABLE}"));
-            let err = match nft::apply_in(ns.path(), &bad) {
+            let err = match redirect_testkit::nft_in(ns.path()).apply(&bad).map(|_| ()) {
                 Ok(()) => {
                     accepted.push(format!("{base_name}: {what}"));
                     continue;
@@ -172,7 +175,7 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
                 err.to_ascii_lowercase().contains(&chain),
                 "{base_name}: {what}: the error does not name chain {chain}: {err}"
             );
-            let after = nft::read_back_in(ns.path()).unwrap();
+            let after = redirect_testkit::nft_in(ns.path()).read().unwrap();
             assert_eq!(after, before, "{base_name}: {what}: the table changed");
             let diff = nft::compare(a, after.as_ref());
             assert!(
@@ -185,16 +188,28 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
             states_checked += 1;
             // A fresh namespace: the refused first apply (Create mode) leaves no table at all.
             let fresh = TestNetns::new();
-            let err2 = nft::apply_in(fresh.path(), &bad)
+            let err2 = redirect_testkit::nft_in(fresh.path())
+                .apply(&bad)
+                .map(|_| ())
                 .expect_err(what)
                 .to_string();
             assert!(err2.to_ascii_lowercase().contains(&chain), "{what}: {err2}");
-            assert_eq!(nft::read_back_in(fresh.path()).unwrap(), None, "{what}");
+            assert_eq!(
+                redirect_testkit::nft_in(fresh.path()).read().unwrap(),
+                None,
+                "{what}"
+            );
             assert_eq!(fresh.sh("nft list ruleset").trim(), "", "{what}");
             states_checked += 1;
             // And A still applies there afterwards.
-            nft::apply_in(fresh.path(), a).unwrap();
-            assert!(nft::diff_in(fresh.path(), a).unwrap().is_empty());
+            redirect_testkit::nft_in(fresh.path())
+                .apply(a)
+                .map(|_| ())
+                .unwrap();
+            assert!(redirect_testkit::nft_in(fresh.path())
+                .diff(a)
+                .unwrap()
+                .is_empty());
         }
     }
     eprintln!(
@@ -241,9 +256,16 @@ fn a_refused_jump_is_attributed_to_its_own_rule() {
         for previous in [false, true] {
             let ns = TestNetns::new();
             if previous {
-                nft::apply_in(ns.path(), &base).unwrap();
+                redirect_testkit::nft_in(ns.path())
+                    .apply(&base)
+                    .map(|_| ())
+                    .unwrap();
             }
-            let err = nft::apply_in(ns.path(), &bad).unwrap_err().to_string();
+            let err = redirect_testkit::nft_in(ns.path())
+                .apply(&bad)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
             let what = format!("{filler} filler rules, previous table: {previous}");
             assert!(err.contains(&want), "{what}: want {want:?}, got: {err}");
             assert!(

@@ -25,8 +25,8 @@ use nftnl_sys::{self as sys, libc};
 use proptest::prelude::*;
 
 use redirect_kernel::nft::{
-    self, Base, ChainKind, CtKey, Encoded, Expr, Label, MetaKey, NftSet, NftTable, SetElem,
-    Verdict, TABLE,
+    self, Base, ChainKind, CtKey, Encoded, Expr, Features, Label, MetaKey, NftSet, NftTable,
+    SetElem, Verdict, TABLE,
 };
 use redirect_model::Hook;
 use redirect_model::{plan_with, Ruleset};
@@ -504,21 +504,36 @@ fn check_pair(from: &CaptureConfig, to: &CaptureConfig, what: &str) -> usize {
     let (Some((_, a)), Some((_, b))) = (lowered(from), lowered(to)) else {
         return 0;
     };
-    let mut n = check(&nft::encode_create(&b, 1), &b, &format!("{what}: create"));
+    let mut n = check(
+        &nft::testing::encode_create(&b, 1, Features::of_running_kernel()),
+        &b,
+        &format!("{what}: create"),
+    );
     // The same table found dormant: the update that makes it active again.
     let mut dormant = nft::state_of(&b);
     dormant.flags = 1;
-    let (batch, changes) = nft::encode_update(&dormant, &b).expect("a dormant table changes");
+    let (batch, changes) = nft::testing::encode_update(&dormant, &b, Features::of_running_kernel())
+        .expect("a dormant table changes");
     assert!(changes.table_flags, "{what}: {changes:?}");
     n += check(&batch, &b, &format!("{what}: activate"));
     for (x, y, dir) in [(&a, &b, "forward"), (&b, &a, "back")] {
         let current = nft::state_of(x);
-        if let Some((batch, _)) = nft::encode_update(&current, y) {
+        if let Some((batch, _)) =
+            nft::testing::encode_update(&current, y, Features::of_running_kernel())
+        {
             n += check(&batch, y, &format!("{what}: update {dir}"));
         }
     }
-    n += check(&nft::encode_replace(&b, 1), &b, &format!("{what}: replace"));
-    n += check(&nft::encode_delete(1), &NftTable::default(), "delete");
+    n += check(
+        &nft::testing::encode_replace(&b, 1, Features::of_running_kernel()),
+        &b,
+        &format!("{what}: replace"),
+    );
+    n += check(
+        &nft::testing::encode_delete(1, Features::of_running_kernel()),
+        &NftTable::default(),
+        "delete",
+    );
     n
 }
 
@@ -538,9 +553,20 @@ fn benchmark_configs_encode_exactly_as_libnftnl() {
 #[test]
 fn generation_bound_begin_carries_the_genid() {
     // Our apply binds its batch to the generation it read: begin carries NFNL_BATCH_GENID.
-    let plain = split(nft::encode_create(&NftTable::default(), 1).bytes())[0].clone();
-    let bound =
-        split(nft::encode_create_bound(&NftTable::default(), 1, 0x0102_0304).bytes())[0].clone();
+    let plain = split(
+        nft::testing::encode_create(&NftTable::default(), 1, Features::of_running_kernel()).bytes(),
+    )[0]
+    .clone();
+    let bound = split(
+        nft::testing::encode_create_bound(
+            &NftTable::default(),
+            1,
+            0x0102_0304,
+            Features::of_running_kernel(),
+        )
+        .bytes(),
+    )[0]
+    .clone();
     // Same header fields but the length, then the attribute: len 8, type 1, value big-endian.
     assert_eq!(bound.len(), plain.len() + 8);
     assert_eq!(&bound[4..16], &plain[4..16]);

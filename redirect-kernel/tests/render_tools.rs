@@ -113,7 +113,10 @@ fn nft_script_loads_with_nft_and_holds_the_same_rules() {
         pipe(&ns, "nft -f -", &script).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Loading twice replaces (the script deletes the table first).
         pipe(&ns, "nft -f -", &script).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let state = nft::read_back_in(ns.path()).unwrap().expect("table exists");
+        let state = redirect_testkit::nft_in(ns.path())
+            .read()
+            .unwrap()
+            .expect("table exists");
         let expected = nft::expected(&rs);
         // Same chains, sets and rule counts as the netlink backend writes.
         let shape = |t: &nft::TableState| {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use redirect_kernel::netns::{self, current_netns_id, netns_id_of};
+use redirect_kernel::netns::{current_netns_id, netns_id_of};
 use redirect_kernel::routes::{self, TproxyRouting, TproxyState};
 use redirect_kernel::Error;
 use redirect_model::Family;
@@ -82,7 +82,8 @@ impl TestNetns {
     /// Runs `ip ARGS` inside the namespace (a child spawned from a thread inside inherits its
     /// namespace) and returns stdout; panics if `ip` fails.
     fn ip(&self, args: &[&str]) -> String {
-        let out = netns::run_in(&self.path, || Command::new("ip").args(args).output())
+        let out = redirect_kernel::netns::Netns::open(&self.path)
+            .and_then(|ns| ns.run(|| Command::new("ip").args(args).output()))
             .expect("run_in")
             .expect("run ip");
         assert!(
@@ -114,10 +115,6 @@ impl TestNetns {
             Family::V6 => "-6",
         };
         self.ip(&[fam, "rule", "show"])
-    }
-
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        netns::run_in(&self.path, f).expect("run_in")
     }
 }
 
@@ -176,11 +173,14 @@ fn run_in_enters_the_namespace_and_leaves_the_caller_alone() {
 
     // The closure may borrow mutably from the caller (scoped thread).
     let mut seen = Vec::new();
-    let inside = netns::run_in(&ns.path, || {
-        seen.push(current_netns_id().unwrap());
-        current_netns_id().unwrap()
-    })
-    .unwrap();
+    let inside = redirect_kernel::netns::Netns::open(&ns.path)
+        .and_then(|ns| {
+            ns.run(|| {
+                seen.push(current_netns_id().unwrap());
+                current_netns_id().unwrap()
+            })
+        })
+        .unwrap();
     assert_eq!(
         inside, target,
         "the closure must run in the target namespace"
@@ -206,7 +206,9 @@ fn run_in_on_a_missing_path_is_netns_open_naming_the_path() {
         std::process::id()
     ));
     let ran = AtomicBool::new(false);
-    let err = netns::run_in(&path, || ran.store(true, Ordering::SeqCst)).unwrap_err();
+    let err = redirect_kernel::netns::Netns::open(&path)
+        .and_then(|ns| ns.run(|| ran.store(true, Ordering::SeqCst)))
+        .unwrap_err();
     match &err {
         Error::NetnsOpen { path: p, source } => {
             assert_eq!(p, &path);
@@ -225,7 +227,9 @@ fn run_in_turns_a_panic_into_netns_thread() {
     }
     let ns = TestNetns::new("panic");
     let before = current_netns_id().unwrap();
-    let err = netns::run_in(&ns.path, || -> u32 { panic!("boom in the pod") }).unwrap_err();
+    let err = redirect_kernel::netns::Netns::open(&ns.path)
+        .and_then(|ns| ns.run(|| -> u32 { panic!("boom in the pod") }))
+        .unwrap_err();
     match &err {
         Error::NetnsThread { path, reason } => {
             assert_eq!(path, &ns.path);
@@ -250,7 +254,9 @@ fn run_in_on_a_file_that_is_no_network_namespace_is_not_netns() {
     ] {
         let path = Path::new(path);
         let ran = AtomicBool::new(false);
-        let err = netns::run_in(path, || ran.store(true, Ordering::SeqCst)).unwrap_err();
+        let err = redirect_kernel::netns::Netns::open(path)
+            .and_then(|ns| ns.run(|| ran.store(true, Ordering::SeqCst)))
+            .unwrap_err();
         match &err {
             Error::NotNetns { path: p, found: f } => {
                 assert_eq!(p, path);
@@ -284,7 +290,9 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
     ] {
         let ours = TestNetns::with_lo_up("apply-ours");
         let theirs = TestNetns::with_lo_up("apply-ip");
-        ours.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+        redirect_testkit::routes_in(&ours.path)
+            .apply_tproxy(&r, &BOTH)
+            .unwrap();
         for family in BOTH {
             istio_ip_commands(&theirs, family, &r);
             let view = ip_view(&ours, family, &r);
@@ -294,7 +302,9 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
             assert!(view.routes[0].starts_with("local "), "{:?}", view.routes);
             assert!(view.routes[0].contains(" dev lo "), "{:?}", view.routes);
 
-            let state = ours.run(|| routes::read_tproxy(&r, family)).unwrap();
+            let state = redirect_testkit::routes_in(&ours.path)
+                .read_tproxy(&r, family)
+                .unwrap();
             assert_eq!(
                 state,
                 TproxyState {
@@ -304,7 +314,9 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
                 "{family}"
             );
             // Our read-back recognises what iproute2 made, too.
-            let state = theirs.run(|| routes::read_tproxy(&r, family)).unwrap();
+            let state = redirect_testkit::routes_in(&theirs.path)
+                .read_tproxy(&r, family)
+                .unwrap();
             assert_eq!(
                 state,
                 TproxyState {
@@ -324,10 +336,16 @@ fn apply_tproxy_twice_changes_nothing() {
     }
     let ns = TestNetns::with_lo_up("apply-twice");
     let r = ISTIO;
-    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &BOTH)
+        .unwrap();
     let once: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
-    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
-    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &BOTH)
+        .unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &BOTH)
+        .unwrap();
     let thrice: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert_eq!(once, thrice);
     for (family, view) in BOTH.iter().zip(&thrice) {
@@ -338,7 +356,9 @@ fn apply_tproxy_twice_changes_nothing() {
             view.rules
         );
         assert_eq!(view.routes.len(), 1, "{family}: {:?}", view.routes);
-        let state = ns.run(|| routes::read_tproxy(&r, *family)).unwrap();
+        let state = redirect_testkit::routes_in(&ns.path)
+            .read_tproxy(&r, *family)
+            .unwrap();
         assert_eq!(
             state,
             TproxyState {
@@ -353,7 +373,9 @@ fn apply_tproxy_twice_changes_nothing() {
         istio_ip_commands(&theirs, family, &r);
     }
     let before: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&theirs, f, &r)).collect();
-    theirs.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&theirs.path)
+        .apply_tproxy(&r, &BOTH)
+        .unwrap();
     let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&theirs, f, &r)).collect();
     assert_eq!(before, after);
 }
@@ -366,11 +388,17 @@ fn apply_tproxy_touches_only_the_families_asked_for() {
     let ns = TestNetns::with_lo_up("apply-v4");
     let r = ISTIO;
     let v6_before = ip_view(&ns, Family::V6, &r);
-    ns.run(|| routes::apply_tproxy(&r, &[Family::V4])).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &[Family::V4])
+        .unwrap();
     assert_eq!(ip_view(&ns, Family::V6, &r), v6_before);
-    let v6 = ns.run(|| routes::read_tproxy(&r, Family::V6)).unwrap();
+    let v6 = redirect_testkit::routes_in(&ns.path)
+        .read_tproxy(&r, Family::V6)
+        .unwrap();
     assert!(v6.is_absent(), "{v6:?}");
-    let v4 = ns.run(|| routes::read_tproxy(&r, Family::V4)).unwrap();
+    let v4 = redirect_testkit::routes_in(&ns.path)
+        .read_tproxy(&r, Family::V4)
+        .unwrap();
     assert!(v4.is_complete(), "{v4:?}");
 }
 
@@ -381,8 +409,8 @@ fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
     }
     let ns = TestNetns::new("lo-down");
     let r = ISTIO;
-    let err = ns
-        .run(|| routes::apply_tproxy(&r, &[Family::V6]))
+    let err = redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &[Family::V6])
         .unwrap_err();
     match &err {
         Error::Route { family, errno, .. } => {
@@ -393,8 +421,12 @@ fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
     }
     assert!(err.to_string().contains("lo up"), "{err}");
     // IPv4 local routes do not care.
-    ns.run(|| routes::apply_tproxy(&r, &[Family::V4])).unwrap();
-    let v4 = ns.run(|| routes::read_tproxy(&r, Family::V4)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &[Family::V4])
+        .unwrap();
+    let v4 = redirect_testkit::routes_in(&ns.path)
+        .read_tproxy(&r, Family::V4)
+        .unwrap();
     assert!(v4.is_complete(), "{v4:?}");
 }
 
@@ -408,17 +440,25 @@ fn remove_tproxy_leaves_nothing_and_may_run_twice() {
     let pristine: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert!(pristine.iter().all(|v| v.routes.is_empty()));
 
-    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
-    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &BOTH)
+        .unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .remove_tproxy(&r, &BOTH)
+        .unwrap();
     let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert_eq!(after, pristine);
     for family in BOTH {
-        let state = ns.run(|| routes::read_tproxy(&r, family)).unwrap();
+        let state = redirect_testkit::routes_in(&ns.path)
+            .read_tproxy(&r, family)
+            .unwrap();
         assert!(state.is_absent(), "{family}: {state:?}");
     }
 
     // Nothing left to remove: still fine, still nothing.
-    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .remove_tproxy(&r, &BOTH)
+        .unwrap();
     let again: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert_eq!(again, pristine);
 }
@@ -438,7 +478,9 @@ fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
         let fam = if family == Family::V4 { "-4" } else { "-6" };
         ns.ip(&[fam, "rule", "add", "fwmark", &mark, "lookup", &table]);
         assert_eq!(count_rule_lines(&ns.rules(family), &r), 2);
-        let state = ns.run(|| routes::read_tproxy(&r, family)).unwrap();
+        let state = redirect_testkit::routes_in(&ns.path)
+            .read_tproxy(&r, family)
+            .unwrap();
         assert_eq!(
             state,
             TproxyState {
@@ -447,7 +489,9 @@ fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
             }
         );
     }
-    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .remove_tproxy(&r, &BOTH)
+        .unwrap();
     let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert_eq!(after, pristine);
 }
@@ -467,11 +511,17 @@ fn remove_tproxy_leaves_other_rules_and_routes_alone() {
     ]);
     ns.ip(&["route", "add", "10.1.0.0/16", "dev", "lo", "table", "133"]);
     let others = ip_view(&ns, Family::V4, &r);
-    let state = ns.run(|| routes::read_tproxy(&r, Family::V4)).unwrap();
+    let state = redirect_testkit::routes_in(&ns.path)
+        .read_tproxy(&r, Family::V4)
+        .unwrap();
     assert!(state.is_absent(), "near misses are not ours: {state:?}");
 
-    ns.run(|| routes::apply_tproxy(&r, &BOTH)).unwrap();
-    ns.run(|| routes::remove_tproxy(&r, &BOTH)).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .apply_tproxy(&r, &BOTH)
+        .unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .remove_tproxy(&r, &BOTH)
+        .unwrap();
     assert_eq!(ip_view(&ns, Family::V4, &r), others);
 }
 
@@ -496,17 +546,18 @@ fn tproxy_routing_refuses_values_that_would_capture_everything() {
             table: 255,
         },
     ];
+    let host = routes::Routes::open().unwrap();
     for r in bad {
         assert!(
             matches!(
-                routes::apply_tproxy(&r, &BOTH),
+                host.apply_tproxy(&r, &BOTH),
                 Err(Error::UnsafeRouting { .. })
             ),
             "{r:?}"
         );
         assert!(
             matches!(
-                routes::remove_tproxy(&r, &BOTH),
+                host.remove_tproxy(&r, &BOTH),
                 Err(Error::UnsafeRouting { .. })
             ),
             "{r:?}"
@@ -526,29 +577,49 @@ fn lo_v6_inbound_addr_is_idempotent_and_removable() {
             .filter(|l| l.trim_start().starts_with("inet6 ::6/128 "))
             .count()
     };
-    assert!(!ns.run(routes::has_lo_v6_inbound_addr).unwrap());
+    assert!(!redirect_testkit::routes_in(&ns.path)
+        .has_lo_v6_inbound_addr()
+        .unwrap());
     assert_eq!(lo6_lines(&ns), 0);
 
     // lo is down in a fresh namespace; the address goes on all the same.
-    ns.run(routes::ensure_lo_v6_inbound_addr).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .ensure_lo_v6_inbound_addr()
+        .unwrap();
     assert_eq!(lo6_lines(&ns), 1);
-    assert!(ns.run(routes::has_lo_v6_inbound_addr).unwrap());
-    ns.run(routes::ensure_lo_v6_inbound_addr).unwrap();
+    assert!(redirect_testkit::routes_in(&ns.path)
+        .has_lo_v6_inbound_addr()
+        .unwrap());
+    redirect_testkit::routes_in(&ns.path)
+        .ensure_lo_v6_inbound_addr()
+        .unwrap();
     assert_eq!(lo6_lines(&ns), 1);
 
     ns.ip(&["link", "set", "lo", "up"]);
-    ns.run(routes::ensure_lo_v6_inbound_addr).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .ensure_lo_v6_inbound_addr()
+        .unwrap();
     assert_eq!(lo6_lines(&ns), 1);
 
-    ns.run(routes::remove_lo_v6_inbound_addr).unwrap();
+    redirect_testkit::routes_in(&ns.path)
+        .remove_lo_v6_inbound_addr()
+        .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
-    assert!(!ns.run(routes::has_lo_v6_inbound_addr).unwrap());
-    ns.run(routes::remove_lo_v6_inbound_addr).unwrap();
+    assert!(!redirect_testkit::routes_in(&ns.path)
+        .has_lo_v6_inbound_addr()
+        .unwrap());
+    redirect_testkit::routes_in(&ns.path)
+        .remove_lo_v6_inbound_addr()
+        .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
 
     // What iproute2 adds, we see and remove.
     ns.ip(&["-6", "addr", "add", "::6/128", "dev", "lo"]);
-    assert!(ns.run(routes::has_lo_v6_inbound_addr).unwrap());
-    ns.run(routes::remove_lo_v6_inbound_addr).unwrap();
+    assert!(redirect_testkit::routes_in(&ns.path)
+        .has_lo_v6_inbound_addr()
+        .unwrap());
+    redirect_testkit::routes_in(&ns.path)
+        .remove_lo_v6_inbound_addr()
+        .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
 }

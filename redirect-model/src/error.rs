@@ -19,5 +19,16 @@ pub enum Error {
         "invalid {field}: \"{id}\": a proxy UID/GID cannot bypass capture: its loopback redirect \
          and the validation probe would stop working; list only the init containers' IDs"
     )]
-    BypassConflict { field: &'static str, id: u32 },
+    BypassConflict {
+        field: &'static str,
+        kind: IdKind,
+        id: u32,
+    },
+}
+
+/// Which kind of ID a bypass list holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    Uid,
+    Gid,
 }

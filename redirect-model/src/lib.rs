@@ -34,7 +34,7 @@ pub use config::{
     join, parse, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, DNS_AGENT_PORT,
     MAX_OWNER_GROUPS, OUTBOUND_MARK,
 };
-pub use error::{Error, Result};
+pub use error::{Error, IdKind, Result};
 pub use plan::{chains, plan, plan_with, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
     Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,

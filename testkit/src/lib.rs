@@ -80,3 +80,34 @@ pub fn kernel_tests_enabled() -> bool {
     }
     true
 }
+
+/// Handles on a test's namespace, opened by path (`TestNetns::path()`, `/run/netns/NAME`):
+/// our table's, and the kernel backend's. Each panics when it cannot be opened.
+pub fn nft_in(path: &std::path::Path) -> redirect_kernel::nft::Nft {
+    redirect_kernel::nft::Nft::open_in(&open_netns(path))
+        .unwrap_or_else(|e| panic!("an nf_tables handle in {}: {e}", path.display()))
+}
+
+/// The kernel backend (our table, the routes, the addresses) of a test's namespace.
+pub fn live_in(path: &std::path::Path) -> redirect_kernel::backend::Live {
+    redirect_kernel::backend::Live::open_in(&open_netns(path))
+        .unwrap_or_else(|e| panic!("a kernel backend in {}: {e}", path.display()))
+}
+
+/// Runs `f` inside the namespace at `path`; panics when it cannot be entered.
+pub fn run_in<T: Send>(path: &std::path::Path, f: impl FnOnce() -> T + Send) -> T {
+    open_netns(path)
+        .run(f)
+        .unwrap_or_else(|e| panic!("entering {}: {e}", path.display()))
+}
+
+fn open_netns(path: &std::path::Path) -> redirect_kernel::netns::Netns {
+    redirect_kernel::netns::Netns::open(path)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()))
+}
+
+/// The routes handle of a test's namespace; panics when it cannot be opened.
+pub fn routes_in(path: &std::path::Path) -> redirect_kernel::routes::Routes {
+    redirect_kernel::routes::Routes::open_in(&open_netns(path))
+        .unwrap_or_else(|e| panic!("a routing handle in {}: {e}", path.display()))
+}

@@ -32,7 +32,7 @@ pub enum Error {
 
     /// The annotations ask for something the mesh mapping refuses.
     #[error("--annotations: {0}")]
-    Annotation(redirect_model::Error),
+    Annotation(redirect_istio::mesh::MeshError),
 
     /// The annotations alone do not decide the capture.
     #[error("--annotations: {0}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u")]

@@ -11,9 +11,10 @@ use redirect_istio::capture::{self, Mismatch, RoutesSeen};
 use redirect_istio::mesh::Decision;
 use redirect_istio::pod_facts::{self, HostAddress};
 use redirect_istio::validation::diagnosis::{self, KernelView};
+use redirect_kernel::backend::Live;
 use redirect_kernel::netns;
 use redirect_kernel::nft::{self, text};
-use redirect_kernel::routes::TproxyRouting;
+use redirect_kernel::routes::{Routes, TproxyRouting};
 use redirect_model::CaptureConfig;
 use redirect_model::Ruleset;
 use serde::Serialize;
@@ -114,8 +115,9 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
         _ => settings.dual_stack,
     };
     let host = ns
-        .run(move || pod_facts::detect_host_address(dual_stack))?
-        .ok();
+        .run(|| Routes::open().and_then(|r| r.addresses()))?
+        .ok()
+        .and_then(|a| pod_facts::detect_host_address(&a, dual_stack).ok());
     let expected = match decision {
         Some(Decision::Skip(why)) => {
             Some(("the pod's annotations".to_string(), Expected::Nothing(why)))
@@ -191,7 +193,7 @@ struct Kernel {
 fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_istio::Result<Kernel> {
     let view = diagnosis::read_kernel(None)?;
     // Read once: shown below, and judged against the expectation.
-    let routes = RoutesSeen::read_all(routing)?;
+    let routes = RoutesSeen::read_all(&Live::open()?, routing)?;
     let differences = match want {
         Some(Expected::Rules(cfg, rs)) => capture::compare(cfg, rs, view.table.as_ref(), &routes),
         Some(Expected::Nothing(_)) => capture::compare_uncaptured(view.table.as_ref()),

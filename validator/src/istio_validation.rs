@@ -72,7 +72,8 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
 fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Report, Error> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let host = pod_facts::detect_host_address(s.dual_stack)?;
+    let addresses = redirect_kernel::routes::Routes::open()?.addresses()?;
+    let host = pod_facts::detect_host_address(&addresses, s.dual_stack)?;
     let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()
     } else {

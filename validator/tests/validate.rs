@@ -41,7 +41,7 @@ fn pod(addr: &str) -> TestNetns {
 }
 
 fn apply(ns: &TestNetns, cfg: &CaptureConfig) {
-    ns.run(|| capture::apply(cfg, &SystemGroups))
+    capture::apply(&redirect_testkit::live_in(ns.path()), cfg, &SystemGroups)
         .unwrap_or_else(|e| panic!("apply: {e}"));
 }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use redirect_istio::mesh::MeshDefaults;
 use serde_json::{Map, Value};
 
 use super::{code, CniError, SUPPORTED_VERSIONS};
@@ -32,13 +33,10 @@ pub struct NetConf {
     pub exclude_namespaces: Vec<String>,
     /// The namespace of our DaemonSet (its own pods are skipped).
     pub pod_namespace: Option<String>,
-    pub proxy_uid: Option<u32>,
-    pub proxy_gid: Option<u32>,
-    pub dns_capture: bool,
-    pub dual_stack: bool,
-    pub drop_invalid: bool,
-    pub bypass_uids: Vec<u32>,
-    pub bypass_gids: Vec<u32>,
+    /// What a pod gets when its spec does not say (`proxy_uid`, `proxy_gid`, `dns_capture`,
+    /// `dual_stack`, `drop_invalid`), and the bypass IDs of every pod (`bypass_uids`,
+    /// `bypass_gids`).
+    pub mesh: MeshDefaults,
     /// Allow programming the namespace the plugin itself runs in (never in a real cluster).
     pub allow_host_netns: bool,
     pub kube_attempts: u32,
@@ -307,13 +305,15 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         kubeconfig,
         exclude_namespaces,
         pod_namespace: f.string("pod_namespace")?,
-        proxy_uid: f.id("proxy_uid")?,
-        proxy_gid: f.id("proxy_gid")?,
-        dns_capture: f.boolean("dns_capture")?,
-        dual_stack: f.boolean("dual_stack")?,
-        drop_invalid: f.boolean("drop_invalid")?,
-        bypass_uids: f.ids("bypass_uids")?,
-        bypass_gids: f.ids("bypass_gids")?,
+        mesh: MeshDefaults {
+            proxy_uid: f.id("proxy_uid")?,
+            proxy_gid: f.id("proxy_gid")?,
+            dns_capture: f.boolean("dns_capture")?,
+            dual_stack: f.boolean("dual_stack")?,
+            drop_invalid: f.boolean("drop_invalid")?,
+            bypass_uids: f.ids("bypass_uids")?,
+            bypass_gids: f.ids("bypass_gids")?,
+        },
         allow_host_netns: f.boolean("allow_host_netns")?,
         kube_attempts: f.id("kube_attempts")?.unwrap_or(30).max(1),
         kube_interval_ms: u64::from(f.id("kube_interval_ms")?.unwrap_or(1000)),
@@ -332,6 +332,26 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         ));
     }
     Ok(conf)
+}
+
+/// Prefixes of the node DaemonSet's pods (ours, and Istio's for a drop-in), skipped in the
+/// DaemonSet's namespace: fetching them would wait for the plugin's own kubeconfig.
+const OWN_POD_PREFIXES: &[&str] = &["redirect-cni-node-", "istio-cni-node-"];
+
+impl NetConf {
+    /// Why pod `ns`/`name` is left alone before looking at it (its own DaemonSet's pods,
+    /// excluded namespaces), or `None`. The plugin and the repair controller ask alike.
+    pub fn excluded(&self, ns: &str, name: &str) -> Option<String> {
+        if self.pod_namespace.as_deref() == Some(ns)
+            && OWN_POD_PREFIXES.iter().any(|p| name.starts_with(p))
+        {
+            return Some("the plugin's own DaemonSet pod: skipped".into());
+        }
+        if self.exclude_namespaces.iter().any(|n| n == ns) {
+            return Some(format!("namespace {ns} is excluded"));
+        }
+        None
+    }
 }
 
 /// The version a VERSION call answers for: whatever stdin says, else the newest.
@@ -391,7 +411,7 @@ mod tests {
             "proxy_uid":1337,"bypass_uids":[1000,1001],"kubernetes":{"kubeconfig":"/k","exclude_namespaces":["a"]}}"#).unwrap();
         assert_eq!(c.pod_annotations.unwrap()["sidecar.istio.io/status"], "{}");
         assert_eq!(
-            (c.proxy_uid, c.bypass_uids.clone()),
+            (c.mesh.proxy_uid, c.mesh.bypass_uids.clone()),
             (Some(1337), vec![1000, 1001])
         );
         assert_eq!(

@@ -27,7 +27,6 @@ use super::queue::{Backoff, Queue, Retry};
 use super::RepairSettings;
 use crate::agent::metrics::{Metrics, Result as Counted};
 use crate::cni::conf::NetConf;
-use crate::plugin;
 
 /// Everything the controller needs.
 pub struct Controller {
@@ -149,7 +148,7 @@ impl Controller {
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        if let Some(why) = plugin::excluded(&self.plugin, &ns, &name) {
+        if let Some(why) = self.plugin.excluded(&ns, &name) {
             tracing::info!(
                 "pod {who} is broken, but the plugin leaves it alone: {why}; not repaired"
             );
@@ -163,7 +162,7 @@ impl Controller {
         let started = Instant::now();
         let (pod_copy, defaults, places) = (
             pod.clone(),
-            plugin::mesh_defaults(&self.plugin),
+            self.plugin.mesh.clone(),
             self.settings.places.clone(),
         );
         let result =

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 use redirect_istio::capture;
-use redirect_istio::mesh::{self, Decision, MeshDefaults};
-use redirect_istio::pod_facts;
+use redirect_istio::mesh::{self, Decision, MeshDefaults, MeshError};
+use redirect_kernel::backend::{self, Opener};
+use redirect_kernel::netns::Netns;
 use redirect_kernel::SystemGroups;
 
 use super::pod_netns::{self, FindError};
@@ -37,10 +38,7 @@ pub enum RepairError {
     #[error("pod {0} has no UID or no pod IP yet")]
     Incomplete(String),
     #[error("pod {pod}: {source}")]
-    Annotations {
-        pod: String,
-        source: redirect_model::Error,
-    },
+    Annotations { pod: String, source: MeshError },
     #[error("pod {pod}: {source}")]
     Netns { pod: String, source: Box<FindError> },
     #[error("pod {pod}: programming its capture in {netns}: {source}")]
@@ -60,9 +58,30 @@ pub enum RepairError {
     },
 }
 
-/// Repairs `pod` in place: see the module's comment. `defaults` are the plugin's settings (its
-/// config entry), so the capture is the one ADD would have applied.
+/// How a repair reaches a pod's namespace: finds it from the pod's UID and IP, and opens its
+/// kernel side. [`Reach::live`] is the node's; a test gives a fake.
+pub struct Reach<'a> {
+    pub find: &'a dyn Fn(&str, IpAddr) -> Result<Netns, FindError>,
+    pub open: Opener<'a>,
+}
+
+/// Repairs `pod` in place on the node: see the module's comment. `defaults` are the plugin's
+/// settings (its config entry), so the capture is the one ADD would have applied.
 pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Outcome, RepairError> {
+    let find = |uid: &str, ip: IpAddr| pod_netns::find(&places.proc, &places.pins, uid, ip);
+    let reach = Reach {
+        find: &find,
+        open: &backend::open_live,
+    };
+    repair_with(pod, defaults, &reach)
+}
+
+/// [`repair`] through `reach`.
+pub fn repair_with(
+    pod: &Pod,
+    defaults: &MeshDefaults,
+    reach: &Reach,
+) -> Result<Outcome, RepairError> {
     let label = format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or(""),
@@ -87,27 +106,12 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
         }
         Err(source) => return Err(RepairError::Annotations { pod: label, source }),
     };
-    let ns = pod_netns::find(&places.proc, &places.pins, &uid, ip).map_err(|source| {
-        RepairError::Netns {
-            pod: label.clone(),
-            source: Box::new(source),
-        }
+    let ns = (reach.find)(&uid, ip).map_err(|source| RepairError::Netns {
+        pod: label.clone(),
+        source: Box::new(source),
     })?;
     let netns = ns.path().to_owned();
-    let applied = ns
-        .run(|| -> Result<_, redirect_istio::Error> {
-            let mut cfg = cfg;
-            cfg.ipv6 = pod_facts::detect_host_address(dual_stack)?.ipv6;
-            let rs = capture::apply(&cfg, &SystemGroups)?;
-            let differences = capture::check(&cfg, &rs)?;
-            Ok(differences
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>())
-        })
-        .map_err(redirect_istio::Error::from)
-        .and_then(|r| r);
-    match applied {
+    match apply_and_read_back(&ns, reach.open, cfg, dual_stack) {
         Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns }),
         Ok(differences) => Err(RepairError::NotInKernel {
             pod: label,
@@ -120,6 +124,21 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
             source,
         }),
     }
+}
+
+/// The capture ADD would apply, then how the namespace differs from it, one line each.
+fn apply_and_read_back(
+    ns: &Netns,
+    open: Opener,
+    cfg: redirect_model::CaptureConfig,
+    dual_stack: bool,
+) -> Result<Vec<String>, redirect_istio::Error> {
+    let k = open(ns)?;
+    let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)?;
+    Ok(capture::check(k.as_ref(), &cfg, &rs)?
+        .iter()
+        .map(|d| d.to_string())
+        .collect())
 }
 
 /// Where a repair looks by default, as the DaemonSet mounts the host.

@@ -144,11 +144,10 @@ fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns>
         return None;
     }
     seen.push(ns.id());
-    let addrs = ns
-        .run(redirect_kernel::routes::interface_addresses)
-        .ok()?
+    let addrs = redirect_kernel::routes::Routes::open_in(&ns)
+        .and_then(|r| r.addresses())
         .ok()?;
-    addrs.iter().any(|(_, a)| *a == ip).then_some(ns)
+    addrs.contains(&ip).then_some(ns)
 }
 
 #[cfg(test)]

@@ -4,13 +4,12 @@
 //! on what "in place" means.
 
 use std::fmt;
-use std::path::Path;
 
 use crate::error::Result;
+use redirect_kernel::backend::Backend;
 use redirect_kernel::nft::{self, Difference, TableState};
-use redirect_kernel::routes::{self, TproxyRouting, TproxyState};
+use redirect_kernel::routes::{TproxyRouting, TproxyState};
 use redirect_model::CaptureConfig;
-use redirect_model::GroupResolver;
 use redirect_model::{Family, Ruleset};
 
 /// One way the namespace differs from the config.
@@ -62,22 +61,22 @@ pub struct RoutesSeen {
 impl RoutesSeen {
     /// What `cfg` planned as `rs` needs, and no more: the TPROXY routing of its families when
     /// it tproxies inbound, `::6` with IPv6.
-    pub fn read_for(cfg: &CaptureConfig, rs: &Ruleset) -> Result<RoutesSeen> {
+    pub fn read_for(k: &dyn Backend, cfg: &CaptureConfig, rs: &Ruleset) -> Result<RoutesSeen> {
         let tproxy = match super::tproxy_routing(cfg) {
-            Some(r) => read_tproxy_of(&r, &rs.families())?,
+            Some(r) => read_tproxy_of(k, &r, &rs.families())?,
             None => Vec::new(),
         };
         Ok(RoutesSeen {
             tproxy,
-            lo_v6: cfg.ipv6 && routes::has_lo_v6_inbound_addr()?,
+            lo_v6: cfg.ipv6 && k.has_lo_v6()?,
         })
     }
 
     /// Everything, whatever a config needs: `routing` in both families, and `::6`.
-    pub fn read_all(routing: &TproxyRouting) -> Result<RoutesSeen> {
+    pub fn read_all(k: &dyn Backend, routing: &TproxyRouting) -> Result<RoutesSeen> {
         Ok(RoutesSeen {
-            tproxy: read_tproxy_of(routing, &Family::ALL)?,
-            lo_v6: routes::has_lo_v6_inbound_addr()?,
+            tproxy: read_tproxy_of(k, routing, &Family::ALL)?,
+            lo_v6: k.has_lo_v6()?,
         })
     }
 
@@ -88,18 +87,22 @@ impl RoutesSeen {
     }
 }
 
-fn read_tproxy_of(r: &TproxyRouting, families: &[Family]) -> Result<Vec<(Family, TproxyState)>> {
+fn read_tproxy_of(
+    k: &dyn Backend,
+    r: &TproxyRouting,
+    families: &[Family],
+) -> Result<Vec<(Family, TproxyState)>> {
     families
         .iter()
-        .map(|&f| Ok((f, routes::read_tproxy(r, f)?)))
+        .map(|&f| Ok((f, k.read_tproxy(r, f)?)))
         .collect()
 }
 
-/// In the calling thread's namespace: how its capture differs from `cfg` planned as `rs`;
-/// empty when it matches. One dump of our table, and only the routes `cfg` needs.
-pub fn check(cfg: &CaptureConfig, rs: &Ruleset) -> Result<Vec<Mismatch>> {
-    let table = nft::read_back()?;
-    let routes = RoutesSeen::read_for(cfg, rs)?;
+/// How the namespace's capture differs from `cfg` planned as `rs`; empty when it matches. One
+/// read of our table, and only the routes `cfg` needs.
+pub fn check(k: &dyn Backend, cfg: &CaptureConfig, rs: &Ruleset) -> Result<Vec<Mismatch>> {
+    let table = k.read_table()?;
+    let routes = RoutesSeen::read_for(k, cfg, rs)?;
     Ok(compare(cfg, rs, table.as_ref(), &routes))
 }
 
@@ -131,16 +134,4 @@ pub fn compare(
 /// For a pod outside the mesh: our table must not be there.
 pub fn compare_uncaptured(table: Option<&TableState>) -> Vec<Mismatch> {
     table.map(|_| Mismatch::Unwanted).into_iter().collect()
-}
-
-/// Plan `cfg` and `check` inside the namespace at `netns`.
-pub fn check_in(
-    netns: &Path,
-    cfg: &CaptureConfig,
-    groups: &(dyn GroupResolver + Sync),
-) -> Result<Vec<Mismatch>> {
-    redirect_kernel::netns::run_in(netns, || {
-        let rs = redirect_model::plan_with(cfg, groups)?;
-        check(cfg, &rs)
-    })?
 }

@@ -1,24 +1,27 @@
-//! The whole job for one namespace: plan, program the table, and the routes Istio adds beside
-//! its rules (TPROXY policy routing when inbound is tproxied; `::6` on `lo` with IPv6); check
-//! what is there against a config (`check`); decide what a run may do over rules already there
-//! (`reconcile`); and clean up.
+//! The whole job for one namespace, through a [`Backend`] (the kernel, or a fake in tests):
+//! plan, program the table, and the routes Istio adds beside its rules (TPROXY policy routing
+//! when inbound is tproxied; `::6` on `lo` with IPv6); check what is there against a config
+//! (`check`); decide what a run may do over rules already there (`reconcile`); and clean up.
+//! [`apply_to_pod`] and [`check_pod`] first take IPv6 from the pod's own addresses, as Istio
+//! does: the plugin's ADD and CHECK and the repair controller share them.
 
 mod check;
 mod reconcile;
 
-pub use check::{check, check_in, compare, compare_uncaptured, Mismatch, RoutesSeen};
+pub use check::{check, compare, compare_uncaptured, Mismatch, RoutesSeen};
 pub use reconcile::{
-    decide, describe, reconcile, reconcile_iptables, Decision, Flags, Found, IstioRules,
-    ReconcileError, Reconciled, ReconciledIptables, Refusal,
+    decide, describe, reconcile, reconcile_iptables, Decision, Flags, Found, IstioRuleStore,
+    IstioRules, LiveIstioRules, ReconcileError, Reconciled, ReconciledIptables, Refusal,
 };
 
-use std::path::Path;
-
-use crate::error::Result;
-use redirect_kernel::routes::{self, TproxyRouting};
+use redirect_kernel::backend::Backend;
+use redirect_kernel::routes::TproxyRouting;
 use redirect_model::GroupResolver;
 use redirect_model::{CaptureConfig, InterceptionMode};
 use redirect_model::{Family, Ruleset};
+
+use crate::error::Result;
+use crate::pod_facts;
 
 /// The TPROXY mark and route table a config names, whether or not it uses them.
 pub fn routing_of(cfg: &CaptureConfig) -> TproxyRouting {
@@ -41,22 +44,58 @@ fn families(cfg: &CaptureConfig) -> Vec<Family> {
     }
 }
 
-/// Plan and apply in the calling thread's namespace. The routes go first, then the rules
-/// (atomically): the routes are harmless without the rules (nothing marks packets for them),
-/// so a process killed at any point never leaves rules whose TPROXY routing is missing, and a
-/// retry converges (both steps are idempotent).
-pub fn apply(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
+/// Plan and apply. The routes go first, then the rules (atomically): the routes are harmless
+/// without the rules (nothing marks packets for them), so a process killed at any point never
+/// leaves rules whose TPROXY routing is missing, and a retry converges (both steps are
+/// idempotent).
+pub fn apply(k: &dyn Backend, cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
     let rs = redirect_model::plan_with(cfg, groups)?;
-    routes_then(cfg, || Ok(redirect_kernel::nft::apply(&rs)?))?;
+    routes_then(k, cfg, || Ok(k.apply(&rs)?))?;
     Ok(rs)
+}
+
+/// `cfg` with IPv6 as the pod's addresses say (`dual_stack` and an IPv6 address: Istio's
+/// rule), then [`apply`]: the config and the ruleset applied.
+pub fn apply_to_pod(
+    k: &dyn Backend,
+    cfg: CaptureConfig,
+    dual_stack: bool,
+    groups: &dyn GroupResolver,
+) -> Result<(CaptureConfig, Ruleset)> {
+    let cfg = for_pod(k, cfg, dual_stack)?;
+    let rs = apply(k, &cfg, groups)?;
+    Ok((cfg, rs))
+}
+
+/// `cfg` with IPv6 as the pod's addresses say, planned, then [`check`]: the config and how the
+/// namespace differs from it (empty when it matches).
+pub fn check_pod(
+    k: &dyn Backend,
+    cfg: CaptureConfig,
+    dual_stack: bool,
+    groups: &dyn GroupResolver,
+) -> Result<(CaptureConfig, Vec<Mismatch>)> {
+    let cfg = for_pod(k, cfg, dual_stack)?;
+    let rs = redirect_model::plan_with(&cfg, groups)?;
+    let differences = check(k, &cfg, &rs)?;
+    Ok((cfg, differences))
+}
+
+fn for_pod(k: &dyn Backend, mut cfg: CaptureConfig, dual_stack: bool) -> Result<CaptureConfig> {
+    cfg.ipv6 = pod_facts::detect_host_address(&k.addresses()?, dual_stack)?.ipv6;
+    Ok(cfg)
 }
 
 /// Ensure the routes `cfg` needs, then run `rules`. When `rules` fails, the routes this call
 /// added are removed again (best effort), so a failed apply leaves the namespace as it was.
-pub(crate) fn routes_then<T>(cfg: &CaptureConfig, rules: impl FnOnce() -> Result<T>) -> Result<T> {
-    let missing = MissingRoutes::read(cfg)?;
-    apply_routes(cfg)?;
-    rules().inspect_err(|_| missing.remove(cfg))
+pub(crate) fn routes_then<T>(
+    k: &dyn Backend,
+    cfg: &CaptureConfig,
+    rules: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let missing = MissingRoutes::read(k, cfg)?;
+    apply_routes(k, cfg)?;
+    rules().inspect_err(|_| missing.remove(k, cfg))
 }
 
 /// The routes a config needs that a namespace lacks entirely (partial ones are not ours to
@@ -68,39 +107,39 @@ struct MissingRoutes {
 
 impl MissingRoutes {
     /// Read only what `cfg` needs: nothing at all for Istio's default REDIRECT over IPv4.
-    fn read(cfg: &CaptureConfig) -> Result<MissingRoutes> {
+    fn read(k: &dyn Backend, cfg: &CaptureConfig) -> Result<MissingRoutes> {
         let mut tproxy = Vec::new();
         if let Some(r) = tproxy_routing(cfg) {
             for family in families(cfg) {
-                if routes::read_tproxy(&r, family)?.is_absent() {
+                if k.read_tproxy(&r, family)?.is_absent() {
                     tproxy.push(family);
                 }
             }
         }
         Ok(MissingRoutes {
             tproxy,
-            lo_v6: cfg.ipv6 && !routes::has_lo_v6_inbound_addr()?,
+            lo_v6: cfg.ipv6 && !k.has_lo_v6()?,
         })
     }
 
-    fn remove(&self, cfg: &CaptureConfig) {
+    fn remove(&self, k: &dyn Backend, cfg: &CaptureConfig) {
         if let (Some(r), false) = (tproxy_routing(cfg), self.tproxy.is_empty()) {
-            let _ = routes::remove_tproxy(&r, &self.tproxy);
+            let _ = k.remove_tproxy(&r, &self.tproxy);
         }
         if self.lo_v6 {
-            let _ = routes::remove_lo_v6_inbound_addr();
+            let _ = k.remove_lo_v6();
         }
     }
 }
 
 /// The routes beside the rules, whatever backend programmed the rules: `::6` on `lo` with
 /// IPv6, TPROXY policy routing with tproxied inbound capture.
-pub fn apply_routes(cfg: &CaptureConfig) -> Result<()> {
+pub fn apply_routes(k: &dyn Backend, cfg: &CaptureConfig) -> Result<()> {
     if cfg.ipv6 {
-        routes::ensure_lo_v6_inbound_addr()?;
+        k.ensure_lo_v6()?;
     }
     if let Some(r) = tproxy_routing(cfg) {
-        routes::apply_tproxy(&r, &families(cfg))?;
+        k.apply_tproxy(&r, &families(cfg))?;
     }
     Ok(())
 }
@@ -119,19 +158,19 @@ pub struct Cleaned {
 /// Remove everything capture may have left, whatever config put it there: our table, TPROXY
 /// routing with this mark and table in both families, and `::6` on `lo`. Istio adds the same
 /// routes and address, so this also clears Istio's.
-pub fn cleanup(routing: &TproxyRouting) -> Result<Cleaned> {
+pub fn cleanup(k: &dyn Backend, routing: &TproxyRouting) -> Result<Cleaned> {
     let mut done = Cleaned {
-        table: redirect_kernel::nft::remove()?,
+        table: k.remove_table()?,
         ..Cleaned::default()
     };
     for family in [Family::V4, Family::V6] {
-        if !routes::read_tproxy(routing, family)?.is_absent() {
-            routes::remove_tproxy(routing, &[family])?;
+        if !k.read_tproxy(routing, family)?.is_absent() {
+            k.remove_tproxy(routing, &[family])?;
             done.tproxy.push(family);
         }
     }
-    if routes::has_lo_v6_inbound_addr()? {
-        routes::remove_lo_v6_inbound_addr()?;
+    if k.has_lo_v6()? {
+        k.remove_lo_v6()?;
         done.lo_v6 = true;
     }
     Ok(done)
@@ -146,42 +185,32 @@ pub struct Leftovers {
 }
 
 /// Read what `cleanup_with_istio` would remove (the routes aside).
-pub fn leftovers() -> Result<Leftovers> {
+pub fn leftovers(k: &dyn Backend, istio: &dyn IstioRuleStore) -> Result<Leftovers> {
     Ok(Leftovers {
-        table: redirect_kernel::nft::read_back()?.is_some(),
-        istio: IstioRules::read()?,
+        table: k.read_table()?.is_some(),
+        istio: istio.read()?,
     })
 }
 
 /// `cleanup`, then Istio's nftables tables and iptables chains (`--cleanup-only`); returns
 /// what each removed.
-pub fn cleanup_with_istio(routing: &TproxyRouting) -> Result<(Cleaned, IstioRules)> {
-    let ours = cleanup(routing)?;
-    Ok((ours, IstioRules::remove()?))
+pub fn cleanup_with_istio(
+    k: &dyn Backend,
+    istio: &dyn IstioRuleStore,
+    routing: &TproxyRouting,
+) -> Result<(Cleaned, IstioRules)> {
+    let ours = cleanup(k, routing)?;
+    Ok((ours, istio.remove()?))
 }
 
 /// Remove our table and the routes this config would have added.
-pub fn remove(cfg: &CaptureConfig) -> Result<()> {
-    redirect_kernel::nft::remove()?;
+pub fn remove(k: &dyn Backend, cfg: &CaptureConfig) -> Result<()> {
+    k.remove_table()?;
     if let Some(r) = tproxy_routing(cfg) {
-        routes::remove_tproxy(&r, &families(cfg))?;
+        k.remove_tproxy(&r, &families(cfg))?;
     }
     if cfg.ipv6 {
-        routes::remove_lo_v6_inbound_addr()?;
+        k.remove_lo_v6()?;
     }
     Ok(())
-}
-
-/// `apply` inside the namespace at `netns`.
-pub fn apply_in(
-    netns: &Path,
-    cfg: &CaptureConfig,
-    groups: &(dyn GroupResolver + Sync),
-) -> Result<Ruleset> {
-    redirect_kernel::netns::run_in(netns, || apply(cfg, groups))?
-}
-
-/// `remove` inside the namespace at `netns`.
-pub fn remove_in(netns: &Path, cfg: &CaptureConfig) -> Result<()> {
-    redirect_kernel::netns::run_in(netns, || remove(cfg))?
 }

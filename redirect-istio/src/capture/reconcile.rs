@@ -3,11 +3,13 @@
 //! act on every packet, and rules of ours for another configuration would be silently kept, so
 //! both are refused unless the operator asked to replace them (`--reconcile`).
 
+use std::cell::RefCell;
 use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::xtables::{self, Leftover, Tool, Variant};
-use redirect_kernel::nft::{self, Difference};
+use redirect_kernel::backend::Backend;
+use redirect_kernel::nft::{self, Difference, Nft};
 use redirect_model::CaptureConfig;
 use redirect_model::Ruleset;
 
@@ -30,24 +32,47 @@ pub struct IstioRules {
 }
 
 impl IstioRules {
-    /// Those in the calling thread's namespace.
-    pub fn read() -> Result<IstioRules> {
+    pub fn is_empty(&self) -> bool {
+        self.nft_tables.is_empty() && self.chains.is_empty()
+    }
+}
+
+/// Where a run reads and removes Istio's rules: [`LiveIstioRules`] for the kernel and the
+/// host's iptables; a `RefCell<IstioRules>` holds them in memory for a test (removing empties
+/// it).
+pub trait IstioRuleStore {
+    fn read(&self) -> Result<IstioRules>;
+    /// Remove them all; returns what was removed.
+    fn remove(&self) -> Result<IstioRules>;
+}
+
+/// Istio's rules in the calling thread's namespace: its nft tables over netlink, its iptables
+/// chains with the host's `iptables-save` (run in this namespace).
+pub struct LiveIstioRules;
+
+impl IstioRuleStore for LiveIstioRules {
+    fn read(&self) -> Result<IstioRules> {
         Ok(IstioRules {
-            nft_tables: crate::tables::istio_tables()?,
+            nft_tables: crate::tables::istio_tables(&Nft::open()?)?,
             chains: xtables::find_istio_leftovers()?,
         })
     }
 
-    /// Remove those in the calling thread's namespace; returns what was removed.
-    pub fn remove() -> Result<IstioRules> {
+    fn remove(&self) -> Result<IstioRules> {
         Ok(IstioRules {
-            nft_tables: crate::tables::remove_istio_tables()?,
+            nft_tables: crate::tables::remove_istio_tables(&Nft::open()?)?,
             chains: xtables::remove_istio_leftovers()?,
         })
     }
+}
 
-    pub fn is_empty(&self) -> bool {
-        self.nft_tables.is_empty() && self.chains.is_empty()
+impl IstioRuleStore for RefCell<IstioRules> {
+    fn read(&self) -> Result<IstioRules> {
+        Ok(self.borrow().clone())
+    }
+
+    fn remove(&self) -> Result<IstioRules> {
+        Ok(self.take())
     }
 }
 
@@ -60,13 +85,13 @@ pub struct Found {
 }
 
 impl Found {
-    /// Read the calling thread's namespace: one dump of our table, Istio's tables and chains.
-    pub fn read(rs: &Ruleset) -> Result<Found> {
+    /// One read of our table (compared with `rs`), and Istio's tables and chains.
+    pub fn read(k: &dyn Backend, istio: &dyn IstioRuleStore, rs: &Ruleset) -> Result<Found> {
         // A pod's first run finds no table: skip building the expected state to compare with.
-        let ours = nft::read_back()?.map(|t| nft::compare(rs, Some(&t)));
+        let ours = k.read_table()?.map(|t| nft::compare(rs, Some(&t)));
         Ok(Found {
             ours,
-            istio: IstioRules::read()?,
+            istio: istio.read()?,
         })
     }
 }
@@ -177,27 +202,29 @@ pub struct Reconciled {
     pub removed_istio: IstioRules,
 }
 
-/// In the calling thread's namespace: read what is there, decide, and program `rs` (planned
-/// from `cfg`) with the nftables backend; the routes beside the rules are ensured either way,
-/// and first (see `capture::apply`), so a run that finds its rules in place completes the
-/// routes a killed run left out.
+/// Read what is there, decide, and program `rs` (planned from `cfg`) with the nftables
+/// backend; the routes beside the rules are ensured either way, and first (see
+/// `capture::apply`), so a run that finds its rules in place completes the routes a killed run
+/// left out.
 pub fn reconcile(
+    k: &dyn Backend,
+    istio: &dyn IstioRuleStore,
     cfg: &CaptureConfig,
     rs: &Ruleset,
     flags: Flags,
 ) -> Result<Reconciled, ReconcileError> {
-    let found = Found::read(rs)?;
+    let found = Found::read(k, istio, rs)?;
     let decision = decide(&found, flags).map_err(ReconcileError::Refused)?;
     match decision {
-        Decision::Apply { .. } => super::routes_then(cfg, || Ok(nft::apply(rs)?))?,
-        Decision::Skip => super::apply_routes(cfg)?,
+        Decision::Apply { .. } => super::routes_then(k, cfg, || Ok(k.apply(rs).map(|_| ())?))?,
+        Decision::Skip => super::apply_routes(k, cfg)?,
     }
     let removed_istio = match decision {
         // Ours are in place first, so no packet goes uncaptured while Istio's go.
         Decision::Apply {
             removes_istio: true,
             ..
-        } => IstioRules::remove()?,
+        } => istio.remove()?,
         _ => IstioRules::default(),
     };
     Ok(Reconciled {
@@ -219,6 +246,7 @@ pub struct ReconciledIptables {
 /// The iptables backend's run: Istio's chains are refused (iptables-restore cannot create them
 /// again) unless `--reconcile` removes them first, with our nftables table.
 pub fn reconcile_iptables(
+    k: &dyn Backend,
     cfg: &CaptureConfig,
     rs: &Ruleset,
     flags: Flags,
@@ -234,8 +262,8 @@ pub fn reconcile_iptables(
         xtables::remove_istio_leftovers()?;
         chains
     };
-    let removed_our_table = flags.reconcile && nft::remove().map_err(Error::from)?;
-    let tools = super::routes_then(cfg, || xtables::apply(rs, force_binary))?;
+    let removed_our_table = flags.reconcile && k.remove_table().map_err(Error::from)?;
+    let tools = super::routes_then(k, cfg, || xtables::apply(rs, force_binary))?;
     Ok(ReconciledIptables {
         tools,
         removed_istio_chains,

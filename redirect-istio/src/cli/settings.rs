@@ -322,8 +322,9 @@ fn name_the_flag(e: Error, r: &Resolved) -> Error {
             value,
             expected,
         },
-        Error::BypassConflict { field, id } => Error::BypassConflict {
+        Error::BypassConflict { field, kind, id } => Error::BypassConflict {
             field: flag(field),
+            kind,
             id,
         },
     }

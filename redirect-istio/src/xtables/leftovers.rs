@@ -251,7 +251,7 @@ fn has_tables(family: Family, variant: Variant, nft_families: &[Family]) -> Resu
 
 fn scan() -> Result<Vec<Found>> {
     let mut out = Vec::new();
-    let nft_families = redirect_kernel::nft::families_with_tables()?;
+    let nft_families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
     for family in Family::ALL {
         for variant in [Variant::Legacy, Variant::Nft] {
             // Most pods have no iptables tables at all: ask the kernel before running a binary.

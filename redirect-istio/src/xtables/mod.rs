@@ -18,7 +18,6 @@ mod leftovers;
 mod save;
 
 use std::fmt;
-use std::path::Path;
 
 use crate::error::Result;
 use redirect_model::{Family, Ruleset};
@@ -138,26 +137,6 @@ pub fn find_istio_leftovers() -> Result<Vec<Leftover>> {
 /// atomically). Returns what was removed; nothing found → `Ok(empty)`.
 pub fn remove_istio_leftovers() -> Result<Vec<Leftover>> {
     leftovers::remove()
-}
-
-/// [`detect`] inside the namespace at `netns`.
-pub fn detect_in(netns: &Path, family: Family, force: Option<Variant>) -> Result<Tool> {
-    redirect_kernel::netns::run_in(netns, || detect(family, force))?
-}
-
-/// [`apply`] inside the namespace at `netns`.
-pub fn apply_in(netns: &Path, rs: &Ruleset, force: Option<Variant>) -> Result<Vec<Tool>> {
-    redirect_kernel::netns::run_in(netns, || apply(rs, force))?
-}
-
-/// [`find_istio_leftovers`] inside the namespace at `netns`.
-pub fn find_istio_leftovers_in(netns: &Path) -> Result<Vec<Leftover>> {
-    redirect_kernel::netns::run_in(netns, find_istio_leftovers)?
-}
-
-/// [`remove_istio_leftovers`] inside the namespace at `netns`.
-pub fn remove_istio_leftovers_in(netns: &Path) -> Result<Vec<Leftover>> {
-    redirect_kernel::netns::run_in(netns, remove_istio_leftovers)?
 }
 
 #[cfg(test)]

@@ -2,12 +2,11 @@
 //! lies between begin and end whole or not at all. Each message keeps its sequence number and
 //! what it does, so an error names the exact message the kernel refused.
 
-use std::sync::OnceLock;
-
 use netlink_packet_netfilter::nftables::NfTablesMessage;
 
 use super::lower::NftTable;
 use super::message;
+use super::Features;
 use super::TABLE;
 
 /// What one message of a batch does, for the error that names it. Rules are kept as indices
@@ -72,23 +71,6 @@ impl Label {
     }
 }
 
-/// Kernels before 6.10 ignore NLM_F_ACK on begin and end; from 6.10 on they answer it, and the
-/// end's answer comes after the commit. The nftnl crate asks for it on those kernels too.
-fn ack_begin_end() -> bool {
-    static ACK: OnceLock<bool> = OnceLock::new();
-    *ACK.get_or_init(|| {
-        let Ok(u) = nix::sys::utsname::uname() else {
-            return false;
-        };
-        let release = u.release().to_string_lossy().into_owned();
-        let mut parts = release
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|p| p.parse::<u32>().ok());
-        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-        (major, minor) >= (6, 10)
-    })
-}
-
 /// A batch under construction.
 pub struct Batch {
     bytes: Vec<u8>,
@@ -108,13 +90,14 @@ pub struct Encoded {
 
 impl Batch {
     /// A batch whose sequence numbers start at `first_seq`; with `genid`, the kernel refuses it
-    /// (ERESTART) if the ruleset changed since that generation was read.
-    pub fn new(first_seq: u32, genid: Option<u32>) -> Batch {
+    /// (ERESTART) if the ruleset changed since that generation was read. `features` says
+    /// whether the kernel answers begin and end.
+    pub fn new(first_seq: u32, genid: Option<u32>, features: Features) -> Batch {
         let mut b = Batch {
             bytes: Vec::with_capacity(16 * 1024),
             next_seq: first_seq,
             labels: Vec::new(),
-            ack_ends: ack_begin_end(),
+            ack_ends: features.acks_batch_ends,
             begin_seq: 0,
         };
         let (flags, seq) = b.end_flags(Label::Begin);

@@ -92,7 +92,7 @@ pub fn table_at(sock: &Socket) -> Result<(u32, Option<TableState>)> {
 /// end: nothing to commit, the generation stays) returns after the writer committed or
 /// aborted, and the generation read next tells whether it committed.
 fn wait_for_writers(sock: &Socket) -> Result<()> {
-    let empty = Batch::new(sock.next_seq(), None).finish();
+    let empty = Batch::new(sock.next_seq(), None, sock.features()).finish();
     sock.send_batch(&empty, &|_| {
         "an empty batch (waiting for other writers)".into()
     })

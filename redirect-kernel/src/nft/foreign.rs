@@ -1,6 +1,6 @@
 //! Other tables than ours: which families hold any (iptables-nft keeps its rules in such
-//! tables), every `inet` table's name, and deleting named tables in one batch. What the names
-//! mean (Istio's `istio-*` tables) is for the caller to say.
+//! tables), the `inet` tables whose name starts with a prefix, and deleting them in one batch.
+//! What the names mean (Istio's `istio-*` tables) is for the caller to say.
 
 use super::socket::Socket;
 use super::{dump, update};
@@ -11,11 +11,9 @@ const NFPROTO_INET: u8 = 1;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 
-/// The families (`ip`, `ip6`) that have any nf_tables table in the current netns, from one
-/// dump: iptables-nft keeps its rules in such tables, so in a family without one there is
-/// nothing to look for and no `iptables-nft-save` to run.
-pub fn families_with_tables() -> Result<Vec<Family>> {
-    let all = dump::tables(&Socket::open()?)?;
+/// The families (`ip`, `ip6`) that have any nf_tables table, from one dump.
+pub(super) fn families_with_tables(sock: &Socket) -> Result<Vec<Family>> {
+    let all = dump::tables(sock)?;
     let has = |p: u8| all.iter().any(|(f, _)| *f == p);
     Ok([(Family::V4, NFPROTO_IPV4), (Family::V6, NFPROTO_IPV6)]
         .into_iter()
@@ -24,33 +22,27 @@ pub fn families_with_tables() -> Result<Vec<Family>> {
         .collect())
 }
 
-/// Names of the `inet` tables in the current netns whose name starts with `prefix`, in kernel
-/// order.
-pub fn inet_tables(prefix: &str) -> Result<Vec<String>> {
-    list(&Socket::open()?, prefix)
+/// Names of the `inet` tables whose name starts with `prefix`, in kernel order.
+pub(super) fn inet_tables(sock: &Socket, prefix: &str) -> Result<Vec<String>> {
+    Ok(dump::tables(sock)?
+        .into_iter()
+        .filter(|(family, name)| *family == NFPROTO_INET && name.starts_with(prefix))
+        .map(|(_, name)| name)
+        .collect())
 }
 
-/// Delete every `inet` table [`inet_tables`] lists for `prefix`, in one batch (all or none).
-/// Returns the names.
-pub fn remove_inet_tables(prefix: &str) -> Result<Vec<String>> {
-    let sock = Socket::open()?;
-    let names = list(&sock, prefix)?;
+/// Deletes every table [`inet_tables`] lists for `prefix`, in one batch (all or none);
+/// returns the names.
+pub(super) fn remove_inet_tables(sock: &Socket, prefix: &str) -> Result<Vec<String>> {
+    let names = inet_tables(sock, prefix)?;
     if names.is_empty() {
         return Ok(names);
     }
-    let batch = update::delete_tables(&names, sock.next_seq());
+    let batch = update::delete_tables(&names, sock.next_seq(), sock.features());
     let describe = |seq: u32| match batch.label_of(seq) {
         Some(l) => l.describe(&Default::default()),
         None => format!("the batch deleting tables {prefix}* (message {seq})"),
     };
     sock.send_batch(&batch, &describe)?;
     Ok(names)
-}
-
-fn list(sock: &Socket, prefix: &str) -> Result<Vec<String>> {
-    Ok(dump::tables(sock)?
-        .into_iter()
-        .filter(|(family, name)| *family == NFPROTO_INET && name.starts_with(prefix))
-        .map(|(_, name)| name)
-        .collect())
 }

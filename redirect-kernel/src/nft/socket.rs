@@ -18,6 +18,7 @@ use nix::sys::time::TimeVal;
 
 use super::batch::Encoded;
 use super::message;
+use super::Features;
 use crate::error::{errno_hint, Error, Result};
 
 const RECV_BUF: usize = 256 * 1024;
@@ -33,6 +34,7 @@ pub struct Socket {
     sock: NlSocket,
     portid: u32,
     seq: Cell<u32>,
+    features: Features,
 }
 
 fn netlink_err(op: &'static str) -> impl Fn(io::Error) -> Error {
@@ -96,7 +98,8 @@ enum Received {
 }
 
 impl Socket {
-    pub fn open() -> Result<Self> {
+    /// A socket in the calling thread's network namespace, for a kernel with `features`.
+    pub fn open(features: Features) -> Result<Self> {
         let mut sock =
             NlSocket::new(NETLINK_NETFILTER).map_err(netlink_err("open netfilter socket"))?;
         let addr = sock
@@ -116,7 +119,13 @@ impl Socket {
             sock,
             portid: addr.port_number(),
             seq: Cell::new(1),
+            features,
         })
+    }
+
+    /// What the kernel at the other end does (the batches built for it must match).
+    pub fn features(&self) -> Features {
+        self.features
     }
 
     /// `n` fresh sequence numbers; returns the first.

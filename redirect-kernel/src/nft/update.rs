@@ -19,7 +19,7 @@ use super::expr::{Expr, Verdict};
 use super::lower::NftTable;
 use super::message::{self, flags};
 use super::state::{expected, ChainState, TableState};
-use super::TABLE;
+use super::{Features, TABLE};
 
 /// Elements per NEWSETELEM message: well under the kernel's message size for IPv6 ranges.
 const ELEMS_PER_MSG: usize = 512;
@@ -58,8 +58,8 @@ fn add_rules(b: &mut Batch, t: &NftTable, ci: usize) {
 }
 
 /// Create our table with everything in it; refused (EEXIST) if the table exists.
-pub fn create(t: &NftTable, first_seq: u32, genid: Option<u32>) -> Encoded {
-    let mut b = Batch::new(first_seq, genid);
+pub fn create(t: &NftTable, first_seq: u32, genid: Option<u32>, features: Features) -> Encoded {
+    let mut b = Batch::new(first_seq, genid, features);
     b.push(
         message::new_table(TABLE, true),
         flags::CREATE_TABLE,
@@ -73,8 +73,8 @@ pub fn create(t: &NftTable, first_seq: u32, genid: Option<u32>) -> Encoded {
 /// one), delete it, add it with everything. It depends on no read, so no concurrent change can
 /// invalidate it; the price is the table's deletion (an RCU grace period when the socket
 /// closes). `apply`'s last resort when other writers keep moving the ruleset.
-pub fn replace(t: &NftTable, first_seq: u32) -> Encoded {
-    let mut b = Batch::new(first_seq, None);
+pub fn replace(t: &NftTable, first_seq: u32, features: Features) -> Encoded {
+    let mut b = Batch::new(first_seq, None, features);
     b.push(
         message::new_table(TABLE, false),
         flags::ADD_TABLE,
@@ -200,12 +200,13 @@ pub fn update(
     t: &NftTable,
     first_seq: u32,
     genid: Option<u32>,
+    features: Features,
 ) -> Option<(Encoded, Changes)> {
     let ch = changes(cur, t);
     if ch.is_empty() {
         return None;
     }
-    let mut b = Batch::new(first_seq, genid);
+    let mut b = Batch::new(first_seq, genid, features);
     // The table is there; adding it again asserts so within the transaction, and with its
     // flags written (0) clears them: a dormant table becomes active again.
     let label = if ch.table_flags {
@@ -276,8 +277,8 @@ pub fn update(
 }
 
 /// Delete our table (or any of the given names) in one batch.
-pub fn delete_tables(names: &[String], first_seq: u32) -> Encoded {
-    let mut b = Batch::new(first_seq, None);
+pub fn delete_tables(names: &[String], first_seq: u32, features: Features) -> Encoded {
+    let mut b = Batch::new(first_seq, None, features);
     for n in names {
         b.push(
             message::del_table(n),

@@ -3,7 +3,7 @@
 //! carries the words an operator reads, and the checks are most of the text.
 
 use super::{invalid, join, CaptureConfig, GroupRef, Selection, MAX_OWNER_GROUPS, OUTBOUND_MARK};
-use crate::error::{Error, Result};
+use crate::error::{Error, IdKind, Result};
 
 impl CaptureConfig {
     /// Check every field; the error names the first bad field, its value, and what is accepted.
@@ -133,12 +133,26 @@ impl CaptureConfig {
     /// A bypass ID that is also a proxy ID is an error variant of its own, so that callers can
     /// name where the ID came from (the plugin: an annotation or its own config).
     fn check_bypass(&self) -> Result<()> {
-        for (field, bypass, proxy) in [
-            ("bypass_uids", &self.bypass_uids, &self.proxy_uids),
-            ("bypass_gids", &self.bypass_gids, &self.proxy_gids),
+        for (field, kind, bypass, proxy) in [
+            (
+                "bypass_uids",
+                IdKind::Uid,
+                &self.bypass_uids,
+                &self.proxy_uids,
+            ),
+            (
+                "bypass_gids",
+                IdKind::Gid,
+                &self.bypass_gids,
+                &self.proxy_gids,
+            ),
         ] {
             if let Some(id) = bypass.iter().find(|id| proxy.contains(id)) {
-                return Err(Error::BypassConflict { field, id: *id });
+                return Err(Error::BypassConflict {
+                    field,
+                    kind,
+                    id: *id,
+                });
             }
         }
         Ok(())

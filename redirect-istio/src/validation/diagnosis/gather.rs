@@ -8,14 +8,15 @@ use std::time::Duration;
 use super::{Facts, KernelView};
 use crate::validation::probe::{ProbeFailure, ProbeSpec};
 use crate::xtables;
-use redirect_kernel::nft;
+use redirect_kernel::nft::{self, Nft};
 use redirect_model::CaptureConfig;
 use redirect_model::{Family, Ruleset};
 
 /// Read the calling thread's namespace: our table (compared with `expected` when given; one
 /// dump either way), and Istio's rules. Needs CAP_NET_ADMIN; the error says so.
 pub fn read_kernel(expected: Option<&Ruleset>) -> crate::Result<KernelView> {
-    let table = nft::read_back()?;
+    let nft = Nft::open()?;
+    let table = nft.read()?;
     let differences = match expected {
         Some(rs) => nft::compare(rs, table.as_ref()),
         None => Vec::new(),
@@ -44,7 +45,7 @@ pub fn read_kernel(expected: Option<&Ruleset>) -> crate::Result<KernelView> {
         table,
         our_families,
         differences,
-        istio_nft_tables: crate::tables::istio_tables()?,
+        istio_nft_tables: crate::tables::istio_tables(&nft)?,
         istio_iptables,
         unread,
     })
@@ -61,7 +62,9 @@ pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &CaptureConfi
         ..Facts::default()
     };
     if spec.ipv6 && matches!(failure, ProbeFailure::Timeout { .. }) {
-        facts.lo_has_v6 = redirect_kernel::routes::has_lo_v6_inbound_addr().ok();
+        facts.lo_has_v6 = redirect_kernel::routes::Routes::open()
+            .and_then(|r| r.has_lo_v6_inbound_addr())
+            .ok();
         let v4 = ProbeSpec {
             ipv6: false,
             timeout: spec.timeout.min(Duration::from_secs(1)),

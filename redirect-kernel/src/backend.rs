@@ -1,0 +1,101 @@
+//! What the capture policy needs of one network namespace, behind one small trait: our table
+//! (read, apply, remove), the routes beside it (TPROXY routing, `::6` on `lo`) and the
+//! interfaces' addresses. [`Live`] is the kernel, over two sockets opened in the namespace;
+//! with the `testing` feature, `Fake` holds the same state in memory, so a program's
+//! decisions are tested without root.
+
+use std::net::IpAddr;
+
+use redirect_model::{Family, Ruleset};
+
+use crate::error::Result;
+use crate::netns::Netns;
+use crate::nft::{Applied, Nft, TableState};
+use crate::routes::{Routes, TproxyRouting, TproxyState};
+
+/// One network namespace, as capture reads and writes it.
+pub trait Backend {
+    /// Our table, one state of it; `None` when there is none.
+    fn read_table(&self) -> Result<Option<TableState>>;
+    /// Create our table, or update it in place to `rs`, atomically.
+    fn apply(&self, rs: &Ruleset) -> Result<Applied>;
+    /// Delete our table; whether there was one.
+    fn remove_table(&self) -> Result<bool>;
+    /// The TPROXY rule and route of `r` in `family`.
+    fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState>;
+    /// Add what is missing of the TPROXY rule and route in each family.
+    fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()>;
+    /// Delete the TPROXY rules and route in each family; absent is fine.
+    fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()>;
+    /// Whether `lo` has `::6/128`.
+    fn has_lo_v6(&self) -> Result<bool>;
+    /// Add `::6/128` to `lo`; present is fine.
+    fn ensure_lo_v6(&self) -> Result<()>;
+    /// Delete `::6/128` from `lo`; absent is fine.
+    fn remove_lo_v6(&self) -> Result<()>;
+    /// Every address of every interface, in the kernel's order (IPv4 first).
+    fn addresses(&self) -> Result<Vec<IpAddr>>;
+}
+
+/// Opens the backend of a namespace held open: [`open_live`] for the kernel; a test passes a
+/// closure that returns a fake.
+pub type Opener<'a> = &'a dyn Fn(&Netns) -> Result<Box<dyn Backend>>;
+
+/// The kernel side of `netns` ([`Live::open_in`]), boxed for an [`Opener`].
+pub fn open_live(netns: &Netns) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(Live::open_in(netns)?))
+}
+
+/// The kernel: a socket for our table and one for the routes, both opened in the namespace.
+pub struct Live {
+    pub nft: Nft,
+    pub routes: Routes,
+}
+
+impl Live {
+    /// The calling thread's namespace.
+    pub fn open() -> Result<Live> {
+        Ok(Live {
+            nft: Nft::open()?,
+            routes: Routes::open()?,
+        })
+    }
+
+    /// The namespace `netns` holds.
+    pub fn open_in(netns: &Netns) -> Result<Live> {
+        netns.run(Live::open)?
+    }
+}
+
+impl Backend for Live {
+    fn read_table(&self) -> Result<Option<TableState>> {
+        self.nft.read()
+    }
+    fn apply(&self, rs: &Ruleset) -> Result<Applied> {
+        self.nft.apply(rs)
+    }
+    fn remove_table(&self) -> Result<bool> {
+        self.nft.remove()
+    }
+    fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
+        self.routes.read_tproxy(r, family)
+    }
+    fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
+        self.routes.apply_tproxy(r, families)
+    }
+    fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
+        self.routes.remove_tproxy(r, families)
+    }
+    fn has_lo_v6(&self) -> Result<bool> {
+        self.routes.has_lo_v6_inbound_addr()
+    }
+    fn ensure_lo_v6(&self) -> Result<()> {
+        self.routes.ensure_lo_v6_inbound_addr()
+    }
+    fn remove_lo_v6(&self) -> Result<()> {
+        self.routes.remove_lo_v6_inbound_addr()
+    }
+    fn addresses(&self) -> Result<Vec<IpAddr>> {
+        self.routes.addresses()
+    }
+}

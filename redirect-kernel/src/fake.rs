@@ -1,0 +1,196 @@
+//! [`Fake`]: a network namespace in memory, behind the same [`Backend`] as the kernel, built
+//! from what the model says the kernel would hold: applying a ruleset stores it and the state
+//! a read of the real table would return (`nft::expected`), with the changes an in-place update
+//! would make; [`Fake::evaluate`] sends a flow through the stored ruleset with the model's
+//! evaluator. A test can set the routes, addresses and failures, or tamper with the table, and
+//! count the batches a run sent. Clones share one state, so a test keeps a clone to look at
+//! what the code under test did with the other. Feature `testing`.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::rc::Rc;
+
+use redirect_model::eval::{evaluate, Evaluation, Flow};
+use redirect_model::{Family, Ruleset};
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::nft::{self, lower, Applied, Changes, TableState};
+use crate::routes::{TproxyRouting, TproxyState};
+
+/// What the fake namespace holds. Public: a test sets it up and looks at it.
+#[derive(Clone, Debug, Default)]
+pub struct FakeState {
+    /// The ruleset our table was last programmed with; `None` when there is no table.
+    pub ruleset: Option<Ruleset>,
+    /// Our table as a read returns it (what `nft::expected` says for `ruleset`, unless a test
+    /// tampered with it); `None` when there is none.
+    pub table: Option<TableState>,
+    /// TPROXY rule and route per (mark, route table, family).
+    pub tproxy: BTreeMap<(u32, u32, Family), TproxyState>,
+    pub lo_v6: bool,
+    pub addresses: Vec<IpAddr>,
+    /// Batches that changed our table (an apply equal to what is there sends none).
+    pub batches: usize,
+    /// The next write (apply, remove, a route) fails with EPERM, as without CAP_NET_ADMIN.
+    pub deny_writes: bool,
+}
+
+/// A namespace in memory. See the module's comment.
+#[derive(Clone, Debug, Default)]
+pub struct Fake {
+    state: Rc<RefCell<FakeState>>,
+}
+
+impl Fake {
+    /// An empty namespace whose interfaces have `addresses`.
+    pub fn with_addresses(addresses: &[IpAddr]) -> Fake {
+        let fake = Fake::default();
+        fake.state.borrow_mut().addresses = addresses.to_vec();
+        fake
+    }
+
+    /// What it holds now (a copy).
+    pub fn state(&self) -> FakeState {
+        self.state.borrow().clone()
+    }
+
+    /// Change what it holds (tamper with the table, add routes, deny writes).
+    pub fn update(&self, f: impl FnOnce(&mut FakeState)) {
+        f(&mut self.state.borrow_mut())
+    }
+
+    /// Where `flow` ends with the rules the table holds; `None` when there is no table, or
+    /// when it is no longer what its ruleset planned (a test tampered with it).
+    pub fn evaluate(&self, flow: &Flow) -> Option<Evaluation> {
+        let st = self.state.borrow();
+        let rs = st.ruleset.as_ref()?;
+        (st.table.as_ref() == Some(&nft::expected(rs))).then(|| evaluate(rs, flow))
+    }
+
+    fn write(&self) -> Result<std::cell::RefMut<'_, FakeState>> {
+        let st = self.state.borrow_mut();
+        if st.deny_writes {
+            return Err(Error::NftRejected {
+                what: "a write to the fake namespace".into(),
+                errno: libc::EPERM,
+                source: std::io::Error::from_raw_os_error(libc::EPERM),
+                hint: crate::errno_hint(libc::EPERM),
+            });
+        }
+        Ok(st)
+    }
+}
+
+impl Backend for Fake {
+    fn read_table(&self) -> Result<Option<TableState>> {
+        Ok(self.state.borrow().table.clone())
+    }
+
+    fn apply(&self, rs: &Ruleset) -> Result<Applied> {
+        let mut st = self.write()?;
+        let want = lower(rs);
+        let applied = match &st.table {
+            None => Applied::Created,
+            Some(cur) => Applied::Updated(nft::changes(cur, &want)),
+        };
+        if applied != Applied::Updated(Changes::default()) {
+            st.batches += 1;
+        }
+        st.table = Some(nft::state_of(&want));
+        st.ruleset = Some(rs.clone());
+        Ok(applied)
+    }
+
+    fn remove_table(&self) -> Result<bool> {
+        let mut st = self.write()?;
+        st.ruleset = None;
+        let had = st.table.take().is_some();
+        if had {
+            st.batches += 1;
+        }
+        Ok(had)
+    }
+
+    fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
+        let st = self.state.borrow();
+        Ok(st
+            .tproxy
+            .get(&(r.mark, r.table, family))
+            .copied()
+            .unwrap_or_default())
+    }
+
+    fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
+        r.validate()?;
+        let mut st = self.write()?;
+        for &f in families {
+            let e = st.tproxy.entry((r.mark, r.table, f)).or_default();
+            e.rules = e.rules.max(1);
+            e.route = true;
+        }
+        Ok(())
+    }
+
+    fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
+        r.validate()?;
+        let mut st = self.write()?;
+        for &f in families {
+            st.tproxy.remove(&(r.mark, r.table, f));
+        }
+        Ok(())
+    }
+
+    fn has_lo_v6(&self) -> Result<bool> {
+        Ok(self.state.borrow().lo_v6)
+    }
+
+    fn ensure_lo_v6(&self) -> Result<()> {
+        self.write()?.lo_v6 = true;
+        Ok(())
+    }
+
+    fn remove_lo_v6(&self) -> Result<()> {
+        self.write()?.lo_v6 = false;
+        Ok(())
+    }
+
+    fn addresses(&self) -> Result<Vec<IpAddr>> {
+        Ok(self.state.borrow().addresses.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redirect_model::eval::Verdict;
+    use redirect_model::{plan, CaptureConfig};
+
+    /// The fake answers as the kernel would: an apply stores what a read returns, a second
+    /// equal apply sends nothing, a flow from the app lands on the proxy's port, and a
+    /// tampered table is no longer judged by the evaluator.
+    #[test]
+    fn the_fake_holds_what_the_model_says_the_kernel_would() {
+        let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
+        let fake = Fake::default();
+        assert_eq!(fake.apply(&rs).unwrap(), Applied::Created);
+        assert_eq!(fake.read_table().unwrap(), Some(nft::expected(&rs)));
+        assert_eq!(
+            fake.apply(&rs).unwrap(),
+            Applied::Updated(Changes::default())
+        );
+        assert_eq!(fake.state().batches, 1, "the equal apply sent nothing");
+        let flow: Flow = "out tcp uid=1000 10.96.0.1:80".parse().unwrap();
+        let ev = fake.evaluate(&flow).expect("a table to evaluate");
+        assert!(
+            matches!(ev.verdict, Verdict::Redirect { port: 15001, .. }),
+            "{:?}",
+            ev.verdict
+        );
+        fake.update(|st| st.table.as_mut().unwrap().flags = 1);
+        assert!(fake.evaluate(&flow).is_none(), "a dormant table");
+        fake.update(|st| st.deny_writes = true);
+        assert!(fake.remove_table().is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! [`Nft`]: one nf_tables socket, opened in a namespace, and the jobs done over it.
+
+use redirect_model::Ruleset;
+
+use super::socket::Socket;
+use super::{dump, foreign, lower, state, update, Changes, Difference, Encoded, Features};
+use super::{NftTable, TableState, TABLE};
+use crate::error::{Error, Result};
+use crate::netns::Netns;
+use redirect_model::Family;
+
+/// How often apply reads the table again when a concurrent change moved the ruleset under it,
+/// before it replaces the table whatever it holds (as it does when the read itself cannot
+/// settle).
+const APPLY_TRIES: usize = 3;
+
+/// Our table in one network namespace, over one socket opened there: every job of a run (read,
+/// apply, read back, remove) uses it, and acts on the namespace the socket was opened in,
+/// from whichever thread calls.
+pub struct Nft {
+    sock: Socket,
+}
+
+/// What [`Nft::apply`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// There was no table: it was created.
+    Created,
+    /// The table was updated in place (nothing sent when the changes are empty).
+    Updated(Changes),
+    /// Other writers kept changing the ruleset between read and write: the table was deleted
+    /// and created again in one batch that depends on no read.
+    Replaced,
+}
+
+impl Nft {
+    /// A handle on the calling thread's network namespace.
+    pub fn open() -> Result<Nft> {
+        Nft::open_with(Features::of_running_kernel())
+    }
+
+    /// A handle on the namespace `netns` holds (the socket is created there, on a thread that
+    /// enters it; the caller's thread stays where it is).
+    pub fn open_in(netns: &Netns) -> Result<Nft> {
+        let features = Features::of_running_kernel();
+        netns.run(move || Nft::open_with(features))?
+    }
+
+    /// A handle on the calling thread's namespace, for a kernel with `features`.
+    pub fn open_with(features: Features) -> Result<Nft> {
+        Ok(Nft {
+            sock: Socket::open(features)?,
+        })
+    }
+
+    /// Program a ruleset: create our table, or update it in place to the ruleset, atomically.
+    pub fn apply(&self, rs: &Ruleset) -> Result<Applied> {
+        self.apply_table(&lower(rs))
+    }
+
+    /// `apply` of a lowered table.
+    pub fn apply_table(&self, table: &NftTable) -> Result<Applied> {
+        let sock = &self.sock;
+        for _ in 0..APPLY_TRIES {
+            // The batch is bound to the generation the table was read at: if anything changed
+            // since, the kernel refuses it whole.
+            let (genid, current) = match dump::table_at(sock) {
+                Ok(read) => read,
+                Err(Error::ReadUnsettled { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            let (batch, applied) = match current {
+                None => (
+                    update::create(table, sock.next_seq(), Some(genid), sock.features()),
+                    Applied::Created,
+                ),
+                Some(cur) => {
+                    match update::update(&cur, table, sock.next_seq(), Some(genid), sock.features())
+                    {
+                        None => return Ok(Applied::Updated(Changes::default())),
+                        Some((b, ch)) => (b, Applied::Updated(ch)),
+                    }
+                }
+            };
+            match self.send(&batch, table) {
+                // The ruleset moved since it was read: read again.
+                Err(Error::NftRejected { errno, .. }) if errno == libc::ERESTART => continue,
+                other => return other.map(|()| applied),
+            }
+        }
+        let batch = update::replace(table, sock.next_seq(), sock.features());
+        self.send(&batch, table).map(|()| Applied::Replaced)
+    }
+
+    fn send(&self, batch: &Encoded, table: &NftTable) -> Result<()> {
+        let describe = |seq: u32| match batch.label_of(seq) {
+            Some(l) => l.describe(table),
+            None => format!("the batch (message {seq})"),
+        };
+        self.sock.send_batch(batch, &describe)
+    }
+
+    /// Delete our table. Returns whether there was one.
+    pub fn remove(&self) -> Result<bool> {
+        let sock = &self.sock;
+        let batch = update::delete_tables(&[TABLE.to_string()], sock.next_seq(), sock.features());
+        match self.send(&batch, &NftTable::default()) {
+            // No table (never made, or a concurrent DEL won): gone either way.
+            Err(Error::NftRejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
+            other => other.map(|()| true),
+        }
+    }
+
+    /// Read our table; `None` when it does not exist. One state of it, never a mix of two.
+    pub fn read(&self) -> Result<Option<TableState>> {
+        dump::table(&self.sock)
+    }
+
+    /// Compare our table with a ruleset; empty when they are equal.
+    pub fn diff(&self, rs: &Ruleset) -> Result<Vec<Difference>> {
+        Ok(state::compare(&super::expected(rs), self.read()?.as_ref()))
+    }
+
+    /// The ruleset's generation.
+    pub fn generation(&self) -> Result<u32> {
+        dump::generation(&self.sock)
+    }
+
+    /// The families (`ip`, `ip6`) that have any nf_tables table: iptables-nft keeps its rules
+    /// in such tables, so in a family without one there is nothing to look for and no
+    /// `iptables-nft-save` to run.
+    pub fn families_with_tables(&self) -> Result<Vec<Family>> {
+        foreign::families_with_tables(&self.sock)
+    }
+
+    /// Names of the `inet` tables whose name starts with `prefix`, in kernel order.
+    pub fn inet_tables(&self, prefix: &str) -> Result<Vec<String>> {
+        foreign::inet_tables(&self.sock, prefix)
+    }
+
+    /// Delete every `inet` table whose name starts with `prefix`, in one batch (all or none);
+    /// returns the names.
+    pub fn remove_inet_tables(&self, prefix: &str) -> Result<Vec<String>> {
+        foreign::remove_inet_tables(&self.sock, prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
+
+    /// A batch computed from a generation the ruleset has left is refused whole (ERESTART),
+    /// so a stale difference is never applied; `apply` then reads again and succeeds.
+    #[test]
+    fn a_batch_bound_to_an_old_generation_is_refused() {
+        if !kernel_tests_enabled() {
+            return;
+        }
+        let ns = TestNetns::new();
+        let rs =
+            redirect_model::plan(&redirect_model::CaptureConfig::istio_sidecar_default()).unwrap();
+        let t = lower(&rs);
+        let nft = ns.run(Nft::open).unwrap();
+        let genid = nft.generation().unwrap();
+        ns.sh("nft add table inet someone-else");
+        let batch = update::create(&t, nft.sock.next_seq(), Some(genid), nft.sock.features());
+        match nft.send(&batch, &t).unwrap_err() {
+            Error::NftRejected { errno, what, .. } => {
+                assert_eq!(errno, libc::ERESTART, "{what}");
+            }
+            e => panic!("{e}"),
+        }
+        assert_eq!(nft.read().unwrap(), None, "nothing was applied");
+        nft.apply(&rs).unwrap();
+        assert!(nft.diff(&rs).unwrap().is_empty());
+    }
+}
