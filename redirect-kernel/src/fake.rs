@@ -33,8 +33,11 @@ pub struct FakeState {
     pub addresses: Vec<IpAddr>,
     /// Batches that changed our table (an apply equal to what is there sends none).
     pub batches: usize,
-    /// The next write (apply, remove, a route) fails with EPERM, as without CAP_NET_ADMIN.
+    /// Writes (apply, remove, a route) fail with EPERM, as without CAP_NET_ADMIN.
     pub deny_writes: bool,
+    /// Applies succeed but keep nothing: a read finds what was there before (the bug of a
+    /// plugin that reports success with no rules written).
+    pub forget_applies: bool,
 }
 
 /// A namespace in memory. See the module's comment.
@@ -97,6 +100,9 @@ impl Backend for Fake {
         };
         if applied != Applied::Updated(Changes::default()) {
             st.batches += 1;
+        }
+        if st.forget_applies {
+            return Ok(applied);
         }
         st.table = Some(nft::state_of(&want));
         st.ruleset = Some(rs.clone());
