@@ -19,7 +19,7 @@ use redirect_model::Family;
 
 /// Istio's sidecar arguments, and more.
 fn settings(extra: &[&str]) -> Settings {
-    let mut args: Vec<OsString> = ["redirect-init", "-p", "15001", "-z", "15006", "-u", "1337"]
+    let args: Vec<OsString> = ["redirect-init", "-p", "15001", "-z", "15006", "-u", "1337"]
         .iter()
         .chain(["-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*"].iter())
         .chain(["-d", "15090,15021,15020"].iter())
