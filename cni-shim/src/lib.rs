@@ -1,11 +1,16 @@
-//! redirect-cni: the CNI plugin (`cni`, `plugin`) and its node installer (`install`). Thin:
-//! CNI stdin, CNI_ARGS and pod annotations become a `redirect_model` config; the library does
-//! the rest.
+//! redirect-cni: the CNI plugin (`plugin`, over the protocol in `cni`) and the node
+//! DaemonSet's process (`daemon`: the installer `install` and the node agent `agent`, which
+//! runs the repair controller `repair`). Siblings over shared modules: `cni` (the protocol and
+//! the plugin's config), `node` (the DaemonSet's settings, errors, plugin entry and metrics),
+//! `kube` (the API client). Thin: CNI stdin, CNI_ARGS and pod annotations become a
+//! `redirect_model` config; the library crates do the rest.
 
 pub mod agent;
 pub mod cni;
+pub mod daemon;
 pub mod install;
 pub mod kube;
+pub mod node;
 pub mod plugin;
 pub mod repair;
 

@@ -15,7 +15,7 @@ fn main() {
     let env = |name: &str| std::env::var(name).ok();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "install") {
-        std::process::exit(cni_shim::install::main(args[1..].to_vec(), &env));
+        std::process::exit(cni_shim::daemon::main(args[1..].to_vec(), &env));
     }
     let mut stdin = Vec::new();
     // VERSION may come with no stdin at all; an unreadable stdin is an empty config.

@@ -775,7 +775,7 @@ fn non_utf8_cni_args_is_refused_by_name() {
 /// is refused with a message naming the setting and the value, before anything is written.
 #[test]
 fn bad_installer_settings() {
-    use cni_shim::install::settings::parse;
+    use cni_shim::node::settings::parse;
     // (what, args, env, what the message must name)
     type SettingsRow<'a> = (
         &'a str,

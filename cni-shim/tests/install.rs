@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use cni_shim::install::binaries::{self, BinaryInstall};
 use cni_shim::install::conf_select::select_target;
-use cni_shim::install::kubeconfig::{base64, server_url};
+use cni_shim::install::kubeconfig::base64;
 use cni_shim::install::rate_limit::RewriteLimiter;
-use cni_shim::install::settings::{parse, parse_mode};
-use cni_shim::install::{
-    plugin_entry, run, standalone_conf, ConfigStatus, Error, Installer, Parsed, Settings,
-    StopHandle, WatchOptions,
-};
+use cni_shim::install::{ConfigStatus, Installer, StopHandle, WatchOptions};
+use cni_shim::node::plugin_entry::{plugin_entry, standalone_conf};
+use cni_shim::node::server_url;
+use cni_shim::node::settings::{parse, parse_mode};
+use cni_shim::node::{Error, Parsed, Settings};
 use secrecy::ExposeSecret;
 use serde_json::{json, Value};
 
@@ -224,7 +224,8 @@ impl Running {
     fn start(settings: Settings, opts: WatchOptions) -> Self {
         let stop = StopHandle::new().unwrap();
         let s2 = stop.clone();
-        let thread = thread::spawn(move || run(settings, &s2, &opts));
+        let thread =
+            thread::spawn(move || cni_shim::install::run(settings, &s2, &opts, &|_| {}, &|| {}));
         Running {
             stop,
             thread: Some(thread),

@@ -1684,7 +1684,7 @@ fn repair_mode_problems(platform: &str) -> Vec<String> {
         out.push(at("no container runs `redirect-cni install`"));
         return out;
     };
-    let defaults = cni_shim::install::Settings::default();
+    let defaults = cni_shim::node::Settings::default();
     let caps: Vec<&str> = arr(&c["securityContext"]["capabilities"]["add"])
         .iter()
         .filter_map(Value::as_str)

@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cni_shim::agent::metrics::Metrics;
 use cni_shim::cni::conf::NetConf;
+use cni_shim::node::metrics::Metrics;
 use cni_shim::repair::controller::Controller;
 use cni_shim::repair::detect::{Action, Filter};
 use cni_shim::repair::in_place::{repair, Outcome, Places, RepairError};
@@ -811,7 +811,7 @@ fn agent_settings(
     proc: &Path,
     port: u16,
     extra: &[&str],
-) -> cni_shim::install::Settings {
+) -> cni_shim::node::Settings {
     fs::write(sa.join("ca.crt"), home.cluster().ca_pem()).unwrap();
     fs::write(sa.join("token"), common::pki::TOKEN).unwrap();
     let url = home.cluster().url();
@@ -835,9 +835,9 @@ fn agent_settings(
     .to_vec();
     args.extend(["--monitoring-port".into(), port.to_string()]);
     args.extend(extra.iter().map(|s| s.to_string()));
-    match cni_shim::install::settings::parse(args.iter().map(Into::into), &|_| None).unwrap() {
-        cni_shim::install::Parsed::Run(s) => *s,
-        cni_shim::install::Parsed::Info(i) => panic!("{i}"),
+    match cni_shim::node::settings::parse(args.iter().map(Into::into), &|_| None).unwrap() {
+        cni_shim::node::Parsed::Run(s) => *s,
+        cni_shim::node::Parsed::Info(i) => panic!("{i}"),
     }
 }
 

@@ -22,22 +22,14 @@ fuzz_target!(|data: &[u8]| {
     let Some(annotations) = &c.pod_annotations else {
         return;
     };
-    let defaults = MeshDefaults {
-        proxy_uid: c.proxy_uid,
-        proxy_gid: c.proxy_gid,
-        dns_capture: c.dns_capture,
-        dual_stack: c.dual_stack,
-        drop_invalid: c.drop_invalid,
-        bypass_uids: c.bypass_uids.clone(),
-        bypass_gids: c.bypass_gids.clone(),
-    };
+    let defaults: &MeshDefaults = &c.mesh;
     let pod = PodInfo {
         namespace: "ns".into(),
         name: "pod".into(),
         annotations: annotations.clone(),
         ..PodInfo::default()
     };
-    if let Ok(Decision::Capture { config, .. }) = mesh::decide(&pod, &defaults) {
+    if let Ok(Decision::Capture { config, .. }) = mesh::decide(&pod, defaults) {
         common::exercise(&config);
     }
 });

@@ -22,7 +22,7 @@ pub fn exercise(cfg: &CaptureConfig) {
     let Ok(rs) = redirect_model::plan_with(cfg, &fake_gid) else {
         return;
     };
-    let enc = nft::encode(&rs);
+    let enc = nft::testing::encode_running(&rs);
     let _ = enc.bytes();
     let _ = enc.messages();
     let _ = render::nft_script(&rs);

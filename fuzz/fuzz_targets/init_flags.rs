@@ -168,7 +168,7 @@ fuzz_target!(|input: Input| {
     let Ok(rs) = redirect_model::plan_with(&s.config, &common::fake_gid) else {
         return;
     };
-    let _ = redirect_kernel::nft::encode(&rs).bytes();
+    let _ = redirect_kernel::nft::testing::encode_running(&rs).bytes();
     match s.dry_run_format {
         DryRunFormat::Nft => {
             let _ = nft_script(&rs);

@@ -6,7 +6,8 @@ use libfuzzer_sys::fuzz_target;
 
 use cni_shim::install::chain;
 use cni_shim::install::conf_select::{parse_conf, ConfKind};
-use cni_shim::install::{plugin_entry, Settings};
+use cni_shim::node::plugin_entry::plugin_entry;
+use cni_shim::node::Settings;
 
 fuzz_target!(|data: &[u8]| {
     let entry = plugin_entry(&Settings::default());

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch as signal;
 
-use super::metrics::{self, Metrics};
+use crate::node::metrics::{self, Metrics};
 
 /// What the endpoints report.
 #[derive(Clone)]

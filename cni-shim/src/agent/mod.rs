@@ -4,7 +4,6 @@
 //! plugin is installed ([`Agent::set_ready`]) and stops them before it uninstalls.
 
 pub mod http;
-pub mod metrics;
 pub mod untaint;
 
 use std::net::TcpListener;
@@ -14,13 +13,13 @@ use std::thread::JoinHandle;
 use tokio::sync::watch as signal;
 
 use crate::cni::conf::NetConf;
-use crate::install::error::{Error, Result};
-use crate::install::kubeconfig::server_url;
-use crate::install::plugin_entry::standalone_conf;
-use crate::install::settings::Settings;
+use crate::node::error::{Error, Result};
+use crate::node::metrics::Metrics;
+use crate::node::plugin_entry::standalone_conf;
+use crate::node::server_url;
+use crate::node::settings::Settings;
 use crate::repair::controller::Controller;
 use crate::repair::queue::Backoff;
-use metrics::Metrics;
 
 /// The running agent; [`Agent::stop`] (or dropping it) stops it.
 pub struct Agent {

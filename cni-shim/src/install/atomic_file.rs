@@ -9,7 +9,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::error::{Error, Result};
+use crate::node::error::{Error, Result};
 
 /// What a temporary file's name contains; events about such files are our own.
 pub const TEMP_MARKER: &str = ".redirect-cni-tmp";

@@ -7,8 +7,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::atomic_file::{self, FileAttrs};
-use super::error::{Error, Result};
-use super::plugin_entry::PLUGIN_TYPE;
+use crate::node::error::{Error, Result};
+use crate::node::plugin_entry::PLUGIN_TYPE;
 
 pub const BINARY_MODE: u32 = 0o755;
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::plugin_entry::is_ours;
+use crate::node::plugin_entry::is_ours;
 
 /// The name a converted `.conf` gets when it had none (Istio's).
 pub const DEFAULT_LIST_NAME: &str = "k8s-pod-network";

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::error::{Error, Result};
+use crate::node::error::{Error, Result};
 
 /// How a runtime reads a config file, by its extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,10 +10,10 @@ use serde_json::Value;
 use super::atomic_file::{self, FileAttrs};
 use super::chain;
 use super::conf_select::{self, ConfKind};
-use super::error::{Error, Result};
-use super::plugin_entry::{self, is_ours};
-use super::settings::Settings;
 use super::undo::{Before, UndoRecord};
+use crate::node::error::{Error, Result};
+use crate::node::plugin_entry::{self, is_ours};
+use crate::node::settings::Settings;
 
 /// What `reconcile` found or did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use super::binaries::{self, BinaryInstall};
 use super::config_file::{CniConfig, ConfigStatus};
-use super::error::{Error, Result};
 use super::kubeconfig::Kubeconfig;
-use super::settings::Settings;
+use crate::node::error::{Error, Result};
+use crate::node::settings::Settings;
 
 #[derive(Debug)]
 pub struct Installer {

@@ -7,8 +7,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::atomic_file::{self, FileAttrs};
-use super::error::{Error, Result};
-use super::settings::Settings;
+use crate::node::error::{Error, Result};
+use crate::node::server_url;
+use crate::node::settings::Settings;
 
 /// What goes into the kubeconfig.
 #[derive(Clone, PartialEq, Eq)]
@@ -29,16 +30,6 @@ impl std::fmt::Debug for KubeconfigContent {
             .field("token", &"<redacted>")
             .finish()
     }
-}
-
-/// `https://host:port`, with brackets around an IPv6 address.
-pub fn server_url(protocol: &str, host: &str, port: &str) -> String {
-    let host = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
-    } else {
-        host.to_string()
-    };
-    format!("{protocol}://{host}:{port}")
 }
 
 /// The kubeconfig text (YAML; strings double-quoted, as JSON strings are valid YAML).

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use nix::errno::Errno;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
-use super::error::{Error, Result};
 use super::watch::StopHandle;
+use crate::node::error::{Error, Result};
 
 static STOP_FD: AtomicI32 = AtomicI32::new(-1);
 

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::atomic_file::{self, FileAttrs};
-use super::error::Result;
-use super::plugin_entry::is_ours;
+use crate::node::error::Result;
+use crate::node::plugin_entry::is_ours;
 
 /// A file before our change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,10 +16,10 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 use super::atomic_file::TEMP_MARKER;
 use super::config_file::ConfigStatus;
-use super::error::{Error, Result};
 use super::installer::Installer;
-use super::plugin_entry::PLUGIN_TYPE;
 use super::rate_limit::RewriteLimiter;
+use crate::node::error::{Error, Result};
+use crate::node::plugin_entry::PLUGIN_TYPE;
 
 /// Stops a running `watch` (and so `run`) from another thread or a signal handler.
 #[derive(Debug, Clone)]

@@ -25,8 +25,8 @@ use super::detect::{is_broken, Action};
 use super::in_place::{self, Outcome};
 use super::queue::{Backoff, Queue, Retry};
 use super::RepairSettings;
-use crate::agent::metrics::{Metrics, Result as Counted};
 use crate::cni::conf::NetConf;
+use crate::node::metrics::{Metrics, Result as Counted};
 
 /// Everything the controller needs.
 pub struct Controller {
