@@ -187,6 +187,47 @@ impl std::error::Error for ProbeFailure {}
 pub fn run(spec: &ProbeSpec) -> Result<ProbeSuccess, ProbeFailure> {
     let start = Instant::now();
     let deadline = start + spec.timeout;
+    let (listeners, listen_errors) = open_listeners(spec);
+    if listeners.is_empty() {
+        return Err(ProbeFailure::NoListener {
+            errors: listen_errors,
+        });
+    }
+    let mut tally = Tally::default();
+    let success = |(listener_port, original_dst), attempts, listen_errors| ProbeSuccess {
+        listener_port,
+        original_dst,
+        elapsed: start.elapsed(),
+        attempts,
+        listen_errors,
+    };
+    while Instant::now() < deadline {
+        if let Some(found) = attempt(spec, &listeners, &mut tally, deadline) {
+            return Ok(success(found, tally.attempts, listen_errors));
+        }
+    }
+    // A connection may have been queued in the last instant.
+    if let Some(found) = accept_all(&listeners, spec, &mut tally.wrong_destinations) {
+        return Ok(success(found, tally.attempts, listen_errors));
+    }
+    Err(ProbeFailure::Timeout {
+        after: start.elapsed(),
+        ipv6: spec.ipv6,
+        probe_port: spec.probe_port,
+        attempts: tally.attempts,
+        connected: tally.connected,
+        listening: listeners.iter().map(|(p, _)| *p).collect(),
+        listen_errors,
+        last_connect_error: tally.last_connect_error,
+        wrong_destinations: tally.wrong_destinations,
+    })
+}
+
+/// The listeners on the proxy's capture ports, each with its port.
+type Listeners = Vec<(u16, TcpListener)>;
+
+/// The listeners on the proxy's two capture ports, and the ports that could not be opened.
+fn open_listeners(spec: &ProbeSpec) -> (Listeners, Vec<(u16, io::Error)>) {
     let mut listeners = Vec::new();
     let mut listen_errors = Vec::new();
     for port in [spec.envoy_port, spec.inbound_capture_port] {
@@ -195,92 +236,80 @@ pub fn run(spec: &ProbeSpec) -> Result<ProbeSuccess, ProbeFailure> {
             Err(e) => listen_errors.push((port, e)),
         }
     }
-    if listeners.is_empty() {
-        return Err(ProbeFailure::NoListener {
-            errors: listen_errors,
-        });
-    }
+    (listeners, listen_errors)
+}
 
-    let mut wrong_destinations = Vec::new();
-    let mut attempts = 0;
-    let mut connected = 0;
-    let mut last_connect_error = None;
-    let success = |listener_port, original_dst, attempts, listen_errors| ProbeSuccess {
-        listener_port,
-        original_dst,
-        elapsed: start.elapsed(),
-        attempts,
-        listen_errors,
-    };
-    while Instant::now() < deadline {
-        attempts += 1;
-        // At least 1 ms, so a zero interval cannot spin through sockets.
-        let interval = spec.retry_interval.max(Duration::from_millis(1));
-        let attempt_end = (Instant::now() + interval).min(deadline);
-        // Istio's client: connect, close, sleep. Here the connect runs while the listeners
-        // keep accepting, and the next attempt starts when this one's interval is over.
-        last_connect_error = None;
-        let mut pending = None;
-        match start_connect(spec) {
-            Ok(Some(client)) => pending = Some(client),
-            Ok(None) => connected += 1,
-            Err(e) => last_connect_error = Some(e),
+/// What the attempts saw, for the failure's diagnosis.
+#[derive(Default)]
+struct Tally {
+    attempts: u32,
+    connected: u32,
+    last_connect_error: Option<io::Error>,
+    wrong_destinations: Vec<SocketAddr>,
+}
+
+/// One attempt, Istio's client: connect, close, sleep. Here the connect runs while the
+/// listeners keep accepting, and the next attempt starts when this one's interval is over.
+/// Returns the listener port and original destination when the expected one arrived.
+fn attempt(
+    spec: &ProbeSpec,
+    listeners: &[(u16, TcpListener)],
+    tally: &mut Tally,
+    deadline: Instant,
+) -> Option<(u16, SocketAddr)> {
+    tally.attempts += 1;
+    // At least 1 ms, so a zero interval cannot spin through sockets.
+    let interval = spec.retry_interval.max(Duration::from_millis(1));
+    let attempt_end = (Instant::now() + interval).min(deadline);
+    tally.last_connect_error = None;
+    let mut pending = None;
+    match start_connect(spec) {
+        Ok(Some(client)) => pending = Some(client),
+        Ok(None) => tally.connected += 1,
+        Err(e) => tally.last_connect_error = Some(e),
+    }
+    loop {
+        if let Some(found) = accept_all(listeners, spec, &mut tally.wrong_destinations) {
+            return Some(found);
         }
-        loop {
-            if let Some((port, orig)) = accept_all(&listeners, spec, &mut wrong_destinations) {
-                return Ok(success(port, orig, attempts, listen_errors));
-            }
-            let now = Instant::now();
-            if now >= attempt_end {
-                break;
-            }
-            let mut fds: Vec<libc::pollfd> = listeners
-                .iter()
-                .map(|(_, l)| pollfd(l.as_raw_fd(), libc::POLLIN))
-                .chain(
-                    pending
-                        .as_ref()
-                        .map(|c| pollfd(c.as_raw_fd(), libc::POLLOUT)),
-                )
-                .collect();
-            if let Err(e) = poll(&mut fds, attempt_end - now) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    // Only ENOMEM is possible with these descriptors: wait instead of spinning.
-                    std::thread::sleep(attempt_end - now);
-                }
-            }
-            // The client's entry is the last one; once it is ready the client closes, as
-            // Istio's does.
-            let client_ready = fds.last().is_some_and(|p| p.revents != 0);
-            if let Some(client) = pending.take_if(|_| client_ready) {
-                match connect_result(&client) {
-                    Ok(()) => connected += 1,
-                    Err(e) => last_connect_error = Some(e),
-                }
-            }
+        let now = Instant::now();
+        if now >= attempt_end {
+            break;
         }
-        if pending.is_some() {
-            last_connect_error = Some(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("no answer within {interval:?}"),
-            ));
+        let client_ready = wait(listeners, pending.as_ref(), attempt_end - now);
+        // Once the client is ready it closes, as Istio's does.
+        if let Some(client) = pending.take_if(|_| client_ready) {
+            match connect_result(&client) {
+                Ok(()) => tally.connected += 1,
+                Err(e) => tally.last_connect_error = Some(e),
+            }
         }
     }
-    // A connection may have been queued in the last instant.
-    if let Some((port, orig)) = accept_all(&listeners, spec, &mut wrong_destinations) {
-        return Ok(success(port, orig, attempts, listen_errors));
+    if pending.is_some() {
+        tally.last_connect_error = Some(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no answer within {interval:?}"),
+        ));
     }
-    Err(ProbeFailure::Timeout {
-        after: start.elapsed(),
-        ipv6: spec.ipv6,
-        probe_port: spec.probe_port,
-        attempts,
-        connected,
-        listening: listeners.iter().map(|(p, _)| *p).collect(),
-        listen_errors,
-        last_connect_error,
-        wrong_destinations,
-    })
+    None
+}
+
+/// Waits up to `timeout` for a connection on a listener or for the pending client's connect
+/// to finish; returns whether the client is ready.
+fn wait(listeners: &[(u16, TcpListener)], pending: Option<&OwnedFd>, timeout: Duration) -> bool {
+    let mut fds: Vec<libc::pollfd> = listeners
+        .iter()
+        .map(|(_, l)| pollfd(l.as_raw_fd(), libc::POLLIN))
+        .chain(pending.map(|c| pollfd(c.as_raw_fd(), libc::POLLOUT)))
+        .collect();
+    if let Err(e) = poll(&mut fds, timeout) {
+        if e.kind() != io::ErrorKind::Interrupted {
+            // Only ENOMEM is possible with these descriptors: wait instead of spinning.
+            std::thread::sleep(timeout);
+        }
+    }
+    // The client's entry is the last one.
+    pending.is_some() && fds.last().is_some_and(|p| p.revents != 0)
 }
 
 /// Accepts every queued connection and answers each as Istio's server does: the original port

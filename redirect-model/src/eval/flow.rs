@@ -144,9 +144,6 @@ impl FromStr for Flow {
             flow: s.to_string(),
             problem,
         };
-        let mut direction = None;
-        let mut proto = None;
-        let mut dst = None;
         let mut flow = Flow {
             direction: Direction::Out,
             proto: L4::Tcp,
@@ -160,77 +157,91 @@ impl FromStr for Flow {
             mark: 0,
             ct: CtState::New,
         };
-        let mut keys: Vec<&str> = Vec::new();
-        for word in s.split_whitespace() {
-            let once = |seen: bool, what: &str| {
-                if seen {
-                    Err(err(format!("{what} is given twice ({word:?})")))
-                } else {
-                    Ok(())
-                }
-            };
-            match word {
-                "in" | "out" => {
-                    once(direction.is_some(), "the direction")?;
-                    direction = Some(if word == "in" {
-                        Direction::In
-                    } else {
-                        Direction::Out
-                    });
-                }
-                "tcp" | "udp" => {
-                    once(proto.is_some(), "the protocol")?;
-                    proto = Some(if word == "tcp" { L4::Tcp } else { L4::Udp });
-                }
-                _ => match word.split_once('=') {
-                    Some((key, value)) => {
-                        // `uid=1000 uid=1337` would be judged as the last one said.
-                        once(keys.contains(&key), &format!("{key}="))?;
-                        keys.push(key);
-                        set_key(&mut flow, key, value).map_err(&err)?
-                    }
-                    None => {
-                        once(dst.is_some(), "the destination")?;
-                        let a = word.parse::<SocketAddr>().map_err(|_| {
-                            err(format!(
-                                "{word:?} is not a destination ADDR:PORT ([ADDR]:PORT for IPv6), nor in/out, tcp/udp or key=value"
-                            ))
-                        })?;
-                        dst = Some(a);
-                    }
-                },
-            }
-        }
+        let (direction, proto, dst) = read_words(s, &mut flow).map_err(err)?;
         flow.direction =
             direction.ok_or_else(|| err("the direction (in or out) is missing".into()))?;
         flow.proto = proto.unwrap_or(L4::Tcp);
         flow.dst = dst.ok_or_else(|| err("the destination ADDR:PORT is missing".into()))?;
-        if flow.dst.port() == 0 {
-            return Err(err("the destination port is 0".into()));
-        }
-        if let Some(src) = flow.src {
-            if src.is_ipv4() != flow.dst.is_ipv4() {
-                return Err(err(format!(
-                    "src={src} and destination {} are of different address families",
-                    flow.dst
-                )));
-            }
-        }
-        match flow.direction {
-            Direction::In if flow.uid.is_some() || flow.gid.is_some() => {
-                return Err(err(
-                    "uid= and gid= describe the sending process of an 'out' flow; an 'in' packet has none".into(),
-                ))
-            }
-            Direction::In if flow.oif.is_some() => {
-                return Err(err("oif= is for 'out' flows; use iif= for 'in'".into()))
-            }
-            Direction::Out if flow.iif.is_some() => {
-                return Err(err("iif= is for 'in' flows; use oif= for 'out'".into()))
-            }
-            _ => {}
-        }
+        coherent(&flow).map_err(err)?;
         Ok(flow)
+    }
+}
+
+/// The direction, protocol and destination a flow's words name (each at most once).
+type Named = (Option<Direction>, Option<L4>, Option<SocketAddr>);
+
+/// The words of a flow: what they name, and their `key=value` fields set on `flow`. Each is
+/// given once.
+fn read_words(s: &str, flow: &mut Flow) -> Result<Named, String> {
+    let (mut direction, mut proto, mut dst) = (None, None, None);
+    let mut keys: Vec<&str> = Vec::new();
+    for word in s.split_whitespace() {
+        let once = |seen: bool, what: &str| {
+            if seen {
+                Err(format!("{what} is given twice ({word:?})"))
+            } else {
+                Ok(())
+            }
+        };
+        match word {
+            "in" | "out" => {
+                once(direction.is_some(), "the direction")?;
+                direction = Some(if word == "in" {
+                    Direction::In
+                } else {
+                    Direction::Out
+                });
+            }
+            "tcp" | "udp" => {
+                once(proto.is_some(), "the protocol")?;
+                proto = Some(if word == "tcp" { L4::Tcp } else { L4::Udp });
+            }
+            _ => match word.split_once('=') {
+                Some((key, value)) => {
+                    // `uid=1000 uid=1337` would be judged as the last one said.
+                    once(keys.contains(&key), &format!("{key}="))?;
+                    keys.push(key);
+                    set_key(flow, key, value)?
+                }
+                None => {
+                    once(dst.is_some(), "the destination")?;
+                    dst = Some(word.parse::<SocketAddr>().map_err(|_| {
+                        format!(
+                            "{word:?} is not a destination ADDR:PORT ([ADDR]:PORT for IPv6), nor in/out, tcp/udp or key=value"
+                        )
+                    })?);
+                }
+            },
+        }
+    }
+    Ok((direction, proto, dst))
+}
+
+/// The fields of a parsed flow agree with each other and with its direction.
+fn coherent(flow: &Flow) -> Result<(), String> {
+    if flow.dst.port() == 0 {
+        return Err("the destination port is 0".into());
+    }
+    if let Some(src) = flow.src {
+        if src.is_ipv4() != flow.dst.is_ipv4() {
+            return Err(format!(
+                "src={src} and destination {} are of different address families",
+                flow.dst
+            ));
+        }
+    }
+    match flow.direction {
+        Direction::In if flow.uid.is_some() || flow.gid.is_some() => Err(
+            "uid= and gid= describe the sending process of an 'out' flow; an 'in' packet has none"
+                .into(),
+        ),
+        Direction::In if flow.oif.is_some() => {
+            Err("oif= is for 'out' flows; use iif= for 'in'".into())
+        }
+        Direction::Out if flow.iif.is_some() => {
+            Err("iif= is for 'in' flows; use oif= for 'out'".into())
+        }
+        _ => Ok(()),
     }
 }
 

@@ -136,68 +136,13 @@ pub fn evaluate(rs: &Ruleset, flow: &Flow) -> Evaluation {
         tracked: false,
         notes: Vec::new(),
     };
-    let new = flow.ct == CtState::New;
-    let mut redirect = None;
-    let mut tproxy = None;
-    let mut dropped = false;
-    let first_hook = match flow.direction {
-        Direction::Out => Hook::Output,
-        Direction::In => Hook::Prerouting,
-    };
-    for stage in [Stage::Raw, Stage::Mangle, Stage::Nat] {
-        if stage == Stage::Nat && !new {
-            continue;
-        }
-        match w.run_stage(first_hook, stage) {
-            End::Drop => {
-                dropped = true;
-                break;
-            }
-            End::Redirect(port) => redirect = Some(w.redirect(first_hook, port)),
-            End::Tproxy { port, mark } => tproxy = Some((port, mark)),
-            End::Accept => {}
-        }
-    }
+    let mut ends = w.first_pass(&flow);
     // A packet that stays local comes back in on lo: PREROUTING raw and mangle only.
-    let local = redirect.is_some() || w.pkt.oif.as_deref() == Some("lo");
-    if !dropped && flow.direction == Direction::Out && local {
-        w.pkt.iif = Some("lo".into());
-        w.pkt.oif = None;
-        w.pkt.uid = None;
-        w.pkt.gid = None;
-        w.tracked = true;
-        for stage in [Stage::Raw, Stage::Mangle] {
-            match w.run_stage(Hook::Prerouting, stage) {
-                End::Drop => {
-                    dropped = true;
-                    break;
-                }
-                End::Tproxy { port, mark } => tproxy = Some((port, mark)),
-                End::Redirect(_) | End::Accept => {}
-            }
-        }
+    let local = ends.redirect.is_some() || w.pkt.oif.as_deref() == Some("lo");
+    if !ends.dropped && flow.direction == Direction::Out && local {
+        w.back_in_on_lo(&mut ends);
     }
-    let verdict = if dropped {
-        Verdict::Drop
-    } else if let Some((port, mark)) = tproxy {
-        w.notes.push(format!(
-            "TPROXY hands the connection to a socket listening on port {port} with IP_TRANSPARENT; without one, the packet is dropped"
-        ));
-        if let Some(to) = redirect {
-            w.notes.push(format!(
-                "nat PREROUTING also redirected it to port {}: the socket's local address is that, not the original destination",
-                to.port()
-            ));
-        }
-        Verdict::Tproxy { port, mark }
-    } else if let Some(to) = redirect {
-        Verdict::Redirect {
-            port: to.port(),
-            to,
-        }
-    } else {
-        Verdict::Pass
-    };
+    let verdict = ends.verdict(&mut w.notes);
     Evaluation {
         mark: w.pkt.mark,
         ct_zone: w.zone,
@@ -205,6 +150,89 @@ pub fn evaluate(rs: &Ruleset, flow: &Flow) -> Evaluation {
         steps: w.steps,
         verdict,
         flow,
+    }
+}
+
+/// How the stages a packet went through ended.
+#[derive(Default)]
+struct Ends {
+    redirect: Option<SocketAddr>,
+    tproxy: Option<(u16, u32)>,
+    dropped: bool,
+}
+
+impl Ends {
+    /// The verdict, with the notes a TPROXY verdict needs.
+    fn verdict(self, notes: &mut Vec<String>) -> Verdict {
+        if self.dropped {
+            return Verdict::Drop;
+        }
+        if let Some((port, mark)) = self.tproxy {
+            notes.push(format!(
+                "TPROXY hands the connection to a socket listening on port {port} with IP_TRANSPARENT; without one, the packet is dropped"
+            ));
+            if let Some(to) = self.redirect {
+                notes.push(format!(
+                    "nat PREROUTING also redirected it to port {}: the socket's local address is that, not the original destination",
+                    to.port()
+                ));
+            }
+            return Verdict::Tproxy { port, mark };
+        }
+        match self.redirect {
+            Some(to) => Verdict::Redirect {
+                port: to.port(),
+                to,
+            },
+            None => Verdict::Pass,
+        }
+    }
+}
+
+impl Walker<'_> {
+    /// The flow's own hook (OUTPUT for `out`, PREROUTING for `in`): raw, mangle, and nat for
+    /// a new connection.
+    fn first_pass(&mut self, flow: &Flow) -> Ends {
+        let mut ends = Ends::default();
+        let first_hook = match flow.direction {
+            Direction::Out => Hook::Output,
+            Direction::In => Hook::Prerouting,
+        };
+        for stage in [Stage::Raw, Stage::Mangle, Stage::Nat] {
+            if stage == Stage::Nat && flow.ct != CtState::New {
+                continue;
+            }
+            match self.run_stage(first_hook, stage) {
+                End::Drop => {
+                    ends.dropped = true;
+                    break;
+                }
+                End::Redirect(port) => ends.redirect = Some(self.redirect(first_hook, port)),
+                End::Tproxy { port, mark } => ends.tproxy = Some((port, mark)),
+                End::Accept => {}
+            }
+        }
+        ends
+    }
+
+    /// Back in on `lo`, with its mark but without its socket (loopback orphans it) and
+    /// without nat (its NAT was set at OUTPUT).
+    fn back_in_on_lo(&mut self, ends: &mut Ends) {
+        self.pkt.iif = Some("lo".into());
+        self.pkt.oif = None;
+        self.pkt.uid = None;
+        self.pkt.gid = None;
+        self.tracked = true;
+        for stage in [Stage::Raw, Stage::Mangle] {
+            match self.run_stage(Hook::Prerouting, stage) {
+                End::Drop => {
+                    ends.dropped = true;
+                    break;
+                }
+                End::Tproxy { port, mark } => ends.tproxy = Some((port, mark)),
+                End::Redirect(_) | End::Accept => {}
+            }
+        }
     }
 }
 

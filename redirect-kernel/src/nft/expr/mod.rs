@@ -243,20 +243,7 @@ impl Expr {
                 &[TproxyAttr::Family(*nfproto), TproxyAttr::RegPort(1)],
             ),
             Expr::Counter => other::<CtAttr>("counter", &[]),
-            Expr::Verdict(v) => {
-                let (code, chain) = match v {
-                    Verdict::Accept => (NlVerdict::Other(NF_ACCEPT), None),
-                    Verdict::Drop => (NlVerdict::Other(NF_DROP), None),
-                    Verdict::Return => (NlVerdict::Return, None),
-                    Verdict::Jump(c) => (NlVerdict::Jump, Some(c)),
-                };
-                let mut va = vec![VerdictAttribute::Code(code)];
-                va.extend(chain.map(|c| VerdictAttribute::Chain(c.clone())));
-                Expressions::Immediate(vec![
-                    Immediate::DestinationRegister(Register::Verdict),
-                    Immediate::Data(DataAttribute::Verdict(va)),
-                ])
-            }
+            Expr::Verdict(v) => verdict(v),
             Expr::Foreign(f) => Expressions::Other {
                 expression_type: f.name.clone(),
                 attributes: f
@@ -268,6 +255,22 @@ impl Expr {
         };
         ex.into()
     }
+}
+
+/// A verdict: an immediate into the verdict register.
+fn verdict(v: &Verdict) -> Expressions {
+    let (code, chain) = match v {
+        Verdict::Accept => (NlVerdict::Other(NF_ACCEPT), None),
+        Verdict::Drop => (NlVerdict::Other(NF_DROP), None),
+        Verdict::Return => (NlVerdict::Return, None),
+        Verdict::Jump(c) => (NlVerdict::Jump, Some(c)),
+    };
+    let mut va = vec![VerdictAttribute::Code(code)];
+    va.extend(chain.map(|c| VerdictAttribute::Chain(c.clone())));
+    Expressions::Immediate(vec![
+        Immediate::DestinationRegister(Register::Verdict),
+        Immediate::Data(DataAttribute::Verdict(va)),
+    ])
 }
 
 /// An expression the crate does not model, from our own attribute types.
