@@ -65,8 +65,10 @@ const ALWAYS_EXCLUDED_INBOUND: [u16; 3] = [15020, 15021, 15090];
 /// istio-cni's default outbound exclusion (the agent's status port), replaced by the annotation.
 const DEFAULT_EXCLUDED_OUTBOUND: u16 = 15020;
 
-/// What the plugin's own config says where the pod cannot (annotations only).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the plugin's own config says where the pod cannot (annotations only). Its fields are
+/// the plugin config's, by the same names (`proxy_uid`, `dns_capture`, `bypass_uids`, ...).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
 pub struct MeshDefaults {
     /// The proxy UID/GID when the spec is unknown. `None`: the spec must be fetched, because a
     /// wrong UID captures the proxy's own traffic in a loop.

@@ -78,16 +78,29 @@ impl Sink {
     }
 }
 
-/// A level as the programs' settings name it: `debug`, `info`, `warn`, `error`, or `none`.
+/// The levels the programs' settings name (the plugin's `log_level`, the installer's
+/// `--plugin-log-level`), with their filters: the one list both check against.
+pub const LEVELS: &[(&str, LevelFilter)] = &[
+    ("debug", LevelFilter::DEBUG),
+    ("info", LevelFilter::INFO),
+    ("warn", LevelFilter::WARN),
+    ("error", LevelFilter::ERROR),
+    ("none", LevelFilter::OFF),
+];
+
+/// A level as the programs' settings name it ([`LEVELS`]).
 pub fn level(name: &str) -> Option<LevelFilter> {
-    Some(match name {
-        "debug" => LevelFilter::DEBUG,
-        "info" => LevelFilter::INFO,
-        "warn" => LevelFilter::WARN,
-        "error" => LevelFilter::ERROR,
-        "none" => LevelFilter::OFF,
-        _ => return None,
-    })
+    LEVELS.iter().find(|(n, _)| *n == name).map(|(_, l)| *l)
+}
+
+/// The level names of [`LEVELS`] for a message, the last one after `last` (`" or "`:
+/// `debug, info, warn, error or none`).
+pub fn level_names(last: &str) -> String {
+    let names: Vec<&str> = LEVELS.iter().map(|(n, _)| *n).collect();
+    match names.split_last() {
+        Some((tail, head)) if !head.is_empty() => format!("{}{last}{tail}", head.join(", ")),
+        _ => names.join(", "),
+    }
 }
 
 /// The handle of our subscriber's layer, or `None` when the process had another subscriber

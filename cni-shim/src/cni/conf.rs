@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use redirect_istio::mesh::MeshDefaults;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::{code, CniError, SUPPORTED_VERSIONS};
@@ -16,34 +17,112 @@ pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations"
 pub const DEFAULT_RUN_DIR: &str = "/var/run/redirect-cni";
 pub const KUBECONFIG_NAME: &str = "redirect-cni-kubeconfig";
 
-/// The parsed config.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The parsed config. Its fields come from stdin by serde's derive; the few that depend on
+/// more than one field (the log level, the run directory and kubeconfig, istio-cni ≤ 1.23's
+/// `kubernetes` object) are derived by [`parse`] from the raw ones at the end.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
 pub struct NetConf {
+    #[serde(rename = "cniVersion")]
     pub cni_version: String,
     pub name: String,
+    #[serde(rename = "type")]
     pub plugin_type: String,
     /// The previous plugin's result, passed back unchanged.
+    #[serde(rename = "prevResult")]
     pub prev_result: Option<Value>,
     /// Annotations from the runtime, when it sends the capability.
+    #[serde(rename = "runtimeConfig", deserialize_with = "runtime_annotations")]
     pub pod_annotations: Option<BTreeMap<String, String>>,
+    /// `plugin_log_level`, else `log_level`, else `info`.
+    #[serde(skip)]
     pub log_level: String,
     pub log_file: Option<PathBuf>,
+    /// `cni_agent_run_dir`, else [`DEFAULT_RUN_DIR`].
+    #[serde(skip)]
     pub run_dir: PathBuf,
+    /// `kubeconfig`, else `kubernetes.kubeconfig`, else the run directory's.
+    #[serde(skip)]
     pub kubeconfig: PathBuf,
+    /// Its own and `kubernetes.exclude_namespaces`.
     pub exclude_namespaces: Vec<String>,
     /// The namespace of our DaemonSet (its own pods are skipped).
     pub pod_namespace: Option<String>,
     /// What a pod gets when its spec does not say (`proxy_uid`, `proxy_gid`, `dns_capture`,
     /// `dual_stack`, `drop_invalid`), and the bypass IDs of every pod (`bypass_uids`,
     /// `bypass_gids`).
+    #[serde(flatten)]
     pub mesh: MeshDefaults,
     /// Allow programming the namespace the plugin itself runs in (never in a real cluster).
     pub allow_host_netns: bool,
+    #[serde(default = "default_kube_attempts")]
     pub kube_attempts: u32,
+    #[serde(default = "default_kube_interval_ms", deserialize_with = "u32_wide")]
     pub kube_interval_ms: u64,
+    #[serde(
+        default = "default_kube_deadline_ms",
+        deserialize_with = "kube_deadline"
+    )]
     pub kube_deadline_ms: u64,
     /// istio-cni's ambient mode: not supported, warned about.
     pub ambient_enabled: bool,
+    // The raw fields the derived ones above come from.
+    plugin_log_level: Option<String>,
+    #[serde(rename = "log_level")]
+    log_level_field: Option<String>,
+    cni_agent_run_dir: Option<PathBuf>,
+    #[serde(rename = "kubeconfig")]
+    kubeconfig_field: Option<PathBuf>,
+    kubernetes: Option<Legacy>,
+    native_nftables: bool,
+}
+
+/// istio-cni ≤ 1.23 kept these under "kubernetes".
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+struct Legacy {
+    kubeconfig: Option<PathBuf>,
+    exclude_namespaces: Vec<String>,
+}
+
+/// `runtimeConfig`: only the capability that carries the pod's annotations is read.
+#[derive(Deserialize)]
+struct RuntimeConfig {
+    #[serde(rename = "io.kubernetes.cri.pod-annotations", default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+fn runtime_annotations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<BTreeMap<String, String>>, D::Error> {
+    Ok(Option::<RuntimeConfig>::deserialize(d)?.and_then(|r| r.annotations))
+}
+
+/// A number read as a `u32`, kept as a `u64`.
+fn u32_wide<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    Ok(u64::from(u32::deserialize(d)?))
+}
+
+/// `kube_deadline_ms`, within its bounds.
+fn kube_deadline<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    let ms = u64::deserialize(d)?;
+    if (1..=KUBE_DEADLINE_MAX).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(serde::de::Error::custom(KUBE_DEADLINE_EXPECTED))
+    }
+}
+
+fn default_kube_attempts() -> u32 {
+    30
+}
+
+fn default_kube_interval_ms() -> u64 {
+    1000
+}
+
+fn default_kube_deadline_ms() -> u64 {
+    crate::kube::DEFAULT_DEADLINE.as_millis() as u64
 }
 
 /// Every field of ours or istio-cni's that we read, for the reference docs.
@@ -98,114 +177,69 @@ fn invalid(field: &str, v: &Value, expected: &str) -> CniError {
     )
 }
 
+/// What a field takes, in words, for the error about a value of the wrong type. `element`: the
+/// value is an item of the field's list.
+fn expected(field: &str, element: bool) -> &'static str {
+    match field {
+        "proxy_uid" | "proxy_gid" | "kube_attempts" | "kube_interval_ms" => {
+            "a number from 0 to 4294967295"
+        }
+        "bypass_uids" | "bypass_gids" => "a list of numeric IDs",
+        "exclude_namespaces" => "a list of strings",
+        "dns_capture" | "dual_stack" | "drop_invalid" | "allow_host_netns" | "ambient_enabled"
+        | "native_nftables" => "true or false",
+        "kube_deadline_ms" => KUBE_DEADLINE_EXPECTED,
+        "prevResult" => "a result object",
+        "kubernetes" | "runtimeConfig" => "an object",
+        f if f == RUNTIME_ANNOTATIONS && !element => "an object of annotations",
+        f if f.starts_with(RUNTIME_ANNOTATIONS) => "a string (annotation values are strings)",
+        _ => "a string",
+    }
+}
+
+const RUNTIME_ANNOTATIONS: &str = "runtimeConfig.io.kubernetes.cri.pod-annotations";
+
 /// `kube_deadline_ms`: the bound on the whole pod read, 1 ms to 110 s (kubelet gives the
 /// runtime 2 minutes for a sandbox; a budget past that would be cut off unnamed).
-fn kube_deadline_ms(f: &Fields) -> Result<u64, CniError> {
-    const MAX: u64 = 110_000;
-    match f.get("kube_deadline_ms") {
-        None => Ok(crate::kube::DEFAULT_DEADLINE.as_millis() as u64),
-        Some(v) => v.as_u64().filter(|n| (1..=MAX).contains(n)).ok_or_else(|| {
-            invalid(
-                "kube_deadline_ms",
-                v,
-                "milliseconds from 1 to 110000 (110 s, under kubelet's 2-minute runtime timeout)",
-            )
-        }),
+const KUBE_DEADLINE_MAX: u64 = 110_000;
+const KUBE_DEADLINE_EXPECTED: &str =
+    "milliseconds from 1 to 110000 (110 s, under kubelet's 2-minute runtime timeout)";
+
+/// The config error for what serde refused: the field (a list's item is named by its list,
+/// istio-cni's `kubernetes.X` as `X`, as before), the value found, and what it takes.
+fn refused(value: &Value, e: serde_path_to_error::Error<serde_json::Error>) -> CniError {
+    let mut pointer = String::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut element = false;
+    for seg in e.path().iter() {
+        match seg {
+            serde_path_to_error::Segment::Map { key } => {
+                pointer.push('/');
+                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                names.push(key.clone());
+                element = false;
+            }
+            serde_path_to_error::Segment::Seq { index } => {
+                pointer.push_str(&format!("/{index}"));
+                element = true;
+            }
+            _ => {}
+        }
     }
+    if names.len() == 2 && names[0] == "kubernetes" {
+        names.remove(0);
+    }
+    let field = names.join(".");
+    let found = value.pointer(&pointer).unwrap_or(value);
+    invalid(&field, found, expected(&field, element))
 }
 
-/// The fields of the config (`parent: None`) or of one of its objects. Every read goes
-/// through [`Fields::get`], which insists (in debug builds, so in tests) that the key is listed
-/// in [`FIELDS`] or [`NESTED_FIELDS`]: a field read but not listed would go undocumented.
-struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    parent: Option<&'static str>,
+/// Deserialize `value` as `T`, a refusal as the config error naming the field.
+fn typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, CniError> {
+    serde_path_to_error::deserialize(value).map_err(|e| refused(value, e))
 }
 
-impl<'a> Fields<'a> {
-    fn top(map: &'a Map<String, Value>) -> Self {
-        Fields { map, parent: None }
-    }
-
-    fn nested(parent: &'static str, map: &'a Map<String, Value>) -> Self {
-        Fields {
-            map,
-            parent: Some(parent),
-        }
-    }
-
-    fn get(&self, k: &str) -> Option<&'a Value> {
-        debug_assert!(
-            match self.parent {
-                None => FIELDS.contains(&k),
-                Some(p) => NESTED_FIELDS.contains(&(p, k)),
-            },
-            "config field {}{k:?} is read but not listed in FIELDS/NESTED_FIELDS (and so not checked against docs/redirect-cni.md)",
-            self.parent.map(|p| format!("{p}.")).unwrap_or_default()
-        );
-        self.map.get(k).filter(|v| !v.is_null())
-    }
-
-    fn string(&self, k: &str) -> Result<Option<String>, CniError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(invalid(k, v, "a string")),
-        }
-    }
-
-    fn boolean(&self, k: &str) -> Result<bool, CniError> {
-        match self.get(k) {
-            None => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(invalid(k, v, "true or false")),
-        }
-    }
-
-    fn id(&self, k: &str) -> Result<Option<u32>, CniError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| invalid(k, v, "a number from 0 to 4294967295")),
-        }
-    }
-
-    fn strings(&self, k: &str) -> Result<Vec<String>, CniError> {
-        match self.get(k) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|i| {
-                    i.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| invalid(k, i, "a list of strings"))
-                })
-                .collect(),
-            Some(v) => Err(invalid(k, v, "a list of strings")),
-        }
-    }
-
-    fn ids(&self, k: &str) -> Result<Vec<u32>, CniError> {
-        match self.get(k) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|i| {
-                    i.as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| invalid(k, i, "a list of numeric IDs"))
-                })
-                .collect(),
-            Some(v) => Err(invalid(k, v, "a list of numeric IDs")),
-        }
-    }
-}
-
-/// Parse stdin. `strict_version`: VERSION accepts any version string, the others need one we
-/// speak.
+/// Parse stdin.
 pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     let value: Value = serde_json::from_slice(stdin).map_err(|e| {
         let text = String::from_utf8_lossy(stdin);
@@ -216,122 +250,115 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
             format!("stdin began with {shown:?}"),
         )
     })?;
-    let Value::Object(map) = &value else {
+    let Value::Object(mut map) = value else {
         return Err(invalid("(config)", &value, "a JSON object"));
     };
-    let f = Fields::top(map);
-    let cni_version = f.string("cniVersion")?.ok_or_else(|| {
-        CniError::new(
+    // A null is a field not given, at the top and in the objects read by key.
+    drop_nulls(&mut map);
+    for key in ["kubernetes", "runtimeConfig"] {
+        if let Some(Value::Object(inner)) = map.get_mut(key) {
+            drop_nulls(inner);
+        }
+    }
+    check_version(map.get("cniVersion"))?;
+    check_objects(&map)?;
+    let value = Value::Object(map);
+    let mut conf: NetConf = match typed(&value) {
+        Ok(conf) => conf,
+        Err(e) => return Err(first_refused(&value).unwrap_or(e)),
+    };
+    conf.derive_fields()?;
+    Ok(conf)
+}
+
+/// The fields in the order they have always been checked, so that of two bad fields the same
+/// one is named (serde goes in the document's order, and the flattened mesh defaults last).
+const CHECK_ORDER: &[&str] = &[
+    "/runtimeConfig",
+    "/cni_agent_run_dir",
+    "/kubeconfig",
+    "/kubernetes/kubeconfig",
+    "/exclude_namespaces",
+    "/kubernetes/exclude_namespaces",
+    "/name",
+    "/type",
+    "/plugin_log_level",
+    "/log_level",
+    "/log_file",
+    "/pod_namespace",
+    "/proxy_uid",
+    "/proxy_gid",
+    "/dns_capture",
+    "/dual_stack",
+    "/drop_invalid",
+    "/bypass_uids",
+    "/bypass_gids",
+    "/allow_host_netns",
+    "/kube_attempts",
+    "/kube_interval_ms",
+    "/kube_deadline_ms",
+    "/ambient_enabled",
+    "/native_nftables",
+];
+
+/// The first field of [`CHECK_ORDER`] that serde refuses on its own.
+fn first_refused(value: &Value) -> Option<CniError> {
+    CHECK_ORDER.iter().find_map(|pointer| {
+        let v = value.pointer(pointer)?;
+        let mut alone = v.clone();
+        for key in pointer.rsplit('/').filter(|k| !k.is_empty()) {
+            alone = Value::Object(Map::from_iter([(key.to_string(), alone)]));
+        }
+        match typed::<NetConf>(&alone) {
+            Ok(_) => None,
+            // A field of the flattened mesh defaults: serde names no path for it there.
+            Err(e) => Some(typed::<MeshDefaults>(&alone).err().unwrap_or(e)),
+        }
+    })
+}
+
+/// The fields that hold an object hold one (serde would also take a list for a struct).
+fn check_objects(map: &Map<String, Value>) -> Result<(), CniError> {
+    if let Some(v) = map.get("prevResult").filter(|v| !v.is_object()) {
+        return Err(invalid("prevResult", v, "a result object"));
+    }
+    if let Some(v) = map.get("runtimeConfig") {
+        let Value::Object(rc) = v else {
+            return Err(invalid("runtimeConfig", v, "an object"));
+        };
+        if let Some(a) = rc
+            .get(POD_ANNOTATIONS_CAPABILITY)
+            .filter(|a| !a.is_object())
+        {
+            return Err(invalid(RUNTIME_ANNOTATIONS, a, "an object of annotations"));
+        }
+    }
+    match map.get("kubernetes") {
+        Some(v) if !v.is_object() => Err(invalid("kubernetes", v, "an object")),
+        _ => Ok(()),
+    }
+}
+
+fn drop_nulls(map: &mut Map<String, Value>) {
+    map.retain(|_, v| !v.is_null());
+}
+
+fn check_version(v: Option<&Value>) -> Result<(), CniError> {
+    let supported = || format!("supported: {}", SUPPORTED_VERSIONS.join(", "));
+    match v {
+        None => Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
             "the network config has no cniVersion",
-            format!("supported: {}", SUPPORTED_VERSIONS.join(", ")),
-        )
-    })?;
-    if !SUPPORTED_VERSIONS.contains(&cni_version.as_str()) {
-        return Err(CniError::new(
+            supported(),
+        )),
+        Some(Value::String(version)) if SUPPORTED_VERSIONS.contains(&version.as_str()) => Ok(()),
+        Some(Value::String(version)) => Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
-            format!("cniVersion {cni_version:?} is not supported"),
-            format!("supported: {}", SUPPORTED_VERSIONS.join(", ")),
-        ));
+            format!("cniVersion {version:?} is not supported"),
+            supported(),
+        )),
+        Some(other) => Err(invalid("cniVersion", other, "a string")),
     }
-    let prev_result = match f.get("prevResult") {
-        None => None,
-        Some(v @ Value::Object(_)) => Some(v.clone()),
-        Some(v) => return Err(invalid("prevResult", v, "a result object")),
-    };
-    let pod_annotations = match f.get("runtimeConfig") {
-        None => None,
-        Some(Value::Object(rc)) => {
-            match Fields::nested("runtimeConfig", rc).get(POD_ANNOTATIONS_CAPABILITY) {
-                None => None,
-                Some(Value::Object(a)) => Some(
-                    a.iter()
-                        .map(|(k, v)| match v {
-                            Value::String(s) => Ok((k.clone(), s.clone())),
-                            other => Err(invalid(
-                                &format!("runtimeConfig.{POD_ANNOTATIONS_CAPABILITY}.{k}"),
-                                other,
-                                "a string (annotation values are strings)",
-                            )),
-                        })
-                        .collect::<Result<_, _>>()?,
-                ),
-                Some(v) => {
-                    return Err(invalid(
-                        &format!("runtimeConfig.{POD_ANNOTATIONS_CAPABILITY}"),
-                        v,
-                        "an object of annotations",
-                    ))
-                }
-            }
-        }
-        Some(v) => return Err(invalid("runtimeConfig", v, "an object")),
-    };
-    // istio-cni ≤ 1.23 kept these under "kubernetes".
-    let legacy = match f.get("kubernetes") {
-        Some(Value::Object(k)) => Some(k),
-        Some(v) => return Err(invalid("kubernetes", v, "an object")),
-        None => None,
-    };
-    let legacy = legacy.map(|k| Fields::nested("kubernetes", k));
-    let run_dir = PathBuf::from(
-        f.string("cni_agent_run_dir")?
-            .unwrap_or_else(|| DEFAULT_RUN_DIR.into()),
-    );
-    let kubeconfig = match (f.string("kubeconfig")?, legacy.as_ref()) {
-        (Some(p), _) => PathBuf::from(p),
-        (None, Some(l)) => l
-            .string("kubeconfig")?
-            .map(PathBuf::from)
-            .unwrap_or_else(|| run_dir.join(KUBECONFIG_NAME)),
-        (None, None) => run_dir.join(KUBECONFIG_NAME),
-    };
-    let mut exclude_namespaces = f.strings("exclude_namespaces")?;
-    if let Some(l) = &legacy {
-        exclude_namespaces.extend(l.strings("exclude_namespaces")?);
-    }
-    let conf = NetConf {
-        cni_version,
-        name: f.string("name")?.unwrap_or_default(),
-        plugin_type: f.string("type")?.unwrap_or_default(),
-        prev_result,
-        pod_annotations,
-        log_level: f
-            .string("plugin_log_level")?
-            .or(f.string("log_level")?)
-            .unwrap_or_else(|| "info".into()),
-        log_file: f.string("log_file")?.map(PathBuf::from),
-        run_dir,
-        kubeconfig,
-        exclude_namespaces,
-        pod_namespace: f.string("pod_namespace")?,
-        mesh: MeshDefaults {
-            proxy_uid: f.id("proxy_uid")?,
-            proxy_gid: f.id("proxy_gid")?,
-            dns_capture: f.boolean("dns_capture")?,
-            dual_stack: f.boolean("dual_stack")?,
-            drop_invalid: f.boolean("drop_invalid")?,
-            bypass_uids: f.ids("bypass_uids")?,
-            bypass_gids: f.ids("bypass_gids")?,
-        },
-        allow_host_netns: f.boolean("allow_host_netns")?,
-        kube_attempts: f.id("kube_attempts")?.unwrap_or(30).max(1),
-        kube_interval_ms: u64::from(f.id("kube_interval_ms")?.unwrap_or(1000)),
-        kube_deadline_ms: kube_deadline_ms(&f)?,
-        ambient_enabled: f.boolean("ambient_enabled")?,
-    };
-    f.boolean("native_nftables")?;
-    if !matches!(
-        conf.log_level.as_str(),
-        "debug" | "info" | "warn" | "error" | "none"
-    ) {
-        return Err(invalid(
-            "plugin_log_level",
-            &Value::String(conf.log_level.clone()),
-            "debug, info, warn, error or none",
-        ));
-    }
-    Ok(conf)
 }
 
 /// Prefixes of the node DaemonSet's pods (ours, and Istio's for a drop-in), skipped in the
@@ -339,6 +366,35 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
 const OWN_POD_PREFIXES: &[&str] = &["redirect-cni-node-", "istio-cni-node-"];
 
 impl NetConf {
+    /// The fields that depend on others, and the checks serde cannot make.
+    fn derive_fields(&mut self) -> Result<(), CniError> {
+        let legacy = self.kubernetes.take().unwrap_or_default();
+        self.run_dir = self
+            .cni_agent_run_dir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_RUN_DIR.into());
+        self.kubeconfig = self
+            .kubeconfig_field
+            .clone()
+            .or(legacy.kubeconfig)
+            .unwrap_or_else(|| self.run_dir.join(KUBECONFIG_NAME));
+        self.exclude_namespaces.extend(legacy.exclude_namespaces);
+        self.log_level = self
+            .plugin_log_level
+            .clone()
+            .or(self.log_level_field.clone())
+            .unwrap_or_else(|| "info".into());
+        self.kube_attempts = self.kube_attempts.max(1);
+        if redirect_program::logging::level(&self.log_level).is_none() {
+            return Err(invalid(
+                "plugin_log_level",
+                &Value::String(self.log_level.clone()),
+                &redirect_program::logging::level_names(" or "),
+            ));
+        }
+        Ok(())
+    }
+
     /// Why pod `ns`/`name` is left alone before looking at it (its own DaemonSet's pods,
     /// excluded namespaces), or `None`. The plugin and the repair controller ask alike.
     pub fn excluded(&self, ns: &str, name: &str) -> Option<String> {

@@ -18,7 +18,7 @@ use crate::repair::in_place::Places;
 use crate::repair::RepairSettings;
 
 /// Where Kubernetes mounts a pod's service-account token and CA.
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// A flag and its variable (`None`: a flag only), named by its key in messages.
 const fn s(
@@ -40,256 +40,258 @@ const fn b(
     s(key, Some(env), default, help).go_bool()
 }
 
-const SPECS: &[Flag] = &[
-    s(
-        "mounted-cni-net-dir",
-        Some("MOUNTED_CNI_NET_DIR"),
-        "/host/etc/cni/net.d",
-        "The host's CNI config directory as mounted in this container",
-    ),
-    s(
-        "cni-net-dir",
-        Some("CNI_NET_DIR"),
-        "/etc/cni/net.d",
-        "The same directory as the host sees it (used in messages)",
-    ),
-    s(
-        "cni-bin-dir",
-        Some("CNI_BIN_DIR"),
-        "/host/opt/cni/bin",
-        "Comma-separated host CNI bin directories (as mounted here) to copy the plugin into",
-    ),
-    s(
-        "binary",
-        None,
-        "",
-        "The plugin binary to copy (default: this executable)",
-    ),
-    s(
-        "cni-conf-name",
-        Some("CNI_CONF_NAME"),
-        "",
-        "Chained: the config file to chain into (default: the one kubelet uses); \
-         standalone: the file to write (default: redirect-cni.conf)",
-    ),
-    Flag {
-        flag_aliases: &["chained"],
-        ..b(
-            "chained-cni-plugin",
-            "CHAINED_CNI_PLUGIN",
+redirect_istio::flags! {
+    static SPECS = [
+        MOUNTED_CNI_NET_DIR = s(
+            "mounted-cni-net-dir",
+            Some("MOUNTED_CNI_NET_DIR"),
+            "/host/etc/cni/net.d",
+            "The host's CNI config directory as mounted in this container",
+        ),
+        CNI_NET_DIR = s(
+            "cni-net-dir",
+            Some("CNI_NET_DIR"),
+            "/etc/cni/net.d",
+            "The same directory as the host sees it (used in messages)",
+        ),
+        CNI_BIN_DIR = s(
+            "cni-bin-dir",
+            Some("CNI_BIN_DIR"),
+            "/host/opt/cni/bin",
+            "Comma-separated host CNI bin directories (as mounted here) to copy the plugin into",
+        ),
+        BINARY = s(
+            "binary",
+            None,
+            "",
+            "The plugin binary to copy (default: this executable)",
+        ),
+        CNI_CONF_NAME = s(
+            "cni-conf-name",
+            Some("CNI_CONF_NAME"),
+            "",
+            "Chained: the config file to chain into (default: the one kubelet uses); \
+             standalone: the file to write (default: redirect-cni.conf)",
+        ),
+        CHAINED_CNI_PLUGIN = Flag {
+            flag_aliases: &["chained"],
+            ..b(
+                "chained-cni-plugin",
+                "CHAINED_CNI_PLUGIN",
+                "true",
+                "Chain into the node's CNI config (false: write a standalone config, for Multus)",
+            )
+        },
+        CNI_AGENT_RUN_DIR = s(
+            "cni-agent-run-dir",
+            Some("CNI_AGENT_RUN_DIR"),
+            "/var/run/redirect-cni",
+            "Run directory shared with the plugin (same path on the host): kubeconfig and state",
+        ),
+        KUBECONFIG_MODE = s(
+            "kubeconfig-mode",
+            Some("KUBECONFIG_MODE"),
+            "0600",
+            "File mode of the kubeconfig, octal",
+        ),
+        CNI_CONF_GROUP_READ = b(
+            "cni-conf-group-read",
+            "CNI_CONF_GROUP_READ",
+            "false",
+            "Standalone config mode 0640 instead of 0600",
+        ),
+        KUBE_CA_FILE = s(
+            "kube-ca-file",
+            Some("KUBE_CA_FILE"),
+            "",
+            "CA bundle for the kubeconfig (default: the service account's ca.crt)",
+        ),
+        SKIP_TLS_VERIFY = b(
+            "skip-tls-verify",
+            "SKIP_TLS_VERIFY",
+            "false",
+            "Write insecure-skip-tls-verify instead of the CA into the kubeconfig",
+        ),
+        SERVICE_ACCOUNT_DIR = s(
+            "service-account-dir",
+            None,
+            DEFAULT_SERVICE_ACCOUNT_DIR,
+            "Directory holding the service account's token and ca.crt",
+        ),
+        KUBERNETES_SERVICE_HOST = s(
+            "kubernetes-service-host",
+            Some("KUBERNETES_SERVICE_HOST"),
+            "",
+            "API server host for the kubeconfig",
+        ),
+        KUBERNETES_SERVICE_PORT = s(
+            "kubernetes-service-port",
+            Some("KUBERNETES_SERVICE_PORT"),
+            "443",
+            "API server port for the kubeconfig",
+        ),
+        KUBERNETES_SERVICE_PROTOCOL = s(
+            "kubernetes-service-protocol",
+            Some("KUBERNETES_SERVICE_PROTOCOL"),
+            "https",
+            "API server scheme for the kubeconfig",
+        ),
+        EXCLUDE_NAMESPACES = s(
+            "exclude-namespaces",
+            Some("EXCLUDE_NAMESPACES"),
+            "",
+            "Comma-separated namespaces whose pods the plugin leaves alone",
+        ),
+        POD_NAMESPACE = s(
+            "pod-namespace",
+            Some("POD_NAMESPACE"),
+            "",
+            "This DaemonSet's namespace (the plugin leaves its pods alone)",
+        ),
+        PLUGIN_LOG_LEVEL = s(
+            "plugin-log-level",
+            Some("PLUGIN_LOG_LEVEL"),
+            "info",
+            "The plugin's log level (log_level in its config)",
+        ),
+        PLUGIN_CONFIG_JSON = s(
+            "plugin-config-json",
+            Some("PLUGIN_CONFIG_JSON"),
+            "",
+            "A JSON object merged into the plugin's config entry",
+        ),
+        CLEANUP_ON_EXIT = b(
+            "cleanup-on-exit",
+            "CLEANUP_ON_EXIT",
             "true",
-            "Chain into the node's CNI config (false: write a standalone config, for Multus)",
-        )
-    },
-    s(
-        "cni-agent-run-dir",
-        Some("CNI_AGENT_RUN_DIR"),
-        "/var/run/redirect-cni",
-        "Run directory shared with the plugin (same path on the host): kubeconfig and state",
-    ),
-    s(
-        "kubeconfig-mode",
-        Some("KUBECONFIG_MODE"),
-        "0600",
-        "File mode of the kubeconfig, octal",
-    ),
-    b(
-        "cni-conf-group-read",
-        "CNI_CONF_GROUP_READ",
-        "false",
-        "Standalone config mode 0640 instead of 0600",
-    ),
-    s(
-        "kube-ca-file",
-        Some("KUBE_CA_FILE"),
-        "",
-        "CA bundle for the kubeconfig (default: the service account's ca.crt)",
-    ),
-    b(
-        "skip-tls-verify",
-        "SKIP_TLS_VERIFY",
-        "false",
-        "Write insecure-skip-tls-verify instead of the CA into the kubeconfig",
-    ),
-    s(
-        "service-account-dir",
-        None,
-        SERVICE_ACCOUNT_DIR,
-        "Directory holding the service account's token and ca.crt",
-    ),
-    s(
-        "kubernetes-service-host",
-        Some("KUBERNETES_SERVICE_HOST"),
-        "",
-        "API server host for the kubeconfig",
-    ),
-    s(
-        "kubernetes-service-port",
-        Some("KUBERNETES_SERVICE_PORT"),
-        "443",
-        "API server port for the kubeconfig",
-    ),
-    s(
-        "kubernetes-service-protocol",
-        Some("KUBERNETES_SERVICE_PROTOCOL"),
-        "https",
-        "API server scheme for the kubeconfig",
-    ),
-    s(
-        "exclude-namespaces",
-        Some("EXCLUDE_NAMESPACES"),
-        "",
-        "Comma-separated namespaces whose pods the plugin leaves alone",
-    ),
-    s(
-        "pod-namespace",
-        Some("POD_NAMESPACE"),
-        "",
-        "This DaemonSet's namespace (the plugin leaves its pods alone)",
-    ),
-    s(
-        "plugin-log-level",
-        Some("PLUGIN_LOG_LEVEL"),
-        "info",
-        "The plugin's log level (log_level in its config)",
-    ),
-    s(
-        "plugin-config-json",
-        Some("PLUGIN_CONFIG_JSON"),
-        "",
-        "A JSON object merged into the plugin's config entry",
-    ),
-    b(
-        "cleanup-on-exit",
-        "CLEANUP_ON_EXIT",
-        "true",
-        "On SIGTERM/SIGINT remove everything that was installed",
-    ),
-    // -- the node agent: repair controller (Istio's names, its chart's defaults), untaint, metrics
-    s(
-        "node-name",
-        Some("NODE_NAME"),
-        "",
-        "This node's name (the DaemonSet sets it from spec.nodeName); the default of \
-         --repair-node-name, and the node --untaint-node untaints",
-    ),
-    b(
-        "repair-enabled",
-        "REPAIR_ENABLED",
-        "true",
-        "Run the repair controller: act on this node's pods that started without the plugin",
-    ),
-    b(
-        "repair-repair-pods",
-        "REPAIR_REPAIR_PODS",
-        "true",
-        "Repair a broken pod in place: program its capture into its running network namespace \
-         (needs SYS_ADMIN, SYS_PTRACE and the host's /proc); wins over delete and label",
-    ),
-    b(
-        "repair-delete-pods",
-        "REPAIR_DELETE_PODS",
-        "false",
-        "Delete a broken pod (its controller recreates it, with the plugin); wins over label",
-    ),
-    b(
-        "repair-label-pods",
-        "REPAIR_LABEL_PODS",
-        "false",
-        "Label a broken pod with --repair-broken-pod-label-key=--repair-broken-pod-label-value",
-    ),
-    s(
-        "repair-node-name",
-        Some("REPAIR_NODE_NAME"),
-        "",
-        "The node whose pods the repair controller watches (default: --node-name); required \
-         when the controller runs",
-    ),
-    s(
-        "repair-sidecar-annotation",
-        Some("REPAIR_SIDECAR_ANNOTATION"),
-        "sidecar.istio.io/status",
-        "Only pods carrying this annotation (any value) are considered; empty: every pod",
-    ),
-    s(
-        "repair-init-container-name",
-        Some("REPAIR_INIT_CONTAINER_NAME"),
-        "istio-validation",
-        "The validation init container whose failure marks a broken pod; empty: any",
-    ),
-    s(
-        "repair-init-container-exit-code",
-        Some("REPAIR_INIT_CONTAINER_EXIT_CODE"),
-        "126",
-        "Its exit code that marks a broken pod; 0: any",
-    ),
-    s(
-        "repair-init-container-termination-message",
-        Some("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"),
-        "",
-        "Its termination message that marks a broken pod (compared trimmed); empty: any",
-    ),
-    s(
-        "repair-broken-pod-label-key",
-        Some("REPAIR_BROKEN_POD_LABEL_KEY"),
-        "cni.istio.io/uninitialized",
-        "Label mode: the label's key",
-    ),
-    s(
-        "repair-broken-pod-label-value",
-        Some("REPAIR_BROKEN_POD_LABEL_VALUE"),
-        "true",
-        "Label mode: the label's value",
-    ),
-    s(
-        "repair-label-selectors",
-        Some("REPAIR_LABEL_SELECTORS"),
-        "",
-        "A Kubernetes label selector narrowing the watched pods",
-    ),
-    s(
-        "repair-field-selectors",
-        Some("REPAIR_FIELD_SELECTORS"),
-        "",
-        "A field selector narrowing the watched pods, joined with spec.nodeName=<node>",
-    ),
-    s(
-        "repair-max-attempts",
-        Some("REPAIR_MAX_ATTEMPTS"),
-        "5",
-        "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
-    ),
-    s(
-        "repair-host-proc",
-        Some("REPAIR_HOST_PROC"),
-        "/host/proc",
-        "The host's /proc as mounted here, searched for the pod's processes (repair mode)",
-    ),
-    s(
-        "repair-netns-dir",
-        Some("REPAIR_NETNS_DIR"),
-        "/var/run/netns",
-        "Pinned network namespaces, searched when no process of the pod is found (repair mode)",
-    ),
-    b(
-        "untaint-node",
-        "UNTAINT_NODE",
-        "false",
-        "Once the plugin is installed, remove --untaint-taint-key from this node's taints",
-    ),
-    s(
-        "untaint-taint-key",
-        Some("UNTAINT_TAINT_KEY"),
-        "cni.istio.io/not-ready",
-        "The taint --untaint-node removes (every effect of that key)",
-    ),
-    s(
-        "monitoring-port",
-        Some("MONITORING_PORT"),
-        "15014",
-        "Port of the agent's HTTP endpoints: /metrics (Prometheus), /healthz, /readyz; 0: none",
-    ),
-];
+            "On SIGTERM/SIGINT remove everything that was installed",
+        ),
+        // -- the node agent: repair controller (Istio's names, its chart's defaults), untaint, metrics
+        NODE_NAME = s(
+            "node-name",
+            Some("NODE_NAME"),
+            "",
+            "This node's name (the DaemonSet sets it from spec.nodeName); the default of \
+             --repair-node-name, and the node --untaint-node untaints",
+        ),
+        REPAIR_ENABLED = b(
+            "repair-enabled",
+            "REPAIR_ENABLED",
+            "true",
+            "Run the repair controller: act on this node's pods that started without the plugin",
+        ),
+        REPAIR_REPAIR_PODS = b(
+            "repair-repair-pods",
+            "REPAIR_REPAIR_PODS",
+            "true",
+            "Repair a broken pod in place: program its capture into its running network namespace \
+             (needs SYS_ADMIN, SYS_PTRACE and the host's /proc); wins over delete and label",
+        ),
+        REPAIR_DELETE_PODS = b(
+            "repair-delete-pods",
+            "REPAIR_DELETE_PODS",
+            "false",
+            "Delete a broken pod (its controller recreates it, with the plugin); wins over label",
+        ),
+        REPAIR_LABEL_PODS = b(
+            "repair-label-pods",
+            "REPAIR_LABEL_PODS",
+            "false",
+            "Label a broken pod with --repair-broken-pod-label-key=--repair-broken-pod-label-value",
+        ),
+        REPAIR_NODE_NAME = s(
+            "repair-node-name",
+            Some("REPAIR_NODE_NAME"),
+            "",
+            "The node whose pods the repair controller watches (default: --node-name); required \
+             when the controller runs",
+        ),
+        REPAIR_SIDECAR_ANNOTATION = s(
+            "repair-sidecar-annotation",
+            Some("REPAIR_SIDECAR_ANNOTATION"),
+            "sidecar.istio.io/status",
+            "Only pods carrying this annotation (any value) are considered; empty: every pod",
+        ),
+        REPAIR_INIT_CONTAINER_NAME = s(
+            "repair-init-container-name",
+            Some("REPAIR_INIT_CONTAINER_NAME"),
+            "istio-validation",
+            "The validation init container whose failure marks a broken pod; empty: any",
+        ),
+        REPAIR_INIT_CONTAINER_EXIT_CODE = s(
+            "repair-init-container-exit-code",
+            Some("REPAIR_INIT_CONTAINER_EXIT_CODE"),
+            "126",
+            "Its exit code that marks a broken pod; 0: any",
+        ),
+        REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE = s(
+            "repair-init-container-termination-message",
+            Some("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"),
+            "",
+            "Its termination message that marks a broken pod (compared trimmed); empty: any",
+        ),
+        REPAIR_BROKEN_POD_LABEL_KEY = s(
+            "repair-broken-pod-label-key",
+            Some("REPAIR_BROKEN_POD_LABEL_KEY"),
+            "cni.istio.io/uninitialized",
+            "Label mode: the label's key",
+        ),
+        REPAIR_BROKEN_POD_LABEL_VALUE = s(
+            "repair-broken-pod-label-value",
+            Some("REPAIR_BROKEN_POD_LABEL_VALUE"),
+            "true",
+            "Label mode: the label's value",
+        ),
+        REPAIR_LABEL_SELECTORS = s(
+            "repair-label-selectors",
+            Some("REPAIR_LABEL_SELECTORS"),
+            "",
+            "A Kubernetes label selector narrowing the watched pods",
+        ),
+        REPAIR_FIELD_SELECTORS = s(
+            "repair-field-selectors",
+            Some("REPAIR_FIELD_SELECTORS"),
+            "",
+            "A field selector narrowing the watched pods, joined with spec.nodeName=<node>",
+        ),
+        REPAIR_MAX_ATTEMPTS = s(
+            "repair-max-attempts",
+            Some("REPAIR_MAX_ATTEMPTS"),
+            "5",
+            "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
+        ),
+        REPAIR_HOST_PROC = s(
+            "repair-host-proc",
+            Some("REPAIR_HOST_PROC"),
+            "/host/proc",
+            "The host's /proc as mounted here, searched for the pod's processes (repair mode)",
+        ),
+        REPAIR_NETNS_DIR = s(
+            "repair-netns-dir",
+            Some("REPAIR_NETNS_DIR"),
+            "/var/run/netns",
+            "Pinned network namespaces, searched when no process of the pod is found (repair mode)",
+        ),
+        UNTAINT_NODE = b(
+            "untaint-node",
+            "UNTAINT_NODE",
+            "false",
+            "Once the plugin is installed, remove --untaint-taint-key from this node's taints",
+        ),
+        UNTAINT_TAINT_KEY = s(
+            "untaint-taint-key",
+            Some("UNTAINT_TAINT_KEY"),
+            "cni.istio.io/not-ready",
+            "The taint --untaint-node removes (every effect of that key)",
+        ),
+        MONITORING_PORT = s(
+            "monitoring-port",
+            Some("MONITORING_PORT"),
+            "15014",
+            "Port of the agent's HTTP endpoints: /metrics (Prometheus), /healthz, /readyz; 0: none",
+        ),
+    ];
+}
 
 /// Everything `redirect-cni install` was told.
 #[derive(Debug, Clone, PartialEq)]
@@ -459,12 +461,12 @@ pub fn parse(
         Err(message) => return Err(Error::Usage(message)),
     };
     // The value, and the flag or variable to name in a message about it.
-    let value = |key: &str| -> (String, &'static str) {
+    let value = |key: &Flag| -> (String, &'static str) {
         let v = resolved.get(key);
         (v.value.clone(), v.field())
     };
-    let string = |key: &str| value(key).0;
-    let boolean = |key: &str| -> Result<bool> {
+    let string = |key: &Flag| value(key).0;
+    let boolean = |key: &Flag| -> Result<bool> {
         let (v, from) = value(key);
         parse_bool(&v).ok_or_else(|| Error::InvalidSetting {
             setting: from,
@@ -472,21 +474,21 @@ pub fn parse(
             reason: "expected true or false (also 1, 0, t, f)".into(),
         })
     };
-    let non_empty = |key: &str| Some(string(key)).filter(|v| !v.is_empty());
+    let non_empty = |key: &Flag| Some(string(key)).filter(|v| !v.is_empty());
 
-    let cni_bin_dirs: Vec<PathBuf> = split_list(&string("cni-bin-dir"))
+    let cni_bin_dirs: Vec<PathBuf> = split_list(&string(&CNI_BIN_DIR))
         .into_iter()
         .map(PathBuf::from)
         .collect();
     if cni_bin_dirs.is_empty() {
-        let (value, setting) = value("cni-bin-dir");
+        let (value, setting) = value(&CNI_BIN_DIR);
         return Err(Error::InvalidSetting {
             setting,
             value,
             reason: "at least one directory is needed, e.g. /host/opt/cni/bin".into(),
         });
     }
-    let (mode, mode_from) = value("kubeconfig-mode");
+    let (mode, mode_from) = value(&KUBECONFIG_MODE);
     let kubeconfig_mode = parse_mode(&mode).ok_or_else(|| Error::InvalidSetting {
         setting: mode_from,
         value: mode.clone(),
@@ -499,34 +501,37 @@ pub fn parse(
             reason: "the kubeconfig holds the node agent's service-account token: a mode that gives other users any access, or the group write access, lets them read or replace it; use 0600 (the default) or 0640".into(),
         });
     }
-    let plugin_config = match non_empty("plugin-config-json") {
+    let plugin_config = match non_empty(&PLUGIN_CONFIG_JSON) {
         None => Map::new(),
         Some(text) => parse_plugin_config(&text).map_err(|reason| Error::InvalidSetting {
-            setting: value("plugin-config-json").1,
+            setting: value(&PLUGIN_CONFIG_JSON).1,
             value: text.clone(),
             reason,
         })?,
     };
-    let (plugin_log_level, level_from) = value("plugin-log-level");
-    if !PLUGIN_LOG_LEVELS.contains(&plugin_log_level.as_str()) {
+    let (plugin_log_level, level_from) = value(&PLUGIN_LOG_LEVEL);
+    if redirect_program::logging::level(&plugin_log_level).is_none() {
         return Err(Error::InvalidSetting {
             setting: level_from,
             value: plugin_log_level,
-            reason: format!("expected one of {}", PLUGIN_LOG_LEVELS.join(", ")),
+            reason: format!(
+                "expected one of {}",
+                redirect_program::logging::level_names(", ")
+            ),
         });
     }
-    let cni_conf_name = non_empty("cni-conf-name");
+    let cni_conf_name = non_empty(&CNI_CONF_NAME);
     if let Some(name) = &cni_conf_name {
         if name.contains('/') || name == "." || name == ".." {
             return Err(Error::InvalidSetting {
-                setting: value("cni-conf-name").1,
+                setting: value(&CNI_CONF_NAME).1,
                 value: name.clone(),
                 reason: "a file name inside the CNI net dir is expected, without '/'".into(),
             });
         }
     }
 
-    let number = |key: &str, range: std::ops::RangeInclusive<i64>| -> Result<i64> {
+    let number = |key: &Flag, range: std::ops::RangeInclusive<i64>| -> Result<i64> {
         let (v, from) = value(key);
         v.trim()
             .parse::<i64>()
@@ -542,37 +547,37 @@ pub fn parse(
                 ),
             })
     };
-    let node_name = string("node-name").trim().to_string();
+    let node_name = string(&NODE_NAME).trim().to_string();
     let repair = RepairSettings {
-        enabled: boolean("repair-enabled")?,
+        enabled: boolean(&REPAIR_ENABLED)?,
         action: [
-            (boolean("repair-repair-pods")?, Action::Repair),
-            (boolean("repair-delete-pods")?, Action::Delete),
-            (boolean("repair-label-pods")?, Action::Label),
+            (boolean(&REPAIR_REPAIR_PODS)?, Action::Repair),
+            (boolean(&REPAIR_DELETE_PODS)?, Action::Delete),
+            (boolean(&REPAIR_LABEL_PODS)?, Action::Label),
         ]
         .into_iter()
         .find_map(|(on, action)| on.then_some(action)),
-        node_name: non_empty("repair-node-name")
+        node_name: non_empty(&REPAIR_NODE_NAME)
             .map(|n| n.trim().to_string())
             .unwrap_or_else(|| node_name.clone()),
         filter: Filter {
-            sidecar_annotation: string("repair-sidecar-annotation"),
-            init_container_name: string("repair-init-container-name"),
-            exit_code: number("repair-init-container-exit-code", 0..=255)? as i32,
-            termination_message: string("repair-init-container-termination-message"),
+            sidecar_annotation: string(&REPAIR_SIDECAR_ANNOTATION),
+            init_container_name: string(&REPAIR_INIT_CONTAINER_NAME),
+            exit_code: number(&REPAIR_INIT_CONTAINER_EXIT_CODE, 0..=255)? as i32,
+            termination_message: string(&REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE),
         },
-        label_key: string("repair-broken-pod-label-key"),
-        label_value: string("repair-broken-pod-label-value"),
-        label_selectors: string("repair-label-selectors"),
-        field_selectors: string("repair-field-selectors"),
-        max_attempts: number("repair-max-attempts", 1..=100)? as u32,
+        label_key: string(&REPAIR_BROKEN_POD_LABEL_KEY),
+        label_value: string(&REPAIR_BROKEN_POD_LABEL_VALUE),
+        label_selectors: string(&REPAIR_LABEL_SELECTORS),
+        field_selectors: string(&REPAIR_FIELD_SELECTORS),
+        max_attempts: number(&REPAIR_MAX_ATTEMPTS, 1..=100)? as u32,
         places: Places {
-            proc: string("repair-host-proc").into(),
-            pins: string("repair-netns-dir").into(),
+            proc: string(&REPAIR_HOST_PROC).into(),
+            pins: string(&REPAIR_NETNS_DIR).into(),
         },
     };
-    let untaint = if boolean("untaint-node")? {
-        let (key, from) = value("untaint-taint-key");
+    let untaint = if boolean(&UNTAINT_NODE)? {
+        let (key, from) = value(&UNTAINT_TAINT_KEY);
         if key.trim().is_empty() {
             return Err(Error::InvalidSetting {
                 setting: from,
@@ -584,38 +589,35 @@ pub fn parse(
     } else {
         None
     };
-    let monitoring_port = number("monitoring-port", 0..=65535)? as u16;
+    let monitoring_port = number(&MONITORING_PORT, 0..=65535)? as u16;
 
     Ok(Parsed::Run(Box::new(Settings {
-        mounted_cni_net_dir: string("mounted-cni-net-dir").into(),
-        cni_net_dir: string("cni-net-dir").into(),
+        mounted_cni_net_dir: string(&MOUNTED_CNI_NET_DIR).into(),
+        cni_net_dir: string(&CNI_NET_DIR).into(),
         cni_bin_dirs,
-        binary: non_empty("binary").map(PathBuf::from),
+        binary: non_empty(&BINARY).map(PathBuf::from),
         cni_conf_name,
-        chained: boolean("chained-cni-plugin")?,
-        cni_agent_run_dir: string("cni-agent-run-dir").into(),
+        chained: boolean(&CHAINED_CNI_PLUGIN)?,
+        cni_agent_run_dir: string(&CNI_AGENT_RUN_DIR).into(),
         kubeconfig_mode,
-        cni_conf_group_read: boolean("cni-conf-group-read")?,
-        kube_ca_file: non_empty("kube-ca-file").map(PathBuf::from),
-        skip_tls_verify: boolean("skip-tls-verify")?,
-        service_account_dir: string("service-account-dir").into(),
-        kubernetes_service_host: non_empty("kubernetes-service-host"),
-        kubernetes_service_port: string("kubernetes-service-port"),
-        kubernetes_service_protocol: string("kubernetes-service-protocol"),
-        exclude_namespaces: split_list(&string("exclude-namespaces")),
-        pod_namespace: string("pod-namespace"),
+        cni_conf_group_read: boolean(&CNI_CONF_GROUP_READ)?,
+        kube_ca_file: non_empty(&KUBE_CA_FILE).map(PathBuf::from),
+        skip_tls_verify: boolean(&SKIP_TLS_VERIFY)?,
+        service_account_dir: string(&SERVICE_ACCOUNT_DIR).into(),
+        kubernetes_service_host: non_empty(&KUBERNETES_SERVICE_HOST),
+        kubernetes_service_port: string(&KUBERNETES_SERVICE_PORT),
+        kubernetes_service_protocol: string(&KUBERNETES_SERVICE_PROTOCOL),
+        exclude_namespaces: split_list(&string(&EXCLUDE_NAMESPACES)),
+        pod_namespace: string(&POD_NAMESPACE),
         plugin_log_level,
         plugin_config,
-        cleanup_on_exit: boolean("cleanup-on-exit")?,
+        cleanup_on_exit: boolean(&CLEANUP_ON_EXIT)?,
         node_name,
         repair,
         untaint,
         monitoring_port,
     })))
 }
-
-/// The levels the plugin accepts in `log_level`.
-pub const PLUGIN_LOG_LEVELS: &[&str] = &["debug", "info", "warn", "error", "none"];
 
 /// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).
 pub use redirect_istio::go::parse_bool;

@@ -114,11 +114,28 @@ pub struct Resolved {
 }
 
 impl Resolved {
-    pub fn get(&self, key: &str) -> &Value {
-        self.values
-            .get(key)
-            .unwrap_or_else(|| panic!("unknown setting {key}: not in the flag table"))
+    /// The setting `flag` (one of the constants a [`flags!`](crate::flags) table declares, so
+    /// a misspelled name does not compile).
+    pub fn get(&self, flag: &Flag) -> &Value {
+        self.values.get(flag.key).unwrap_or_else(|| {
+            panic!(
+                "setting {} is not in the table this command line was parsed with",
+                flag.key
+            )
+        })
     }
+}
+
+/// Declares a table of [`Flag`]s and a constant for each row, named after it: code reads a
+/// setting by its constant (`resolved.get(&PROXY_UID)`), so a misspelled setting is a compile
+/// error and every constant is a row of the table.
+#[macro_export]
+macro_rules! flags {
+    ($(#[$meta:meta])* $vis:vis static $table:ident = [ $( $name:ident = $flag:expr ),* $(,)? ];) => {
+        $( $vis const $name: $crate::cli::flag_table::Flag = $flag; )*
+        $(#[$meta])*
+        $vis static $table: &[$crate::cli::flag_table::Flag] = &[ $( $name ),* ];
+    };
 }
 
 /// What the command line asked for.
@@ -275,26 +292,28 @@ fn non_utf8_argument(args: &[OsString]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    static FLAGS: &[Flag] = &[
-        Flag {
-            short: Some('p'),
-            label: "--port (-p)",
-            env: Some("PORT"),
-            aliases: &["OLD_PORT"],
-            ..Flag::new("port", "80", "The port")
-        },
-        Flag {
-            env: Some("ON"),
-            flag_aliases: &["on-too"],
-            boolean: true,
-            ..Flag::new("on", "false", "A switch")
-        },
-        Flag {
-            long: false,
-            env: Some("ONLY_ENV"),
-            ..Flag::new("ONLY_ENV", "x", "Not a flag")
-        },
-    ];
+    crate::flags! {
+        static FLAGS = [
+            PORT = Flag {
+                short: Some('p'),
+                label: "--port (-p)",
+                env: Some("PORT"),
+                aliases: &["OLD_PORT"],
+                ..Flag::new("port", "80", "The port")
+            },
+            ON = Flag {
+                env: Some("ON"),
+                flag_aliases: &["on-too"],
+                boolean: true,
+                ..Flag::new("on", "false", "A switch")
+            },
+            ONLY_ENV = Flag {
+                long: false,
+                env: Some("ONLY_ENV"),
+                ..Flag::new("ONLY_ENV", "x", "Not a flag")
+            },
+        ];
+    }
 
     fn table(show_defaults: bool) -> Table {
         Table {
@@ -340,7 +359,7 @@ mod tests {
     fn a_flag_wins_then_an_alias_then_the_variable_then_the_default() {
         let port = |args: &[&str], env: &[(&str, &str)]| {
             let r = run(args, env).unwrap();
-            let v = r.get("port");
+            let v = r.get(&PORT);
             (v.value.clone(), v.source.clone(), v.field())
         };
         let both = [("PORT", "2"), ("OLD_PORT", "3")];
@@ -363,17 +382,14 @@ mod tests {
             ("80".into(), Source::Default, "--port (-p)")
         );
         assert_eq!(
-            run(&[], &[("ONLY_ENV", "y")])
-                .unwrap()
-                .get("ONLY_ENV")
-                .value,
+            run(&[], &[("ONLY_ENV", "y")]).unwrap().get(&ONLY_ENV).value,
             "y"
         );
     }
 
     #[test]
     fn booleans_take_gos_syntax_and_flag_aliases_answer() {
-        let on = |args: &[&str]| run(args, &[]).map(|r| r.get("on").value.clone());
+        let on = |args: &[&str]| run(args, &[]).map(|r| r.get(&ON).value.clone());
         assert_eq!(on(&["--on"]).unwrap(), "true");
         assert_eq!(on(&["--on=false"]).unwrap(), "false");
         assert_eq!(on(&["--on-too=0"]).unwrap(), "0");

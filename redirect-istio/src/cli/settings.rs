@@ -15,7 +15,7 @@ use redirect_model::parse::{
 use redirect_model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 use redirect_model::{Error, Result};
 
-use super::flags::{Resolved, Value};
+use super::flags::*;
 
 /// Which backend programs the rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,20 +66,20 @@ impl Settings {
     /// Type every value; the first bad one is the error (so the helpers run in the flags'
     /// order).
     pub fn from_resolved(r: &Resolved) -> Result<Settings> {
-        let v = |k: &str| r.get(k);
-        let proxy_uid = v("proxy-uid");
-        let proxy_gid = v("proxy-gid");
+        let v = |k: &Flag| r.get(k);
+        let proxy_uid = v(&PROXY_UID);
+        let proxy_gid = v(&PROXY_GID);
         let uids = parse_ids(proxy_uid.field(), &proxy_uid.value)?;
         let gids = parse_ids(proxy_gid.field(), &proxy_gid.value)?;
         let backend = backend(r)?;
         let force_iptables_binary = {
-            let f = v("force-iptables-binary");
+            let f = v(&FORCE_IPTABLES_BINARY);
             Variant::parse(f.field(), &f.value)?
         };
         let groups_exclude = groups_exclude(r)?;
         let config = capture_config(r, &uids, &gids, groups_exclude)?;
         let dry_run_format = dry_run_format(r)?;
-        let path = |k: &str| {
+        let path = |k: &Flag| {
             let p = v(k).value.trim();
             (!p.is_empty()).then(|| PathBuf::from(p))
         };
@@ -87,25 +87,25 @@ impl Settings {
             config,
             proxy_uid_from_user: uids.is_empty(),
             proxy_gid_from_uid: gids.is_empty(),
-            envoy_user: v("ENVOY_USER").value.clone(),
-            redirect_dns: boolean(v("redirect-dns"))?,
-            capture_all_dns: boolean(v("capture-all-dns"))?,
-            dual_stack: boolean(v("dual-stack"))?,
-            dry_run: boolean(v("dry-run"))?,
+            envoy_user: v(&ENVOY_USER).value.clone(),
+            redirect_dns: boolean(v(&REDIRECT_DNS))?,
+            capture_all_dns: boolean(v(&CAPTURE_ALL_DNS))?,
+            dual_stack: boolean(v(&DUAL_STACK))?,
+            dry_run: boolean(v(&DRY_RUN))?,
             dry_run_format,
-            dry_run_file: path("DRY_RUN_FILE_PATH"),
-            skip_rule_apply: boolean(v("skip-rule-apply"))?,
-            run_validation: boolean(v("run-validation"))?,
-            cleanup_only: boolean(v("cleanup-only"))?,
-            reconcile: boolean(v("reconcile"))?,
-            force_apply: boolean(v("force-apply"))?,
+            dry_run_file: path(&DRY_RUN_FILE_PATH),
+            skip_rule_apply: boolean(v(&SKIP_RULE_APPLY))?,
+            run_validation: boolean(v(&RUN_VALIDATION))?,
+            cleanup_only: boolean(v(&CLEANUP_ONLY))?,
+            reconcile: boolean(v(&RECONCILE))?,
+            force_apply: boolean(v(&FORCE_APPLY))?,
             backend,
             force_iptables_binary,
-            network_namespace: path("network-namespace"),
-            probe_port: port(v("iptables-probe-port"))?,
-            probe_timeout: duration(v("probe-timeout"))?,
+            network_namespace: path(&NETWORK_NAMESPACE),
+            probe_port: port(v(&IPTABLES_PROBE_PORT))?,
+            probe_timeout: duration(v(&PROBE_TIMEOUT))?,
         };
-        boolean(v("cni-mode"))?;
+        boolean(v(&CNI_MODE))?;
         s.config.validate().map_err(|e| name_the_flag(e, r))?;
         Ok(s)
     }
@@ -192,27 +192,27 @@ pub fn system_facts(s: &Settings) -> crate::Result<(Option<u32>, Vec<IpAddr>, Ve
 }
 
 /// The config's own field names, as the flag or variable that set them.
-const CORE_FIELDS: &[(&str, &str)] = &[
-    ("envoy_port", "envoy-port"),
-    ("inbound_capture_port", "inbound-capture-port"),
-    ("inbound_tunnel_port", "inbound-tunnel-port"),
-    ("proxy_uids", "proxy-uid"),
-    ("proxy_gids", "proxy-gid"),
-    ("tproxy_mark", "istio-inbound-tproxy-mark"),
-    ("tproxy_route_table", "istio-inbound-tproxy-route-table"),
-    ("owner_groups_include", "ISTIO_OUTBOUND_OWNER_GROUPS"),
-    ("owner_groups", "ISTIO_OUTBOUND_OWNER_GROUPS"),
-    ("ipv4_loopback_cidr", "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
-    ("exclude_interfaces", "istio-exclude-interfaces"),
-    ("reroute_interfaces", "kube-virt-interfaces"),
-    ("bypass_uids", "bypass-uids"),
-    ("bypass_gids", "bypass-gids"),
+const CORE_FIELDS: &[(&str, &Flag)] = &[
+    ("envoy_port", &ENVOY_PORT),
+    ("inbound_capture_port", &INBOUND_CAPTURE_PORT),
+    ("inbound_tunnel_port", &INBOUND_TUNNEL_PORT),
+    ("proxy_uids", &PROXY_UID),
+    ("proxy_gids", &PROXY_GID),
+    ("tproxy_mark", &ISTIO_INBOUND_TPROXY_MARK),
+    ("tproxy_route_table", &ISTIO_INBOUND_TPROXY_ROUTE_TABLE),
+    ("owner_groups_include", &ISTIO_OUTBOUND_OWNER_GROUPS),
+    ("owner_groups", &ISTIO_OUTBOUND_OWNER_GROUPS),
+    ("ipv4_loopback_cidr", &ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR),
+    ("exclude_interfaces", &ISTIO_EXCLUDE_INTERFACES),
+    ("reroute_interfaces", &KUBE_VIRT_INTERFACES),
+    ("bypass_uids", &BYPASS_UIDS),
+    ("bypass_gids", &BYPASS_GIDS),
 ];
 
 /// `--backend`, checked against `--native-nftables`.
 fn backend(r: &Resolved) -> Result<Backend> {
-    let native_requested = boolean(r.get("native-nftables"))?;
-    let f = r.get("backend");
+    let native_requested = boolean(r.get(&NATIVE_NFTABLES))?;
+    let f = r.get(&BACKEND);
     let backend = match f.value.trim().to_ascii_lowercase().as_str() {
         "native" | "nft" | "nftables" | "" => Backend::Native,
         "iptables" => Backend::Iptables,
@@ -234,7 +234,7 @@ fn backend(r: &Resolved) -> Result<Backend> {
 
 /// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`: a list, or nothing; `*` is refused.
 fn groups_exclude(r: &Resolved) -> Result<Vec<GroupRef>> {
-    let f = r.get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE");
+    let f = r.get(&ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE);
     match parse_groups(f.field(), &f.value) {
         Ok(Selection::List(l)) => Ok(l),
         Ok(Selection::All) => Err(bad(f, "\"*\" is not allowed in the exclude list: to capture no group's traffic, leave outbound capture off")),
@@ -252,16 +252,16 @@ fn capture_config(
     gids: &[u32],
     owner_groups_exclude: Vec<GroupRef>,
 ) -> Result<CaptureConfig> {
-    let v = |k: &str| r.get(k);
+    let v = |k: &Flag| r.get(k);
     let uid_list = if uids.is_empty() {
         vec![DEFAULT_PROXY_UID]
     } else {
         uids.to_vec()
     };
     Ok(CaptureConfig {
-        envoy_port: port(v("envoy-port"))?,
-        inbound_capture_port: port(v("inbound-capture-port"))?,
-        inbound_tunnel_port: port(v("inbound-tunnel-port"))?,
+        envoy_port: port(v(&ENVOY_PORT))?,
+        inbound_capture_port: port(v(&INBOUND_CAPTURE_PORT))?,
+        inbound_tunnel_port: port(v(&INBOUND_TUNNEL_PORT))?,
         proxy_uids: uid_list.clone(),
         proxy_gids: if gids.is_empty() {
             uid_list
@@ -269,33 +269,33 @@ fn capture_config(
             gids.to_vec()
         },
         mode: {
-            let f = v("istio-inbound-interception-mode");
+            let f = v(&ISTIO_INBOUND_INTERCEPTION_MODE);
             InterceptionMode::parse(f.field(), &f.value)?
         },
-        inbound_ports: typed(v("istio-inbound-ports"), parse_port_selection)?,
-        inbound_exclude_ports: typed(v("istio-local-exclude-ports"), parse_ports)?,
-        outbound_include_cidrs: typed(v("istio-service-cidr"), parse_cidr_selection)?,
-        outbound_exclude_cidrs: typed(v("istio-service-exclude-cidr"), parse_cidrs)?,
-        outbound_include_ports: typed(v("istio-outbound-ports"), parse_ports)?,
-        outbound_exclude_ports: typed(v("istio-local-outbound-ports-exclude"), parse_ports)?,
-        exclude_interfaces: typed(v("istio-exclude-interfaces"), parse_interfaces)?,
-        reroute_interfaces: typed(v("kube-virt-interfaces"), parse_interfaces)?,
-        tproxy_mark: number(v("istio-inbound-tproxy-mark"))?,
-        tproxy_route_table: number(v("istio-inbound-tproxy-route-table"))?,
+        inbound_ports: typed(v(&ISTIO_INBOUND_PORTS), parse_port_selection)?,
+        inbound_exclude_ports: typed(v(&ISTIO_LOCAL_EXCLUDE_PORTS), parse_ports)?,
+        outbound_include_cidrs: typed(v(&ISTIO_SERVICE_CIDR), parse_cidr_selection)?,
+        outbound_exclude_cidrs: typed(v(&ISTIO_SERVICE_EXCLUDE_CIDR), parse_cidrs)?,
+        outbound_include_ports: typed(v(&ISTIO_OUTBOUND_PORTS), parse_ports)?,
+        outbound_exclude_ports: typed(v(&ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE), parse_ports)?,
+        exclude_interfaces: typed(v(&ISTIO_EXCLUDE_INTERFACES), parse_interfaces)?,
+        reroute_interfaces: typed(v(&KUBE_VIRT_INTERFACES), parse_interfaces)?,
+        tproxy_mark: number(v(&ISTIO_INBOUND_TPROXY_MARK))?,
+        tproxy_route_table: number(v(&ISTIO_INBOUND_TPROXY_ROUTE_TABLE))?,
         dns: DnsCapture::Off,
-        drop_invalid: boolean(v("drop-invalid"))?,
-        owner_groups_include: typed(v("ISTIO_OUTBOUND_OWNER_GROUPS"), parse_groups)?,
+        drop_invalid: boolean(v(&DROP_INVALID))?,
+        owner_groups_include: typed(v(&ISTIO_OUTBOUND_OWNER_GROUPS), parse_groups)?,
         owner_groups_exclude,
-        ipv4_loopback_cidr: typed(v("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"), parse_loopback_cidr)?,
+        ipv4_loopback_cidr: typed(v(&ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR), parse_loopback_cidr)?,
         ipv6: false,
-        bypass_uids: typed(v("bypass-uids"), parse_ids)?,
-        bypass_gids: typed(v("bypass-gids"), parse_ids)?,
+        bypass_uids: typed(v(&BYPASS_UIDS), parse_ids)?,
+        bypass_gids: typed(v(&BYPASS_GIDS), parse_ids)?,
     })
 }
 
 /// `--dry-run-format`.
 fn dry_run_format(r: &Resolved) -> Result<DryRunFormat> {
-    let f = r.get("dry-run-format");
+    let f = r.get(&DRY_RUN_FORMAT);
     match f.value.trim().to_ascii_lowercase().as_str() {
         "nft" | "" => Ok(DryRunFormat::Nft),
         "iptables" => Ok(DryRunFormat::Iptables),
