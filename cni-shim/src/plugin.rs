@@ -13,11 +13,11 @@ use redirect_istio::mesh::{self, Decision};
 use redirect_istio::pod::PodInfo;
 use redirect_istio::Error as CaptureError;
 use redirect_kernel::backend::{Backend, Opener};
-use redirect_kernel::netns::Netns;
+use redirect_kernel::netns::{self, Netns};
 use redirect_kernel::nft::Nft;
 use redirect_kernel::Error as KernelError;
 use redirect_kernel::SystemGroups;
-use redirect_model::CaptureConfig;
+use redirect_model::ValidConfig;
 use redirect_program::logging::{self, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
@@ -169,7 +169,7 @@ fn version(stdin: &[u8]) -> String {
 }
 
 /// What to do for this pod: `None` = pass through; else the config and dual-stack flag.
-fn plan_for(call: &Call, conf: &NetConf) -> Result<Option<(CaptureConfig, bool)>, CniError> {
+fn plan_for(call: &Call, conf: &NetConf) -> Result<Option<(ValidConfig, bool)>, CniError> {
     let Some((ns, name)) = call.pod.clone()? else {
         info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",);
         return Ok(None);
@@ -292,9 +292,9 @@ fn is_own(ns: &Netns) -> Result<bool, CniError> {
 
 fn kernel_error(what: &str, e: CaptureError) -> CniError {
     let code = match e {
-        CaptureError::Kernel(KernelError::NetnsOpen { .. } | KernelError::NotNetns { .. }) => {
-            code::UNKNOWN_CONTAINER
-        }
+        CaptureError::Kernel(KernelError::Netns(
+            netns::Error::Open { .. } | netns::Error::NotNetns { .. },
+        )) => code::UNKNOWN_CONTAINER,
         CaptureError::Model(_) => code::INVALID_CONFIG,
         _ => code::IO_FAILURE,
     };
@@ -341,7 +341,7 @@ fn del(call: &Call, conf: &NetConf) -> Result<(), CniError> {
     let what = "removing the pod's capture";
     let ns = match Netns::open(Path::new(&netns)) {
         Ok(ns) => ns,
-        Err(KernelError::NetnsOpen { source, .. })
+        Err(netns::Error::Open { source, .. })
             if matches!(
                 source.raw_os_error(),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR)
@@ -350,7 +350,7 @@ fn del(call: &Call, conf: &NetConf) -> Result<(), CniError> {
             info!("DEL: CNI_NETNS {netns} does not exist any more: nothing to remove");
             return Ok(());
         }
-        Err(e @ KernelError::NotNetns { .. }) => {
+        Err(e @ netns::Error::NotNetns { .. }) => {
             info!("DEL: {e}: the sandbox is gone, nothing to remove");
             return Ok(());
         }

@@ -45,12 +45,11 @@ fn decide_and_plan(pod: &redirect_istio::pod::PodInfo, flags: u8) {
         config, dual_stack, ..
     }) = mesh::decide(pod, &defaults)
     {
-        let mut cfg = *config;
+        let cfg = *config;
         common::exercise(&cfg);
         // The plugin turns IPv6 on from the pod's addresses when dual-stack says so.
         if dual_stack || flags & 128 != 0 {
-            cfg.ipv6 = true;
-            common::exercise(&cfg);
+            common::exercise(&cfg.with_ipv6(true));
         }
     }
 }

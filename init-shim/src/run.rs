@@ -56,11 +56,23 @@ impl From<redirect_model::Error> for Failure {
     }
 }
 
-impl From<redirect_kernel::Error> for Failure {
-    fn from(e: redirect_kernel::Error) -> Self {
-        Error::from(e).into()
-    }
+/// The kernel crate's errors, as the Istio crate's.
+macro_rules! failure_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Failure {
+            fn from(e: $t) -> Self {
+                Error::from(e).into()
+            }
+        }
+    )*};
 }
+
+failure_from!(
+    redirect_kernel::Error,
+    redirect_kernel::netns::Error,
+    redirect_kernel::nft::Error,
+    redirect_kernel::routes::Error
+);
 
 fn fail(message: String) -> Failure {
     Failure {

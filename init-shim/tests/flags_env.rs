@@ -46,7 +46,7 @@ fn v4_host() -> HostAddress {
 #[test]
 fn no_flags_give_istio_flag_defaults() {
     let s = ok(&[], &[]);
-    assert_eq!(s.config, CaptureConfig::default());
+    assert_eq!(*s.config, CaptureConfig::default());
     assert!(s.proxy_uid_from_user && s.proxy_gid_from_uid);
     assert_eq!(s.envoy_user, "istio-proxy");
     assert_eq!(
@@ -63,7 +63,7 @@ fn no_flags_give_istio_flag_defaults() {
 #[test]
 fn the_injectors_command_gives_istios_sidecar_default() {
     let s = ok(redirect_testkit::istio::SIDECAR_ARGS, &[]);
-    assert_eq!(s.config, CaptureConfig::istio_sidecar_default());
+    assert_eq!(*s.config, CaptureConfig::istio_sidecar_default());
     assert!(!s.proxy_uid_from_user);
 }
 

@@ -17,3 +17,21 @@ pub enum Error {
     #[error("{tool} failed: {detail}")]
     Tool { tool: String, detail: String },
 }
+
+impl From<redirect_kernel::nft::Error> for Error {
+    fn from(e: redirect_kernel::nft::Error) -> Self {
+        Error::Kernel(e.into())
+    }
+}
+
+impl From<redirect_kernel::routes::Error> for Error {
+    fn from(e: redirect_kernel::routes::Error) -> Self {
+        Error::Kernel(e.into())
+    }
+}
+
+impl From<redirect_kernel::netns::Error> for Error {
+    fn from(e: redirect_kernel::netns::Error) -> Self {
+        Error::Kernel(e.into())
+    }
+}

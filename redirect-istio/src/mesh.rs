@@ -11,7 +11,7 @@ use redirect_model::parse::{
     parse_cidr_selection, parse_cidrs, parse_ids, parse_interfaces, parse_port_selection,
     parse_ports,
 };
-use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection, ValidConfig};
 use redirect_model::{Error, IdKind, Result};
 
 pub const STATUS: &str = "sidecar.istio.io/status";
@@ -93,7 +93,7 @@ pub enum Decision {
     /// Capture with this config. `dual_stack` decides IPv6 from the pod's addresses (derived
     /// later, in the namespace); the warnings are for logs.
     Capture {
-        config: Box<CaptureConfig>,
+        config: Box<ValidConfig>,
         dual_stack: bool,
         warnings: Vec<String>,
     },
@@ -235,7 +235,7 @@ fn typed<T>(
 fn config_for(
     pod: &PodInfo,
     d: &MeshDefaults,
-) -> Result<(CaptureConfig, bool, Vec<String>), MeshError> {
+) -> Result<(ValidConfig, bool, Vec<String>), MeshError> {
     let ann = &pod.annotations;
     let mut warnings = Vec::new();
     let proxy = pod.spec.as_ref().and_then(|s| s.container(PROXY));
@@ -282,8 +282,8 @@ fn config_for(
         bypass_gids: [d.bypass_gids.as_slice(), &ann_bypass_gids].concat(),
         ..CaptureConfig::default()
     };
-    config
-        .validate()
+    let config = config
+        .validated()
         .map_err(|e| blame_bypass(e, &ann_bypass_uids, &ann_bypass_gids))?;
     Ok((config, dual_stack, warnings))
 }
@@ -551,7 +551,7 @@ mod tests {
         match d {
             Decision::Capture {
                 config, dual_stack, ..
-            } => (*config, dual_stack),
+            } => (config.into_inner(), dual_stack),
             other => panic!("expected capture, got {other:?}"),
         }
     }

@@ -69,33 +69,33 @@ impl Live {
 
 impl Backend for Live {
     fn read_table(&self) -> Result<Option<TableState>> {
-        self.nft.read()
+        Ok(self.nft.read()?)
     }
     fn apply(&self, rs: &Ruleset) -> Result<Applied> {
-        self.nft.apply(rs)
+        Ok(self.nft.apply(rs)?)
     }
     fn remove_table(&self) -> Result<bool> {
-        self.nft.remove()
+        Ok(self.nft.remove()?)
     }
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
-        self.routes.read_tproxy(r, family)
+        Ok(self.routes.read_tproxy(r, family)?)
     }
     fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
-        self.routes.apply_tproxy(r, families)
+        Ok(self.routes.apply_tproxy(r, families)?)
     }
     fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
-        self.routes.remove_tproxy(r, families)
+        Ok(self.routes.remove_tproxy(r, families)?)
     }
     fn has_lo_v6(&self) -> Result<bool> {
-        self.routes.has_lo_v6_inbound_addr()
+        Ok(self.routes.has_lo_v6_inbound_addr()?)
     }
     fn ensure_lo_v6(&self) -> Result<()> {
-        self.routes.ensure_lo_v6_inbound_addr()
+        Ok(self.routes.ensure_lo_v6_inbound_addr()?)
     }
     fn remove_lo_v6(&self) -> Result<()> {
-        self.routes.remove_lo_v6_inbound_addr()
+        Ok(self.routes.remove_lo_v6_inbound_addr()?)
     }
     fn addresses(&self) -> Result<Vec<IpAddr>> {
-        self.routes.addresses()
+        Ok(self.routes.addresses()?)
     }
 }

@@ -75,12 +75,12 @@ impl Fake {
     fn write(&self) -> Result<std::cell::RefMut<'_, FakeState>> {
         let st = self.state.borrow_mut();
         if st.deny_writes {
-            return Err(Error::NftRejected {
+            return Err(Error::from(nft::Error::Rejected {
                 what: "a write to the fake namespace".into(),
                 errno: libc::EPERM,
                 source: std::io::Error::from_raw_os_error(libc::EPERM),
                 hint: crate::errno_hint(libc::EPERM),
-            });
+            }));
         }
         Ok(st)
     }

@@ -25,7 +25,41 @@ use std::path::{Path, PathBuf};
 
 use nix::sched::{setns, CloneFlags};
 
-use crate::error::{Error, Result};
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a namespace could not be opened, judged or entered.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The namespace file could not be opened.
+    #[error("cannot open network namespace {path}: {source}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
+    Open { path: PathBuf, source: io::Error },
+
+    /// The path opened, but what it names is not a network namespace (a regular file such as
+    /// the mount point a namespace left behind, a directory, another kind of namespace).
+    #[error("{path} is not a network namespace ({found}); the pod's namespace is /proc/PID/ns/net or /run/netns/NAME")]
+    NotNetns { path: PathBuf, found: String },
+
+    /// `setns` into the namespace failed.
+    #[error(
+        "cannot enter network namespace {path}: {source}; {}",
+        enter_hint(source)
+    )]
+    Enter { path: PathBuf, source: io::Error },
+
+    /// The thread that ran inside the namespace panicked or could not start.
+    #[error("worker thread for network namespace {path} failed: {reason}")]
+    Thread { path: PathBuf, reason: String },
+}
+
+/// Why `setns` failed: EINVAL means the file is no namespace at all, not a missing privilege.
+fn enter_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => {
+            "the path is not a network namespace file (use /proc/PID/ns/net or /run/netns/NAME)"
+        }
+        _ => "entering a namespace needs CAP_SYS_ADMIN (run as root)",
+    }
+}
 
 /// A network namespace held open: the descriptor that was judged is the one entered, so a
 /// path whose target changes between two system calls (a `/proc/PID/ns/net` whose PID was
@@ -40,11 +74,11 @@ pub struct Netns {
 
 impl Netns {
     /// Opens the namespace file at `path` and checks, on the open descriptor, that it is a
-    /// network namespace: [`Error::NetnsOpen`] when it cannot be opened (missing: the pod is
+    /// network namespace: [`Error::Open`] when it cannot be opened (missing: the pod is
     /// gone), [`Error::NotNetns`] when it is something else (the empty mount point a namespace
     /// leaves when it is unmounted, a directory, another kind of namespace).
     pub fn open(path: &Path) -> Result<Netns> {
-        let file = File::open(path).map_err(|source| Error::NetnsOpen {
+        let file = File::open(path).map_err(|source| Error::Open {
             path: path.to_owned(),
             source,
         })?;
@@ -57,7 +91,7 @@ impl Netns {
             path: path.to_owned(),
             found,
         };
-        let io = |source: io::Error| Error::NetnsOpen {
+        let io = |source: io::Error| Error::Open {
             path: path.to_owned(),
             source,
         };
@@ -101,8 +135,8 @@ impl Netns {
     }
 
     /// Runs `f` in this namespace on a dedicated thread and returns what `f` returns: see the
-    /// module's comment. A failing `setns` gives [`Error::NetnsEnter`] and `f` does not run; a
-    /// panic in `f` becomes [`Error::NetnsThread`]. `f` may borrow from the caller.
+    /// module's comment. A failing `setns` gives [`Error::Enter`] and `f` does not run; a
+    /// panic in `f` becomes [`Error::Thread`]. `f` may borrow from the caller.
     pub fn run<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> Result<T> {
         run_in_file(&self.file, &self.path, f)
     }
@@ -134,7 +168,7 @@ fn namespace_type(file: &File) -> io::Result<libc::c_int> {
 
 /// Runs `f` in the namespace of a file the caller holds open; `path` only names it in errors.
 fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -> Result<T> {
-    let thread_error = |reason: String| Error::NetnsThread {
+    let thread_error = |reason: String| Error::Thread {
         path: path.to_owned(),
         reason,
     };
@@ -143,7 +177,7 @@ fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -
         let worker = std::thread::Builder::new()
             .name("redirect-netns".into())
             .spawn_scoped(scope, || -> Result<T> {
-                setns(ns, CloneFlags::CLONE_NEWNET).map_err(|errno| Error::NetnsEnter {
+                setns(ns, CloneFlags::CLONE_NEWNET).map_err(|errno| Error::Enter {
                     path: path.to_owned(),
                     source: io::Error::from(errno),
                 })?;

@@ -33,9 +33,49 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use std::cell::RefCell;
 
-use crate::error::{Error, Result};
+type Result<T, E = Error> = std::result::Result<T, E>;
 use crate::netns::Netns;
 use redirect_model::Family;
+
+/// Why a routing request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Routing values that would reroute all traffic (checked again here, below the config's
+    /// own validation, since a wrong value here blackholes the namespace).
+    #[error("invalid {field}: {value:?}: {expected}")]
+    UnsafeRouting {
+        field: &'static str,
+        value: String,
+        expected: String,
+    },
+
+    /// A routing (rtnetlink) request failed.
+    #[error("{what} ({family}) failed: {source} (errno {errno}){hint}")]
+    Route {
+        what: String,
+        family: Family,
+        errno: i32,
+        source: io::Error,
+        hint: &'static str,
+    },
+
+    /// A request about a network interface (rtnetlink link) failed.
+    #[error("{what} failed: {source} (errno {errno}){hint}")]
+    Link {
+        what: String,
+        errno: i32,
+        source: io::Error,
+        hint: &'static str,
+    },
+
+    /// A netlink socket operation failed before the kernel answered.
+    #[error("netlink {op} failed: {source}{hint}")]
+    Netlink {
+        op: &'static str,
+        source: io::Error,
+        hint: &'static str,
+    },
+}
 
 /// The address Istio puts on `lo` for IPv6 inbound capture (`::6/128`).
 pub const LO_V6_INBOUND_ADDR: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
@@ -109,8 +149,8 @@ impl Routes {
 
     /// A handle on the namespace `netns` holds (the socket is created there, on a thread that
     /// enters it; the caller's thread stays where it is).
-    pub fn open_in(netns: &Netns) -> Result<Routes> {
-        netns.run(Routes::open)?
+    pub fn open_in(netns: &Netns) -> crate::Result<Routes> {
+        Ok(netns.run(Routes::open)??)
     }
 
     /// Adds, for each family, the rule `fwmark <mark> lookup <table>` and the route

@@ -6,7 +6,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redirect_kernel::nft::{self, TableState};
-use redirect_kernel::Error;
 use redirect_model::{plan, CaptureConfig, DnsCapture, Selection};
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
@@ -88,7 +87,7 @@ fn reads_while_another_writer_switches_configs_are_never_a_mix() {
                         stop.store(true, Ordering::Relaxed);
                         panic!("read {i}: no table, though it was never deleted");
                     }
-                    Err(Error::ReadUnsettled { .. }) => unsettled += 1,
+                    Err(nft::Error::ReadUnsettled { .. }) => unsettled += 1,
                     Err(e) => {
                         stop.store(true, Ordering::Relaxed);
                         panic!("read {i}: {e}");

@@ -13,7 +13,6 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use redirect_kernel::netns::{current_netns_id, netns_id_of};
 use redirect_kernel::routes::{self, TproxyRouting, TproxyState};
-use redirect_kernel::Error;
 use redirect_model::Family;
 
 /// Istio's TPROXY mark and route table.
@@ -210,7 +209,7 @@ fn run_in_on_a_missing_path_is_netns_open_naming_the_path() {
         .and_then(|ns| ns.run(|| ran.store(true, Ordering::SeqCst)))
         .unwrap_err();
     match &err {
-        Error::NetnsOpen { path: p, source } => {
+        redirect_kernel::netns::Error::Open { path: p, source } => {
             assert_eq!(p, &path);
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         }
@@ -231,7 +230,7 @@ fn run_in_turns_a_panic_into_netns_thread() {
         .and_then(|ns| ns.run(|| -> u32 { panic!("boom in the pod") }))
         .unwrap_err();
     match &err {
-        Error::NetnsThread { path, reason } => {
+        redirect_kernel::netns::Error::Thread { path, reason } => {
             assert_eq!(path, &ns.path);
             assert!(reason.contains("boom in the pod"), "{reason}");
         }
@@ -258,7 +257,7 @@ fn run_in_on_a_file_that_is_no_network_namespace_is_not_netns() {
             .and_then(|ns| ns.run(|| ran.store(true, Ordering::SeqCst)))
             .unwrap_err();
         match &err {
-            Error::NotNetns { path: p, found: f } => {
+            redirect_kernel::netns::Error::NotNetns { path: p, found: f } => {
                 assert_eq!(p, path);
                 assert!(f.contains(found), "{path:?}: {f}");
             }
@@ -413,7 +412,7 @@ fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
         .apply_tproxy(&r, &[Family::V6])
         .unwrap_err();
     match &err {
-        Error::Route { family, errno, .. } => {
+        routes::Error::Route { family, errno, .. } => {
             assert_eq!(*family, Family::V6);
             assert_eq!(*errno, libc::ENETDOWN, "{err}");
         }
@@ -551,14 +550,14 @@ fn tproxy_routing_refuses_values_that_would_capture_everything() {
         assert!(
             matches!(
                 host.apply_tproxy(&r, &BOTH),
-                Err(Error::UnsafeRouting { .. })
+                Err(routes::Error::UnsafeRouting { .. })
             ),
             "{r:?}"
         );
         assert!(
             matches!(
                 host.remove_tproxy(&r, &BOTH),
-                Err(Error::UnsafeRouting { .. })
+                Err(routes::Error::UnsafeRouting { .. })
             ),
             "{r:?}"
         );

@@ -10,11 +10,12 @@
 //! database lives in `redirect-kernel`). No unsafe code.
 //!
 //! The public surface:
-//! - the config: [`CaptureConfig`], [`DnsCapture`], [`GroupRef`], [`InterceptionMode`],
-//!   [`Selection`], [`DNS_AGENT_PORT`], [`OUTBOUND_MARK`], [`MAX_OWNER_GROUPS`], and Istio's
-//!   string forms of its lists ([`parse`], [`join`](mod@join));
-//! - the plan: [`plan`], [`plan_with`], [`GroupResolver`], [`NoGroupDatabase`], and the chain
-//!   names the plan uses ([`chains`]);
+//! - the config: [`CaptureConfig`], [`ValidConfig`] (validated once, planned without a second
+//!   check), [`DnsCapture`], [`GroupRef`], [`InterceptionMode`], [`Selection`],
+//!   [`DNS_AGENT_PORT`], [`OUTBOUND_MARK`], [`MAX_OWNER_GROUPS`], and Istio's string forms of
+//!   its lists ([`parse`], [`join`](mod@join));
+//! - the plan: [`plan`], [`plan_with`], [`plan_valid`], [`GroupResolver`], [`NoGroupDatabase`],
+//!   and the chain names the plan uses ([`chains`]);
 //! - the ruleset types ([`Ruleset`] and its parts);
 //! - [`render`], [`eval`], [`table`];
 //! - [`Error`] and [`Result`].
@@ -31,11 +32,11 @@ pub mod render;
 pub mod table;
 
 pub use config::{
-    join, parse, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, DNS_AGENT_PORT,
-    MAX_OWNER_GROUPS, OUTBOUND_MARK,
+    join, parse, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, ValidConfig,
+    DNS_AGENT_PORT, MAX_OWNER_GROUPS, OUTBOUND_MARK,
 };
 pub use error::{Error, IdKind, Result};
-pub use plan::{chains, plan, plan_with, GroupResolver, NoGroupDatabase};
+pub use plan::{chains, plan, plan_valid, plan_with, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
     Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,
     PortMatch, Rule, Ruleset, SetElements, Stage, L4,

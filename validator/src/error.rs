@@ -61,8 +61,20 @@ impl From<redirect_model::Error> for Error {
     }
 }
 
-impl From<redirect_kernel::Error> for Error {
-    fn from(e: redirect_kernel::Error) -> Self {
-        Error::Core(e.into())
-    }
+/// The kernel crate's errors, as the Istio crate's.
+macro_rules! core_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Error::Core(e.into())
+            }
+        }
+    )*};
 }
+
+core_from!(
+    redirect_kernel::Error,
+    redirect_kernel::netns::Error,
+    redirect_kernel::nft::Error,
+    redirect_kernel::routes::Error
+);

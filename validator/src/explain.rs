@@ -105,14 +105,12 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<
     // A pod outside the mesh has no rules: every flow is evaluated against an empty ruleset.
     let (cfg, rs) = match decision {
         Some(Decision::Capture {
-            mut config,
-            warnings,
-            ..
+            config, warnings, ..
         }) => {
             notes.extend(warnings);
-            config.ipv6 = host.ipv6;
-            let rs = redirect_model::plan_with(&config, &redirect_kernel::SystemGroups)?;
-            (*config, rs)
+            let config = config.with_ipv6(host.ipv6);
+            let rs = redirect_model::plan_valid(&config, &redirect_kernel::SystemGroups)?;
+            (config, rs)
         }
         Some(Decision::Skip(why)) => {
             notes.push(format!(
@@ -125,7 +123,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<
         }
         None => {
             notes.extend(args::finish(&mut s, &host, &nameservers)?);
-            let rs = redirect_model::plan_with(&s.config, &redirect_kernel::SystemGroups)?;
+            let rs = redirect_model::plan_valid(&s.config, &redirect_kernel::SystemGroups)?;
             (s.config, rs)
         }
     };

@@ -15,8 +15,8 @@ use redirect_kernel::backend::Live;
 use redirect_kernel::netns;
 use redirect_kernel::nft::{self, text};
 use redirect_kernel::routes::{Routes, TproxyRouting};
-use redirect_model::CaptureConfig;
 use redirect_model::Ruleset;
+use redirect_model::ValidConfig;
 use serde::Serialize;
 
 use crate::Error;
@@ -93,7 +93,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
 
 /// What the caller expects the namespace to hold: a plan, or "nothing" for a pod outside the mesh.
 enum Expected {
-    Rules(Box<CaptureConfig>, Ruleset),
+    Rules(Box<ValidConfig>, Ruleset),
     Nothing(String),
 }
 
@@ -101,7 +101,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     // Opened once: both reads below enter this descriptor, whatever the path names later.
     let ns = netns::Netns::open(&path).map_err(|e| match e {
-        redirect_kernel::Error::NetnsOpen { path, source } => Error::Netns { path, source },
+        netns::Error::Open { path, source } => Error::Netns { path, source },
         other => other.into(),
     })?;
     let mut settings = args::settings(r)?;
@@ -125,20 +125,20 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
         Some(Decision::NeedSpec(why)) => {
             unreachable!("pod_file::decide returns it as an error: {why}")
         }
-        Some(Decision::Capture { mut config, .. }) => {
+        Some(Decision::Capture { config, .. }) => {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
-            config.ipv6 = h.ipv6;
-            let rs = redirect_model::plan_with(&config, &redirect_kernel::SystemGroups)?;
+            let config = config.with_ipv6(h.ipv6);
+            let rs = redirect_model::plan_valid(&config, &redirect_kernel::SystemGroups)?;
             Some((
                 "the pod's annotations".to_string(),
-                Expected::Rules(config, rs),
+                Expected::Rules(Box::new(config), rs),
             ))
         }
         None if args::config_given(r) => {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             let servers = nameservers(r, settings.wants_nameservers(), &path)?;
             args::finish(&mut settings, &h, &servers)?;
-            let rs = redirect_model::plan_with(&settings.config, &redirect_kernel::SystemGroups)?;
+            let rs = redirect_model::plan_valid(&settings.config, &redirect_kernel::SystemGroups)?;
             Some((
                 "Istio's flags".to_string(),
                 Expected::Rules(Box::new(settings.config), rs),

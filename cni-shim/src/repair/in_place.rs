@@ -130,7 +130,7 @@ pub fn repair_with(
 fn apply_and_read_back(
     ns: &Netns,
     open: Opener,
-    cfg: redirect_model::CaptureConfig,
+    cfg: redirect_model::ValidConfig,
     dual_stack: bool,
 ) -> Result<Vec<String>, redirect_istio::Error> {
     let k = open(ns)?;

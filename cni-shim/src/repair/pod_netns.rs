@@ -145,7 +145,8 @@ fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns>
     }
     seen.push(ns.id());
     let addrs = redirect_kernel::routes::Routes::open_in(&ns)
-        .and_then(|r| r.addresses())
+        .ok()?
+        .addresses()
         .ok()?;
     addrs.contains(&ip).then_some(ns)
 }

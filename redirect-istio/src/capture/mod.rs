@@ -17,7 +17,7 @@ pub use reconcile::{
 use redirect_kernel::backend::Backend;
 use redirect_kernel::routes::TproxyRouting;
 use redirect_model::GroupResolver;
-use redirect_model::{CaptureConfig, InterceptionMode};
+use redirect_model::{CaptureConfig, InterceptionMode, ValidConfig};
 use redirect_model::{Family, Ruleset};
 
 use crate::error::Result;
@@ -54,16 +54,27 @@ pub fn apply(k: &dyn Backend, cfg: &CaptureConfig, groups: &dyn GroupResolver) -
     Ok(rs)
 }
 
+/// [`apply`] of a config validated already.
+pub fn apply_valid(
+    k: &dyn Backend,
+    cfg: &ValidConfig,
+    groups: &dyn GroupResolver,
+) -> Result<Ruleset> {
+    let rs = redirect_model::plan_valid(cfg, groups)?;
+    routes_then(k, cfg, || Ok(k.apply(&rs)?))?;
+    Ok(rs)
+}
+
 /// `cfg` with IPv6 as the pod's addresses say (`dual_stack` and an IPv6 address: Istio's
 /// rule), then [`apply`]: the config and the ruleset applied.
 pub fn apply_to_pod(
     k: &dyn Backend,
-    cfg: CaptureConfig,
+    cfg: ValidConfig,
     dual_stack: bool,
     groups: &dyn GroupResolver,
-) -> Result<(CaptureConfig, Ruleset)> {
+) -> Result<(ValidConfig, Ruleset)> {
     let cfg = for_pod(k, cfg, dual_stack)?;
-    let rs = apply(k, &cfg, groups)?;
+    let rs = apply_valid(k, &cfg, groups)?;
     Ok((cfg, rs))
 }
 
@@ -71,19 +82,19 @@ pub fn apply_to_pod(
 /// namespace differs from it (empty when it matches).
 pub fn check_pod(
     k: &dyn Backend,
-    cfg: CaptureConfig,
+    cfg: ValidConfig,
     dual_stack: bool,
     groups: &dyn GroupResolver,
-) -> Result<(CaptureConfig, Vec<Mismatch>)> {
+) -> Result<(ValidConfig, Vec<Mismatch>)> {
     let cfg = for_pod(k, cfg, dual_stack)?;
-    let rs = redirect_model::plan_with(&cfg, groups)?;
+    let rs = redirect_model::plan_valid(&cfg, groups)?;
     let differences = check(k, &cfg, &rs)?;
     Ok((cfg, differences))
 }
 
-fn for_pod(k: &dyn Backend, mut cfg: CaptureConfig, dual_stack: bool) -> Result<CaptureConfig> {
-    cfg.ipv6 = pod_facts::detect_host_address(&k.addresses()?, dual_stack)?.ipv6;
-    Ok(cfg)
+fn for_pod(k: &dyn Backend, cfg: ValidConfig, dual_stack: bool) -> Result<ValidConfig> {
+    let ipv6 = pod_facts::detect_host_address(&k.addresses()?, dual_stack)?.ipv6;
+    Ok(cfg.with_ipv6(ipv6))
 }
 
 /// Ensure the routes `cfg` needs, then run `rules`. When `rules` fails, the routes this call

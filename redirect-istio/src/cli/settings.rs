@@ -12,7 +12,9 @@ use redirect_model::parse::{
     parse_cidr_selection, parse_cidrs, parse_groups, parse_ids, parse_interfaces,
     parse_loopback_cidr, parse_port_selection, parse_ports,
 };
-use redirect_model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_model::{
+    CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, ValidConfig,
+};
 use redirect_model::{Error, Result};
 
 use super::flags::*;
@@ -37,8 +39,9 @@ pub enum DryRunFormat {
 /// Everything redirect-init needs, before the namespace is looked at.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// The capture config with the flag values; `finish` fills in what Istio derives.
-    pub config: CaptureConfig,
+    /// The capture config with the flag values, validated; `finish` fills in what Istio
+    /// derives.
+    pub config: ValidConfig,
     /// `-u` was empty: the UID comes from `ENVOY_USER`.
     pub proxy_uid_from_user: bool,
     /// `-g` was empty: the GIDs are the UIDs.
@@ -83,8 +86,9 @@ impl Settings {
             let p = v(k).value.trim();
             (!p.is_empty()).then(|| PathBuf::from(p))
         };
-        let s = Settings {
-            config,
+        let mut s = Settings {
+            // Replaced below, once every flag is typed (so a bad flag is named first).
+            config: ValidConfig::istio_sidecar_default(),
             proxy_uid_from_user: uids.is_empty(),
             proxy_gid_from_uid: gids.is_empty(),
             envoy_user: v(&ENVOY_USER).value.clone(),
@@ -106,7 +110,7 @@ impl Settings {
             probe_timeout: duration(v(&PROBE_TIMEOUT))?,
         };
         boolean(v(&CNI_MODE))?;
-        s.config.validate().map_err(|e| name_the_flag(e, r))?;
+        s.config = config.validated().map_err(|e| name_the_flag(e, r))?;
         Ok(s)
     }
 
@@ -120,6 +124,7 @@ impl Settings {
         nameservers: &[IpAddr],
     ) -> Result<Vec<String>> {
         let mut warnings = Vec::new();
+        let mut config = std::mem::replace(&mut self.config, ValidConfig::istio_sidecar_default());
         if self.proxy_uid_from_user {
             let uid = user_uid.unwrap_or_else(|| {
                 warnings.push(format!(
@@ -128,20 +133,20 @@ impl Settings {
                 ));
                 DEFAULT_PROXY_UID
             });
-            self.config.proxy_uids = vec![uid];
-            if self.proxy_gid_from_uid {
-                self.config.proxy_gids = vec![uid];
-            }
+            let gids = if self.proxy_gid_from_uid {
+                vec![uid]
+            } else {
+                config.proxy_gids.clone()
+            };
+            config = config.with_proxy_ids(vec![uid], gids)?;
         }
-        self.config.ipv6 = host.ipv6;
-        self.config.dns =
-            DnsCapture::from_istio(self.redirect_dns, self.capture_all_dns, nameservers);
+        let dns = DnsCapture::from_istio(self.redirect_dns, self.capture_all_dns, nameservers);
+        self.config = config.with_ipv6(host.ipv6).with_dns(dns);
         if self.redirect_dns && !self.config.dns.effective() {
             warnings.push(
                 "--redirect-dns is set but /etc/resolv.conf has no nameserver and --capture-all-dns is off: DNS is not captured (as with Istio)".into(),
             );
         }
-        self.config.validate()?;
         warnings.extend(
             crate::quirks::warnings(&self.config)
                 .into_iter()

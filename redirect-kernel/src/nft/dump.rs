@@ -12,13 +12,13 @@ use netlink_packet_netfilter::NetfilterProtoFamily;
 
 use super::batch::Batch;
 use super::elements;
+use super::error::Error;
+use super::error::Result;
 use super::expr::Expr;
 use super::message;
 use super::socket::Socket;
 use super::state::{BaseState, ChainState, SetState, TableState};
 use super::TABLE;
-use crate::error::Result;
-use crate::Error;
 
 /// How often a read of our table starts over because the ruleset changed while it was read,
 /// before it fails with [`Error::ReadUnsettled`]. A read takes about a millisecond; another
@@ -74,7 +74,7 @@ pub fn table_at(sock: &Socket) -> Result<(u32, Option<TableState>)> {
         let before = generation(sock)?;
         let state = match table_once(sock) {
             // A dump the kernel marked interrupted: the generation moved too.
-            Err(Error::NftRejected { errno, .. }) if errno == libc::EINTR => continue,
+            Err(Error::Rejected { errno, .. }) if errno == libc::EINTR => continue,
             other => other?,
         };
         wait_for_writers(sock)?;

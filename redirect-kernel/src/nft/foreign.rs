@@ -2,9 +2,9 @@
 //! tables), the `inet` tables whose name starts with a prefix, and deleting them in one batch.
 //! What the names mean (Istio's `istio-*` tables) is for the caller to say.
 
+use super::error::Result;
 use super::socket::Socket;
 use super::{dump, update};
-use crate::error::Result;
 use redirect_model::Family;
 
 const NFPROTO_INET: u8 = 1;

@@ -2,10 +2,10 @@
 
 use redirect_model::Ruleset;
 
+use super::error::{Error, Result};
 use super::socket::Socket;
 use super::{dump, foreign, lower, state, update, Changes, Difference, Encoded, Features};
 use super::{NftTable, TableState, TABLE};
-use crate::error::{Error, Result};
 use crate::netns::Netns;
 use redirect_model::Family;
 
@@ -41,9 +41,9 @@ impl Nft {
 
     /// A handle on the namespace `netns` holds (the socket is created there, on a thread that
     /// enters it; the caller's thread stays where it is).
-    pub fn open_in(netns: &Netns) -> Result<Nft> {
+    pub fn open_in(netns: &Netns) -> crate::Result<Nft> {
         let features = Features::of_running_kernel();
-        netns.run(move || Nft::open_with(features))?
+        Ok(netns.run(move || Nft::open_with(features))??)
     }
 
     /// A handle on the calling thread's namespace, for a kernel with `features`.
@@ -84,7 +84,7 @@ impl Nft {
             };
             match self.send(&batch, table) {
                 // The ruleset moved since it was read: read again.
-                Err(Error::NftRejected { errno, .. }) if errno == libc::ERESTART => continue,
+                Err(Error::Rejected { errno, .. }) if errno == libc::ERESTART => continue,
                 other => return other.map(|()| applied),
             }
         }
@@ -106,7 +106,7 @@ impl Nft {
         let batch = update::delete_tables(&[TABLE.to_string()], sock.next_seq(), sock.features());
         match self.send(&batch, &NftTable::default()) {
             // No table (never made, or a concurrent DEL won): gone either way.
-            Err(Error::NftRejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
+            Err(Error::Rejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
             other => other.map(|()| true),
         }
     }
@@ -166,7 +166,7 @@ mod tests {
         ns.sh("nft add table inet someone-else");
         let batch = update::create(&t, nft.sock.next_seq(), Some(genid), nft.sock.features());
         match nft.send(&batch, &t).unwrap_err() {
-            Error::NftRejected { errno, what, .. } => {
+            Error::Rejected { errno, what, .. } => {
                 assert_eq!(errno, libc::ERESTART, "{what}");
             }
             e => panic!("{e}"),

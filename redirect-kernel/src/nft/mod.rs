@@ -33,6 +33,7 @@
 mod batch;
 mod dump;
 mod elements;
+mod error;
 mod expr;
 mod extra;
 mod foreign;
@@ -47,6 +48,7 @@ pub mod text;
 mod update;
 
 pub use batch::{Encoded, Label};
+pub use error::{Error, Result};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
 pub use handle::{Applied, Nft};
 pub use lower::{lower, BaseSpec, ChainKind, NftChain, NftSet, NftTable, SetElem};

@@ -17,9 +17,10 @@ use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::TimeVal;
 
 use super::batch::Encoded;
+use super::error::{Error, Result};
 use super::message;
 use super::Features;
-use crate::error::{errno_hint, Error, Result};
+use crate::error::errno_hint;
 
 const RECV_BUF: usize = 256 * 1024;
 /// Room for the answers to a large batch, which the kernel sends all at once.
@@ -46,7 +47,7 @@ fn netlink_err(op: &'static str) -> impl Fn(io::Error) -> Error {
 }
 
 fn rejected(what: String, errno: i32) -> Error {
-    Error::NftRejected {
+    Error::Rejected {
         what,
         errno,
         source: io::Error::from_raw_os_error(errno),

@@ -17,9 +17,11 @@ use crate::error::{Error, Result};
 
 pub mod join;
 pub mod parse;
+mod valid;
 mod validate;
 
 pub use join::{join, join_with, ListItem};
+pub use valid::ValidConfig;
 
 /// Istio's fixed DNS agent port (`pilot-agent` listens here when DNS capture is on).
 pub const DNS_AGENT_PORT: u16 = 15053;

@@ -33,7 +33,7 @@ impl CaptureConfig {
         check_ports("outbound_exclude_ports", &self.outbound_exclude_ports)
     }
 
-    fn check_proxy_ids(&self) -> Result<()> {
+    pub(super) fn check_proxy_ids(&self) -> Result<()> {
         if self.proxy_uids.is_empty() {
             return Err(invalid(
                 "proxy_uids",
@@ -132,7 +132,7 @@ impl CaptureConfig {
 
     /// A bypass ID that is also a proxy ID is an error variant of its own, so that callers can
     /// name where the ID came from (the plugin: an annotation or its own config).
-    fn check_bypass(&self) -> Result<()> {
+    pub(super) fn check_bypass(&self) -> Result<()> {
         for (field, kind, bypass, proxy) in [
             (
                 "bypass_uids",

@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv6Net};
 
-use crate::config::{CaptureConfig, GroupRef, InterceptionMode, Selection};
+use crate::config::{CaptureConfig, GroupRef, InterceptionMode, Selection, ValidConfig};
 use crate::error::{Error, Result};
 use crate::ruleset::{AddrMatch, Chain, Family, Match, PortMatch, Ruleset};
 
@@ -64,6 +64,15 @@ pub fn plan(cfg: &CaptureConfig) -> Result<Ruleset> {
 /// Plan the rules for a config with a given group resolver.
 pub fn plan_with(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
     cfg.validate()?;
+    plan_checked(cfg, groups)
+}
+
+/// Plan a config validated already: it is not checked again.
+pub fn plan_valid(cfg: &ValidConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
+    plan_checked(cfg, groups)
+}
+
+fn plan_checked(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
     let owner_include = match &cfg.owner_groups_include {
         Selection::All => None,
         Selection::List(l) => Some(resolve_groups(l, groups)?),
