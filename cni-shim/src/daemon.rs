@@ -2,13 +2,16 @@
 //! and runs the node agent beside it (`agent`: repair, untaint, metrics and probes), told when
 //! the plugin is installed and stopped before anything is uninstalled.
 
+use std::cell::RefCell;
 use std::ffi::OsString;
 
 use redirect_program::logging::Sink;
 use tracing::level_filters::LevelFilter;
 
 use crate::agent::Agent;
+use crate::events::Readiness;
 use crate::install::{self, signals, StopHandle, WatchOptions};
+use crate::node::metrics::Install;
 use crate::node::settings::{self, Parsed, Settings};
 use crate::node::Error;
 
@@ -57,25 +60,49 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-/// [`install::run`] with the agent told when the plugin is installed, and stopped first.
+/// [`install::run`] with the agent told what the installer does, and stopped first. A clean
+/// stop takes the agent's status file away with it; a failure leaves it saying why, so that
+/// the plugin's STATUS answers "not ready" while the DaemonSet's pod restarts.
 pub fn run(
     settings: Settings,
     stop: &StopHandle,
     opts: &WatchOptions,
     agent: Agent,
 ) -> crate::node::Result<()> {
-    let agent = std::cell::RefCell::new(Some(agent));
-    let ready = |ready| {
-        if let Some(a) = agent.borrow().as_ref() {
-            a.set_ready(ready)
+    let run_dir = settings.cni_agent_run_dir.clone();
+    let with_agent = WithAgent(RefCell::new(Some(agent)));
+    let result = install::run(settings, stop, opts, &with_agent);
+    drop(with_agent);
+    if let Err(e) = &result {
+        crate::agent::write_readiness(
+            &run_dir.join(crate::events::READY_NAME),
+            &Readiness::NotReady(format!("the node agent exited: {e}")),
+        );
+    }
+    result
+}
+
+/// The installer's progress, told to the agent (stopped when the uninstall begins).
+struct WithAgent(RefCell<Option<Agent>>);
+
+impl install::Progress for WithAgent {
+    fn ready(&self, verdict: &Readiness) {
+        if let Some(a) = self.0.borrow().as_ref() {
+            a.set_ready(verdict);
         }
-    };
-    let stopping = || {
-        if let Some(a) = agent.borrow_mut().take() {
-            a.stop()
+    }
+
+    fn installed(&self, result: Install) {
+        if let Some(a) = self.0.borrow().as_ref() {
+            a.metrics().installed(result);
         }
-    };
-    install::run(settings, stop, opts, &ready, &stopping)
+    }
+
+    fn stopping(&self) {
+        if let Some(a) = self.0.borrow_mut().take() {
+            a.stop();
+        }
+    }
 }
 
 fn log_start(settings: &Settings) {

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod cni;
 pub mod daemon;
+pub mod events;
 pub mod install;
 pub mod kube;
 pub mod node;
@@ -16,10 +17,12 @@ pub mod repair;
 
 /// The plugin's process: stdout gets the result or the CNI error object; returns the exit code.
 /// `env_error`: a CNI variable that is not UTF-8 (`redirect_program::env::check_utf8`).
+/// `started`: when the process started, for the call's whole time.
 pub fn plugin_main(
     env: &dyn Fn(&str) -> Option<String>,
     stdin: &[u8],
     env_error: Option<String>,
+    started: std::time::Instant,
 ) -> i32 {
     use std::io::Write;
     let inv = plugin::Invocation {
@@ -27,6 +30,7 @@ pub fn plugin_main(
         stdin,
         env_error,
         kernel: &redirect_kernel::backend::open_live,
+        started,
     };
     let (out, code) = match plugin::run(&inv) {
         Ok(out) => (out, 0),

@@ -12,6 +12,7 @@ use std::io::Read;
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
+    let started = std::time::Instant::now();
     let env = |name: &str| std::env::var(name).ok();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "install") {
@@ -22,5 +23,5 @@ fn main() {
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let env_error =
         redirect_program::env::check_utf8(cni_shim::plugin::ENV_NAMES.iter().copied()).err();
-    std::process::exit(cni_shim::plugin_main(&env, &stdin, env_error));
+    std::process::exit(cni_shim::plugin_main(&env, &stdin, env_error, started));
 }

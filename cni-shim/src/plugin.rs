@@ -5,8 +5,9 @@
 //! in the plugin, a fake namespace in tests, so the decisions (which pods,
 //! which rules, which errors) are tested without root.
 
-use std::path::Path;
-use std::time::Duration;
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use redirect_istio::capture;
 use redirect_istio::mesh::{self, Decision};
@@ -26,6 +27,7 @@ use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};
 use crate::cni::result::passthrough;
 use crate::cni::{code, CniError, SUPPORTED_VERSIONS};
+use crate::events::{micros, Event, Phases, Readiness};
 
 /// The variables the runtime passes (CNI spec), checked for UTF-8 before anything runs.
 pub const ENV_NAMES: &[&str] = &[
@@ -66,6 +68,8 @@ pub struct Invocation<'a> {
     pub env_error: Option<String>,
     /// How a pod's namespace is reached: `redirect_kernel::backend::open_live`.
     pub kernel: Opener<'a>,
+    /// When the process started: the event's whole time counts from here.
+    pub started: Instant,
 }
 
 /// One call, with what the runtime says of the pod read once.
@@ -74,6 +78,29 @@ struct Call<'a> {
     command: String,
     /// The pod from CNI_ARGS: `Ok(None)` when it is not a Kubernetes pod.
     pod: Result<Option<(String, String)>, CniError>,
+    /// How long each phase took, for the agent's histograms.
+    phases: Cell<Phases>,
+}
+
+/// What a call answers (its stdout) and what it did, in words, for its end line.
+struct Answer {
+    stdout: String,
+    outcome: String,
+}
+
+impl Answer {
+    fn done(outcome: impl Into<String>) -> Answer {
+        Answer {
+            stdout: String::new(),
+            outcome: outcome.into(),
+        }
+    }
+}
+
+/// What ADD or CHECK do with a pod: leave it alone (and why), or capture it.
+enum Plan {
+    Pass(String),
+    Capture(Box<ValidConfig>, bool),
 }
 
 impl<'a> Call<'a> {
@@ -85,7 +112,87 @@ impl<'a> Call<'a> {
                     _ => None,
                 }
             });
-        Call { inv, command, pod }
+        Call {
+            inv,
+            command,
+            pod,
+            phases: Cell::default(),
+        }
+    }
+
+    /// Runs `f`, its time recorded in the phase `slot` names.
+    fn timed<T>(&self, slot: fn(&mut Phases) -> &mut Option<u64>, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = f();
+        let mut p = self.phases.get();
+        *slot(&mut p) = Some(micros(t.elapsed()));
+        self.phases.set(p);
+        out
+    }
+
+    /// Whether the call is one of a pod's (ADD, DEL, CHECK): those log their start and end
+    /// and are told to the agent. STATUS and GC, called every few seconds, are not.
+    fn is_pod_call(&self) -> bool {
+        matches!(self.command.as_str(), "ADD" | "DEL" | "CHECK")
+    }
+
+    /// `<namespace>/<name>` or, for a sandbox that is not a Kubernetes pod, its container.
+    fn subject(&self) -> String {
+        match &self.pod {
+            Ok(Some((ns, name))) => format!("{ns}/{name}"),
+            _ => format!(
+                "container {}",
+                (self.inv.env)("CNI_CONTAINERID").unwrap_or_else(|| "(unset)".into())
+            ),
+        }
+    }
+
+    /// The line an operator greps for when a pod's sandbox starts: `ADD shop/web-0: start`.
+    fn log_start(&self) {
+        if self.is_pod_call() {
+            info!(
+                "{} {}: start (netns {}, interface {})",
+                self.command,
+                self.subject(),
+                self.netns_path(),
+                (self.inv.env)("CNI_IFNAME").unwrap_or_default()
+            );
+        }
+    }
+
+    /// The matching end line, with the outcome and the whole time; then the agent's event.
+    fn finish(&self, run_dir: &Path, result: Result<&str, &CniError>) {
+        if !self.is_pod_call() {
+            return;
+        }
+        let total = self.inv.started.elapsed();
+        let ms = total.as_secs_f64() * 1000.0;
+        match result {
+            Ok(outcome) => info!(
+                "{} {}: end: {outcome} ({ms:.1} ms)",
+                self.command,
+                self.subject()
+            ),
+            Err(e) => error!(
+                "{} {}: end: failed with code {} ({ms:.1} ms)",
+                self.command,
+                self.subject(),
+                e.code
+            ),
+        }
+        Event {
+            command: self.command.clone(),
+            code: result.err().map_or(0, |e| e.code),
+            pod: self
+                .pod
+                .as_ref()
+                .ok()
+                .and_then(|p| p.as_ref())
+                .map(|(ns, n)| format!("{ns}/{n}")),
+            total_us: micros(total),
+            phases: self.phases.get(),
+        }
+        .send(run_dir);
     }
 
     /// `"<namespace>/<name> "` for log lines, or nothing when the pod is not known.
@@ -110,24 +217,41 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
     let call = Call::new(inv, command);
     // The subscriber is installed once: after VERSION, which logs nothing, and once the
     // config says where lines go (parsing it logs nothing either); stderr alone when it is bad.
-    let conf = match conf::parse(inv.stdin) {
+    let conf = match call.timed(|p| &mut p.config_us, || conf::parse(inv.stdin)) {
         Ok(conf) => conf,
         Err(e) => {
             log_to_stderr();
             error!("{} {}{e}", call.command, call.label());
+            call.finish(&run_dir_hint(inv.stdin), Err(&e));
             return Err((e, conf::requested_version(inv.stdin)));
         }
     };
     log_as_configured(&conf);
+    call.log_start();
     let result = dispatch(&call, &conf);
-    if let Err(e) = &result {
-        // Into the log file too: a failed ADD is what an operator looks for there.
-        error!("{} {}{e}", call.command, call.label());
+    match &result {
+        Ok(answer) => call.finish(&conf.run_dir, Ok(&answer.outcome)),
+        Err(e) => {
+            // Into the log file too: a failed ADD is what an operator looks for there.
+            error!("{} {}{e}", call.command, call.label());
+            call.finish(&conf.run_dir, Err(e));
+        }
     }
-    result.map_err(|e| (e, conf.cni_version.clone()))
+    result
+        .map(|a| a.stdout)
+        .map_err(|e| (e, conf.cni_version.clone()))
 }
 
-fn dispatch(call: &Call, conf: &NetConf) -> Result<String, CniError> {
+/// The agent's run directory of a config the plugin refused, as far as it can be read: its
+/// event still counts the failure.
+fn run_dir_hint(stdin: &[u8]) -> PathBuf {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cni_agent_run_dir")?.as_str().map(PathBuf::from))
+        .unwrap_or_else(|| conf::DEFAULT_RUN_DIR.into())
+}
+
+fn dispatch(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     if conf.ambient_enabled {
         warn!("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
     }
@@ -140,12 +264,12 @@ fn dispatch(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     }
     match call.command.as_str() {
         "ADD" => add(call, conf),
-        "DEL" => del(call, conf).map(|_| String::new()),
-        "CHECK" => check(call, conf).map(|_| String::new()),
-        "STATUS" => status(conf).map(|_| String::new()),
+        "DEL" => del(call, conf).map(Answer::done),
+        "CHECK" => check(call, conf).map(Answer::done),
+        "STATUS" => status(conf).map(|_| Answer::done("ready")),
         "GC" => {
             info!("GC: nothing to collect: the rules live in the pod's namespace and go with it");
-            Ok(String::new())
+            Ok(Answer::done("nothing to collect"))
         }
         "" => Err(CniError::new(
             code::INVALID_ENV,
@@ -168,15 +292,15 @@ fn version(stdin: &[u8]) -> String {
     .to_string()
 }
 
-/// What to do for this pod: `None` = pass through; else the config and dual-stack flag.
-fn plan_for(call: &Call, conf: &NetConf) -> Result<Option<(ValidConfig, bool)>, CniError> {
+/// What to do for this pod: pass it through (and why), or the config and dual-stack flag.
+fn plan_for(call: &Call, conf: &NetConf) -> Result<Plan, CniError> {
     let Some((ns, name)) = call.pod.clone()? else {
         info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",);
-        return Ok(None);
+        return Ok(Plan::Pass("not a Kubernetes pod".into()));
     };
     if let Some(why) = conf.excluded(&ns, &name) {
         info!("{ns}/{name}: {why}");
-        return Ok(None);
+        return Ok(Plan::Pass(why.to_string()));
     }
     let mut pod = match &conf.pod_annotations {
         Some(a) => PodInfo {
@@ -185,17 +309,17 @@ fn plan_for(call: &Call, conf: &NetConf) -> Result<Option<(ValidConfig, bool)>, 
             annotations: a.clone(),
             ..PodInfo::default()
         },
-        None => fetch(conf, &ns, &name, "the runtime sent no pod annotations")?,
+        None => fetch(call, conf, "the runtime sent no pod annotations")?,
     };
     let mut decision = decide(&pod, conf)?;
     if let Decision::NeedSpec(why) = &decision {
-        pod = fetch(conf, &ns, &name, why)?;
+        pod = fetch(call, conf, why)?;
         decision = decide(&pod, conf)?;
     }
     match decision {
         Decision::Skip(why) => {
             info!("{ns}/{name}: not captured: {why}");
-            Ok(None)
+            Ok(Plan::Pass(why))
         }
         Decision::NeedSpec(why) => Err(CniError::new(
             code::POD_UNKNOWN,
@@ -210,7 +334,7 @@ fn plan_for(call: &Call, conf: &NetConf) -> Result<Option<(ValidConfig, bool)>, 
             for w in warnings {
                 warn!("{ns}/{name}: {w}");
             }
-            Ok(Some((*config, dual_stack)))
+            Ok(Plan::Capture(config, dual_stack))
         }
     }
 }
@@ -234,7 +358,15 @@ fn decide(pod: &PodInfo, conf: &NetConf) -> Result<Decision, CniError> {
     })
 }
 
-fn fetch(conf: &NetConf, ns: &str, name: &str, why: &str) -> Result<PodInfo, CniError> {
+/// The pod from the API, timed as the call's pod read.
+fn fetch(call: &Call, conf: &NetConf, why: &str) -> Result<PodInfo, CniError> {
+    let Ok(Some((ns, name))) = &call.pod else {
+        unreachable!("plan_for reads a pod only when CNI_ARGS named one");
+    };
+    call.timed(|p| &mut p.pod_read_us, || fetch_pod(conf, ns, name, why))
+}
+
+fn fetch_pod(conf: &NetConf, ns: &str, name: &str, why: &str) -> Result<PodInfo, CniError> {
     info!("{ns}/{name}: reading the pod from the Kubernetes API ({why})");
     let policy = crate::kube::FetchPolicy {
         attempts: conf.kube_attempts,
@@ -306,15 +438,25 @@ fn open(call: &Call, netns: &Netns, what: &str) -> Result<Box<dyn Backend>, CniE
     (call.inv.kernel)(netns).map_err(|e| kernel_error(what, e.into()))
 }
 
-fn add(call: &Call, conf: &NetConf) -> Result<String, CniError> {
-    let out = passthrough(&conf.cni_version, conf.prev_result.as_ref());
-    let Some((cfg, dual_stack)) = plan_for(call, conf)? else {
-        return Ok(out);
+fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
+    let stdout = passthrough(&conf.cni_version, conf.prev_result.as_ref());
+    let (cfg, dual_stack) = match plan_for(call, conf)? {
+        Plan::Pass(why) => {
+            return Ok(Answer {
+                stdout,
+                outcome: format!("not captured ({why})"),
+            })
+        }
+        Plan::Capture(cfg, dual_stack) => (*cfg, dual_stack),
     };
     let netns = netns_of(call, conf)?;
     let what = "programming the pod's capture";
     let k = open(call, &netns, what)?;
-    let (cfg, _) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)
+    let (cfg, _) = call
+        .timed(
+            |p| &mut p.apply_us,
+            || capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups),
+        )
         .map_err(|e| kernel_error(what, e))?;
     info!(
         "{}captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
@@ -325,18 +467,22 @@ fn add(call: &Call, conf: &NetConf) -> Result<String, CniError> {
         cfg.ipv6,
         cfg.mode
     );
-    Ok(out)
+    Ok(Answer {
+        stdout,
+        outcome: "captured".into(),
+    })
 }
 
 /// DEL: remove ours when the namespace is still there; everything else succeeds. A sandbox
 /// that is gone (no path, no file, or a file that is no network namespace any more, such as
 /// the empty mount point an unmounted namespace leaves) has nothing to remove: the CNI spec
 /// asks DEL to succeed then, or the runtime could never tear the sandbox down.
-fn del(call: &Call, conf: &NetConf) -> Result<(), CniError> {
+fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
+    const GONE: &str = "nothing to remove (the sandbox is gone)";
     let netns = call.netns_path();
     if netns.is_empty() {
         info!("DEL: no network namespace given: nothing to remove");
-        return Ok(());
+        return Ok("nothing to remove (no network namespace given)");
     }
     let what = "removing the pod's capture";
     let ns = match Netns::open(Path::new(&netns)) {
@@ -348,29 +494,29 @@ fn del(call: &Call, conf: &NetConf) -> Result<(), CniError> {
             ) =>
         {
             info!("DEL: CNI_NETNS {netns} does not exist any more: nothing to remove");
-            return Ok(());
+            return Ok(GONE);
         }
         Err(e @ netns::Error::NotNetns { .. }) => {
             info!("DEL: {e}: the sandbox is gone, nothing to remove");
-            return Ok(());
+            return Ok(GONE);
         }
         Err(e) => return Err(kernel_error(what, e.into())),
     };
     if !conf.allow_host_netns && is_own(&ns)? {
         warn!("DEL: CNI_NETNS {netns} is the plugin's own namespace: nothing removed");
-        return Ok(());
+        return Ok("nothing removed (the plugin's own namespace)");
     }
     let k = open(call, &ns, what)?;
-    let removed = remove_ours(k.as_ref()).map_err(|e| kernel_error(what, e))?;
-    info!(
-        "DEL {netns}: {}",
-        if removed {
-            "rules removed"
-        } else {
-            "no rules of ours"
-        }
-    );
-    Ok(())
+    let removed = call
+        .timed(|p| &mut p.apply_us, || remove_ours(k.as_ref()))
+        .map_err(|e| kernel_error(what, e))?;
+    let outcome = if removed {
+        "rules removed"
+    } else {
+        "no rules of ours"
+    };
+    info!("DEL {netns}: {outcome}");
+    Ok(outcome)
 }
 
 /// Only a namespace we programmed has routes and `::6` of ours.
@@ -383,18 +529,23 @@ fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
 }
 
 /// CHECK: the namespace's rules must be what the pod's annotations ask for.
-fn check(call: &Call, conf: &NetConf) -> Result<(), CniError> {
-    let Some((cfg, dual_stack)) = plan_for(call, conf)? else {
-        return Ok(());
+fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
+    let (cfg, dual_stack) = match plan_for(call, conf)? {
+        Plan::Pass(why) => return Ok(format!("not captured ({why})")),
+        Plan::Capture(cfg, dual_stack) => (*cfg, dual_stack),
     };
     let netns = netns_of(call, conf)?;
     let what = "reading the pod's capture back";
     let k = open(call, &netns, what)?;
-    let (_, diff) = capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)
+    let (_, diff) = call
+        .timed(
+            |p| &mut p.read_back_us,
+            || capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups),
+        )
         .map_err(|e| kernel_error(what, e))?;
     if diff.is_empty() {
         info!("CHECK: the rules match the pod's annotations");
-        return Ok(());
+        return Ok("the rules match".into());
     }
     let diff: Vec<String> = diff.iter().map(|d| d.to_string()).collect();
     Err(CniError::new(
@@ -404,8 +555,20 @@ fn check(call: &Call, conf: &NetConf) -> Result<(), CniError> {
     ))
 }
 
-/// STATUS: ready when the config parsed (done) and nf_tables answers.
-fn status(_conf: &NetConf) -> Result<(), CniError> {
+/// STATUS: ready when the config parsed (done), the node agent (when there is one) says the
+/// plugin is installed, and nf_tables answers. With no agent's status file in the run
+/// directory (the plugin installed by hand), the agent is not asked.
+fn status(conf: &NetConf) -> Result<(), CniError> {
+    if let Some(Readiness::NotReady(why)) = Readiness::read(&conf.run_dir) {
+        return Err(CniError::new(
+            code::NOT_AVAILABLE,
+            format!("the node agent is not ready: {why}"),
+            format!(
+                "the agent (redirect-cni install) writes {}; its log says what it waits for",
+                conf.run_dir.join(crate::events::READY_NAME).display()
+            ),
+        ));
+    }
     Nft::open()
         .and_then(|nft| nft.families_with_tables())
         .map_err(|e| {

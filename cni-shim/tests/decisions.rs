@@ -62,6 +62,7 @@ fn plugin(fake: &Fake, command: &str, stdin: &[u8]) -> (i32, String) {
         stdin,
         env_error: None,
         kernel: &open,
+        started: std::time::Instant::now(),
     };
     match plugin::run(&inv) {
         Ok(out) => (0, out),

@@ -253,3 +253,54 @@ fn every_installer_flag_and_variable_the_page_names_exists() {
         &format!("flags or variables in {DEPLOY} that `redirect-cni install` does not read"),
     );
 }
+
+/// Every metric the agent exposes (each family, once it has a sample) is described in
+/// docs/repair.md, and every metric that page names in backticks exists.
+#[test]
+fn every_metric_is_documented_and_exists() {
+    use cni_shim::events::Event;
+    use cni_shim::node::metrics::{Install, Metrics};
+    use cni_shim::repair::detect::Action;
+    let m = Metrics::new(Some(Action::Repair));
+    m.installed(Install::Success);
+    m.plugin_event(&Event {
+        command: "ADD".into(),
+        phases: cni_shim::events::Phases {
+            config_us: Some(100),
+            ..Default::default()
+        },
+        ..Event::default()
+    });
+    let text = m.encode();
+    let exposed: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_owned())
+        .collect();
+    assert!(exposed.len() >= 6, "{text}");
+    let doc = read("docs/repair.md");
+    let section = section(&doc, "## Metrics and endpoints");
+    let spans = code_spans(section);
+    // A counter's family is `name`, its samples `name_total`.
+    let named = |family: &str| {
+        spans.iter().any(|s| {
+            let s = s.split('{').next().unwrap();
+            s == family || s == format!("{family}_total")
+        })
+    };
+    let missing: Vec<String> = exposed.iter().filter(|f| !named(f)).cloned().collect();
+    fail_if_any(
+        missing,
+        "metrics missing from docs/repair.md's \"Metrics and endpoints\"",
+    );
+    let stale: Vec<String> = spans
+        .iter()
+        .map(|s| s.split('{').next().unwrap().to_owned())
+        .filter(|s| s.starts_with("istio_cni_") || s.starts_with("redirect_cni_"))
+        .filter(|s| !exposed.contains(s) && !exposed.contains(s.trim_end_matches("_total")))
+        .collect();
+    fail_if_any(
+        stale,
+        "metrics docs/repair.md names that the agent does not expose",
+    );
+}

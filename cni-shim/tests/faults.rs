@@ -374,7 +374,7 @@ const SIZE: usize = 1 << 20;
 /// The child side of `installer_killed_mid_write`: write all-A and all-B alternately for ever,
 /// printing a line after each write.
 fn writer_child(target: &Path) -> ! {
-    use cni_shim::install::atomic_file::{write_atomic, FileAttrs};
+    use cni_shim::node::atomic_file::{write_atomic, FileAttrs};
     let a = vec![b'A'; SIZE];
     let b = vec![b'B'; SIZE];
     let mut out = std::io::stdout();
@@ -391,7 +391,7 @@ fn temp_files(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(cni_shim::install::atomic_file::TEMP_MARKER))
+        .filter(|n| n.contains(cni_shim::node::atomic_file::TEMP_MARKER))
         .collect();
     v.sort();
     v
@@ -402,7 +402,7 @@ fn installer_killed_mid_write() {
     if let Ok(target) = std::env::var(WRITER_ENV) {
         writer_child(Path::new(&target));
     }
-    use cni_shim::install::atomic_file::{write_atomic, FileAttrs};
+    use cni_shim::node::atomic_file::{write_atomic, FileAttrs};
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let target = dir.path().join("10-redirect.conflist");
     write_atomic(&target, &vec![b'A'; SIZE], FileAttrs::mode(0o644)).unwrap();
@@ -471,7 +471,7 @@ fn installer_killed_mid_write() {
     let others: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.contains(cni_shim::install::atomic_file::TEMP_MARKER))
+        .filter(|n| !n.contains(cni_shim::node::atomic_file::TEMP_MARKER))
         .collect();
     assert_eq!(others, ["10-redirect.conflist"]);
     eprintln!(

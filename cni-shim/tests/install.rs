@@ -224,8 +224,9 @@ impl Running {
     fn start(settings: Settings, opts: WatchOptions) -> Self {
         let stop = StopHandle::new().unwrap();
         let s2 = stop.clone();
-        let thread =
-            thread::spawn(move || cni_shim::install::run(settings, &s2, &opts, &|_| {}, &|| {}));
+        let thread = thread::spawn(move || {
+            cni_shim::install::run(settings, &s2, &opts, &cni_shim::install::Quiet)
+        });
         Running {
             stop,
             thread: Some(thread),

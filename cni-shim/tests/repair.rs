@@ -875,7 +875,7 @@ fn the_agent_serves_metrics_that_count_its_repairs_and_its_readiness() {
         text.lines().any(|l| l == "istio_cni_install_ready 0"),
         "{text}"
     );
-    agent.set_ready(true);
+    agent.set_ready(&cni_shim::events::Readiness::Ready);
     assert_eq!(http_get(&home.ns, port, "/readyz").0, 200);
     let (_, text) = http_get(&home.ns, port, "/metrics");
     assert!(
@@ -922,7 +922,7 @@ fn untaint_removes_only_our_taint_and_only_once_ready() {
         taints,
         "untainted before the plugin was installed"
     );
-    agent.set_ready(true);
+    agent.set_ready(&cni_shim::events::Readiness::Ready);
     let left = eventually("the taint removed", WAIT, || {
         let t = home.cluster().node(NODE).unwrap()["spec"]["taints"].clone();
         (t.as_array().unwrap().len() < 3).then_some(t)

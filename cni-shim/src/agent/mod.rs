@@ -1,18 +1,24 @@
 //! The node agent's long-running parts beside the installer (`redirect-cni install`): the repair
-//! controller, the untaint of its own node, and the HTTP endpoints (metrics, probes). They run
-//! on one thread with a current-thread tokio runtime; the installer's loop tells them when the
-//! plugin is installed ([`Agent::set_ready`]) and stops them before it uninstalls.
+//! controller, the untaint of its own node, the HTTP endpoints (metrics, probes), and the
+//! plugin's events (`plugin_events`). They run on one thread with a current-thread tokio
+//! runtime; the installer's loop tells them when the plugin is installed
+//! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
+//! them before it uninstalls.
 
 pub mod http;
+pub mod plugin_events;
 pub mod untaint;
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use tokio::sync::watch as signal;
 
 use crate::cni::conf::NetConf;
+use crate::events::{Readiness, READY_NAME};
+use crate::node::atomic_file::{write_atomic, FileAttrs};
 use crate::node::error::{Error, Result};
 use crate::node::metrics::Metrics;
 use crate::node::plugin_entry::standalone_conf;
@@ -26,6 +32,8 @@ pub struct Agent {
     stop: signal::Sender<bool>,
     ready: signal::Sender<bool>,
     metrics: Metrics,
+    /// Where the plugin's STATUS reads the agent's readiness.
+    ready_file: PathBuf,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -42,6 +50,14 @@ impl Agent {
                 .enabled
                 .then_some(settings.repair.action)
                 .flatten(),
+        );
+        // The installer creates it too, later; the status file and the socket need it now.
+        std::fs::create_dir_all(&settings.cni_agent_run_dir)
+            .map_err(|e| Error::io("create", &settings.cni_agent_run_dir, e))?;
+        let ready_file = settings.cni_agent_run_dir.join(READY_NAME);
+        write_readiness(
+            &ready_file,
+            &Readiness::NotReady("the node agent is starting".into()),
         );
         let (stop, stop_rx) = signal::channel(false);
         let (ready, ready_rx) = signal::channel(false);
@@ -61,15 +77,27 @@ impl Agent {
             stop,
             ready,
             metrics,
+            ready_file,
             thread: Some(thread),
         })
     }
 
-    /// The installer's verdict: the plugin is installed (or not any more).
-    pub fn set_ready(&self, ready: bool) {
+    /// The installer's verdict: the plugin is installed (or not any more, and why). Written to
+    /// the run directory when it changes, for the plugin's STATUS.
+    pub fn set_ready(&self, verdict: &Readiness) {
+        let ready = *verdict == Readiness::Ready;
         self.metrics.set_ready(ready);
         self.ready
             .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+        let text = verdict.text();
+        if std::fs::read_to_string(&self.ready_file).ok().as_deref() != Some(text.as_str()) {
+            write_readiness(&self.ready_file, verdict);
+        }
+    }
+
+    /// The metrics, for what the installer counts (`istio_cni_installs_total`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     pub fn stop(mut self) {
@@ -77,10 +105,34 @@ impl Agent {
     }
 
     fn halt(&mut self) {
+        if self.thread.is_none() {
+            return;
+        }
         let _ = self.stop.send(true);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // The node as it was: with no agent, STATUS asks nf_tables alone (the plugin works
+        // without the agent; during an upgrade the next agent writes its own verdict).
+        match std::fs::remove_file(&self.ready_file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!(
+                "{}: {e}; the plugin's STATUS keeps reading the last verdict",
+                self.ready_file.display()
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Writes the readiness file atomically; a failure is logged and changes nothing else (STATUS
+/// then reads the last verdict, or none).
+pub fn write_readiness(path: &Path, verdict: &Readiness) {
+    let text = verdict.text();
+    if let Err(e) = write_atomic(path, text.as_bytes(), FileAttrs::mode(0o644)) {
+        tracing::warn!(
+            "{}: {e}; the plugin's STATUS cannot see the agent's readiness",
+            path.display()
+        );
     }
 }
 
@@ -170,6 +222,22 @@ impl Parts {
                 }
                 Err(e) => tracing::error!("monitoring port {}: {e}", s.monitoring_port),
             }
+        }
+        match plugin_events::bind(&s.cni_agent_run_dir) {
+            Ok((sock, path)) => {
+                tasks.spawn(plugin_events::receive(
+                    sock,
+                    path,
+                    self.metrics.clone(),
+                    self.stop.clone(),
+                ));
+            }
+            Err(e) => tracing::warn!(
+                "{}: {e}; the plugin's calls are not counted",
+                s.cni_agent_run_dir
+                    .join(crate::events::SOCKET_NAME)
+                    .display()
+            ),
         }
         let wants_client = s.repair.enabled || s.untaint.is_some();
         if !s.repair.enabled {

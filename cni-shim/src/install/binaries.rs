@@ -6,7 +6,7 @@ use std::fs::{self, File, Permissions};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::atomic_file::{self, FileAttrs};
+use crate::node::atomic_file::{self, FileAttrs};
 use crate::node::error::{Error, Result};
 use crate::node::plugin_entry::PLUGIN_TYPE;
 

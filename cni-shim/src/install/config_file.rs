@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::atomic_file::{self, FileAttrs};
 use super::chain;
 use super::conf_select::{self, ConfKind};
 use super::undo::{Before, UndoRecord};
+use crate::node::atomic_file::{self, FileAttrs};
 use crate::node::error::{Error, Result};
 use crate::node::plugin_entry::{self, is_ours};
 use crate::node::settings::Settings;

@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::atomic_file::{self, FileAttrs};
+use crate::node::atomic_file::{self, FileAttrs};
 use crate::node::error::{Error, Result};
 use crate::node::server_url;
 use crate::node::settings::Settings;
@@ -132,7 +132,7 @@ impl Kubeconfig {
             )
         })?;
         let token = fs::read(&self.token_path).map_err(|e| {
-            Error::Kubeconfig(format!(
+            Error::ServiceAccount(format!(
                 "cannot read the service account token {}: {e}; mount the service account \
                  token (automountServiceAccountToken) or pass --service-account-dir",
                 self.token_path.display()
@@ -140,7 +140,7 @@ impl Kubeconfig {
         })?;
         let token = String::from_utf8(token)
             .map_err(|_| {
-                Error::Kubeconfig(format!(
+                Error::ServiceAccount(format!(
                     "the service account token {} is not UTF-8 text",
                     self.token_path.display()
                 ))
@@ -148,7 +148,7 @@ impl Kubeconfig {
             .trim()
             .to_string();
         if token.is_empty() {
-            return Err(Error::Kubeconfig(format!(
+            return Err(Error::ServiceAccount(format!(
                 "the service account token {} is empty",
                 self.token_path.display()
             )));
@@ -156,7 +156,7 @@ impl Kubeconfig {
         let ca = match &self.ca_path {
             None => None,
             Some(p) => Some(fs::read(p).map_err(|e| {
-                Error::Kubeconfig(format!(
+                Error::ServiceAccount(format!(
                     "cannot read the CA bundle {}: {e}; set KUBE_CA_FILE, or SKIP_TLS_VERIFY=true",
                     p.display()
                 ))

@@ -9,10 +9,10 @@
 //! - [`config_file`] and [`undo`]: writing the config and undoing it byte for byte;
 //! - [`kubeconfig`]: the plugin's kubeconfig from the service account;
 //! - [`watch`], [`rate_limit`] and [`signals`]: keeping it all in place until SIGTERM;
-//! - [`installer`]: the three together, in the order a runtime needs them;
-//! - [`atomic_file`]: every write is a temporary file renamed into place.
+//! - [`installer`]: the three together, in the order a runtime needs them.
+//!
+//! Every write is a temporary file renamed into place (`crate::node::atomic_file`).
 
-pub mod atomic_file;
 pub mod binaries;
 pub mod chain;
 pub mod conf_select;
@@ -28,11 +28,36 @@ pub use config_file::{CniConfig, ConfigStatus};
 pub use installer::Installer;
 pub use watch::{StopHandle, WatchOptions};
 
-use crate::node::{Result, Settings};
+use crate::events::Readiness;
+use crate::node::metrics::Install;
+use crate::node::{Error, Result, Settings};
+
+/// What the installer tells the process that runs it (the node agent, in the DaemonSet).
+pub trait Progress {
+    /// After every pass of the watcher: installed, or not and why.
+    fn ready(&self, _verdict: &Readiness) {}
+    /// An install step ended (Istio's `istio_cni_installs_total`).
+    fn installed(&self, _result: Install) {}
+    /// Before anything is uninstalled.
+    fn stopping(&self) {}
+}
+
+/// Tells nobody.
+pub struct Quiet;
+
+impl Progress for Quiet {}
+
+/// The install step a kubeconfig error failed, in Istio's words.
+pub fn kubeconfig_failure(e: &Error) -> Install {
+    match e {
+        Error::ServiceAccount(_) => Install::ReadServiceAccountFailure,
+        _ => Install::CreateKubeconfigFailure,
+    }
+}
 
 /// Install, keep installed until `stop`, then (unless `--cleanup-on-exit=false`) uninstall.
-/// `ready` hears whether the plugin is installed, at each change; `stopping` runs before
-/// anything is uninstalled.
+/// `progress` hears whether the plugin is installed after every pass, each install step's
+/// result, and when the uninstall begins.
 ///
 /// Fatal at start: a bad binary path or bin dir, or no kubeconfig (no service account or
 /// KUBERNETES_SERVICE_HOST). A CNI config that cannot be written yet is retried.
@@ -40,15 +65,16 @@ pub fn run(
     settings: Settings,
     stop: &StopHandle,
     opts: &WatchOptions,
-    ready: &dyn Fn(bool),
-    stopping: &dyn Fn(),
+    progress: &dyn Progress,
 ) -> Result<()> {
     let cleanup = settings.cleanup_on_exit;
     let mut inst = Installer::new(settings)?;
-    inst.install_binaries()?;
-    inst.ensure_kubeconfig()?;
-    let watched = watch::watch(&mut inst, stop, opts, ready);
-    stopping();
+    inst.install_binaries()
+        .inspect_err(|_| progress.installed(Install::CopyBinariesFailure))?;
+    inst.ensure_kubeconfig()
+        .inspect_err(|e| progress.installed(kubeconfig_failure(e)))?;
+    let watched = watch::watch(&mut inst, stop, opts, progress);
+    progress.stopping();
     let cleaned = if cleanup {
         tracing::info!("stopping: removing what was installed");
         inst.uninstall()

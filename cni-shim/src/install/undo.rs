@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::atomic_file::{self, FileAttrs};
+use crate::node::atomic_file::{self, FileAttrs};
 use crate::node::error::Result;
 use crate::node::plugin_entry::is_ours;
 

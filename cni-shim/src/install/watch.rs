@@ -14,11 +14,14 @@ use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
-use super::atomic_file::TEMP_MARKER;
 use super::config_file::ConfigStatus;
 use super::installer::Installer;
 use super::rate_limit::RewriteLimiter;
+use super::Progress;
+use crate::events::Readiness;
+use crate::node::atomic_file::TEMP_MARKER;
 use crate::node::error::{Error, Result};
+use crate::node::metrics::Install;
 use crate::node::plugin_entry::PLUGIN_TYPE;
 
 /// Stops a running `watch` (and so `run`) from another thread or a signal handler.
@@ -247,14 +250,35 @@ fn wait(watches: &Watches, stop: &StopHandle, timeout: Duration) -> bool {
     readable || stop.is_stopped()
 }
 
+/// Whether the plugin is installed after a pass, and if not, why.
+fn verdict(failed: &Pending, held: bool, last: Option<&ConfigStatus>) -> Readiness {
+    let why = if failed.binaries {
+        "the plugin binary could not be copied into the CNI bin directories"
+    } else if failed.kubeconfig {
+        "the plugin's kubeconfig could not be written"
+    } else if failed.config {
+        "the CNI config could not be written"
+    } else if held {
+        "rewrites of the CNI config are held back: something keeps removing our entry"
+    } else {
+        match last {
+            Some(ConfigStatus::Written(_) | ConfigStatus::Unchanged(_)) => return Readiness::Ready,
+            Some(ConfigStatus::Waiting) => "waiting for a CNI config to chain into",
+            None => "the CNI config is not written yet",
+        }
+    };
+    Readiness::NotReady(why.into())
+}
+
 /// Watch and repair until `stop`. The watches are set up first and everything is checked
-/// right after, so no change made before the loop starts goes unseen. `ready` hears, after
-/// every pass, whether the plugin is installed: binaries, kubeconfig and CNI config in place.
+/// right after, so no change made before the loop starts goes unseen. `progress` hears, after
+/// every pass, whether the plugin is installed (binaries, kubeconfig and CNI config in place)
+/// or why not, and each install step's result.
 pub fn watch(
     inst: &mut Installer,
     stop: &StopHandle,
     opts: &WatchOptions,
-    ready: &dyn Fn(bool),
+    progress: &dyn Progress,
 ) -> Result<()> {
     let mut watches = Watches::new(inst)?;
     let mut limiter = RewriteLimiter::new(opts.max_rewrites, opts.rewrite_window);
@@ -272,6 +296,7 @@ pub fn watch(
             pending.binaries = false;
             failed.binaries = false;
             if let Err(e) = inst.install_binaries() {
+                progress.installed(Install::CopyBinariesFailure);
                 report(e, &mut last_error, opts);
                 failed.binaries = true;
             }
@@ -280,6 +305,7 @@ pub fn watch(
             pending.kubeconfig = false;
             failed.kubeconfig = false;
             if let Err(e) = inst.ensure_kubeconfig() {
+                progress.installed(super::kubeconfig_failure(&e));
                 report(e, &mut last_error, opts);
                 failed.kubeconfig = true;
             }
@@ -289,6 +315,12 @@ pub fn watch(
             failed.config = false;
             match inst.reconcile_config() {
                 Ok(status) => {
+                    if matches!(
+                        (&status, &last),
+                        (ConfigStatus::Written(_), _) | (ConfigStatus::Unchanged(_), None)
+                    ) {
+                        progress.installed(Install::Success);
+                    }
                     match (&status, &last) {
                         (ConfigStatus::Waiting, Some(ConfigStatus::Waiting)) => {}
                         (ConfigStatus::Waiting, _) => tracing::info!(
@@ -313,6 +345,7 @@ pub fn watch(
                     last = Some(status);
                 }
                 Err(e) => {
+                    progress.installed(Install::CreateCniConfigFailure);
                     report(e, &mut last_error, opts);
                     failed.config = true;
                 }
@@ -321,14 +354,7 @@ pub fn watch(
         if !failed.any() {
             last_error.clear();
         }
-        ready(
-            !failed.any()
-                && hold_until.is_none()
-                && matches!(
-                    last,
-                    Some(ConfigStatus::Written(_)) | Some(ConfigStatus::Unchanged(_))
-                ),
-        );
+        progress.ready(&verdict(&failed, hold_until.is_some(), last.as_ref()));
         let retry_at = failed.any().then(|| Instant::now() + opts.retry);
 
         let deadline = [Some(next_resync), hold_until, retry_at]

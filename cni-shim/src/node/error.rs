@@ -28,8 +28,13 @@ pub enum Error {
     #[error("{path} is not a CNI config that can be chained into: {reason}")]
     BadCniConfig { path: PathBuf, reason: String },
 
+    /// The kubeconfig cannot be made (no API server given) or written.
     #[error("{0}")]
     Kubeconfig(String),
+
+    /// The service account's token or CA, which the kubeconfig carries, cannot be read.
+    #[error("{0}")]
+    ServiceAccount(String),
 
     #[error("cannot set up the watch: {0}")]
     Watch(String),

@@ -1,8 +1,9 @@
 //! What the node DaemonSet's parts share: its settings (flags and Istio-named variables), its
-//! errors, the plugin entry it installs, and its metrics. The installer (`install`), the node
+//! errors, the plugin entry it installs, its metrics, and atomic file writes. The installer (`install`), the node
 //! agent (`agent`) and the repair controller (`repair`) are siblings over this module; the
 //! DaemonSet's process (`daemon`) runs them together.
 
+pub mod atomic_file;
 pub mod error;
 pub mod metrics;
 pub mod plugin_entry;

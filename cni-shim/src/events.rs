@@ -1,0 +1,169 @@
+//! What the plugin tells the node agent, and what the agent tells the plugin, through the run
+//! directory they share (`cni_agent_run_dir`, the same path on the host for both):
+//!
+//! - [`Event`]: after each ADD, DEL and CHECK, one datagram on the agent's Unix socket
+//!   [`SOCKET_NAME`]: the command, the result code, the pod, and how long each phase took. It
+//!   is sent without waiting: no agent, a full socket or an agent that does not read cost the
+//!   plugin one failed `sendto` and change nothing about its result.
+//! - [`Readiness`]: the agent's verdict on the installation, in the file [`READY_NAME`], which
+//!   the plugin's STATUS reports.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The agent's datagram socket in the run directory.
+pub const SOCKET_NAME: &str = "plugin-events.sock";
+/// The agent's readiness in the run directory: `ready`, or `not ready: <reason>`.
+pub const READY_NAME: &str = "agent-ready";
+/// An event is a few hundred bytes; a larger datagram is not ours.
+pub const MAX_EVENT: usize = 4096;
+
+/// One plugin call, as the agent counts it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// `ADD`, `DEL` or `CHECK`.
+    pub command: String,
+    /// 0, or the CNI error code the call answered.
+    pub code: u32,
+    /// `namespace/name`, when CNI_ARGS named a pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The whole call, from the process's start to its answer, in microseconds.
+    pub total_us: u64,
+    #[serde(default)]
+    pub phases: Phases,
+}
+
+/// The parts of a call that took place, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Phases {
+    /// Parsing the network config on stdin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_us: Option<u64>,
+    /// Reading the pod from the Kubernetes API (only when the annotations were not enough).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_read_us: Option<u64>,
+    /// Programming the namespace (ADD) or removing our capture (DEL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply_us: Option<u64>,
+    /// Reading the namespace back and comparing (CHECK).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_back_us: Option<u64>,
+}
+
+/// Microseconds, for an event.
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Event {
+    /// Sends the event to the agent of `run_dir` without waiting; whatever goes wrong (no
+    /// agent, a full queue, a path too long for a socket) is ignored.
+    pub fn send(&self, run_dir: &Path) {
+        let Ok(bytes) = serde_json::to_vec(self) else {
+            return;
+        };
+        if let Ok(sock) = UnixDatagram::unbound() {
+            if sock.set_nonblocking(true).is_ok() {
+                let _ = sock.send_to(&bytes, run_dir.join(SOCKET_NAME));
+            }
+        }
+    }
+
+    /// An event as received; `None` when it is not one.
+    pub fn decode(bytes: &[u8]) -> Option<Event> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// The agent's verdict on the installation, for the plugin's STATUS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    NotReady(String),
+}
+
+impl Readiness {
+    /// The file's text.
+    pub fn text(&self) -> String {
+        match self {
+            Readiness::Ready => "ready\n".into(),
+            Readiness::NotReady(why) => format!("not ready: {why}\n"),
+        }
+    }
+
+    /// What the file in `run_dir` says; `None` when there is no file (no agent on this node:
+    /// the plugin installed by hand, or a test).
+    pub fn read(run_dir: &Path) -> Option<Readiness> {
+        let text = std::fs::read_to_string(run_dir.join(READY_NAME)).ok()?;
+        let line = text.lines().next().unwrap_or("").trim();
+        Some(match line.strip_prefix("not ready: ") {
+            None if line == "ready" => Readiness::Ready,
+            None => Readiness::NotReady(format!("the agent's status file says {line:?}")),
+            Some(why) => Readiness::NotReady(why.to_string()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_goes_through_the_socket_and_reads_back() {
+        let dir = tempfile_dir();
+        let agent = UnixDatagram::bind(dir.join(SOCKET_NAME)).unwrap();
+        let e = Event {
+            command: "ADD".into(),
+            code: 0,
+            pod: Some("shop/web-0".into()),
+            total_us: 2400,
+            phases: Phases {
+                config_us: Some(40),
+                apply_us: Some(1800),
+                ..Phases::default()
+            },
+        };
+        e.send(&dir);
+        let mut buf = [0u8; MAX_EVENT];
+        let n = agent.recv(&mut buf).unwrap();
+        assert_eq!(Event::decode(&buf[..n]), Some(e));
+        assert_eq!(Event::decode(b"not an event"), None);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn no_agent_costs_nothing_and_fails_nothing() {
+        let dir = tempfile_dir();
+        Event::default().send(&dir);
+        Event::default().send(Path::new("/nonexistent/run/dir"));
+        assert_eq!(Readiness::read(&dir), None);
+        std::fs::write(
+            dir.join(READY_NAME),
+            Readiness::NotReady("x y".into()).text(),
+        )
+        .unwrap();
+        assert_eq!(
+            Readiness::read(&dir),
+            Some(Readiness::NotReady("x y".into()))
+        );
+        std::fs::write(dir.join(READY_NAME), Readiness::Ready.text()).unwrap();
+        assert_eq!(Readiness::read(&dir), Some(Readiness::Ready));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "rdc-events-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
