@@ -21,6 +21,7 @@ use cni_shim::repair::pod_netns::{find, FindError};
 use cni_shim::repair::queue::Backoff;
 use cni_shim::repair::RepairSettings;
 use common::cluster::Cluster;
+use common::host_proc::{cgroupfs, FakeProc};
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_istio::mesh::{self, Decision, MeshDefaults};
@@ -49,37 +50,6 @@ fn pod_ns(addrs: &[&str]) -> TestNetns {
     lines.extend(addrs.iter().map(|a| format!("addr add {a}/32 dev eth0")));
     ns.ip_batch(false, &lines);
     ns
-}
-
-/// A folder laid out like `/proc`.
-struct FakeProc(tempfile::TempDir);
-
-impl FakeProc {
-    fn new() -> FakeProc {
-        FakeProc(tempfile::tempdir().unwrap())
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-
-    /// Process `pid`, in cgroup `cgroup`, started at `start` ticks, in namespace `ns`.
-    fn add(&self, pid: u32, cgroup: &str, start: u64, ns: &Path) {
-        let dir = self.path().join(pid.to_string());
-        fs::create_dir_all(dir.join("ns")).unwrap();
-        fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
-        fs::write(
-            dir.join("stat"),
-            format!("{pid} (pause) S 1 {pid} {pid} 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 {start} 1081344 1 0\n"),
-        )
-        .unwrap();
-        symlink(ns, dir.join("ns/net")).unwrap();
-    }
-}
-
-/// A cgroupfs-driver path for a pod's container.
-fn cgroupfs(uid: &str) -> String {
-    format!("/kubepods/besteffort/pod{uid}/0123456789abcdef")
 }
 
 fn same_ns(found: &Netns, ns: &TestNetns) -> bool {

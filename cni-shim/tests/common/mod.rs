@@ -1,10 +1,14 @@
 //! Test helpers: run the plugin binary, and see where a real connection lands in a namespace
 //! programmed by the plugin. `pki` makes the CA, certificates and kubeconfigs of the stand-ins
-//! for the Kubernetes API server; `cluster` is the stateful one (lists, watches, patches).
+//! for the Kubernetes API server; `cluster` is the stateful one (lists, watches, patches);
+//! `apiserver` runs a real one (etcd and kube-apiserver); `host_proc` stands in for the node's
+//! `/proc`.
 
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod cluster;
+pub mod host_proc;
 pub mod pki;
 
 use std::io::Write;
