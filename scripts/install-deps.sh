@@ -25,3 +25,9 @@ done
 if [ ! -x .tools/cnitool ] || [ ! -x /usr/lib/cni/bridge ]; then
   bash scripts/install-cnitool.sh .tools
 fi
+# A real Kubernetes API server (kube-apiserver 1.20 built from the distribution's source
+# package, etcd, kubectl) for the Kubernetes-facing tests, once into .tools/kube (~3 minutes).
+if [ ! -x .tools/kube/kube-apiserver ] || ! command -v etcd >/dev/null || ! command -v kubectl >/dev/null; then
+  bash scripts/install-kube-apiserver.sh .tools/kube
+fi
+bash scripts/install-helm.sh .tools # helm and kubernetes-validate, for the Helm chart tests (tests/helm_chart.rs)
