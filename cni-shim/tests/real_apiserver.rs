@@ -501,6 +501,21 @@ fn the_plugin_reads_real_pods_with_the_agents_rbac() {
         "the proxy's UID from the pod's spec:\n{rules}"
     );
 
+    // The client's view of the real object: what `kubectl get -o json` gives, read the way an
+    // operator's file is read (`pod_info_from_json`), field for field.
+    let policy = cni_shim::kube::FetchPolicy {
+        attempts: 1,
+        ..Default::default()
+    };
+    let pod = cni_shim::kube::fetch_pod(&kubeconfig, "shop", "web-0", &policy).unwrap();
+    let json = cp.kubectl_ok(&["get", "pod", "web-0", "-n", "shop", "-o", "json"]);
+    assert_eq!(pod, cni_shim::kube::pod_info_from_json(&json).unwrap());
+    let proxy = pod.spec.as_ref().unwrap().container("istio-proxy").unwrap();
+    assert_eq!(proxy.run_as_user, Some(i64::from(OPENSHIFT_UID)));
+    assert_eq!(proxy.env["ISTIO_META_INTERCEPTION_MODE"], "REDIRECT");
+    assert!(!proxy.env.contains_key("POD_NAME"), "valueFrom is skipped");
+    assert_eq!(pod.labels["security.istio.io/tlsMode"], "istio");
+
     // A pod outside the mesh (no injection): read, and left alone.
     let mut plain = new_pod("shop", "plain-0", None);
     plain["metadata"]["annotations"] = json!({});
@@ -553,6 +568,18 @@ fn the_plugin_reads_real_pods_with_the_agents_rbac() {
         "{}",
         out.stdout
     );
+
+    // A token the server does not know: 102 naming the 401 and the token.
+    let stranger = dir.path().join("stranger");
+    cp.write_kubeconfig(&stranger, "stranger", "not-a-token-of-this-cluster");
+    let out = plugin(
+        &cni_env("ADD", netns, &args("web-0")),
+        &conf(&stranger, json!({})),
+    );
+    let err = out.json();
+    assert_eq!(err["code"], 102, "{}", out.stdout);
+    let msg = err["msg"].as_str().unwrap();
+    assert!(msg.contains("401") && msg.contains("token"), "{msg}");
     eprintln!(
         "control plane {:.1} s, the whole test {:.1} s",
         cp.started_in.as_secs_f64(),
@@ -560,17 +587,34 @@ fn the_plugin_reads_real_pods_with_the_agents_rbac() {
     );
 }
 
-/// A CRD that accepts any object of its kind: for OpenShift's SecurityContextConstraints, which
-/// only OpenShift serves.
-fn open_crd(group: &str, kind: &str, plural: &str, scope: &str) -> String {
+/// A stand-in CRD for OpenShift's SecurityContextConstraints (only OpenShift serves that API):
+/// any field, and `priority` a nullable integer as in OpenShift's own schema.
+fn scc_crd() -> String {
     json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.{group}")},
-        "spec": {"group": group, "scope": scope,
-            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+        "metadata": {"name": "securitycontextconstraints.security.openshift.io"},
+        "spec": {"group": "security.openshift.io", "scope": "Cluster",
+            "names": {"kind": "SecurityContextConstraints", "plural": "securitycontextconstraints",
+                "singular": "securitycontextconstraints"},
             "versions": [{"name": "v1", "served": true, "storage": true,
                 "schema": {"openAPIV3Schema": {"type": "object",
-                    "x-kubernetes-preserve-unknown-fields": true}}}]}})
+                    "x-kubernetes-preserve-unknown-fields": true,
+                    "properties": {"priority": {"type": "integer", "nullable": true}}}}}]}})
     .to_string()
+}
+
+/// Both CRDs, once their schemas are published (kubectl validates against them).
+fn openshift_crds(cp: &ControlPlane) {
+    cp.apply(&nad_crd());
+    cp.apply(&scc_crd());
+    eventually("the CRDs' schemas published", || {
+        [
+            "securitycontextconstraints.priority",
+            "network-attachment-definitions.spec.config",
+        ]
+        .iter()
+        .all(|f| cp.kubectl(&["explain", f]).status.success())
+        .then_some(())
+    });
 }
 
 /// Multus' NetworkAttachmentDefinition CRD, as Multus installs it (v1, namespaced, spec.config a
@@ -589,17 +633,49 @@ fn nad_crd() -> String {
     .to_string()
 }
 
+/// `kubectl apply` of `yaml` (into `namespace`, with `--dry-run=server` when `dry`): its
+/// stdout, or its error. kubectl validates each object against the schemas the server
+/// publishes; this 1.20 server publishes OpenAPI v2 only, in which a CRD field cannot be
+/// nullable, so the stand-in SCC (whose `priority: null` OpenShift's own API takes) is sent
+/// unvalidated by kubectl, on its own; the server still takes it through the CRD's schema.
+fn kubectl_apply(
+    cp: &ControlPlane,
+    yaml: &str,
+    namespace: Option<&str>,
+    dry: bool,
+) -> Result<String, String> {
+    let (scc, rest): (Vec<&str>, Vec<&str>) = yaml
+        .split("\n---")
+        .partition(|d| d.lines().any(|l| l == "kind: SecurityContextConstraints"));
+    let mut stdout = String::new();
+    for (docs, validate) in [(rest, true), (scc, false)] {
+        if docs
+            .iter()
+            .all(|d| d.lines().all(|l| l.trim().is_empty() || l.starts_with('#')))
+        {
+            continue;
+        }
+        let mut a = vec!["apply", "-f", "-"];
+        if dry {
+            a.push("--dry-run=server");
+        }
+        if !validate {
+            a.push("--validate=false");
+        }
+        if let Some(ns) = namespace {
+            a.extend(["-n", ns]);
+        }
+        let out = cp.kubectl_in(&a, Some(&docs.join("\n---")));
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        stdout += &String::from_utf8_lossy(&out.stdout);
+    }
+    Ok(stdout)
+}
+
 fn dry_run(cp: &ControlPlane, yaml: &str, namespace: Option<&str>) -> Result<String, String> {
-    let mut a = vec!["apply", "--dry-run=server", "-f", "-"];
-    if let Some(ns) = namespace {
-        a.extend(["-n", ns]);
-    }
-    let out = cp.kubectl_in(&a, Some(yaml));
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    kubectl_apply(cp, yaml, namespace, true)
 }
 
 #[test]
@@ -631,19 +707,7 @@ fn every_manifest_of_docs_deploy_is_accepted_by_a_real_api_server() {
     assert!(err.contains("hostNetwrok"), "{err}");
 
     // OpenShift, with Multus' CRD and a stand-in for OpenShift's SCC API.
-    cp.apply(&nad_crd());
-    cp.apply(&open_crd(
-        "security.openshift.io",
-        "SecurityContextConstraints",
-        "securitycontextconstraints",
-        "Cluster",
-    ));
-    eventually("the CRDs served", || {
-        cp.kubectl(&["get", "network-attachment-definitions", "-A"])
-            .status
-            .success()
-            .then_some(())
-    });
+    openshift_crds(&cp);
     for f in [
         "redirect-cni.yaml",
         "repair-delete-pods.yaml",
@@ -656,4 +720,102 @@ fn every_manifest_of_docs_deploy_is_accepted_by_a_real_api_server() {
         let out = dry_run(&cp, &yaml, ns).unwrap_or_else(|e| panic!("openshift/{f}: {e}"));
         assert!(out.contains("(server dry run)"), "openshift/{f}: {out}");
     }
+}
+
+/// `helm template` of `deploy/helm/redirect-cni` into `namespace` with `--set` of each value
+/// (helm from `scripts/install-helm.sh`; no repository, no cluster, no network).
+fn helm_template(namespace: &str, values: &[&str]) -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let helm = repo.join(".tools/helm");
+    assert!(
+        helm.is_file(),
+        "{} is missing: run `bash scripts/install-deps.sh`",
+        helm.display()
+    );
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "redirect-cni"])
+        .arg(repo.join("deploy/helm/redirect-cni"))
+        .args(["--namespace", namespace])
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .env("KUBECONFIG", home.path().join("none"));
+    for v in values {
+        cmd.args(["--set", v]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The chart's three settings of the seeds and its default, rendered and applied for real
+/// (each into a namespace of its own): the server takes every object, and the DaemonSet and
+/// its ConfigMap hold what the values asked for.
+#[test]
+fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let cp = ControlPlane::start();
+    openshift_crds(&cp);
+    const OPENSHIFT: &str = "cni.chained=false,cni.provider=multus,cni.cniBinDir=/var/lib/cni/bin,\
+        cni.cniConfDir=/etc/cni/multus/net.d,cni.cniConfFileName=istio-cni.conf";
+    let settings: [(&str, &[&str], &str, &str); 4] = [
+        ("helm-default", &[], "/etc/cni/net.d", ""),
+        ("helm-openshift", &[OPENSHIFT, "global.platform=openshift"], "/etc/cni/multus/net.d", "istio-cni.conf"),
+        (
+            "helm-openshift-delete",
+            &[OPENSHIFT, "global.platform=openshift", "cni.repair.deletePods=true,cni.repair.repairPods=false"],
+            "/etc/cni/multus/net.d",
+            "istio-cni.conf",
+        ),
+        (
+            "helm-chained",
+            &["cni.chained=true,cni.provider=default,cni.cniConfDir=/run/multus/cni/net.d,cni.cniConfFileName=10-calico.conflist"],
+            "/run/multus/cni/net.d",
+            "10-calico.conflist",
+        ),
+    ];
+    for (ns, values, net_dir, conf_name) in settings {
+        namespace(&cp, ns);
+        let yaml = helm_template(ns, values);
+        // The chart names each object's namespace (the attachment's is "default").
+        kubectl_apply(&cp, &yaml, None, false)
+            .unwrap_or_else(|e| panic!("{ns}: kubectl apply: {e}"));
+        let ds = cp.get(&["daemonset", "redirect-cni-node", "-n", ns]);
+        let volumes = ds["spec"]["template"]["spec"]["volumes"].to_string();
+        assert!(
+            volumes.contains(net_dir),
+            "{ns}: the net dir {net_dir} mounted: {volumes}"
+        );
+        let cm = cp.get(&["configmap", "redirect-cni-config", "-n", ns]);
+        assert_eq!(
+            cm["data"]["CNI_CONF_NAME"].as_str().unwrap_or(""),
+            conf_name,
+            "{ns}: {cm}"
+        );
+        if ns.starts_with("helm-openshift") {
+            let nad = cp.get(&[
+                "network-attachment-definitions",
+                "redirect-cni",
+                "-n",
+                "default",
+            ]);
+            assert_eq!(nad["metadata"]["name"], "redirect-cni");
+        }
+    }
+    // The delete mode's RBAC is in place: the agent's account may delete pods.
+    let may = cp.kubectl_ok(&[
+        "auth",
+        "can-i",
+        "delete",
+        "pods",
+        "--as=system:serviceaccount:helm-openshift-delete:redirect-cni",
+    ]);
+    assert_eq!(may.trim(), "yes");
 }
