@@ -106,7 +106,23 @@ fn run(cmd: &str, args: &[&str]) {
 
 impl ControlPlane {
     /// Starts etcd and the API server and waits until the API server is ready (about 4 s).
+    /// The ports are picked free just before; should another process take one in between (the
+    /// API server then exits), it starts over on new ports, twice at most.
     pub fn start() -> ControlPlane {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match ControlPlane::try_start() {
+                Ok(cp) => return cp,
+                Err(e) => {
+                    eprintln!("the control plane did not start, trying again: {e}");
+                    last = e;
+                }
+            }
+        }
+        panic!("the control plane did not start in 3 tries; the last:\n{last}");
+    }
+
+    fn try_start() -> Result<ControlPlane, String> {
         let bin = apiserver_bin();
         on_path("etcd");
         on_path("kubectl");
@@ -196,12 +212,18 @@ impl ControlPlane {
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
+            if let Some(status) = cp.etcd.try_wait().unwrap() {
+                return Err(format!(
+                    "etcd exited ({status}):\n{}",
+                    tail(&cp.dir.path().join("etcd.log"))
+                ));
+            }
             if let Some(status) = cp.apiserver.try_wait().unwrap() {
-                panic!(
+                return Err(format!(
                     "kube-apiserver exited ({status}):\n{}\netcd:\n{}",
                     tail(&cp.dir.path().join("apiserver.log")),
                     tail(&cp.dir.path().join("etcd.log"))
-                );
+                ));
             }
             if cp.ca.is_file() && !cp.admin.is_file() {
                 cp.write_kubeconfig(&cp.admin.clone(), "admin", ADMIN_TOKEN);
@@ -212,11 +234,13 @@ impl ControlPlane {
                     break;
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "kube-apiserver not ready within 60 s:\n{}",
-                tail(&cp.dir.path().join("apiserver.log"))
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "kube-apiserver not ready within 60 s:\n{}\netcd:\n{}",
+                    tail(&cp.dir.path().join("apiserver.log")),
+                    tail(&cp.dir.path().join("etcd.log"))
+                ));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
         cp.started_in = t0.elapsed();
@@ -225,7 +249,7 @@ impl ControlPlane {
             cp.started_in.as_secs_f64(),
             cp.url
         );
-        cp
+        Ok(cp)
     }
 
     /// A kubeconfig at `path` for this server with a bearer `token`.
