@@ -89,35 +89,15 @@ PY
 PIDS+=($!)
 for _ in $(seq 100); do [ -e "$DATA/hung/run/plugin-events.sock.full" ] && break; sleep 0.1; done
 
-fresh_ns() {
-  ip netns add "$1"
-  ip -n "$1" link set lo up
-  ip -n "$1" link add v0 type veth peer name v1
-  ip -n "$1" addr add 10.99.0.2/24 dev v0
-  ip -n "$1" link set v0 up
-}
-
-# timed_add NAME BIN CONF: one ADD into namespace NAME; µs.
-timed_add() {
-  NETNS=/run/netns/$1 BIN=$2 CONF=$3 bash -c '
-    export CNI_COMMAND=ADD CNI_CONTAINERID=bench CNI_NETNS=$NETNS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin
-    export CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
-    exec 3>"$ERR" 4>"$OUT" 5<"$CONF"
-    t0=$EPOCHREALTIME
-    "$BIN" <&5 >&4 2>&3 || { cat "$OUT" "$ERR" >&2; exit 1; }
-    t1=$EPOCHREALTIME
-    echo $(( ${t1/./} - ${t0/./} ))'
-}
-
 declare -A RESULTS
 n=0
 for ((r = 0; r < RUNS; r++)); do
   for s in "${STATES[@]}"; do
     ns="${NS_PREFIX}-$((n++))"
-    fresh_ns "$ns"
+    fresh_pod_ns "$ns"
     bin=$BIN/redirect-cni
     [ "$s" = base ] && bin=$BASE_BIN_DIR/redirect-cni
-    RESULTS[$s]+="$(timed_add "$ns" "$bin" "$DATA/$s/conf.json") "
+    RESULTS[$s]+="$(timed_plugin "$ns" "$bin" "$DATA/$s/conf.json") "
     ip netns del "$ns"
   done
 done

@@ -88,16 +88,7 @@ timed_in() {
 }
 
 # timed_cni NAME CONF [CMD]: one redirect-cni ADD (or CMD) from the host namespace into NAME; µs.
-timed_cni() {
-  NETNS=/run/netns/$1 CONF=$2 CMD=${3:-ADD} BIN=$BIN/redirect-cni bash -c '
-    export CNI_COMMAND=$CMD CNI_CONTAINERID=bench CNI_NETNS=$NETNS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin
-    export CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
-    exec 3>"$ERR" 4>"$OUT" 5<"$CONF"
-    t0=$EPOCHREALTIME
-    "$BIN" <&5 >&4 2>&3 || { cat "$OUT" "$ERR" >&2; exit 1; }
-    t1=$EPOCHREALTIME
-    echo $(( ${t1/./} - ${t0/./} ))'
-}
+timed_cni() { timed_plugin "$1" "$BIN/redirect-cni" "$2" "${3:-ADD}"; }
 
 INIT_DEFAULT="$BIN/redirect-init -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x '' -b '*' -d 15090,15021,15020 -o 15020"
 declare -A CMDS SETUP

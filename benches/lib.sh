@@ -24,3 +24,27 @@ our_binaries() {
     [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (REDIRECT_BIN_DIR)" >&2; exit 1; }
   done
 }
+
+# fresh_pod_ns NAME: a namespace as a pod's after its primary network: lo up, a veth v0 (its peer
+# v1 in the same namespace) with 10.99.0.2/24.
+fresh_pod_ns() {
+  ip netns add "$1"
+  ip -n "$1" link set lo up
+  ip -n "$1" link add v0 type veth peer name v1
+  ip -n "$1" addr add 10.99.0.2/24 dev v0
+  ip -n "$1" link set v0 up
+}
+
+# timed_plugin NAME BIN CONF [CMD]: one plugin call (ADD, or CMD) of BIN from the host namespace
+# into namespace NAME, for the pod default/web-0, CONF on stdin; prints its duration in µs. Its
+# output goes to $OUT and $ERR, opened before the clock starts (as a runtime's pipes are).
+timed_plugin() {
+  NETNS=/run/netns/$1 BIN=$2 CONF=$3 CMD=${4:-ADD} bash -c '
+    export CNI_COMMAND=$CMD CNI_CONTAINERID=bench CNI_NETNS=$NETNS CNI_IFNAME=v0 CNI_PATH=/opt/cni/bin
+    export CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
+    exec 3>"$ERR" 4>"$OUT" 5<"$CONF"
+    t0=$EPOCHREALTIME
+    "$BIN" <&5 >&4 2>&3 || { cat "$OUT" "$ERR" >&2; exit 1; }
+    t1=$EPOCHREALTIME
+    echo $(( ${t1/./} - ${t0/./} ))'
+}

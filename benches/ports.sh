@@ -52,14 +52,6 @@ for name, ports in lists.items():
 PY
 LISTS=(default-3 contiguous-43000 random-43000 alternate-32767 all-65535)
 
-fresh_ns() {
-  ip netns add "$1"
-  ip -n "$1" link set lo up
-  ip -n "$1" link add v0 type veth peer name v1
-  ip -n "$1" addr add 10.99.0.2/24 dev v0
-  ip -n "$1" link set v0 up
-}
-
 # timed BIN CMD NS CONF: "wall_us sys_us" of one plugin run from the host namespace: wall time
 # around the child alone, its system time from getrusage (microseconds).
 timed() {
@@ -85,7 +77,7 @@ run() {
     declare -a add_w=() add_s=() chk_w=() chk_s=()
     for ((i = 0; i < n; i++)); do
       ns="$NS_PREFIX-$list-$i"
-      fresh_ns "$ns"
+      fresh_pod_ns "$ns"
       read -r w s <<<"$(timed "$bin" ADD "$ns" "$DATA/$list.json")"; add_w+=("$w"); add_s+=("$s")
       read -r w s <<<"$(timed "$bin" CHECK "$ns" "$DATA/$list.json")"; chk_w+=("$w"); chk_s+=("$s")
       ip netns del "$ns"

@@ -45,30 +45,9 @@ fi
 WORK=$(mktemp -d /tmp/install-kube-apiserver.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-# The machine's package sources, as source entries, in a private apt state.
-APTD=$WORK/apt
-mkdir -p "$APTD/parts" "$APTD/lists/partial" "$APTD/cache/archives/partial"
-shopt -s nullglob
-n=0
-for f in /etc/apt/sources.list.d/*.sources; do
-  # deb822: every stanza that lists `deb` becomes a `deb-src` stanza.
-  awk '/^Types:/ { if ($0 ~ /(^|[ \t])deb([ \t]|$)/) $0 = "Types: deb-src"; else $0 = "Types: none" } { print }' \
-    "$f" | grep -v '^Types: none' >"$APTD/parts/src$((n++)).sources" || true
-done
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-  [ -r "$f" ] || continue
-  sed -n 's/^[[:space:]]*deb[[:space:]]/deb-src /p' "$f" >"$APTD/parts/src$((n++)).list"
-done
-APTO=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$APTD/parts"
-      -o "Dir::State::Lists=$APTD/lists" -o "Dir::Cache=$APTD/cache"
-      -o APT::Sandbox::User=root)
+. "$(dirname "$0")/lib/apt-source.sh"
 log "fetching the source package kubernetes"
-if ! (cd "$WORK" && apt-get "${APTO[@]}" -qq update >"$WORK/apt.log" 2>&1 \
-      && apt-get "${APTO[@]}" -qq source --download-only kubernetes >>"$WORK/apt.log" 2>&1); then
-  cat "$WORK/apt.log" >&2
-  log "could not fetch kubernetes' source from this machine's apt sources"
-  exit 1
-fi
+fetch_source kubernetes "$WORK"
 SRC=$WORK/gopath/src/k8s.io/kubernetes
 mkdir -p "$(dirname "$SRC")"
 (cd "$WORK" && dpkg-source -q -x kubernetes_*.dsc "$SRC") >/dev/null 2>&1

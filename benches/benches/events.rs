@@ -58,7 +58,9 @@ fn bench(c: &mut Criterion) {
     let hung = run_dir("hung");
     let _bound = UnixDatagram::bind(hung.join(SOCKET_NAME)).unwrap();
     assert!(fill(&hung.join(SOCKET_NAME)) > 0);
-    g.bench_function("agent not reading, queue full", |b| b.iter(|| e.send(&hung)));
+    g.bench_function("agent not reading, queue full", |b| {
+        b.iter(|| e.send(&hung))
+    });
     g.finish();
     for d in [absent, reading, hung] {
         let _ = std::fs::remove_dir_all(d);

@@ -129,18 +129,8 @@ fn namespace(cp: &ControlPlane, name: &str) {
     );
 }
 
-/// The pod's validation crash-looping with 126 and its IP, written to its status as kubelet
-/// would.
-fn break_pod(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
-    let status = json!({"status": {
-        "phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
-        "initContainerStatuses": [{
-            "name": "istio-validation", "image": "proxyv2", "imageID": "", "ready": false,
-            "restartCount": 1,
-            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 126, "reason": "Error"}},
-        }],
-    }});
+/// Writes the pod's `status` (merged) as kubelet would.
+fn patch_status(cp: &ControlPlane, namespace: &str, name: &str, status: Value) {
     cp.kubectl_ok(&[
         "patch",
         "pod",
@@ -150,29 +140,40 @@ fn break_pod(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
         "--subresource=status",
         "--type=merge",
         "-p",
-        &status.to_string(),
+        &json!({ "status": status }).to_string(),
     ]);
 }
 
-/// The pod's validation passed at its restart (the capture was there), as kubelet shows it.
-fn heal_pod(cp: &ControlPlane, namespace: &str, name: &str) {
-    let status = json!({"status": {"initContainerStatuses": [{
-        "name": "istio-validation", "image": "proxyv2", "imageID": "", "ready": true,
-        "restartCount": 2,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+/// The validation init container's status: in `state`, last terminated with 126.
+fn validation(ready: bool, restarts: u32, state: Value) -> Value {
+    json!([{
+        "name": "istio-validation", "image": "proxyv2", "imageID": "", "ready": ready,
+        "restartCount": restarts, "state": state,
         "lastState": {"terminated": {"exitCode": 126, "reason": "Error"}},
-    }]}});
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
-        name,
-        "-n",
+    }])
+}
+
+/// The pod's validation crash-looping with 126, and its IP.
+fn break_pod(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
+    let waiting = json!({"waiting": {"reason": "CrashLoopBackOff"}});
+    patch_status(
+        cp,
         namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status.to_string(),
-    ]);
+        name,
+        json!({"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
+            "initContainerStatuses": validation(false, 1, waiting)}),
+    );
+}
+
+/// The pod's validation passed at its restart (the capture was there).
+fn heal_pod(cp: &ControlPlane, namespace: &str, name: &str) {
+    let done = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    patch_status(
+        cp,
+        namespace,
+        name,
+        json!({"initContainerStatuses": validation(true, 2, done)}),
+    );
 }
 
 /// A change to the pod (an annotation) that makes the controller look at it again.
