@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 pub const SOCKET_NAME: &str = "plugin-events.sock";
 /// The agent's readiness in the run directory: `ready`, or `not ready: <reason>`.
 pub const READY_NAME: &str = "agent-ready";
+/// The commands the plugin reports.
+pub const COMMANDS: [&str; 3] = ["ADD", "DEL", "CHECK"];
 /// An event is a few hundred bytes; a larger datagram is not ours.
 pub const MAX_EVENT: usize = 4096;
 
@@ -73,9 +75,12 @@ impl Event {
         }
     }
 
-    /// An event as received; `None` when it is not one.
+    /// An event as received; `None` when it is not one (not JSON of an event, or a command
+    /// the plugin does not report: the metrics' labels stay a short, known list).
     pub fn decode(bytes: &[u8]) -> Option<Event> {
-        serde_json::from_slice(bytes).ok()
+        serde_json::from_slice::<Event>(bytes)
+            .ok()
+            .filter(|e| COMMANDS.contains(&e.command.as_str()))
     }
 }
 
@@ -132,6 +137,12 @@ mod tests {
         let n = agent.recv(&mut buf).unwrap();
         assert_eq!(Event::decode(&buf[..n]), Some(e));
         assert_eq!(Event::decode(b"not an event"), None);
+        let status = br#"{"command":"STATUS","code":0,"total_us":1}"#;
+        assert_eq!(
+            Event::decode(status),
+            None,
+            "not a command the plugin reports"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -133,7 +133,7 @@ impl<'a> Call<'a> {
     /// Whether the call is one of a pod's (ADD, DEL, CHECK): those log their start and end
     /// and are told to the agent. STATUS and GC, called every few seconds, are not.
     fn is_pod_call(&self) -> bool {
-        matches!(self.command.as_str(), "ADD" | "DEL" | "CHECK")
+        crate::events::COMMANDS.contains(&self.command.as_str())
     }
 
     /// `<namespace>/<name>` or, for a sandbox that is not a Kubernetes pod, its container.
@@ -309,11 +309,17 @@ fn plan_for(call: &Call, conf: &NetConf) -> Result<Plan, CniError> {
             annotations: a.clone(),
             ..PodInfo::default()
         },
-        None => fetch(call, conf, "the runtime sent no pod annotations")?,
+        None => fetch(
+            call,
+            conf,
+            &ns,
+            &name,
+            "the runtime sent no pod annotations",
+        )?,
     };
     let mut decision = decide(&pod, conf)?;
     if let Decision::NeedSpec(why) = &decision {
-        pod = fetch(call, conf, why)?;
+        pod = fetch(call, conf, &ns, &name, why)?;
         decision = decide(&pod, conf)?;
     }
     match decision {
@@ -359,10 +365,13 @@ fn decide(pod: &PodInfo, conf: &NetConf) -> Result<Decision, CniError> {
 }
 
 /// The pod from the API, timed as the call's pod read.
-fn fetch(call: &Call, conf: &NetConf, why: &str) -> Result<PodInfo, CniError> {
-    let Ok(Some((ns, name))) = &call.pod else {
-        unreachable!("plan_for reads a pod only when CNI_ARGS named one");
-    };
+fn fetch(
+    call: &Call,
+    conf: &NetConf,
+    ns: &str,
+    name: &str,
+    why: &str,
+) -> Result<PodInfo, CniError> {
     call.timed(|p| &mut p.pod_read_us, || fetch_pod(conf, ns, name, why))
 }
 
