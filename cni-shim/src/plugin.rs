@@ -136,15 +136,22 @@ impl<'a> Call<'a> {
         crate::events::COMMANDS.contains(&self.command.as_str())
     }
 
-    /// `<namespace>/<name>` or, for a sandbox that is not a Kubernetes pod, its container.
-    fn subject(&self) -> String {
+    /// `<namespace>/<name>`, when CNI_ARGS named a pod.
+    fn pod_name(&self) -> Option<String> {
         match &self.pod {
-            Ok(Some((ns, name))) => format!("{ns}/{name}"),
-            _ => format!(
+            Ok(Some((ns, name))) => Some(format!("{ns}/{name}")),
+            _ => None,
+        }
+    }
+
+    /// The pod or, for a sandbox that is not a Kubernetes pod, `container <id>`.
+    fn subject(&self) -> String {
+        self.pod_name().unwrap_or_else(|| {
+            format!(
                 "container {}",
                 (self.inv.env)("CNI_CONTAINERID").unwrap_or_else(|| "(unset)".into())
-            ),
-        }
+            )
+        })
     }
 
     /// The line an operator greps for when a pod's sandbox starts: `ADD shop/web-0: start`.
@@ -183,12 +190,7 @@ impl<'a> Call<'a> {
         Event {
             command: self.command.clone(),
             code: result.err().map_or(0, |e| e.code),
-            pod: self
-                .pod
-                .as_ref()
-                .ok()
-                .and_then(|p| p.as_ref())
-                .map(|(ns, n)| format!("{ns}/{n}")),
+            pod: self.pod_name(),
             total_us: micros(total),
             phases: self.phases.get(),
         }
@@ -197,10 +199,7 @@ impl<'a> Call<'a> {
 
     /// `"<namespace>/<name> "` for log lines, or nothing when the pod is not known.
     fn label(&self) -> String {
-        match &self.pod {
-            Ok(Some((ns, name))) => format!("{ns}/{name} "),
-            _ => String::new(),
-        }
+        self.pod_name().map(|p| p + " ").unwrap_or_default()
     }
 
     fn netns_path(&self) -> String {
