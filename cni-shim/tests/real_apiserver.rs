@@ -378,9 +378,19 @@ fn the_agent_repairs_deletes_labels_and_untaints_with_the_rbac_of_docs_deploy() 
     drop(agent);
     heal_pod(&cp, "shop", "web-0");
 
-    // Delete: forbidden without repair-delete-pods.yaml, then done, with its Event.
+    // Delete: forbidden without repair-delete-pods.yaml, then done, with its Event. Beside it,
+    // broken pods that are not this agent's: one on another node (the server's field selector
+    // keeps it from the watch) and one without a sidecar (the agent's filter).
     create(&cp, &new_pod("shop", "web-1", None));
     break_pod(&cp, "shop", "web-1", "10.58.0.3");
+    let mut elsewhere = new_pod("shop", "elsewhere-0", None);
+    elsewhere["spec"]["nodeName"] = "worker-9".into();
+    create(&cp, &elsewhere);
+    break_pod(&cp, "shop", "elsewhere-0", "10.58.0.5");
+    let mut plain = new_pod("shop", "plain-0", None);
+    plain["metadata"]["annotations"] = json!({});
+    create(&cp, &plain);
+    break_pod(&cp, "shop", "plain-0", "10.58.0.6");
     let agent = Agent::start(
         &cp,
         sa.path(),
@@ -419,6 +429,18 @@ fn the_agent_repairs_deletes_labels_and_untaints_with_the_rbac_of_docs_deploy() 
     });
     let event = &events["items"][0];
     assert_eq!(event["involvedObject"]["name"], "web-1", "{event}");
+    for other in ["elsewhere-0", "plain-0"] {
+        let pod = cp.get(&["pod", other, "-n", "shop"]);
+        assert!(
+            pod["metadata"]["deletionTimestamp"].is_null(),
+            "{other} deleted"
+        );
+        assert!(
+            !agent.log().contains(&format!("shop/{other}")),
+            "{other} acted on:\n{}",
+            agent.log()
+        );
+    }
     assert_eq!(event["type"], "Warning", "{event}");
     drop(agent);
 
