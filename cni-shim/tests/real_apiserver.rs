@@ -429,6 +429,29 @@ fn the_agent_repairs_deletes_labels_and_untaints_with_the_rbac_of_docs_deploy() 
     });
     let event = &events["items"][0];
     assert_eq!(event["involvedObject"]["name"], "web-1", "{event}");
+    // Gone for good (as kubelet would confirm) and created again under the same name: a new
+    // pod (a new uid), broken again, deleted again.
+    let first_uid = cp.get(&["pod", "web-1", "-n", "shop"])["metadata"]["uid"].clone();
+    cp.kubectl_ok(&[
+        "delete",
+        "pod",
+        "web-1",
+        "-n",
+        "shop",
+        "--grace-period=0",
+        "--force",
+    ]);
+    let again = create(&cp, &new_pod("shop", "web-1", None));
+    assert_ne!(again["metadata"]["uid"], first_uid);
+    break_pod(&cp, "shop", "web-1", "10.58.0.3");
+    eventually_or(
+        "web-1 deleted again",
+        || agent.log(),
+        || {
+            let pod = cp.get(&["pod", "web-1", "-n", "shop"]);
+            (!pod["metadata"]["deletionTimestamp"].is_null()).then_some(())
+        },
+    );
     for other in ["elsewhere-0", "plain-0"] {
         let pod = cp.get(&["pod", other, "-n", "shop"]);
         assert!(
