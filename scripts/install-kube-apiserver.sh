@@ -6,8 +6,8 @@
 #     ships as a binary package; the source holds the whole tree with its vendor/ folder), with
 #     the distribution's Go, CGO off, as debian/rules builds it (a GOPATH tree and `make WHAT=`);
 #   - etcd from `etcd-server` (no service is started: the tests start their own);
-#   - kubectl from `kubectl` when the machine's sources have it (the tests need it for
-#     `kubectl apply --dry-run=server`; the API calls themselves go over HTTP).
+#   - kubectl: the machine's own, or the distribution's `kubernetes-client` (the tests drive
+#     the server with it, using what kubectl 1.20 and later all have).
 # One fix is needed: the vendored github.com/modern-go/reflect2 1.0.1 crashes under Go 1.18 and
 # later (SIGSEGV on the first custom-resource create); it is replaced by the distribution's
 # 1.0.2 (golang-github-modern-go-reflect2-dev).
@@ -26,7 +26,9 @@ log() { printf '[install-kube-apiserver] %s\n' "$*" >&2; }
 pkgs=(golang-go golang-github-modern-go-reflect2-dev etcd-server dpkg-dev ca-certificates make rsync)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+# kubectl: the machine's own when it has one, else the distribution's (kubernetes-client, the
+# same 1.20 as the server); the tests use only what both have.
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"
   apt-get update -qq

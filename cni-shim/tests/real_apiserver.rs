@@ -131,17 +131,7 @@ fn namespace(cp: &ControlPlane, name: &str) {
 
 /// Writes the pod's `status` (merged) as kubelet would.
 fn patch_status(cp: &ControlPlane, namespace: &str, name: &str, status: Value) {
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
-        name,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &json!({ "status": status }).to_string(),
-    ]);
+    cp.set_pod_status(namespace, name, &status);
 }
 
 /// The validation init container's status: in `state`, last terminated with 126.

@@ -323,11 +323,38 @@ impl ControlPlane {
         serde_json::from_str(&self.kubectl_ok(&a)).unwrap()
     }
 
-    /// A token of ServiceAccount `namespace/name` (TokenRequest, one hour).
+    /// A token of ServiceAccount `namespace/name` (TokenRequest, one hour). Through `create
+    /// --raw`, which every kubectl has (`kubectl create token` needs 1.24).
     pub fn token(&self, namespace: &str, name: &str) -> String {
-        self.kubectl_ok(&["create", "token", name, "-n", namespace])
-            .trim()
-            .to_owned()
+        let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token");
+        let body = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}"#;
+        let out = self.kubectl_in(&["create", "--raw", &path, "-f", "-"], Some(body));
+        assert!(
+            out.status.success(),
+            "TokenRequest for {namespace}/{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        answer["status"]["token"].as_str().unwrap().to_owned()
+    }
+
+    /// Merges `status` into the pod's status subresource, as kubelet writes it (a read, then a
+    /// replace of `.../status`: `kubectl patch --subresource` needs 1.24).
+    pub fn set_pod_status(&self, namespace: &str, name: &str, status: &serde_json::Value) {
+        let mut pod = self.get(&["pod", name, "-n", namespace]);
+        for (k, v) in status.as_object().unwrap() {
+            pod["status"][k] = v.clone();
+        }
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{name}/status");
+        let out = self.kubectl_in(
+            &["replace", "--raw", &path, "-f", "-"],
+            Some(&pod.to_string()),
+        );
+        assert!(
+            out.status.success(),
+            "status of {namespace}/{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// A folder laid out as a pod's mounted service account: `token` of `namespace/name` and
