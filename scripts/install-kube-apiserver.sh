@@ -14,7 +14,8 @@
 # Sources come from the machine's own apt configuration, copied as `deb-src` into a private apt
 # state, so /etc/apt is never changed. No Go module proxy. About 3 minutes and 2 GB of scratch
 # space the first time; then OUTDIR/kube-apiserver is there and the build is skipped.
-# Result: OUTDIR/kube-apiserver (static), /usr/bin/etcd, kubectl on PATH.
+# Result: OUTDIR/kube-apiserver (static), /usr/bin/etcd, kubectl on PATH, and openssl (the tests
+# make the service accounts' signing key with it).
 set -euo pipefail
 
 OUT=${1:?usage: $0 OUTDIR}
@@ -23,7 +24,7 @@ OUT=$(cd "$OUT" && pwd)
 export DEBIAN_FRONTEND=noninteractive
 log() { printf '[install-kube-apiserver] %s\n' "$*" >&2; }
 
-pkgs=(golang-go golang-github-modern-go-reflect2-dev etcd-server dpkg-dev ca-certificates make rsync)
+pkgs=(golang-go golang-github-modern-go-reflect2-dev etcd-server dpkg-dev ca-certificates make rsync openssl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # kubectl: the machine's own when it has one, else the distribution's (kubernetes-client, the
