@@ -39,11 +39,7 @@ trap cleanup EXIT
 # fresh_ns NAME: lo up, veth v0 (peer v1 in the same namespace) with 10.99.0.2/24 and a route
 # so that 10.1.x.y is routable before nat OUTPUT rewrites it; wide ephemeral port range.
 fresh_ns() {
-  ip netns add "$1"
-  ip -n "$1" link set lo up
-  ip -n "$1" link add v0 type veth peer name v1
-  ip -n "$1" addr add 10.99.0.2/24 dev v0
-  ip -n "$1" link set v0 up
+  fresh_pod_ns "$1"
   ip -n "$1" link set v1 up
   ip -n "$1" route add 10.0.0.0/8 via 10.99.0.1 dev v0
   ip netns exec "$1" sysctl -q -w net.ipv4.ip_local_port_range="1024 65000"

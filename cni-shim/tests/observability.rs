@@ -88,18 +88,12 @@ fn requests(text: &str, command: &str, code: u32) -> f64 {
 
 /// The installer binary (and so the agent) in `node`, standalone config, no repair.
 fn start_agent(node: &TestNetns, dirs: &Path) -> Child {
-    let p = |d: &str| dirs.join(d).to_str().unwrap().to_owned();
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", node.name(), BIN, "install"])
-        .args(["--chained-cni-plugin=false", "--repair-enabled=false"])
-        .args([
-            "--mounted-cni-net-dir",
-            &p("net"),
-            "--cni-bin-dir",
-            &p("bin"),
-        ])
-        .args(["--cni-agent-run-dir", &p("run"), "--binary", BIN])
-        .args(["--service-account-dir", &p("sa")])
+    cmd.args(["netns", "exec", node.name(), BIN])
+        .args(common::install_args(dirs))
+        .arg("--repair-enabled=false")
+        .arg("--service-account-dir")
+        .arg(dirs.join("sa"))
         .args(["--monitoring-port", &PORT.to_string()])
         .env_clear()
         .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")

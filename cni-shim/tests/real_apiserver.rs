@@ -211,21 +211,10 @@ struct Agent {
 impl Agent {
     fn start(cp: &ControlPlane, sa: &Path, proc: &Path, extra: &[&str]) -> Agent {
         let node = tempfile::tempdir().unwrap();
-        for d in ["net", "bin", "run"] {
-            fs::create_dir(node.path().join(d)).unwrap();
-        }
-        let p = |d: &str| node.path().join(d).to_str().unwrap().to_owned();
         let log = node.path().join("agent.log");
         let child = Command::new(BIN)
-            .arg("install")
-            .args(["--chained-cni-plugin=false", "--monitoring-port=0"])
-            .args([
-                "--mounted-cni-net-dir",
-                &p("net"),
-                "--cni-bin-dir",
-                &p("bin"),
-            ])
-            .args(["--cni-agent-run-dir", &p("run"), "--binary", BIN])
+            .args(common::install_args(node.path()))
+            .arg("--monitoring-port=0")
             .args(["--service-account-dir", sa.to_str().unwrap()])
             .args(["--repair-host-proc", proc.to_str().unwrap()])
             .args(extra)

@@ -124,6 +124,30 @@ fn finish(mut cmd: Command, env: &[(&str, &str)], stdin: &str, limit: Option<Dur
     }
 }
 
+/// `redirect-cni install` standalone on the node folders `node/{net,bin,run}` (made here when
+/// missing), copying this build's plugin: the arguments after the binary.
+pub fn install_args(node: &Path) -> Vec<String> {
+    let p = |d: &str| {
+        let dir = node.join(d);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.to_str().unwrap().to_owned()
+    };
+    [
+        "install",
+        "--chained-cni-plugin=false",
+        "--mounted-cni-net-dir",
+        &p("net"),
+        "--cni-bin-dir",
+        &p("bin"),
+        "--cni-agent-run-dir",
+        &p("run"),
+        "--binary",
+        BIN,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Listeners in `ns` on `ports` (the kit's `Landings`); `probe` answers where a connection
 /// landed as (listener port, original destination), or `None`.
 pub fn listen(ns: &TestNetns, ports: &[u16]) -> Landings {
