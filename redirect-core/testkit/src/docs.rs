@@ -6,11 +6,16 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The workspace root.
+/// The workspace root: the nearest folder above the test kit whose `Cargo.toml` declares the
+/// workspace, so that no test hard-codes how deep its crate sits.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the test kit is in the workspace")
+        .ancestors()
+        .find(|d| {
+            std::fs::read_to_string(d.join("Cargo.toml"))
+                .is_ok_and(|t| t.lines().any(|l| l.trim() == "[workspace]"))
+        })
+        .expect("the test kit is inside the workspace")
         .to_path_buf()
 }
 

@@ -64,8 +64,8 @@ pub fn group_gid(name: &str) -> Option<u32> {
 /// repository (a user's clone has no `../shared`). When it is missing, the calling test fails
 /// with one line naming the folder and the test: it never passes without the data.
 pub fn istio_testdata_dir() -> PathBuf {
-    // CARGO_MANIFEST_DIR is <clone>/testkit: the shared folder sits beside <clone>.
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // The shared folder sits beside the clone.
+    let beside = crate::docs::workspace().join("..");
     let dir = beside
         .canonicalize()
         .unwrap_or(beside)

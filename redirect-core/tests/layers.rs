@@ -9,7 +9,22 @@ use std::process::Command;
 use serde_json::Value;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    redirect_testkit::docs::workspace()
+}
+
+/// A workspace package's folder, from `cargo metadata`.
+fn dir_of(package: &str) -> PathBuf {
+    let meta = metadata();
+    let p = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == package)
+        .unwrap_or_else(|| panic!("{package} is not a workspace package"));
+    Path::new(p["manifest_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 const LIBRARIES: [&str; 4] = [
@@ -23,6 +38,25 @@ const PROGRAMS: [&str; 3] = ["init-shim", "cni-shim", "validator"];
 /// Each workspace package's declared dependencies: name → [(dependency, kind)], kind being
 /// `normal`, `dev` or `build`.
 fn manifests() -> BTreeMap<String, Vec<(String, String)>> {
+    let meta = metadata();
+    let mut map = BTreeMap::new();
+    for p in meta["packages"].as_array().unwrap() {
+        let deps = p["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let kind = d["kind"].as_str().unwrap_or("normal").to_string();
+                (d["name"].as_str().unwrap().to_string(), kind)
+            })
+            .collect();
+        map.insert(p["name"].as_str().unwrap().to_string(), deps);
+    }
+    map
+}
+
+/// `cargo metadata` of the workspace, without its dependencies.
+fn metadata() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args([
@@ -40,21 +74,7 @@ fn manifests() -> BTreeMap<String, Vec<(String, String)>> {
         "cargo metadata: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut map = BTreeMap::new();
-    for p in meta["packages"].as_array().unwrap() {
-        let deps = p["dependencies"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| {
-                let kind = d["kind"].as_str().unwrap_or("normal").to_string();
-                (d["name"].as_str().unwrap().to_string(), kind)
-            })
-            .collect();
-        map.insert(p["name"].as_str().unwrap().to_string(), deps);
-    }
-    map
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The crates of ours that `package` depends on with one of `kinds`.
@@ -143,7 +163,7 @@ fn the_manifests_keep_the_layers() {
 #[test]
 fn unsafe_code_is_forbidden_or_said_why() {
     for krate in LIBRARIES {
-        let src = repo().join(krate).join("src");
+        let src = dir_of(krate).join("src");
         let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
         if lib.contains("#![forbid(unsafe_code)]") {
             continue;
@@ -223,10 +243,12 @@ fn the_map_names_every_place_and_only_places_that_exist() {
         );
     }
     for krate in LIBRARIES {
-        let src = repo().join(krate).join("src");
+        let src = dir_of(krate).join("src");
         for entry in std::fs::read_dir(&src).unwrap() {
             let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-            let here = format!("{krate}/src/{name}");
+            let rel = dir_of(krate);
+            let rel = rel.strip_prefix(repo()).unwrap_or(&rel).display();
+            let here = format!("{rel}/src/{name}");
             assert!(
                 named
                     .iter()
