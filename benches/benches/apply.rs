@@ -2,8 +2,9 @@
 //! (made before the clock starts) and a thread inside it; only the apply is timed.
 //!
 //! - `rules`: `nft::apply` of a planned ruleset: socket, one batch, the ACKs.
-//! - `capture`: `capture::apply`: plan, rules and routes (TPROXY policy routing, `::6` on lo),
-//!   what the CNI plugin and redirect-init run once inside the pod's namespace.
+//! - `capture`: `redirect_core::Namespace::apply`: validate, plan, rules and routes (TPROXY
+//!   policy routing, `::6` on lo), what the CNI plugin and redirect-init run once inside the
+//!   pod's namespace.
 //! - `replace`: `nft::apply` of the same ruleset again (a repeated ADD, `--force-apply`): the
 //!   table is read back, found equal, and nothing is sent.
 //! - `update`: `nft::apply` over the table of Istio's sidecar default (another config before):
@@ -14,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_benches::configs;
-use redirect_istio::capture;
-use redirect_kernel::SystemGroups;
-use redirect_model::plan;
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// Sum of `iters` timings of `f`, each in a fresh namespace where `setup` ran first.
@@ -57,7 +56,7 @@ fn apply(c: &mut Criterion) {
                     || {},
                     || {
                         timed(|| {
-                            redirect_kernel::nft::Nft::open()
+                            redirect_core::kernel::nft::Nft::open()
                                 .and_then(|n| n.apply(&rs))
                                 .map(drop)
                                 .expect("apply")
@@ -73,13 +72,11 @@ fn apply(c: &mut Criterion) {
                     || {},
                     || {
                         timed(|| {
+                            let config = cfg.clone().validated().expect("valid");
                             drop(
-                                capture::apply(
-                                    &redirect_kernel::backend::Live::open().unwrap(),
-                                    &cfg,
-                                    &SystemGroups,
-                                )
-                                .expect("capture"),
+                                redirect_core::Namespace::current()
+                                    .and_then(|ns| ns.apply(&config))
+                                    .expect("capture"),
                             )
                         })
                     },
@@ -91,14 +88,14 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {
-                        redirect_kernel::nft::Nft::open()
+                        redirect_core::kernel::nft::Nft::open()
                             .and_then(|n| n.apply(&rs))
                             .map(drop)
                             .expect("first apply")
                     },
                     || {
                         timed(|| {
-                            redirect_kernel::nft::Nft::open()
+                            redirect_core::kernel::nft::Nft::open()
                                 .and_then(|n| n.apply(&rs))
                                 .map(drop)
                                 .expect("replace")
@@ -113,14 +110,14 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {
-                        redirect_kernel::nft::Nft::open()
+                        redirect_core::kernel::nft::Nft::open()
                             .and_then(|n| n.apply(&before))
                             .map(drop)
                             .expect("first apply")
                     },
                     || {
                         timed(|| {
-                            redirect_kernel::nft::Nft::open()
+                            redirect_core::kernel::nft::Nft::open()
                                 .and_then(|n| n.apply(&rs))
                                 .map(drop)
                                 .expect("update")
@@ -134,7 +131,7 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {
-                        redirect_kernel::nft::Nft::open()
+                        redirect_core::kernel::nft::Nft::open()
                             .and_then(|n| n.apply(&rs))
                             .map(drop)
                             .expect("apply")
@@ -142,7 +139,7 @@ fn apply(c: &mut Criterion) {
                     || {
                         timed(|| {
                             drop(
-                                redirect_kernel::nft::Nft::open()
+                                redirect_core::kernel::nft::Nft::open()
                                     .and_then(|n| n.read())
                                     .expect("read back"),
                             )

@@ -3,8 +3,8 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use redirect_benches::configs;
-use redirect_kernel::nft;
-use redirect_model::plan;
+use redirect_core::kernel::nft;
+use redirect_testkit::plan;
 use std::hint::black_box;
 
 fn pipeline(c: &mut Criterion) {

@@ -4,8 +4,6 @@
 use std::process::Command;
 
 use redirect_benches::{sidecar_default, with_excluded};
-use redirect_istio::capture;
-use redirect_kernel::SystemGroups;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 const BIN: &str = env!("CARGO_BIN_EXE_connrate");
@@ -44,7 +42,10 @@ fn counts_redirected_connections_and_fails_without_rules() {
     }
     for cfg in [sidecar_default(), with_excluded(10_000)] {
         let ns = pod();
-        capture::apply(&redirect_testkit::live_in(ns.path()), &cfg, &SystemGroups).expect("apply");
+        let config = cfg.validated().expect("valid");
+        redirect_core::Namespace::open(ns.path())
+            .and_then(|pod| pod.apply(&config))
+            .expect("apply");
         let (code, out, err) = connrate(&ns);
         assert_eq!(code, 0, "stdout {out} stderr {err}");
         let n = field(&out, "connections");

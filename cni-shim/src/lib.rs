@@ -29,7 +29,7 @@ pub fn plugin_main(
         env,
         stdin,
         env_error,
-        kernel: &redirect_kernel::backend::open_live,
+        kernel: &redirect_core::kernel::backend::open_live,
         started,
     };
     let (out, code) = match plugin::run(&inv) {

@@ -9,16 +9,16 @@ use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use redirect_istio::capture;
-use redirect_istio::mesh::{self, Decision};
-use redirect_istio::pod::PodInfo;
-use redirect_istio::Error as CaptureError;
-use redirect_kernel::backend::{Backend, Opener};
-use redirect_kernel::netns::{self, Netns};
-use redirect_kernel::nft::Nft;
-use redirect_kernel::Error as KernelError;
-use redirect_kernel::SystemGroups;
-use redirect_model::ValidConfig;
+use redirect_core::istio::capture;
+use redirect_core::istio::mesh::{self, Decision};
+use redirect_core::istio::pod::PodInfo;
+use redirect_core::istio::Error as CaptureError;
+use redirect_core::kernel::backend::{Backend, Opener};
+use redirect_core::kernel::netns::{self, Netns};
+use redirect_core::kernel::nft::Nft;
+use redirect_core::kernel::Error as KernelError;
+use redirect_core::kernel::SystemGroups;
+use redirect_core::model::ValidConfig;
 use redirect_program::logging::{self, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
@@ -66,7 +66,7 @@ pub struct Invocation<'a> {
     /// Set when one of `ENV_NAMES` is not UTF-8: read as unset, it would drop the pod's
     /// capture silently.
     pub env_error: Option<String>,
-    /// How a pod's namespace is reached: `redirect_kernel::backend::open_live`.
+    /// How a pod's namespace is reached: `redirect_core::kernel::backend::open_live`.
     pub kernel: Opener<'a>,
     /// When the process started: the event's whole time counts from here.
     pub started: Instant,
@@ -532,7 +532,7 @@ fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
     if k.read_table()?.is_none() {
         return Ok(false);
     }
-    capture::cleanup(k, &redirect_istio::TPROXY_ROUTING)?;
+    redirect_core::kernel::capture::cleanup(k, &redirect_core::istio::TPROXY_ROUTING)?;
     Ok(true)
 }
 

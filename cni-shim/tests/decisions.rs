@@ -1,5 +1,5 @@
 //! The plugin's and the repair controller's decisions on a fake namespace
-//! (`redirect_kernel::fake::Fake`): which pods are captured with which rules, what CHECK and DEL
+//! (`redirect_core::kernel::fake::Fake`): which pods are captured with which rules, what CHECK and DEL
 //! say, which errors leave everything as it was. No root and no kernel: the namespace file is
 //! the test process's own (`allow_host_netns`), its kernel side is the fake, and where traffic
 //! would go is the model's evaluator over what the fake holds.
@@ -11,12 +11,12 @@ use std::net::IpAddr;
 use cni_shim::plugin::{self, Invocation};
 use cni_shim::repair::in_place::{self, Outcome, Reach, RepairError};
 use cni_shim::repair::pod_netns::FindError;
-use redirect_istio::mesh::MeshDefaults;
-use redirect_kernel::backend::Backend;
-use redirect_kernel::fake::Fake;
-use redirect_kernel::netns::Netns;
-use redirect_model::eval::{Flow, Verdict};
-use redirect_model::Family;
+use redirect_core::istio::mesh::MeshDefaults;
+use redirect_core::kernel::backend::Backend;
+use redirect_core::kernel::fake::Fake;
+use redirect_core::kernel::netns::Netns;
+use redirect_core::model::eval::{Flow, Verdict};
+use redirect_core::model::Family;
 use serde_json::{json, Value};
 
 const STATUS: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}"#;
@@ -54,7 +54,7 @@ fn plugin(fake: &Fake, command: &str, stdin: &[u8]) -> (i32, String) {
         }
     };
     let fake = fake.clone();
-    let open = move |_: &Netns| -> redirect_kernel::Result<Box<dyn Backend>> {
+    let open = move |_: &Netns| -> redirect_core::kernel::Result<Box<dyn Backend>> {
         Ok(Box::new(fake.clone()))
     };
     let inv = Invocation {
@@ -224,7 +224,7 @@ fn repair(fake: &Fake, pod: &k8s_openapi::api::core::v1::Pod) -> Result<Outcome,
         Ok(Netns::open(std::path::Path::new(OWN_NETNS)).unwrap())
     };
     let fake = fake.clone();
-    let open = move |_: &Netns| -> redirect_kernel::Result<Box<dyn Backend>> {
+    let open = move |_: &Netns| -> redirect_core::kernel::Result<Box<dyn Backend>> {
         Ok(Box::new(fake.clone()))
     };
     let reach = Reach {

@@ -11,7 +11,7 @@ use std::path::Path;
 use redirect_testkit::docs::*;
 
 use cni_shim::cni::conf::{FIELDS, NESTED_FIELDS};
-use redirect_istio::mesh::{ANNOTATIONS, LABELS, PROXY_ENV};
+use redirect_core::istio::mesh::{ANNOTATIONS, LABELS, PROXY_ENV};
 
 const PAGE: &str = "docs/redirect-cni.md";
 const DEPLOY: &str = "docs/deploy/README.md";
@@ -54,7 +54,10 @@ fn every_annotation_label_and_proxy_env_is_documented() {
         .collect();
     let annotation_rows = table_rows(&doc, &["annotation"]);
     // Those that set the capture (all but the status and inject ones) have a table row.
-    let decides = [redirect_istio::mesh::STATUS, redirect_istio::mesh::INJECT];
+    let decides = [
+        redirect_core::istio::mesh::STATUS,
+        redirect_core::istio::mesh::INJECT,
+    ];
     for a in ANNOTATIONS.iter().filter(|a| !decides.contains(a)) {
         if !annotation_rows
             .iter()

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{cni_env, mesh_conf, pod_ns, static_bin, ARGS, BIN};
-use redirect_model::plan;
-use redirect_model::CaptureConfig;
+use redirect_core::model::CaptureConfig;
 use redirect_testkit::istio::SIDECAR_ARGS;
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// A root holding only `bin` (as `/<name>`), an empty `/proc` and an empty `/netns` to bind

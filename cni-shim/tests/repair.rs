@@ -24,11 +24,12 @@ use common::cluster::Cluster;
 use common::host_proc::{cgroupfs, FakeProc};
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
-use redirect_istio::mesh::{self, Decision, MeshDefaults};
-use redirect_kernel::netns::{netns_id_of, Netns};
-use redirect_kernel::nft;
-use redirect_model::{plan, CaptureConfig};
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::kernel::netns::{netns_id_of, Netns};
+use redirect_core::kernel::nft;
+use redirect_core::model::CaptureConfig;
 use redirect_testkit::binary::{self, Run};
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 const ISTIO_POD: &str = include_str!("fixtures/pod-istio-sidecar.json");

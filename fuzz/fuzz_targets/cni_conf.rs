@@ -6,8 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 
 use cni_shim::cni::{conf, result};
-use redirect_istio::mesh::{self, Decision, MeshDefaults};
-use redirect_istio::pod::PodInfo;
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::pod::PodInfo;
 
 #[path = "common.rs"]
 mod common;

@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use redirect_model::{render, CaptureConfig};
-use redirect_kernel::nft;
+use redirect_core::model::{render, CaptureConfig};
+use redirect_core::kernel::nft;
 
 /// A group database where short names exist (so planning gets past name resolution).
 pub fn fake_gid(name: &str) -> Option<u32> {
@@ -19,7 +19,7 @@ pub fn fake_gid(name: &str) -> Option<u32> {
 
 /// Plan a config and, if it is accepted, encode and render the ruleset.
 pub fn exercise(cfg: &CaptureConfig) {
-    let Ok(rs) = redirect_model::plan_with(cfg, &fake_gid) else {
+    let Ok(rs) = cfg.clone().validated().and_then(|v| v.plan(&fake_gid)) else {
         return;
     };
     let enc = nft::testing::encode_running(&rs);

@@ -6,18 +6,18 @@ use std::io::Write;
 
 use tracing::{info, warn};
 
-use redirect_istio::capture::{self, Decision, IstioRuleStore, LiveIstioRules};
-use redirect_istio::pod_facts::{self, HostAddress};
-use redirect_istio::validation::probe;
-use redirect_istio::Error;
-use redirect_kernel::backend::{self, Live};
-use redirect_kernel::nft;
-use redirect_kernel::SystemGroups;
-use redirect_model::render::{iptables_restore_all, nft_script};
-use redirect_model::Ruleset;
+use redirect_core::istio::capture::{self, Decision, IstioRuleStore, LiveIstioRules};
+use redirect_core::istio::pod_facts::{self, HostAddress};
+use redirect_core::istio::validation::probe;
+use redirect_core::istio::Error;
+use redirect_core::kernel::backend::{self, Live};
+use redirect_core::kernel::nft;
+use redirect_core::kernel::SystemGroups;
+use redirect_core::model::render::{iptables_restore_all, nft_script};
+use redirect_core::model::Ruleset;
 
 use crate::report;
-use redirect_istio::cli::settings::{self, Backend, DryRunFormat, Settings};
+use redirect_core::istio::cli::settings::{self, Backend, DryRunFormat, Settings};
 
 /// Istio's exit codes.
 pub const EXIT_OK: i32 = 0;
@@ -50,8 +50,8 @@ impl From<Error> for Failure {
     }
 }
 
-impl From<redirect_model::Error> for Failure {
-    fn from(e: redirect_model::Error) -> Self {
+impl From<redirect_core::model::Error> for Failure {
+    fn from(e: redirect_core::model::Error) -> Self {
         Error::from(e).into()
     }
 }
@@ -68,10 +68,10 @@ macro_rules! failure_from {
 }
 
 failure_from!(
-    redirect_kernel::Error,
-    redirect_kernel::netns::Error,
-    redirect_kernel::nft::Error,
-    redirect_kernel::routes::Error
+    redirect_core::kernel::Error,
+    redirect_core::kernel::netns::Error,
+    redirect_core::kernel::nft::Error,
+    redirect_core::kernel::routes::Error
 );
 
 fn fail(message: String) -> Failure {
@@ -128,7 +128,7 @@ pub fn run_with(mut s: Settings, t: &Target) -> Result<(), Failure> {
         return cleanup(&s, t);
     }
     let host = host.expect("derived above unless cleanup-only");
-    let rs = redirect_model::plan_with(&s.config, &SystemGroups)?;
+    let rs = s.config.plan(&SystemGroups)?;
     if s.dry_run {
         return dry_run(&s, &rs);
     }
@@ -158,8 +158,11 @@ fn cleanup(s: &Settings, t: &Target) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    let (done, istio) =
-        capture::cleanup_with_istio(t.kernel, t.istio, &capture::routing_of(&s.config))?;
+    let (done, istio) = capture::cleanup_with_istio(
+        t.kernel,
+        t.istio,
+        &redirect_core::kernel::capture::routing_of(&s.config),
+    )?;
     info!(
         "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {:?}; Istio iptables chains removed: {}",
         done.table,
@@ -290,9 +293,9 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Ok(())
         }
         Err(e) => {
-            let d = redirect_istio::validation::diagnosis::diagnose(
+            let d = redirect_core::istio::validation::diagnosis::diagnose(
                 &e,
-                &redirect_istio::validation::diagnosis::gather_facts(&spec, &e, &s.config),
+                &redirect_core::istio::validation::diagnosis::gather_facts(&spec, &e, &s.config),
             );
             Err(Failure {
                 code: EXIT_VALIDATION,

@@ -27,7 +27,8 @@ fn dir_of(package: &str) -> PathBuf {
         .to_path_buf()
 }
 
-const LIBRARIES: [&str; 4] = [
+const LIBRARIES: [&str; 5] = [
+    "redirect-core",
     "redirect-model",
     "redirect-kernel",
     "redirect-istio",
@@ -113,14 +114,25 @@ fn the_manifests_keep_the_layers() {
         set(&["redirect-model"]),
         "redirect-kernel depends on the model only"
     );
-    assert!(
-        !ours(&m, "redirect-kernel", &all).contains("redirect-istio"),
-        "redirect-kernel's tests must not need the Istio crate"
-    );
+    for above in ["redirect-istio", "redirect-core"] {
+        assert!(
+            !ours(&m, "redirect-kernel", &all).contains(above),
+            "redirect-kernel's tests must not need {above}"
+        );
+    }
     assert_eq!(
         ours(&m, "redirect-istio", &normal),
         set(&["redirect-model", "redirect-kernel"]),
         "redirect-istio depends on the model and the kernel crate"
+    );
+    assert!(
+        !ours(&m, "redirect-istio", &all).contains("redirect-core"),
+        "redirect-istio is a layer of redirect-core: its tests must not need it"
+    );
+    assert_eq!(
+        ours(&m, "redirect-core", &normal),
+        set(&["redirect-model", "redirect-kernel", "redirect-istio"]),
+        "redirect-core is its three layers and nothing else of ours"
     );
     assert_eq!(
         ours(&m, "redirect-program", &normal),
@@ -129,15 +141,19 @@ fn the_manifests_keep_the_layers() {
     );
     assert_eq!(
         ours(&m, "redirect-testkit", &normal),
-        set(&["redirect-kernel"]),
-        "the test kit uses the kernel crate only"
+        set(&["redirect-model", "redirect-kernel"]),
+        "the test kit uses the model and the kernel crate only"
     );
-    let allowed = set(&LIBRARIES);
+    let allowed = set(&["redirect-core", "redirect-program"]);
     for program in PROGRAMS {
         let deps = ours(&m, program, &normal);
         assert!(
+            deps.contains("redirect-core"),
+            "{program} is a client of redirect-core"
+        );
+        assert!(
             deps.is_subset(&allowed),
-            "{program} may depend on the library crates only, not on {:?}",
+            "{program} may depend on redirect-core and redirect-program only, not on {:?}",
             deps.difference(&allowed).collect::<Vec<_>>()
         );
         for (name, kind) in &m[program] {

@@ -6,11 +6,11 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::Path;
 
-use redirect_istio::mesh::Decision;
-use redirect_istio::pod_facts::{self, HostAddress};
-use redirect_model::eval::{self, Evaluation, Flow, Verdict};
-use redirect_model::Ruleset;
-use redirect_model::{CaptureConfig, DNS_AGENT_PORT};
+use redirect_core::istio::mesh::Decision;
+use redirect_core::istio::pod_facts::{self, HostAddress};
+use redirect_core::model::eval::{self, Evaluation, Flow, Verdict};
+use redirect_core::model::Ruleset;
+use redirect_core::model::{CaptureConfig, DNS_AGENT_PORT};
 use serde::Serialize;
 
 use crate::Error;
@@ -64,7 +64,9 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<String>), Error> {
+fn run(
+    r: &redirect_core::istio::cli::flags::Resolved,
+) -> Result<(Vec<Explained>, Vec<String>), Error> {
     let flows: Vec<Flow> = r
         .matches
         .get_many::<String>("flow")
@@ -109,7 +111,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<
         }) => {
             notes.extend(warnings);
             let config = config.with_ipv6(host.ipv6);
-            let rs = redirect_model::plan_valid(&config, &redirect_kernel::SystemGroups)?;
+            let rs = config.plan(&redirect_core::kernel::SystemGroups)?;
             (config, rs)
         }
         Some(Decision::Skip(why)) => {
@@ -123,7 +125,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<
         }
         None => {
             notes.extend(args::finish(&mut s, &host, &nameservers)?);
-            let rs = redirect_model::plan_valid(&s.config, &redirect_kernel::SystemGroups)?;
+            let rs = s.config.plan(&redirect_core::kernel::SystemGroups)?;
             (s.config, rs)
         }
     };

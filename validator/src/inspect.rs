@@ -7,16 +7,16 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_istio::capture::{self, Mismatch, RoutesSeen};
-use redirect_istio::mesh::Decision;
-use redirect_istio::pod_facts::{self, HostAddress};
-use redirect_istio::validation::diagnosis::{self, KernelView};
-use redirect_kernel::backend::Live;
-use redirect_kernel::netns;
-use redirect_kernel::nft::{self, text};
-use redirect_kernel::routes::{Routes, TproxyRouting};
-use redirect_model::Ruleset;
-use redirect_model::ValidConfig;
+use redirect_core::istio::mesh::Decision;
+use redirect_core::istio::pod_facts::{self, HostAddress};
+use redirect_core::istio::validation::diagnosis::{self, KernelView};
+use redirect_core::kernel::backend::Live;
+use redirect_core::kernel::capture::{self, Mismatch, RoutesSeen};
+use redirect_core::kernel::netns;
+use redirect_core::kernel::nft::{self, text};
+use redirect_core::kernel::routes::{Routes, TproxyRouting};
+use redirect_core::model::Ruleset;
+use redirect_core::model::ValidConfig;
 use serde::Serialize;
 
 use crate::Error;
@@ -97,7 +97,7 @@ enum Expected {
     Nothing(String),
 }
 
-fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     // Opened once: both reads below enter this descriptor, whatever the path names later.
     let ns = netns::Netns::open(&path).map_err(|e| match e {
@@ -128,7 +128,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
         Some(Decision::Capture { config, .. }) => {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             let config = config.with_ipv6(h.ipv6);
-            let rs = redirect_model::plan_valid(&config, &redirect_kernel::SystemGroups)?;
+            let rs = config.plan(&redirect_core::kernel::SystemGroups)?;
             Some((
                 "the pod's annotations".to_string(),
                 Expected::Rules(Box::new(config), rs),
@@ -138,7 +138,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             let servers = nameservers(r, settings.wants_nameservers(), &path)?;
             args::finish(&mut settings, &h, &servers)?;
-            let rs = redirect_model::plan_valid(&settings.config, &redirect_kernel::SystemGroups)?;
+            let rs = settings.config.plan(&redirect_core::kernel::SystemGroups)?;
             Some((
                 "Istio's flags".to_string(),
                 Expected::Rules(Box::new(settings.config), rs),
@@ -148,7 +148,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
     };
     let routing = match &expected {
         Some((_, Expected::Rules(cfg, _))) => capture::routing_of(cfg),
-        _ => redirect_istio::TPROXY_ROUTING,
+        _ => redirect_core::istio::TPROXY_ROUTING,
     };
     let want = expected.as_ref().map(|(_, e)| e);
     let kernel = ns
@@ -159,7 +159,7 @@ fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Found, Error> {
 
 /// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
 fn nameservers(
-    r: &redirect_istio::cli::flags::Resolved,
+    r: &redirect_core::istio::cli::flags::Resolved,
     wanted: bool,
     netns: &Path,
 ) -> Result<Vec<IpAddr>, Error> {
@@ -190,7 +190,7 @@ struct Kernel {
     differences: Vec<Mismatch>,
 }
 
-fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_istio::Result<Kernel> {
+fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::istio::Result<Kernel> {
     let view = diagnosis::read_kernel(None)?;
     // Read once: shown below, and judged against the expectation.
     let routes = RoutesSeen::read_all(&Live::open()?, routing)?;

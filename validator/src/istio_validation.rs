@@ -4,9 +4,9 @@
 use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 
-use redirect_istio::pod_facts;
-use redirect_istio::validation::diagnosis::{self, Diagnosis};
-use redirect_istio::validation::probe::{self, ProbeFailure};
+use redirect_core::istio::pod_facts;
+use redirect_core::istio::validation::diagnosis::{self, Diagnosis};
+use redirect_core::istio::validation::probe::{self, ProbeFailure};
 use serde::Serialize;
 
 use crate::args;
@@ -69,10 +69,10 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(r: &redirect_istio::cli::flags::Resolved) -> Result<Report, Error> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let addresses = redirect_kernel::routes::Routes::open()?.addresses()?;
+    let addresses = redirect_core::kernel::routes::Routes::open()?.addresses()?;
     let host = pod_facts::detect_host_address(&addresses, s.dual_stack)?;
     let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()

@@ -8,7 +8,9 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
     // Istio's flags read the same variables as redirect-init's.
-    if let Err(msg) = redirect_program::env::check_utf8(redirect_istio::cli::flags::env_names()) {
+    if let Err(msg) =
+        redirect_program::env::check_utf8(redirect_core::istio::cli::flags::env_names())
+    {
         eprintln!("error: {msg}");
         std::process::exit(1);
     }

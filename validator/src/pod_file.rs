@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use redirect_istio::cli::settings::Settings;
-use redirect_istio::mesh::{self, Decision, MeshDefaults};
-use redirect_istio::pod;
+use redirect_core::istio::cli::settings::Settings;
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::istio::pod;
 
 use crate::Error;
 

@@ -12,9 +12,7 @@
 use std::io::Read;
 use std::net::TcpListener;
 
-use redirect_istio::capture;
-use redirect_kernel::SystemGroups;
-use redirect_model::CaptureConfig;
+use redirect_core::model::CaptureConfig;
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
@@ -41,7 +39,12 @@ fn pod(addr: &str) -> TestNetns {
 }
 
 fn apply(ns: &TestNetns, cfg: &CaptureConfig) {
-    capture::apply(&redirect_testkit::live_in(ns.path()), cfg, &SystemGroups)
+    let config = cfg
+        .clone()
+        .validated()
+        .unwrap_or_else(|e| panic!("config: {e}"));
+    redirect_core::Namespace::open(ns.path())
+        .and_then(|pod| pod.apply(&config))
         .unwrap_or_else(|e| panic!("apply: {e}"));
 }
 

@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use redirect_benches::{cidr_list, excluded_cidrs, istio_rules, sidecar_default, with_excluded};
-use redirect_model::{plan, render};
+use redirect_model::render;
+use redirect_testkit::plan;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use redirect_istio::mesh::MeshDefaults;
+use redirect_core::istio::mesh::MeshDefaults;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use redirect_istio::pod::{ContainerInfo, PodInfo, PodSpecInfo};
+use redirect_core::istio::pod::{ContainerInfo, PodInfo, PodSpecInfo};
 
 /// A pod from its JSON (as `kubectl get pod -o json` or the API server prints it).
 ///

@@ -9,7 +9,7 @@ use ::kube::api::Api;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
 use ::kube::{Client, Config};
 use k8s_openapi::api::core::v1::Pod;
-use redirect_istio::pod::PodInfo;
+use redirect_core::istio::pod::PodInfo;
 
 use super::secret::Secrets;
 use super::{convert, FetchPolicy, KubeError};

@@ -1,14 +1,14 @@
 //! `redirect-cni install`'s flags. Each flag can also come from an environment variable, named
 //! as Istio's install-cni names it where Istio has one (`a-b` ↔ `A_B`): a flag given on the
 //! command line wins, then a non-empty variable, then the default. The core's flag-table engine
-//! (`redirect_istio::cli::flag_table`, also redirect-init's) parses and resolves them; this
+//! (`redirect_core::istio::cli::flag_table`, also redirect-init's) parses and resolves them; this
 //! file holds the table and types the values.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::Command;
-use redirect_istio::cli::flag_table::{self, Flag, Table};
+use redirect_core::istio::cli::flag_table::{self, Flag, Table};
 use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
@@ -40,7 +40,7 @@ const fn b(
     s(key, Some(env), default, help).go_bool()
 }
 
-redirect_istio::flags! {
+redirect_core::istio::flags! {
     static SPECS = [
         MOUNTED_CNI_NET_DIR = s(
             "mounted-cni-net-dir",
@@ -620,7 +620,7 @@ pub fn parse(
 }
 
 /// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).
-pub use redirect_istio::go::parse_bool;
+pub use redirect_core::istio::go::parse_bool;
 
 /// An octal mode: `0600`, `600` or `0o600`, at most 0777.
 /// Mode bits refused for the kubeconfig: any access for others, write or execute for the group.
@@ -636,7 +636,7 @@ pub fn parse_mode(v: &str) -> Option<u32> {
 
 /// The items of a comma-separated list, as every program splits them.
 fn split_list(v: &str) -> Vec<String> {
-    redirect_model::parse::split_list(v)
+    redirect_core::model::parse::split_list(v)
         .map(String::from)
         .collect()
 }

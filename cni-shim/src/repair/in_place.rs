@@ -6,11 +6,11 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_istio::capture;
-use redirect_istio::mesh::{self, Decision, MeshDefaults, MeshError};
-use redirect_kernel::backend::{self, Opener};
-use redirect_kernel::netns::Netns;
-use redirect_kernel::SystemGroups;
+use redirect_core::istio::capture;
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults, MeshError};
+use redirect_core::kernel::backend::{self, Opener};
+use redirect_core::kernel::netns::Netns;
+use redirect_core::kernel::SystemGroups;
 
 use super::pod_netns::{self, FindError};
 
@@ -45,7 +45,7 @@ pub enum RepairError {
     Apply {
         pod: String,
         netns: PathBuf,
-        source: redirect_istio::Error,
+        source: redirect_core::istio::Error,
     },
     #[error(
         "pod {pod}: the capture was applied in {netns} but reads back different ({}): not \
@@ -130,15 +130,17 @@ pub fn repair_with(
 fn apply_and_read_back(
     ns: &Netns,
     open: Opener,
-    cfg: redirect_model::ValidConfig,
+    cfg: redirect_core::model::ValidConfig,
     dual_stack: bool,
-) -> Result<Vec<String>, redirect_istio::Error> {
+) -> Result<Vec<String>, redirect_core::istio::Error> {
     let k = open(ns)?;
     let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)?;
-    Ok(capture::check(k.as_ref(), &cfg, &rs)?
-        .iter()
-        .map(|d| d.to_string())
-        .collect())
+    Ok(
+        redirect_core::kernel::capture::check(k.as_ref(), &cfg, &rs)?
+            .iter()
+            .map(|d| d.to_string())
+            .collect(),
+    )
 }
 
 /// Where a repair looks by default, as the DaemonSet mounts the host.

@@ -20,7 +20,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_kernel::netns::{self, Netns, NetnsId};
+use redirect_core::kernel::netns::{self, Netns, NetnsId};
 
 /// A pod's network namespace, held open (its path, `Netns::path`, is where it was found:
 /// `<proc>/<pid>/ns/net` or a pin, for log lines).
@@ -144,7 +144,7 @@ fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns>
         return None;
     }
     seen.push(ns.id());
-    let addrs = redirect_kernel::routes::Routes::open_in(&ns)
+    let addrs = redirect_core::kernel::routes::Routes::open_in(&ns)
         .ok()?
         .addresses()
         .ok()?;

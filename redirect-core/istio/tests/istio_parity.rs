@@ -103,12 +103,10 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
         let theirs = Topology::for_case(&case);
         load_istio_case(&theirs.pod, &case);
         let ours = Topology::for_case(&case);
-        redirect_istio::capture::apply(
-            &redirect_testkit::live_in(ours.pod.path()),
-            &cfg,
-            &resolver,
-        )
-        .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
+        let rs = redirect_testkit::plan_with(&cfg, &resolver)
+            .unwrap_or_else(|e| panic!("{name}: plan: {e}"));
+        redirect_kernel::capture::apply(&redirect_testkit::live_in(ours.pod.path()), &cfg, &rs)
+            .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
 
         let want = run_probes(&theirs, &probes);
         let got = run_probes(&ours, &probes);
@@ -163,7 +161,7 @@ fn iptables_rendering_of_the_sidecar_default_matches_istio_cni_basic() {
         inbound_exclude_ports: vec![15020, 15021, 15090],
         ..CaptureConfig::istio_sidecar_default()
     };
-    let rs = redirect_model::plan(&cfg).unwrap();
+    let rs = redirect_testkit::plan(&cfg).unwrap();
     let ours = redirect_model::render::iptables_restore(&rs, redirect_model::Family::V4);
     let path = redirect_testkit::istio::istio_testdata_dir().join("cni/basic.restore");
     let istio = std::fs::read_to_string(path).unwrap();

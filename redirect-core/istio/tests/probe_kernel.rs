@@ -34,12 +34,7 @@ fn probe_with(cfg: Option<&CaptureConfig>, spec: &ProbeSpec) -> Result<ProbeSucc
     let ns = TestNetns::new();
     ns.run(|| {
         if let Some(cfg) = cfg {
-            redirect_istio::capture::apply(
-                &redirect_kernel::backend::Live::open().unwrap(),
-                cfg,
-                &SystemGroups,
-            )
-            .unwrap();
+            apply_here(cfg);
         }
         probe::run(spec)
     })
@@ -201,7 +196,7 @@ fn ipv6_succeeds_with_ipv6_rules() {
     if !kernel_tests_enabled() {
         return;
     }
-    // capture::apply also puts ::6 on lo, which the connect needs to be routed at all.
+    // kernel::capture::apply also puts ::6 on lo, which the connect needs to be routed at all.
     let cfg = CaptureConfig {
         ipv6: true,
         ..root_proxy()
@@ -216,12 +211,7 @@ fn ipv6_times_out_with_ipv4_rules_only() {
     }
     let ns = TestNetns::new();
     let result = ns.run(|| {
-        redirect_istio::capture::apply(
-            &redirect_kernel::backend::Live::open().unwrap(),
-            &root_proxy(),
-            &SystemGroups,
-        )
-        .unwrap();
+        apply_here(&root_proxy());
         // ::6 is there, so only the missing IPv6 rules can make the difference.
         redirect_kernel::routes::Routes::open()
             .unwrap()
@@ -239,12 +229,7 @@ fn ipv6_times_out_with_ipv4_rules_only() {
 fn probe_with_taken(taken: &[u16]) -> Result<ProbeSuccess, ProbeFailure> {
     let ns = TestNetns::new();
     ns.run(|| {
-        redirect_istio::capture::apply(
-            &redirect_kernel::backend::Live::open().unwrap(),
-            &root_proxy(),
-            &SystemGroups,
-        )
-        .unwrap();
+        apply_here(&root_proxy());
         let _blockers: Vec<TcpListener> = taken
             .iter()
             .map(|p| TcpListener::bind(("127.0.0.1", *p)).unwrap())
@@ -331,4 +316,11 @@ fn custom_ports() {
         ..spec(false)
     };
     assert_ok(probe_with(Some(&cfg), &spec), 16006, "127.0.0.6:16002");
+}
+
+/// Our capture for `cfg`, rules and routes, in the calling thread's namespace.
+fn apply_here(cfg: &CaptureConfig) {
+    let rs = redirect_testkit::plan_with(cfg, &SystemGroups).unwrap();
+    redirect_kernel::capture::apply(&redirect_kernel::backend::Live::open().unwrap(), cfg, &rs)
+        .unwrap();
 }

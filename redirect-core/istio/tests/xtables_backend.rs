@@ -8,12 +8,12 @@ use std::net::{IpAddr, SocketAddr};
 
 use redirect_istio::xtables::{self, Leftover, Variant};
 use redirect_istio::Error;
-use redirect_model::plan;
 use redirect_model::{AddrMatch, Family, Match, Rule, Ruleset, Stage};
 use redirect_model::{CaptureConfig, InterceptionMode};
 use redirect_testkit::istio::{
     self, iptables_restore_with, istio_testdata_dir, load_istio_case_with, probe_matrix, IstioCase,
 };
+use redirect_testkit::plan;
 use redirect_testkit::{
     kernel_tests_enabled, run_probe, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
 };

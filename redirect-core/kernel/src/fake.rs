@@ -171,7 +171,8 @@ impl Backend for Fake {
 mod tests {
     use super::*;
     use redirect_model::eval::Verdict;
-    use redirect_model::{plan, CaptureConfig};
+    use redirect_model::CaptureConfig;
+    use redirect_testkit::plan;
 
     /// The fake answers as the kernel would: an apply stores what a read returns, a second
     /// equal apply sends nothing, a flow from the app lands on the proxy's port, and a

@@ -10,9 +10,11 @@
 //! - [`netns`]: a network namespace opened once and judged by its descriptor, and work run
 //!   inside it.
 //! - [`sockopt`]: the original destination of a redirected connection (`SO_ORIGINAL_DST`).
-//! - [`backend`]: what the capture policy needs of one namespace (our table, the routes beside
-//!   it, the addresses), behind the `Backend` trait: `Live` over the kernel, and with the
-//!   `testing` feature `fake::Fake` in memory.
+//! - [`backend`]: what capture needs of one namespace (our table, the routes beside it, the
+//!   addresses), behind the `Backend` trait: `Live` over the kernel, and with the `testing`
+//!   feature `fake::Fake` in memory.
+//! - [`capture`]: capture in one namespace through a `Backend`: the routes, then the table
+//!   (undone on failure); checked against a config; removed; cleaned up.
 //! - [`SystemGroups`]: the host's group database for the plan's owner groups.
 //! - [`Error`], [`Result`], [`errno_hint`].
 //!
@@ -22,6 +24,7 @@ mod error;
 mod groups;
 
 pub mod backend;
+pub mod capture;
 #[cfg(feature = "testing")]
 pub mod fake;
 pub mod netns;

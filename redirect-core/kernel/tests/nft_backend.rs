@@ -2,9 +2,9 @@
 //! remove, read-back and drift detection. Each test has a fresh network namespace.
 
 use redirect_kernel::nft::{self, text, Difference, TABLE};
-use redirect_model::plan;
 use redirect_model::{Action, Chain, Family, Match, Rule, Stage, L4};
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn full_config() -> CaptureConfig {

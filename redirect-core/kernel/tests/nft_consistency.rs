@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redirect_kernel::nft::{self, TableState};
-use redirect_model::{plan, CaptureConfig, DnsCapture, Selection};
+use redirect_model::{CaptureConfig, DnsCapture, Selection};
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn reads() -> usize {

@@ -3,9 +3,9 @@
 //! half-applied: the previous table exactly as it was, or no table at all in a fresh namespace.
 
 use redirect_kernel::nft::{self, TABLE};
-use redirect_model::plan;
 use redirect_model::{Action, Chain, Family, Hook, Match, PortMatch, Rule, Ruleset, Stage, L4};
 use redirect_model::{CaptureConfig, InterceptionMode};
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 /// A valid ruleset with one extra chain appended last (so its rules are late in the batch).

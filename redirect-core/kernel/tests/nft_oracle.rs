@@ -29,8 +29,9 @@ use redirect_kernel::nft::{
     SetElem, Verdict, TABLE,
 };
 use redirect_model::Hook;
-use redirect_model::{plan_with, Ruleset};
+use redirect_model::Ruleset;
 use redirect_model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_testkit::plan_with;
 
 // ---------------------------------------------------------------------------------------------
 // libnftnl's side: each labelled message, built by libnftnl.

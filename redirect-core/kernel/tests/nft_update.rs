@@ -4,8 +4,8 @@
 //! and nothing sent when the table already holds the plan. Each test has fresh namespaces.
 
 use redirect_kernel::nft::{self, Applied, Changes, Difference, TABLE};
-use redirect_model::plan;
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {

@@ -1,6 +1,7 @@
 //! redirect-model: what a pod's traffic capture is, without touching anything.
 //!
-//! `CaptureConfig` (what the mesh wants, validated) → [`plan`] → [`Ruleset`] (backend-neutral
+//! `CaptureConfig` (what the mesh wants) → [`ValidConfig`] (validated once) →
+//! [`ValidConfig::plan`] → [`Ruleset`] (backend-neutral
 //! chains, rules and sets, following Istio's rule generation step by step) → the renderings
 //! ([`render`]: an `nft -f` script, `iptables-restore` input) and the evaluator ([`eval`]:
 //! where one flow ends, and through which rules). [`table`] is the layout of our one nftables
@@ -14,8 +15,8 @@
 //!   check), [`DnsCapture`], [`GroupRef`], [`InterceptionMode`], [`Selection`],
 //!   [`DNS_AGENT_PORT`], [`OUTBOUND_MARK`], [`MAX_OWNER_GROUPS`], and Istio's string forms of
 //!   its lists ([`parse`], [`join`](mod@join));
-//! - the plan: [`plan`], [`plan_with`], [`plan_valid`], [`GroupResolver`], [`NoGroupDatabase`],
-//!   and the chain names the plan uses ([`chains`]);
+//! - the plan: [`ValidConfig::plan`] (the one way to plan), [`GroupResolver`],
+//!   [`NoGroupDatabase`], and the names the plan gives chains ([`chains`]);
 //! - the ruleset types ([`Ruleset`] and its parts);
 //! - [`render`], [`eval`], [`table`];
 //! - [`Error`] and [`Result`].
@@ -36,7 +37,7 @@ pub use config::{
     DNS_AGENT_PORT, MAX_OWNER_GROUPS, OUTBOUND_MARK,
 };
 pub use error::{Error, IdKind, Result};
-pub use plan::{chains, plan, plan_valid, plan_with, GroupResolver, NoGroupDatabase};
+pub use plan::{chains, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
     Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,
     PortMatch, Rule, Ruleset, SetElements, Stage, L4,

@@ -111,3 +111,19 @@ pub fn routes_in(path: &std::path::Path) -> redirect_kernel::routes::Routes {
     redirect_kernel::routes::Routes::open_in(&open_netns(path))
         .unwrap_or_else(|e| panic!("a routing handle in {}: {e}", path.display()))
 }
+
+/// Validate and plan `cfg` with numeric owner groups only (a name is an error naming it): the
+/// tests' short way to the one way to plan, `ValidConfig::plan`.
+pub fn plan(
+    cfg: &redirect_model::CaptureConfig,
+) -> redirect_model::Result<redirect_model::Ruleset> {
+    plan_with(cfg, &redirect_model::NoGroupDatabase)
+}
+
+/// [`plan`] with a group resolver.
+pub fn plan_with(
+    cfg: &redirect_model::CaptureConfig,
+    groups: &dyn redirect_model::GroupResolver,
+) -> redirect_model::Result<redirect_model::Ruleset> {
+    cfg.clone().validated()?.plan(groups)
+}

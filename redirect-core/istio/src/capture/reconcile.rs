@@ -9,6 +9,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::xtables::{self, Leftover, Tool, Variant};
 use redirect_kernel::backend::Backend;
+use redirect_kernel::capture;
 use redirect_kernel::nft::{self, Difference, Nft};
 use redirect_model::CaptureConfig;
 use redirect_model::Ruleset;
@@ -204,7 +205,7 @@ pub struct Reconciled {
 
 /// Read what is there, decide, and program `rs` (planned from `cfg`) with the nftables
 /// backend; the routes beside the rules are ensured either way, and first (see
-/// `capture::apply`), so a run that finds its rules in place completes the routes a killed run
+/// `redirect_kernel::capture::apply`), so a run that finds its rules in place completes the routes a killed run
 /// left out.
 pub fn reconcile(
     k: &dyn Backend,
@@ -216,8 +217,10 @@ pub fn reconcile(
     let found = Found::read(k, istio, rs)?;
     let decision = decide(&found, flags).map_err(ReconcileError::Refused)?;
     match decision {
-        Decision::Apply { .. } => super::routes_then(k, cfg, || Ok(k.apply(rs).map(|_| ())?))?,
-        Decision::Skip => super::apply_routes(k, cfg)?,
+        Decision::Apply { .. } => {
+            capture::apply(k, cfg, rs).map_err(Error::from)?;
+        }
+        Decision::Skip => capture::apply_routes(k, cfg).map_err(Error::from)?,
     }
     let removed_istio = match decision {
         // Ours are in place first, so no packet goes uncaptured while Istio's go.
@@ -263,7 +266,7 @@ pub fn reconcile_iptables(
         chains
     };
     let removed_our_table = flags.reconcile && k.remove_table().map_err(Error::from)?;
-    let tools = super::routes_then(k, cfg, || xtables::apply(rs, force_binary))?;
+    let tools = capture::routes_then(k, cfg, || xtables::apply(rs, force_binary))?;
     Ok(ReconciledIptables {
         tools,
         removed_istio_chains,

@@ -158,8 +158,8 @@ mod tests {
             return;
         }
         let ns = TestNetns::new();
-        let rs =
-            redirect_model::plan(&redirect_model::CaptureConfig::istio_sidecar_default()).unwrap();
+        let rs = redirect_testkit::plan(&redirect_model::CaptureConfig::istio_sidecar_default())
+            .unwrap();
         let t = lower(&rs);
         let nft = ns.run(Nft::open).unwrap();
         let genid = nft.generation().unwrap();

@@ -430,7 +430,7 @@ mod tests {
         ];
         let mut checked = 0;
         for cfg in configs {
-            let rs = redirect_model::plan(&cfg).unwrap();
+            let rs = redirect_testkit::plan(&cfg).unwrap();
             let state = expected(&rs);
             for c in &rs.chains {
                 let kernel = state
@@ -496,7 +496,7 @@ mod tests {
             ],
         };
         assert_eq!(set_elements(&ports), ["53", "15000"]);
-        let rs = redirect_model::plan(&CaptureConfig {
+        let rs = redirect_testkit::plan(&CaptureConfig {
             outbound_exclude_cidrs: vec![
                 "10.0.0.0/8".parse().unwrap(),
                 "192.168.1.0/24".parse().unwrap(),

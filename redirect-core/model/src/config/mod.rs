@@ -275,15 +275,14 @@ impl CaptureConfig {
         }
     }
 
-    /// Parse JSON (as written by `to_json`) and validate.
-    pub fn from_json(s: &str) -> Result<Self> {
+    /// Parse JSON (as written by `to_json`) and validate: the config, ready to plan.
+    pub fn from_json(s: &str) -> Result<ValidConfig> {
         let cfg: CaptureConfig = serde_json::from_str(s).map_err(|e| Error::Config {
             field: "config",
             value: truncate(s, 80),
             expected: format!("a CaptureConfig JSON object ({e})"),
         })?;
-        cfg.validate()?;
-        Ok(cfg)
+        cfg.validated()
     }
 
     pub fn to_json(&self) -> String {
@@ -328,7 +327,7 @@ mod tests {
         ] {
             cfg.validate().unwrap();
             let back = CaptureConfig::from_json(&cfg.to_json()).unwrap();
-            assert_eq!(back, cfg);
+            assert_eq!(*back, cfg);
         }
     }
 

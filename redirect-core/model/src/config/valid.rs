@@ -1,5 +1,5 @@
 //! [`ValidConfig`]: a config that passed [`CaptureConfig::validate`], so that a program checks
-//! it once: planning a `ValidConfig` ([`crate::plan_valid`]) does not check it again, and the
+//! it once: planning a `ValidConfig` ([`ValidConfig::plan`]) does not check it again, and the
 //! facts a program derives afterwards (the proxy's IDs, IPv6, DNS servers) are set through
 //! methods that check only what they change.
 

@@ -55,21 +55,20 @@ impl<F: Fn(&str) -> Option<u32>> GroupResolver for F {
     }
 }
 
-/// Plan the rules for a config whose owner groups are numeric (a group name is an error naming
-/// it: resolve names with [`plan_with`] and a [`GroupResolver`]).
-pub fn plan(cfg: &CaptureConfig) -> Result<Ruleset> {
-    plan_with(cfg, &NoGroupDatabase)
+impl ValidConfig {
+    /// The rules for this config: the one way to plan, from a config validated once. Owner
+    /// group names are resolved by `groups` (the host's group database is
+    /// `redirect_kernel::SystemGroups`; [`NoGroupDatabase`] takes numeric GIDs only, and a
+    /// name is then an error naming it).
+    pub fn plan(&self, groups: &dyn GroupResolver) -> Result<Ruleset> {
+        plan_checked(self, groups)
+    }
 }
 
-/// Plan the rules for a config with a given group resolver.
-pub fn plan_with(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
-    cfg.validate()?;
-    plan_checked(cfg, groups)
-}
-
-/// Plan a config validated already: it is not checked again.
-pub fn plan_valid(cfg: &ValidConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
-    plan_checked(cfg, groups)
+/// Validate and plan with numeric groups only, for this crate's tests.
+#[cfg(test)]
+pub(crate) fn plan(cfg: &CaptureConfig) -> Result<Ruleset> {
+    cfg.clone().validated()?.plan(&NoGroupDatabase)
 }
 
 fn plan_checked(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
@@ -324,7 +323,11 @@ mod tests {
         };
         let e = plan(&cfg).unwrap_err().to_string();
         assert!(e.contains("no-such-group-xyz"), "{e}");
-        let rs = plan_with(&cfg, &|n: &str| (n == "no-such-group-xyz").then_some(4242)).unwrap();
+        let rs = cfg
+            .validated()
+            .unwrap()
+            .plan(&|n: &str| (n == "no-such-group-xyz").then_some(4242))
+            .unwrap();
         let out = rs.chain(Family::V4, Stage::Nat, ISTIO_OUTPUT).unwrap();
         assert!(out.rules.iter().any(|r| r.matches == vec![gid(4242, true)]));
     }

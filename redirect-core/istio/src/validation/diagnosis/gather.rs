@@ -9,7 +9,7 @@ use super::{Facts, KernelView};
 use crate::validation::probe::{ProbeFailure, ProbeSpec};
 use crate::xtables;
 use redirect_kernel::nft::{self, Nft};
-use redirect_model::CaptureConfig;
+use redirect_model::ValidConfig;
 use redirect_model::{Family, Ruleset};
 
 /// Read the calling thread's namespace: our table (compared with `expected` when given; one
@@ -53,7 +53,7 @@ pub fn read_kernel(expected: Option<&Ruleset>) -> crate::Result<KernelView> {
 
 /// The facts for a failed probe, gathered in the calling thread's namespace as this process:
 /// who it runs as, `::6` and an IPv4 probe for an IPv6 failure, and the rules when readable.
-pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &CaptureConfig) -> Facts {
+pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &ValidConfig) -> Facts {
     let mut facts = Facts {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
@@ -72,7 +72,8 @@ pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &CaptureConfi
         };
         facts.ipv4_probe_passed = Some(crate::validation::probe::run(&v4).is_ok());
     }
-    match redirect_model::plan_with(cfg, &redirect_kernel::SystemGroups)
+    match cfg
+        .plan(&redirect_kernel::SystemGroups)
         .map_err(crate::Error::from)
         .and_then(|rs| read_kernel(Some(&rs)))
     {

@@ -141,8 +141,8 @@ mod tests {
             ..redirect_model::CaptureConfig::istio_sidecar_default()
         };
         let (t_few, t_many) = (
-            lower(&redirect_model::plan(&few).unwrap()),
-            lower(&redirect_model::plan(&many).unwrap()),
+            lower(&redirect_testkit::plan(&few).unwrap()),
+            lower(&redirect_testkit::plan(&many).unwrap()),
         );
         let count = |t: &NftTable| t.chains.iter().map(|c| c.rules.len()).sum::<usize>();
         assert_eq!(
@@ -185,12 +185,12 @@ mod tests {
             ipv6: true,
             ..redirect_model::CaptureConfig::istio_sidecar_default()
         };
-        let t = lower(&redirect_model::plan(&cfg).unwrap());
+        let t = lower(&redirect_testkit::plan(&cfg).unwrap());
         let out = t.chains.iter().find(|c| c.name == "nat_output").unwrap();
         assert_eq!(out.rules.len(), 2);
         assert!(t.chains.iter().any(|c| c.name == "nat_ip6_istio_output"));
         let cfg4 = redirect_model::CaptureConfig::istio_sidecar_default();
-        let t4 = lower(&redirect_model::plan(&cfg4).unwrap());
+        let t4 = lower(&redirect_testkit::plan(&cfg4).unwrap());
         assert_eq!(
             t4.chains
                 .iter()

@@ -1,4 +1,4 @@
-//! The routes beside the rules: `capture::apply` puts TPROXY's policy routing and `::6` on `lo`
+//! The routes beside the rules: `Namespace::apply` puts TPROXY's policy routing and `::6` on `lo`
 //! in place before the table (so a killed process never leaves the rules without them: see
 //! init-shim's `killed` test), and takes back what it added when the rules then fail, so a
 //! failed apply leaves the namespace as it was.
@@ -7,9 +7,7 @@ use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redirect_istio::capture;
-use redirect_kernel::SystemGroups;
-use redirect_model::{CaptureConfig, InterceptionMode};
+use redirect_core::{CaptureConfig, InterceptionMode, Namespace};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// Another process holding our table's name with `flags owner`: nobody else may change it, so
@@ -63,31 +61,22 @@ fn a_failed_apply_takes_back_the_routes_it_added() {
         mode: InterceptionMode::Tproxy,
         ipv6: true,
         ..CaptureConfig::istio_sidecar_default()
-    };
+    }
+    .validated()
+    .unwrap();
     let before = routes(&ns);
     {
         let _owned = OwnedTable::hold(&ns);
-        let err = ns
-            .run(|| {
-                capture::apply(
-                    &redirect_kernel::backend::Live::open().unwrap(),
-                    &cfg,
-                    &SystemGroups,
-                )
-            })
+        let err = Namespace::open(ns.path())
+            .and_then(|pod| pod.apply(&cfg))
             .unwrap_err();
         assert!(err.to_string().contains("Operation not permitted"), "{err}");
         assert_eq!(routes(&ns), before, "the failed apply left routes behind");
     }
     // The other owner gone, the same apply goes through: routes and rules.
-    ns.run(|| {
-        capture::apply(
-            &redirect_kernel::backend::Live::open().unwrap(),
-            &cfg,
-            &SystemGroups,
-        )
-    })
-    .unwrap();
+    Namespace::open(ns.path())
+        .and_then(|pod| pod.apply(&cfg))
+        .unwrap();
     let after = routes(&ns);
     assert!(
         after.contains("fwmark 0x539 lookup 133") && after.contains("::6/128"),

@@ -1,10 +1,9 @@
-//! Our rules alone, against stated expectations, with real connections in fresh namespaces:
+//! A [`Namespace`]'s capture (`redirect_core::Namespace::apply`, `remove`): our rules alone, against stated expectations, with real connections in fresh namespaces:
 //! REDIRECT and TPROXY, IPv4 and IPv6, for Istio's default sidecar settings plus DNS capture.
 
 use std::net::SocketAddr;
 
-use redirect_kernel::SystemGroups;
-use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode};
+use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Namespace};
 use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
@@ -39,12 +38,9 @@ fn config(mode: InterceptionMode) -> CaptureConfig {
 
 fn check(mode: InterceptionMode) {
     let topo = Topology::basic();
-    redirect_istio::capture::apply(
-        &redirect_testkit::live_in(topo.pod.path()),
-        &config(mode),
-        &SystemGroups,
-    )
-    .unwrap();
+    Namespace::open(topo.pod.path())
+        .and_then(|pod| pod.apply(&config(mode).validated()?))
+        .unwrap();
     // REDIRECT: the NATed connection's original destination. TPROXY: no NAT, so conntrack's
     // original destination is the address the transparent socket accepted on: the same.
     let inbound = |orig: &str| landed(Side::Pod, 15006, Some(orig));
@@ -131,7 +127,8 @@ fn check(mode: InterceptionMode) {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Removing leaves the pod as it was: nothing is diverted any more.
-    redirect_istio::capture::remove(&redirect_testkit::live_in(topo.pod.path()), &config(mode))
+    Namespace::open(topo.pod.path())
+        .and_then(|pod| pod.remove(&config(mode)))
         .unwrap();
     assert_eq!(
         run_probe(&topo, &Probe::tcp(APP, sa("10.77.0.1:80"))),
@@ -182,12 +179,9 @@ fn bypass_ids_reach_dns_and_services_directly_while_the_app_is_captured() {
         ..config(InterceptionMode::Redirect)
     };
     let topo = Topology::basic();
-    redirect_istio::capture::apply(
-        &redirect_testkit::live_in(topo.pod.path()),
-        &cfg,
-        &SystemGroups,
-    )
-    .unwrap();
+    Namespace::open(topo.pod.path())
+        .and_then(|pod| pod.apply(&cfg.clone().validated()?))
+        .unwrap();
     let cases: Vec<(Probe, Outcome)> = vec![
         (
             Probe::udp(INIT, sa("10.77.0.1:53")),

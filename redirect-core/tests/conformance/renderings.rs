@@ -4,11 +4,11 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use redirect_kernel::nft;
-use redirect_model::plan;
-use redirect_model::render::{iptables_restore_all, nft_script};
-use redirect_model::Family;
-use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_core::kernel::nft;
+use redirect_core::model::render::{iptables_restore_all, nft_script};
+use redirect_core::model::Family;
+use redirect_core::model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {

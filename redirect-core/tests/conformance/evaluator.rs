@@ -3,7 +3,7 @@
 //! where it lands must be what `eval::evaluate`'s verdict says.
 //!
 //! One proptest case is one `CaptureConfig` and [`FLOWS_PER_CONFIG`] flows: a fresh `Topology`
-//! (pod and peer joined by `eth0` and `eth1`), `capture::apply_in` in the pod (rules and
+//! (pod and peer joined by `eth0` and `eth1`), `kernel::capture::apply` in the pod (rules and
 //! routes), then each flow is evaluated on the planned `Ruleset` and probed (in parallel,
 //! `run_probes_report`), and the landing is compared with [`expected_outcome`].
 //!
@@ -75,10 +75,10 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-use redirect_model::eval::{evaluate, CtState, Direction, Evaluation, Flow, Verdict};
-use redirect_model::plan_with;
-use redirect_model::{Action, Ruleset, Stage, L4};
-use redirect_model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_core::model::eval::{evaluate, CtState, Direction, Evaluation, Flow, Verdict};
+use redirect_core::model::{Action, Ruleset, Stage, L4};
+use redirect_core::model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_testkit::plan_with;
 use redirect_testkit::{
     kernel_tests_enabled, run_probes_report, From, Link, ListenerSpec, Outcome, Probe, ProbeReport,
     Side, Topology, TopologySpec,
@@ -181,7 +181,7 @@ impl Listeners {
                 (VIA1_4.into(), "eth1".into()),
                 (VIA1_6.into(), "eth1".into()),
             ],
-            // `capture::apply` adds `::6` with IPv6 capture only; having it always lets the
+            // `kernel::capture::apply` adds `::6` with IPv6 capture only; having it always lets the
             // generator bind to it and send to it whatever the config.
             pod_lo_addrs: vec![SIX6.into(), LO_DNS6.into()],
             pod_listeners: self.pod.clone(),
@@ -965,15 +965,15 @@ fn run_flows(cfg: &CaptureConfig, specs: &[FlowSpec]) -> Result<Run, String> {
     // and reports or not depending on timing. A blackhole drops them silently in both.
     topo.peer
         .ip_batch(true, &["route add blackhole default".to_string()]);
-    let applied =
-        redirect_istio::capture::apply(&redirect_testkit::live_in(topo.pod.path()), cfg, &groups)
-            .map_err(|e| format!("apply: {e}\n{}", cfg.to_json()))?;
-    if applied != rs {
-        return Err(format!(
-            "apply programmed another ruleset than plan_with planned\n{}",
-            cfg.to_json()
-        ));
-    }
+    redirect_core::Namespace::open(topo.pod.path())
+        .and_then(|pod| {
+            Ok(redirect_core::kernel::capture::apply(
+                pod.backend(),
+                cfg,
+                &rs,
+            )?)
+        })
+        .map_err(|e| format!("apply: {e}\n{}", cfg.to_json()))?;
     let cases: Vec<Case> = specs.iter().map(|s| resolve(s, &topo)).collect();
     let evals: Vec<Evaluation> = cases.iter().map(|c| evaluate(&rs, &c.flow)).collect();
     let probes: Vec<Probe> = cases.iter().map(|c| c.probe.clone()).collect();

@@ -5,12 +5,12 @@
 
 use std::fmt;
 
+use redirect_model::{CaptureConfig, Family, Ruleset};
+
+use crate::backend::Backend;
 use crate::error::Result;
-use redirect_kernel::backend::Backend;
-use redirect_kernel::nft::{self, Difference, TableState};
-use redirect_kernel::routes::{TproxyRouting, TproxyState};
-use redirect_model::CaptureConfig;
-use redirect_model::{Family, Ruleset};
+use crate::nft::{self, Difference, TableState};
+use crate::routes::{TproxyRouting, TproxyState};
 
 /// One way the namespace differs from the config.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,85 @@
+//! One error type for a user of the library. Each variant holds the error of the part that
+//! failed, which names the value and the fix; `Display` is that message, unchanged, and
+//! `source()` returns the part's own error, to match on (`downcast_ref`) when a caller needs
+//! more than the message.
+
+use redirect_kernel::{netns, nft, routes};
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why capture could not be planned, applied, read or removed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A config value that cannot be planned: the field, the value, and what is accepted.
+    #[error("{0}")]
+    Config(#[source] redirect_model::Error),
+
+    /// The namespace could not be opened, is not a network namespace, or could not be entered.
+    #[error("{0}")]
+    Namespace(#[source] netns::Error),
+
+    /// nftables refused our table, or a read of it did not settle.
+    #[error("{0}")]
+    Rules(#[source] nft::Error),
+
+    /// The routes beside the rules (TPROXY policy routing, `::6` on `lo`) or the interfaces'
+    /// addresses could not be read or written.
+    #[error("{0}")]
+    Routes(#[source] routes::Error),
+
+    /// An external tool failed: the iptables backend's `iptables-restore`, which only the
+    /// Istio layer runs.
+    #[error("{tool} failed: {detail}")]
+    Tool {
+        /// The binary, as run.
+        tool: String,
+        /// What it printed, or why it could not run.
+        detail: String,
+    },
+}
+
+impl From<redirect_model::Error> for Error {
+    fn from(e: redirect_model::Error) -> Self {
+        Error::Config(e)
+    }
+}
+
+impl From<netns::Error> for Error {
+    fn from(e: netns::Error) -> Self {
+        Error::Namespace(e)
+    }
+}
+
+impl From<nft::Error> for Error {
+    fn from(e: nft::Error) -> Self {
+        Error::Rules(e)
+    }
+}
+
+impl From<routes::Error> for Error {
+    fn from(e: routes::Error) -> Self {
+        Error::Routes(e)
+    }
+}
+
+impl From<redirect_kernel::Error> for Error {
+    fn from(e: redirect_kernel::Error) -> Self {
+        match e {
+            redirect_kernel::Error::Netns(e) => e.into(),
+            redirect_kernel::Error::Nft(e) => e.into(),
+            redirect_kernel::Error::Routes(e) => e.into(),
+        }
+    }
+}
+
+impl From<redirect_istio::Error> for Error {
+    fn from(e: redirect_istio::Error) -> Self {
+        match e {
+            redirect_istio::Error::Model(e) => e.into(),
+            redirect_istio::Error::Kernel(e) => e.into(),
+            redirect_istio::Error::Tool { tool, detail } => Error::Tool { tool, detail },
+        }
+    }
+}
