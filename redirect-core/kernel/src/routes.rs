@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use netlink_packet_core::{
     NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::route::{
     RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -246,8 +246,13 @@ impl Routes {
     pub fn ensure_lo_v6_inbound_addr(&self) -> Result<()> {
         let nl = &mut *self.nl.borrow_mut();
         let lo = link_index(nl, "lo")?;
+        let mut add = lo_v6_message(lo);
+        // Without NODAD the kernel adds the address tentative and clears that from its
+        // address-configuration work queue, shared by every namespace: until then a bind to
+        // ::6 (the validation probe's, the proxy's) fails with EADDRNOTAVAIL.
+        add.header.flags = AddressHeaderFlags::Nodad;
         let errno = nl.ack(
-            RouteNetlinkMessage::NewAddress(lo_v6_message(lo)),
+            RouteNetlinkMessage::NewAddress(add),
             NLM_F_CREATE | NLM_F_EXCL,
         )?;
         check(errno, &[libc::EEXIST], || {

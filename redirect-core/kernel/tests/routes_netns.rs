@@ -622,3 +622,28 @@ fn lo_v6_inbound_addr_is_idempotent_and_removable() {
         .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
 }
+
+/// `::6` is usable as soon as it is added: with DAD the kernel marks it tentative until its
+/// address-configuration work runs (never, while `lo` is down; milliseconds later on a busy
+/// node), and a bind to it fails with EADDRNOTAVAIL meanwhile: the validation probe and the
+/// proxy bind it right after capture is applied.
+#[test]
+fn lo_v6_inbound_addr_is_usable_at_once() {
+    if !kernel_tests_allowed("lo_v6_inbound_addr_is_usable_at_once") {
+        return;
+    }
+    let ns = TestNetns::new("lo6-now");
+    redirect_testkit::routes_in(&ns.path)
+        .ensure_lo_v6_inbound_addr()
+        .unwrap();
+    let shown = ns.ip(&["-6", "addr", "show", "dev", "lo"]);
+    assert!(
+        shown.contains("::6/128") && !shown.contains("tentative"),
+        "{shown}"
+    );
+    let bound = redirect_kernel::netns::Netns::open(&ns.path)
+        .unwrap()
+        .run(|| std::net::TcpListener::bind("[::6]:0").map(drop))
+        .unwrap();
+    assert!(bound.is_ok(), "bind [::6]:0 right after the add: {bound:?}");
+}

@@ -506,7 +506,7 @@ pub fn load_istio_case_with(ns: &TestNetns, case: &IstioCase, variant: Option<&s
         }
     }
     if case.enable_ipv6 {
-        ns.ip_batch(true, &["addr add ::6/128 dev lo".to_string()]);
+        ns.ip_batch(true, &["addr add ::6/128 dev lo nodad".to_string()]);
     }
 }
 
