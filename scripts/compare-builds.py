@@ -160,7 +160,7 @@ class Step:
 
 @dataclasses.dataclass
 class Net:
-    """The pod's network namespace: interfaces with their addresses, and resolv.conf."""
+    """The pod's network namespace: its interfaces and their addresses."""
     ifaces: list[tuple[str, list[str]]]
     legacy: bool = False  # also dump iptables-legacy state
 
@@ -323,11 +323,11 @@ ENV_ONLY = [
 ]
 
 
-def emit_value(rng, opt: Opt, value: str, args: list[str], env: dict[str, str], bad: bool):
+def emit_value(rng, opt: Opt, value: str, args: list[str], env: dict[str, str]):
     """Put one setting on the command line or in the environment, in one of its spellings."""
     r = rng.random()
     if opt.envs and r < 0.3:
-        env[rng.choice(opt.envs)] = value if not opt.boolean else value
+        env[rng.choice(opt.envs)] = value
         return
     if opt.envs and r < 0.4:
         # precedence: flag and variable both set, to different values
@@ -346,9 +346,10 @@ def emit_value(rng, opt: Opt, value: str, args: list[str], env: dict[str, str], 
     args.extend(rng.choice(forms))
 
 
-def istio_settings(rng, bad_rate=0.0, exclude=(), base_default=0.4, max_extra=8, force_uid=None):
-    """Random Istio flags and variables. Returns (args, env, bad) with bad the number of values
-    drawn from the bad pools."""
+def istio_settings(rng, bad_rate=0.0, exclude=(), base_default=0.4, max_extra=8):
+    """Random Istio flags and variables: sometimes Istio's injected defaults, then settings
+    drawn from OPTS and ENV_ONLY (a flag given twice is fine: the last one counts). Returns
+    (args, env, nbad), nbad the number of values drawn from the bad pools."""
     args: list[str] = []
     env: dict[str, str] = {}
     nbad = 0
@@ -364,8 +365,6 @@ def istio_settings(rng, bad_rate=0.0, exclude=(), base_default=0.4, max_extra=8,
             chosen.append(o)
     for o in chosen:
         bad = bool(o.bad) and rng.random() < bad_rate
-        if o.long == "proxy-uid" and force_uid is not None:
-            bad = False
         if o.boolean:
             if bad:
                 v = rng.choice(BOOL_BAD)
@@ -381,7 +380,7 @@ def istio_settings(rng, bad_rate=0.0, exclude=(), base_default=0.4, max_extra=8,
                 args.append(f"--{o.long}{rng.choice(BOOL_FLAG_FORMS)}")
         else:
             v = rng.choice(o.bad) if bad else o.pick(rng, o.good)
-            emit_value(rng, o, v, args, env, bad)
+            emit_value(rng, o, v, args, env)
         nbad += bad
     for name, good, badv in ENV_ONLY:
         if rng.random() < 0.08:
@@ -391,8 +390,6 @@ def istio_settings(rng, bad_rate=0.0, exclude=(), base_default=0.4, max_extra=8,
     if rng.random() < 0.1:
         args.append(rng.choice(["--log_output_level=default:info", "--log_as_json",
                                 "--log_output_level=all:debug", "--log_caller=default"]))
-    if force_uid is not None:
-        args.extend(["-u", force_uid])
     return args, env, nbad
 
 
@@ -1283,9 +1280,27 @@ def read(path: str) -> str | None:
 
 @dataclasses.dataclass
 class Outcome:
-    transcript: str  # normalized
+    sections: list[tuple[str, str]]  # (title, normalized text)
     error: str | None  # the harness could not run the case
     timeouts: int
+
+    def transcript(self) -> str:
+        return "".join(f"##### {t}\n{x}" for t, x in self.sections)
+
+
+def section_diff(a: Outcome, b: Outcome) -> list[str]:
+    """A unified diff per section that differs, under the section's title (step, stream)."""
+    out: list[str] = []
+    ta, tb = dict(a.sections), dict(b.sections)
+    titles = [t for t, _ in a.sections] + [t for t, _ in b.sections if t not in ta]
+    for t in titles:
+        x, y = ta.get(t), tb.get(t)
+        if x == y:
+            continue
+        out.append(f"@@@ {t}" + (" (old only)" if y is None else " (new only)" if x is None else ""))
+        out.extend(list(difflib.unified_diff((x or "").splitlines(), (y or "").splitlines(),
+                                             lineterm="", n=3))[2:])  # without the ---/+++ lines
+    return out
 
 
 def run_build(case: Case, case_dir: str, root: str, build_dir: str) -> Outcome:
@@ -1305,33 +1320,34 @@ def run_build(case: Case, case_dir: str, root: str, build_dir: str) -> Outcome:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             harness_out, _ = proc.communicate()
-            return Outcome("", f"the case's script did not finish in {limit:g} s", 0)
+            return Outcome([], f"the case's script did not finish in {limit:g} s", 0)
     finally:
         with RUNNING_LOCK:
             RUNNING.discard(proc)
     if STOP.is_set():
-        return Outcome("", "interrupted", 0)
+        return Outcome([], "interrupted", 0)
     if proc.returncode != 0:
-        return Outcome("", f"setup failed (exit {proc.returncode}): "
+        return Outcome([], f"setup failed (exit {proc.returncode}): "
                        + harness_out.decode("utf-8", "replace").strip(), 0)
-    parts = []
+    sections: list[tuple[str, str]] = []  # (title, normalized text), in order
     timeouts = 0
     for i, st in enumerate(case.steps):
+        head = f"step {i + 1}/{len(case.steps)} ({st.label})"
         rc = (read(f"{case_dir}/{i}.rc") or "?").strip()
         if rc in ("124", "137"):
             timeouts += 1
-        parts.append(f"##### step {i + 1}/{len(case.steps)}: {st.label}\nexit: {rc}"
-                     + (" (timeout?)" if rc in ("124", "137") else "") + "\n")
+        sections.append((f"{head}: exit code", rc + (" (timeout?)" if rc in ("124", "137") else "") + "\n"))
         for stream in ("out", "err"):
             text = read(f"{case_dir}/{i}.{stream}") or ""
-            parts.append(f"----- std{stream} ({len(text.splitlines())} lines)\n{text}"
-                         + ("" if text.endswith("\n") or not text else "\n<no newline at end>\n"))
+            sections.append((f"{head}: std{stream}",
+                             text + ("" if text.endswith("\n") or not text else "\n<no newline at end>\n")))
         if st.state:
-            parts.append(f"----- namespace state after step {i + 1}\n{read(f'{case_dir}/{i}.state')}")
+            sections.append((f"{head}: namespace state after it", read(f"{case_dir}/{i}.state") or ""))
     for rel in case.collect:
         text = read(f"{case_dir}/{rel}")
-        parts.append(f"##### file {rel}: " + ("(absent)\n" if text is None else f"\n{text}"))
-    return Outcome(normalize("".join(parts), root), None, timeouts)
+        sections.append((f"file {rel}", "(absent)\n" if text is None else text))
+    sections = [(t, normalize(x, root)) for t, x in sections]
+    return Outcome(sections, None, timeouts)
 
 
 @dataclasses.dataclass
@@ -1355,15 +1371,14 @@ def run_case(case: Case, root: str, old: str, new: str, keep: bool) -> Result:
         os.rename(run_dir, f"{base}/{label}")
         if keep:
             with open(f"{base}/{label}.normalized.txt", "w") as f:
-                f.write(o.transcript)
+                f.write(o.transcript())
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
     errors = [f"{lab}: {o.error}" for lab, o in zip(("old", "new"), outcomes) if o.error]
     if errors:
         return Result(case, [], "; ".join(errors), 0)
     a, b = outcomes
-    diff = [] if a.transcript == b.transcript else list(difflib.unified_diff(
-        a.transcript.splitlines(), b.transcript.splitlines(), "old", "new", lineterm="", n=3))
+    diff = section_diff(a, b)
     return Result(case, diff, None, max(a.timeouts, b.timeouts))
 
 
@@ -1377,32 +1392,42 @@ MAX_STDIN = 1500
 
 
 def describe(case: Case) -> str:
+    run = f"<ROOT>/cases/{case.name}/run"
+
+    def show(v) -> str:
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "backslashreplace")
+        return v.replace(T_NETNS, f"{run}/netns").replace(T_CASE, run).replace(T_BIN, "<ROOT>/bin")
+
     lines = []
     if case.net:
         nets = "; ".join(f"{n}: {', '.join(a) or 'no address'}" for n, a in case.net.ifaces)
-        lines.append(f"  namespace: {nets}")
+        lines.append(f"  pod namespace ({run}/netns): {nets}")
     lines.append(f"  resolv.conf: {case.resolv.strip() or '(empty)'}".replace("\n", " | "))
     for rel, content in case.files.items():
-        text = content.decode("utf-8", "backslashreplace") if isinstance(content, bytes) else content
-        lines.append(f"  file {rel}: {text[:MAX_STDIN]}")
+        lines.append(f"  file {run}/{rel}: {show(content)[:MAX_STDIN]!r}")
+    for rel in case.fifos:
+        lines.append(f"  fifo {run}/{rel}")
     for i, st in enumerate(case.steps):
         where = {"pod": "in the pod namespace", "iso": "in a fresh empty namespace"}[st.where]
         who = (f", as uid {st.uid}" + (" with CAP_NET_ADMIN" if st.caps else "")) if st.uid is not None else ""
-        cmd = " ".join(shlex.quote(a.replace(T_BIN, "<BIN>").replace(T_NETNS, "<ROOT>/.../netns")
-                                   .replace(T_CASE, "<ROOT>/...")) for a in st.argv)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in st.env.items())
-        lines.append(f"  step {i + 1} ({st.label}; {where}{who}):")
-        lines.append(f"    env -i PATH=... {env} {cmd}".replace("  ", " "))
+        cmd = " ".join(shlex.quote(show(a)) for a in st.argv)
+        env = "".join(f"{k}={shlex.quote(show(v))} " for k, v in st.env.items())
+        lines.append(f"  step {i + 1} ({st.label}; {where}{who}; cwd {run}):")
+        lines.append(f"    env -i PATH=$PATH {env}{cmd}")
         if st.stdin is not None:
-            s = st.stdin.decode("utf-8", "backslashreplace") if isinstance(st.stdin, bytes) else st.stdin
-            more = f" ... ({len(s)} chars)" if len(s) > MAX_STDIN else ""
-            lines.append(f"    stdin: {s[:MAX_STDIN]!r}{more}")
+            text = show(st.stdin)
+            more = f" ... ({len(text)} chars)" if len(text) > MAX_STDIN else ""
+            lines.append(f"    stdin: {text[:MAX_STDIN]!r}{more}")
     return "\n".join(lines)
 
 
-def report(results: list[Result], kinds_count: dict, elapsed: float, out=sys.stdout) -> int:
+def report(results: list[Result], kinds_count: dict, elapsed: float, rerun: str, out=sys.stdout) -> int:
     diffs = [r for r in results if r.diff]
     errors = [r for r in results if r.error]
+    if diffs or errors:
+        print(f"(in the cases below, PATH={PATH}; <ROOT>/bin is the build's directory; "
+              f"rerun one case with: {rerun} --only '^NAME$')", file=out)
     for r in diffs[:MAX_FULL_DIFFS]:
         print(f"\n=== DIFFERENCE in {r.case.name} ({r.case.kind})", file=out)
         print(describe(r.case), file=out)
@@ -1557,7 +1582,9 @@ def main(argv=None) -> int:
         return 130
     order = {c.name: i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[r.case.name])
-    code = report(results, kinds_count, time.monotonic() - start)
+    rerun = " ".join(shlex.quote(a) for a in ["python3", sys.argv[0], args.old_dir, args.new_dir, "--seed", str(args.seed)]
+                     + (["--quick"] if args.quick else []))
+    code = report(results, kinds_count, time.monotonic() - start, rerun)
     if args.keep:
         print(f"outputs kept in {root}/cases/<case>/{{old,new}}[.normalized.txt]")
     return code

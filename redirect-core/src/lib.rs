@@ -53,6 +53,7 @@ pub use redirect_kernel::capture::{Cleaned, Mismatch};
 pub use redirect_kernel::netns::Netns;
 pub use redirect_kernel::nft::{Difference, TableState};
 pub use redirect_kernel::routes::TproxyRouting;
+pub use redirect_kernel::sockopt::original_dst;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
     eval, render, CaptureConfig, DnsCapture, Family, GroupRef, GroupResolver, InterceptionMode,

@@ -2,7 +2,7 @@
 //! measured configurations (iptables-restore input, `nft -f` scripts), our own rules as an
 //! `nft -f` script, the excluded-CIDR list as `-x` takes it, and redirect-cni ADD configs.
 //!
-//! Usage: bench-data OUT_DIR ISTIO_CNI_BASIC_RESTORE [N_CIDRS]
+//! Usage: `bench-data OUT_DIR ISTIO_CNI_BASIC_RESTORE [N_CIDRS]`
 
 use std::path::{Path, PathBuf};
 

@@ -59,7 +59,8 @@ pub enum RepairError {
 }
 
 /// How a repair reaches a pod's namespace: finds it from the pod's UID and IP, and opens its
-/// kernel side. [`Reach::live`] is the node's; a test gives a fake.
+/// kernel side: the node's in [`repair`] (`pod_netns::find` over `/proc`, `open_live`), or a
+/// fake in a test.
 pub struct Reach<'a> {
     pub find: &'a dyn Fn(&str, IpAddr) -> Result<Netns, FindError>,
     pub open: Opener<'a>,

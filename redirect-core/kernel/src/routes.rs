@@ -14,7 +14,7 @@
 //! for an ACK and checks it. Apply and remove are idempotent.
 //!
 //! Every function acts on the network namespace of the calling thread and opens its own socket
-//! there: to act on a pod, call them inside [`crate::netns::run_in`].
+//! there: to act on a pod, call them inside [`crate::netns::Netns::run`].
 
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};

@@ -672,7 +672,7 @@ impl Topology {
 ///   outbound include/exclude port, and DNS (UDP and TCP 53) to each configured server and to
 ///   the peer;
 /// - loopback: the validation path (each proxy uid, each proxy gid, and both, from 127.0.0.1 /
-///   ::1 to 127.0.0.6:15002 / [::6]:15002), the app to 127.0.0.1:8080, to 127.0.0.6:15002 and
+///   ::1 to 127.0.0.6:15002 / `[::6]:15002`), the app to 127.0.0.1:8080, to 127.0.0.6:15002 and
 ///   to the pod's own address, the proxy to the pod's own address, plain and from 127.0.0.6;
 /// - each reroute interface: from the peer through it to an include-CIDR host (or a foreign
 ///   address) and to the pod address;
