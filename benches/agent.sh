@@ -4,7 +4,7 @@
 # runtime runs it) with the agent's run directory in each of these states, interleaved:
 #
 #   absent   no agent: no socket in the run directory (the datagram's sendto fails at once);
-#   present  the real agent (`redirect-cni install`, in a namespace of its own) reading the
+#   present  the real agent (`redirect-cni-node`, in a namespace of its own) reading the
 #            events; afterwards its /metrics must have counted every ADD of this state;
 #   hung     a socket bound by a process that never reads, its queue filled before the clock
 #            starts (the sendto would block if it could);
@@ -58,7 +58,7 @@ mkdir -p "$A/net" "$A/bin" "$A/sa"
 echo t0k3n >"$A/sa/token"
 echo '-----BEGIN CERTIFICATE-----' >"$A/sa/ca.crt"
 ip netns exec "$AGENT_NS" env -i KUBERNETES_SERVICE_HOST=10.96.0.1 KUBERNETES_SERVICE_PORT=443 \
-  "$BIN/redirect-cni" install --chained-cni-plugin=false --repair-enabled=false \
+  "$BIN/redirect-cni-node" --chained-cni-plugin=false --repair-enabled=false \
   --mounted-cni-net-dir "$A/net" --cni-bin-dir "$A/bin" --cni-agent-run-dir "$A/run" \
   --binary "$BIN/redirect-cni" --service-account-dir "$A/sa" --monitoring-port 15014 \
   2>"$DATA/agent.log" &

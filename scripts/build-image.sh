@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the redirect image (Containerfile: FROM scratch, the three static binaries in
-# /usr/local/bin) with podman, offline, then tests it: runs `redirect-cni install` from the image
-# the way the DaemonSets in docs/deploy/ run it, against temporary directories standing in for the
+# Builds the redirect image (Containerfile: FROM scratch, the four static binaries in
+# /usr/local/bin) with podman, offline, then tests it: runs `redirect-cni-node` from the image
+# the way the DaemonSets in deploy/ run it, against temporary directories standing in for the
 # node's CNI directories, and checks what docs/deploy/README.md says the installer does.
 #
 #   scripts/build-image.sh [options]
@@ -14,7 +14,7 @@
 #   --test-only        do not build: test the image NAME as it is (built before, or elsewhere)
 #   --build-only       build, check the image's contents, and stop there
 #   --mode MODE        kubernetes | openshift | all (default all): whose settings the installer
-#                      runs with, the ConfigMap of docs/deploy/MODE/redirect-cni.yaml (chained into
+#                      runs with, the ConfigMap of deploy/MODE/redirect-cni.yaml (chained into
 #                      an existing .conflist, or OpenShift's standalone Multus config)
 #   --timeout SECONDS  how long the installer gets to put everything in place (default 60)
 #   --rm-image         remove the image at the end (default: keep it, tagged NAME)
@@ -41,7 +41,7 @@ else
   BIN_DIR="$REPO/target/static/x86_64"
 fi
 BUILD=1 TEST=1 MODE=all TIMEOUT=60 RM_IMAGE=0 KEEP_TEMP=0
-BINS=(redirect-cni redirect-init redirect-validate)
+BINS=(redirect-cni redirect-cni-node redirect-init redirect-validate)
 # What the image's binaries are called by (the manifests' and docs' command paths).
 IMAGE_BIN=/usr/local/bin
 
@@ -261,10 +261,11 @@ run_once() { # run_once DESCRIPTION ARGS... : one container, output in $out
 }
 run_once "redirect-cni as a CNI plugin (CNI_COMMAND=VERSION)" -e CNI_COMMAND=VERSION "$TAG" "$IMAGE_BIN/redirect-cni"
 case "$out" in *supportedVersions*) ;; *) printf '%s\n' "$out" >&2; fail "redirect-cni VERSION printed no supportedVersions" ;; esac
-run_once "redirect-cni install --help" "$TAG" "$IMAGE_BIN/redirect-cni" install --help
+run_once "redirect-cni-node --help" "$TAG" "$IMAGE_BIN/redirect-cni-node" --help
+run_once "redirect-cni install --help (runs redirect-cni-node)" "$TAG" "$IMAGE_BIN/redirect-cni" install --help
 run_once "redirect-init --help" "$TAG" "$IMAGE_BIN/redirect-init" --help
 run_once "redirect-validate --help" "$TAG" "$IMAGE_BIN/redirect-validate" --help
-log "the three binaries run in the image (--network=none, no capability, read-only root)"
+log "the four binaries run in the image (--network=none, no capability, read-only root)"
 
 # ---- the installer, as the DaemonSet runs it --------------------------------------------------
 
@@ -331,7 +332,7 @@ API_HOST=10.96.0.1
 TOKEN="test-token-$RANDOM$RANDOM"
 
 scenario() {
-  local mode=$1 manifest="$REPO/docs/deploy/$1/redirect-cni.yaml"
+  local mode=$1 manifest="$REPO/deploy/$1/redirect-cni.yaml"
   local dir="$WORK/$mode" host="$WORK/$mode/host" name="redirect-image-test-$mode-$$"
   [ -f "$manifest" ] || fail "$manifest is missing"
   STARTED=1
@@ -361,8 +362,8 @@ scenario() {
   local -a cmd=()
   mapfile -t cmd < <(manifest_command "$manifest")
   [ "${#cmd[@]}" -gt 0 ] || fail "$manifest: no DaemonSet command found"
-  [ "${cmd[0]}" = "$IMAGE_BIN/redirect-cni" ] \
-    || fail "$manifest runs ${cmd[0]}, but the image holds $IMAGE_BIN/redirect-cni"
+  [ "${cmd[0]}" = "$IMAGE_BIN/redirect-cni-node" ] \
+    || fail "$manifest runs ${cmd[0]}, but the image holds $IMAGE_BIN/redirect-cni-node"
 
   [ -n "${cfg[POD_NAMESPACE]:-}" ] || fail "$manifest: the DaemonSet sets no POD_NAMESPACE"
   local -a env_opts=(-e "KUBERNETES_SERVICE_HOST=$API_HOST" -e KUBERNETES_SERVICE_PORT=443)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds redirect-cni, redirect-init and redirect-validate as fully static release executables
+# Builds redirect-cni, redirect-cni-node, redirect-init and redirect-validate as fully static
+# release executables
 # and checks that they are (file: "statically linked"; ldd: "not a dynamic executable"; readelf:
 # no INTERP, no NEEDED), runs each once, prints sizes.
 # Run as root from anywhere in the repository; installs what is missing (Debian/Ubuntu apt, rustup).
@@ -30,9 +31,9 @@ for a in "$@"; do
   esac
 done
 case "${REDIRECT_STATIC_FALLBACK:=musl}" in musl | glibc) ;; *) echo "REDIRECT_STATIC_FALLBACK: musl or glibc" >&2; exit 2 ;; esac
-bins=(redirect-cni redirect-init redirect-validate)
+bins=(redirect-cni redirect-cni-node redirect-init redirect-validate)
 built=()
-cargo_build() { cargo build --release -p cni-shim -p init-shim -p validator --bins "$@"; }
+cargo_build() { cargo build --release -p cni-plugin -p cni-node -p init-shim -p validator --bins "$@"; }
 
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }

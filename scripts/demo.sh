@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cargo build -q -p cni-shim -p validator --bins --example demo
+cargo build -q -p cni-plugin -p validator --bins --example demo
 target=${CARGO_TARGET_DIR:-target}
 REDIRECT_BIN_DIR="$target/debug" CNITOOL=.tools/cnitool "$target/debug/examples/demo"

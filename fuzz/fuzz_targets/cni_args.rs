@@ -5,5 +5,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let s = String::from_utf8_lossy(data);
-    let _ = cni_shim::cni::args::parse(&s);
+    let _ = cni_plugin::cni::args::parse(&s);
 });

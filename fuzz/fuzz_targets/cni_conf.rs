@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use cni_shim::cni::{conf, result};
+use cni_plugin::cni::{conf, result};
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod::PodInfo;
 
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = result::passthrough(&c.cni_version, c.prev_result.as_ref());
-    let _ = cni_shim::cni::CniError::new(1, "x", "y").to_json(&version);
+    let _ = cni_plugin::cni::CniError::new(1, "x", "y").to_json(&version);
     let Some(annotations) = &c.pod_annotations else {
         return;
     };

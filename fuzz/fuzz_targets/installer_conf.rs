@@ -4,10 +4,10 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use cni_shim::install::chain;
-use cni_shim::install::conf_select::{parse_conf, ConfKind};
-use cni_shim::node::plugin_entry::plugin_entry;
-use cni_shim::node::Settings;
+use cni_node::install::chain;
+use cni_node::install::conf_select::{parse_conf, ConfKind};
+use cni_node::plugin_entry::plugin_entry;
+use cni_node::Settings;
 
 fuzz_target!(|data: &[u8]| {
     let entry = plugin_entry(&Settings::default());

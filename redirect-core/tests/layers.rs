@@ -34,7 +34,7 @@ const LIBRARIES: [&str; 5] = [
     "redirect-istio",
     "redirect-program",
 ];
-const PROGRAMS: [&str; 3] = ["init-shim", "cni-shim", "validator"];
+const PROGRAMS: [&str; 4] = ["init-shim", "cni-plugin", "cni-node", "validator"];
 
 /// Each workspace package's declared dependencies: name → [(dependency, kind)], kind being
 /// `normal`, `dev` or `build`.
@@ -144,8 +144,12 @@ fn the_manifests_keep_the_layers() {
         set(&["redirect-model", "redirect-kernel"]),
         "the test kit uses the model and the kernel crate only"
     );
-    let allowed = set(&["redirect-core", "redirect-program"]);
     for program in PROGRAMS {
+        // The node agent reads the plugin's config and events; nothing else links a program.
+        let allowed = match program {
+            "cni-node" => set(&["redirect-core", "redirect-program", "cni-plugin"]),
+            _ => set(&["redirect-core", "redirect-program"]),
+        };
         let deps = ours(&m, program, &normal);
         assert!(
             deps.contains("redirect-core"),
@@ -153,7 +157,7 @@ fn the_manifests_keep_the_layers() {
         );
         assert!(
             deps.is_subset(&allowed),
-            "{program} may depend on redirect-core and redirect-program only, not on {:?}",
+            "{program} may depend on {allowed:?} only, not on {:?}",
             deps.difference(&allowed).collect::<Vec<_>>()
         );
         for (name, kind) in &m[program] {
@@ -164,7 +168,8 @@ fn the_manifests_keep_the_layers() {
                         "nftnl-sys",
                         "mnl",
                         "redirect-testkit",
-                        "redirect-benches"
+                        "redirect-benches",
+                        "cni-testkit"
                     ]
                     .contains(&name.as_str()),
                     "{program} links {name}, which is for tests only"
@@ -273,4 +278,84 @@ fn the_map_names_every_place_and_only_places_that_exist() {
             );
         }
     }
+}
+
+/// The plugin, run once per pod, links none of the node agent's machinery: not the agent's
+/// crate, its watch (kube's runtime), its metrics, its command line, its HTTP server.
+#[test]
+fn the_plugin_links_none_of_the_node_agent() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "-e",
+            "normal",
+            "-p",
+            "cni-plugin",
+            "--prefix",
+            "none",
+            "--offline",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let crates: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(
+        crates.contains("kube-client"),
+        "the tree is no tree:\n{tree}"
+    );
+    for agent_only in [
+        "cni-node",
+        "kube-runtime",
+        "prometheus-client",
+        "clap",
+        "tokio-macros",
+    ] {
+        assert!(
+            !crates.contains(agent_only),
+            "the plugin links {agent_only}, which only the node agent needs"
+        );
+    }
+}
+
+/// Every library and binary of the workspace's shipped crates is one of the logger's own
+/// (`redirect_program::logging::OURS`): a crate missing there logs nothing below warn, which
+/// is how the plugin lost every start and end line when its crate was renamed.
+#[test]
+fn every_shipped_crate_logs_as_ours() {
+    let meta = metadata();
+    let mut missing = Vec::new();
+    for p in meta["packages"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        if !LIBRARIES.contains(&name) && !PROGRAMS.contains(&name) {
+            continue;
+        }
+        for t in p["targets"].as_array().unwrap() {
+            let kinds: Vec<&str> = t["kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|k| k.as_str())
+                .collect();
+            if kinds.iter().any(|k| *k == "lib" || *k == "bin") {
+                let target = t["name"].as_str().unwrap().replace('-', "_");
+                if !redirect_program::logging::OURS.contains(&target.as_str()) {
+                    missing.push(target);
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in redirect_program::logging::OURS: {missing:?}"
+    );
 }

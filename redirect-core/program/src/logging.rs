@@ -45,13 +45,16 @@ use tracing_subscriber::reload;
 /// `tracing` names them (the first segment of a target, the module path).
 pub const OURS: &[&str] = &[
     "redirect_program",
+    "redirect_core",
     "redirect_model",
     "redirect_kernel",
     "redirect_istio",
     "init_shim",
     "redirect_init",
-    "cni_shim",
+    "cni_plugin",
     "redirect_cni",
+    "cni_node",
+    "redirect_cni_node",
     "validator",
     "redirect_validate",
 ];
@@ -479,7 +482,7 @@ mod tests {
             tracing::info!(target: "kube_client::client", "chatter");
             tracing::warn!(target: "kube_client::client", "something to see");
             tracing::error!(target: "hyper_util", "broken");
-            tracing::debug!(target: "cni_shim::kube::fetch", "ours");
+            tracing::debug!(target: "cni_plugin::kube::fetch", "ours");
         });
         assert_eq!(
             lines,

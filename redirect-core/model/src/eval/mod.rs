@@ -55,6 +55,16 @@ pub enum Verdict {
     Drop,
 }
 
+impl Verdict {
+    /// The port a redirected flow lands on; `None` for any other verdict.
+    pub fn redirect_port(&self) -> Option<u16> {
+        match self {
+            Verdict::Redirect { port, .. } => Some(*port),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

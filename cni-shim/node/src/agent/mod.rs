@@ -1,0 +1,293 @@
+//! The node agent's long-running parts beside the installer (`redirect-cni-node`): the repair
+//! controller, the untaint of its own node, the HTTP endpoints (metrics, probes), and the
+//! plugin's events (`plugin_events`). They run on one thread with a current-thread tokio
+//! runtime; the installer's loop tells them when the plugin is installed
+//! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
+//! them before it uninstalls.
+
+pub mod http;
+pub mod plugin_events;
+pub mod untaint;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::sync::watch as signal;
+
+use crate::atomic_file::{write_atomic, FileAttrs};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::plugin_entry::standalone_conf;
+use crate::repair::controller::Controller;
+use crate::repair::queue::Backoff;
+use crate::server_url;
+use crate::settings::Settings;
+use cni_plugin::cni::conf::NetConf;
+use cni_plugin::events::{Readiness, READY_NAME};
+
+/// The running agent; [`Agent::stop`] (or dropping it) stops it.
+pub struct Agent {
+    stop: signal::Sender<bool>,
+    ready: signal::Sender<bool>,
+    metrics: Metrics,
+    /// Where the plugin's STATUS reads the agent's readiness.
+    ready_file: PathBuf,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Agent {
+    /// Starts what `settings` ask for. Fails at once on what cannot work: no node name for the
+    /// controller, an unusable monitoring port, a plugin entry the plugin itself would refuse.
+    pub fn start(settings: &Settings) -> Result<Agent> {
+        settings.check_agent()?;
+        let listener = bind(settings.monitoring_port)?;
+        let plugin = Arc::new(plugin_conf(settings)?);
+        let metrics = Metrics::new(
+            settings
+                .repair
+                .enabled
+                .then_some(settings.repair.action)
+                .flatten(),
+        );
+        // The installer creates it too, later; the status file and the socket need it now.
+        std::fs::create_dir_all(&settings.cni_agent_run_dir)
+            .map_err(|e| Error::io("create", &settings.cni_agent_run_dir, e))?;
+        let ready_file = settings.cni_agent_run_dir.join(READY_NAME);
+        write_readiness(
+            &ready_file,
+            &Readiness::NotReady("the node agent is starting".into()),
+        );
+        let (stop, stop_rx) = signal::channel(false);
+        let (ready, ready_rx) = signal::channel(false);
+        let parts = Parts {
+            settings: settings.clone(),
+            plugin,
+            metrics: metrics.clone(),
+            listener,
+            stop: stop_rx,
+            ready: ready_rx,
+        };
+        let thread = std::thread::Builder::new()
+            .name("redirect-agent".into())
+            .spawn(move || parts.run())
+            .map_err(|e| Error::Watch(format!("cannot start the agent's thread: {e}")))?;
+        Ok(Agent {
+            stop,
+            ready,
+            metrics,
+            ready_file,
+            thread: Some(thread),
+        })
+    }
+
+    /// The installer's verdict: the plugin is installed (or not any more, and why). Written to
+    /// the run directory when it changes, for the plugin's STATUS.
+    pub fn set_ready(&self, verdict: &Readiness) {
+        let ready = *verdict == Readiness::Ready;
+        self.metrics.set_ready(ready);
+        self.ready
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+        let text = verdict.text();
+        if std::fs::read_to_string(&self.ready_file).ok().as_deref() != Some(text.as_str()) {
+            write_readiness(&self.ready_file, verdict);
+        }
+    }
+
+    /// The metrics, for what the installer counts (`istio_cni_installs_total`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        if self.thread.is_none() {
+            return;
+        }
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // The node as it was: with no agent, STATUS asks nf_tables alone (the plugin works
+        // without the agent; during an upgrade the next agent writes its own verdict).
+        match std::fs::remove_file(&self.ready_file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!(
+                "{}: {e}; the plugin's STATUS keeps reading the last verdict",
+                self.ready_file.display()
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Writes the readiness file atomically; a failure is logged and changes nothing else (STATUS
+/// then reads the last verdict, or none).
+pub fn write_readiness(path: &Path, verdict: &Readiness) {
+    let text = verdict.text();
+    if let Err(e) = write_atomic(path, text.as_bytes(), FileAttrs::mode(0o644)) {
+        tracing::warn!(
+            "{}: {e}; the plugin's STATUS cannot see the agent's readiness",
+            path.display()
+        );
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// The endpoints' listener on all addresses (IPv6 and IPv4 where the node has IPv6).
+fn bind(port: u16) -> Result<Option<TcpListener>> {
+    if port == 0 {
+        return Ok(None);
+    }
+    let listener = TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+        .map_err(|e| Error::InvalidSetting {
+            setting: "MONITORING_PORT",
+            value: port.to_string(),
+            reason: format!(
+                "cannot listen on it ({e}); free the port, choose another, or 0 for no endpoints"
+            ),
+        })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Watch(format!("monitoring port {port}: {e}")))?;
+    Ok(Some(listener))
+}
+
+/// The plugin's own config entry, parsed as the plugin parses it.
+fn plugin_conf(settings: &Settings) -> Result<NetConf> {
+    let text = standalone_conf(settings).to_string();
+    cni_plugin::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
+        setting: "PLUGIN_CONFIG_JSON",
+        value: settings
+            .plugin_config
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        reason: format!("the plugin would refuse its config entry: {}", e.msg),
+    })
+}
+
+/// What the agent's thread owns.
+struct Parts {
+    settings: Settings,
+    plugin: Arc<NetConf>,
+    metrics: Metrics,
+    listener: Option<TcpListener>,
+    stop: signal::Receiver<bool>,
+    ready: signal::Receiver<bool>,
+}
+
+impl Parts {
+    fn run(self) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("the agent cannot start its runtime: {e}; no repair, no metrics");
+                return;
+            }
+        };
+        runtime.block_on(self.serve());
+        runtime.shutdown_background();
+    }
+
+    async fn serve(self) {
+        let s = &self.settings;
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Some(l) = self.listener {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    tracing::info!(
+                        "serving /metrics, /readyz and /healthz on port {}",
+                        s.monitoring_port
+                    );
+                    let status = http::Status {
+                        metrics: self.metrics.clone(),
+                        ready: self.ready.clone(),
+                    };
+                    tasks.spawn(http::serve(l, status, self.stop.clone()));
+                }
+                Err(e) => tracing::error!("monitoring port {}: {e}", s.monitoring_port),
+            }
+        }
+        match plugin_events::bind(&s.cni_agent_run_dir) {
+            Ok((sock, path)) => {
+                tasks.spawn(plugin_events::receive(
+                    sock,
+                    path,
+                    self.metrics.clone(),
+                    self.stop.clone(),
+                ));
+            }
+            Err(e) => tracing::warn!(
+                "{}: {e}; the plugin's calls are not counted",
+                s.cni_agent_run_dir
+                    .join(cni_plugin::events::SOCKET_NAME)
+                    .display()
+            ),
+        }
+        let wants_client = s.repair.enabled || s.untaint.is_some();
+        if !s.repair.enabled {
+            tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
+        }
+        if wants_client {
+            match client(s).await {
+                Ok(client) => {
+                    if s.repair.enabled {
+                        let controller = Controller {
+                            client: client.clone(),
+                            settings: s.repair.clone(),
+                            plugin: self.plugin.clone(),
+                            metrics: self.metrics.clone(),
+                            backoff: Backoff::default(),
+                        };
+                        tasks.spawn(controller.run(self.stop.clone()));
+                    }
+                    if let Some(key) = &s.untaint {
+                        tasks.spawn(untaint::run(
+                            client,
+                            s.node().to_owned(),
+                            key.clone(),
+                            self.ready.clone(),
+                            self.stop.clone(),
+                        ));
+                    }
+                }
+                Err(e) => tracing::error!("{e}; no repair controller and no untaint"),
+            }
+        }
+        let mut stop = self.stop.clone();
+        let _ = stop.wait_for(|s| *s).await;
+        // Every task watches `stop`; give them a moment, then drop what is left.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+    }
+}
+
+/// The agent's API client, from the same service account and server as the kubeconfig.
+async fn client(s: &Settings) -> std::result::Result<kube::Client, String> {
+    let host = s.kubernetes_service_host.as_deref().ok_or_else(|| {
+        "KUBERNETES_SERVICE_HOST is not set: the agent cannot reach the API server".to_string()
+    })?;
+    let server = server_url(
+        &s.kubernetes_service_protocol,
+        host,
+        &s.kubernetes_service_port,
+    );
+    crate::kube_client::agent_client(&server, s.ca_path().as_deref(), &s.token_path()).await
+}

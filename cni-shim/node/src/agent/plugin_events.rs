@@ -1,0 +1,59 @@
+//! The plugin's events (`cni_plugin::events`): a datagram socket in the run directory, read until
+//! the agent stops, each event counted in the metrics. The socket is the agent's alone (mode
+//! 0600: the plugin runs as root, as the runtime does), and goes when the agent stops.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixDatagram;
+use tokio::sync::watch as signal;
+
+use crate::metrics::Metrics;
+use cni_plugin::events::{Event, MAX_EVENT, SOCKET_NAME};
+
+/// Binds the socket in `run_dir` (a stale one from an agent killed before is replaced).
+pub fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {
+    let path = run_dir.join(SOCKET_NAME);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let sock = UnixDatagram::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok((sock, path))
+}
+
+/// Counts every event until `stop`; then removes the socket.
+pub async fn receive(
+    sock: UnixDatagram,
+    path: PathBuf,
+    metrics: Metrics,
+    mut stop: signal::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; MAX_EVENT];
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            got = sock.recv(&mut buf) => match got {
+                Ok(n) => match Event::decode(&buf[..n]) {
+                    Some(e) => {
+                        tracing::debug!(
+                            "plugin {} {}: code {} in {} µs",
+                            e.command,
+                            e.pod.as_deref().unwrap_or("(no pod)"),
+                            e.code,
+                            e.total_us
+                        );
+                        metrics.plugin_event(&e);
+                    }
+                    None => tracing::debug!("{}: a datagram that is no plugin event ({n} bytes)", path.display()),
+                },
+                Err(e) => {
+                    tracing::warn!("{}: {e}; plugin events are no longer counted", path.display());
+                    break;
+                }
+            },
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,0 +1,128 @@
+//! `redirect-cni-node`: the node DaemonSet's process. It installs the plugin (`install`)
+//! and runs the node agent beside it (`agent`: repair, untaint, metrics and probes), told when
+//! the plugin is installed and stopped before anything is uninstalled.
+
+use std::cell::RefCell;
+use std::ffi::OsString;
+
+use redirect_program::logging::Sink;
+use tracing::level_filters::LevelFilter;
+
+use crate::agent::Agent;
+use crate::install::{self, signals, StopHandle, WatchOptions};
+use crate::metrics::Install;
+use crate::settings::{self, Parsed, Settings};
+use crate::Error;
+use cni_plugin::events::Readiness;
+
+/// `redirect-cni-node [flags]`: `args` are the arguments after the binary (a leading
+/// `install`, as `redirect-cni install` passes it, is skipped), `env` looks up environment
+/// variables. Returns the
+/// exit code: 0 after a clean stop (SIGTERM/SIGINT) or `--help`, 1 on failure, 2 on bad flags.
+pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    // `level<TAB>message` on stderr, from info up, the agent's lines and kube's warnings too.
+    redirect_program::logging::install(Sink::stderr(None, LevelFilter::INFO));
+    let settings = match settings::parse(args, env) {
+        Ok(Parsed::Info(text)) => {
+            print!("{text}");
+            return 0;
+        }
+        Ok(Parsed::Run(s)) => *s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return 2;
+        }
+    };
+    let stop = match StopHandle::new().and_then(|s| signals::stop_on_signals(&s).map(|()| s)) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return 1;
+        }
+    };
+    log_start(&settings);
+    let agent = match Agent::start(&settings) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!("{e}");
+            return if matches!(e, Error::InvalidSetting { .. }) {
+                2
+            } else {
+                1
+            };
+        }
+    };
+    match run(settings, &stop, &WatchOptions::default(), agent) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            1
+        }
+    }
+}
+
+/// [`install::run`] with the agent told what the installer does, and stopped first. A clean
+/// stop takes the agent's status file away with it; a failure leaves it saying why, so that
+/// the plugin's STATUS answers "not ready" while the DaemonSet's pod restarts.
+pub fn run(
+    settings: Settings,
+    stop: &StopHandle,
+    opts: &WatchOptions,
+    agent: Agent,
+) -> crate::Result<()> {
+    let run_dir = settings.cni_agent_run_dir.clone();
+    let with_agent = WithAgent(RefCell::new(Some(agent)));
+    let result = install::run(settings, stop, opts, &with_agent);
+    drop(with_agent);
+    if let Err(e) = &result {
+        crate::agent::write_readiness(
+            &run_dir.join(cni_plugin::events::READY_NAME),
+            &Readiness::NotReady(format!("the node agent exited: {e}")),
+        );
+    }
+    result
+}
+
+/// The installer's progress, told to the agent (stopped when the uninstall begins).
+struct WithAgent(RefCell<Option<Agent>>);
+
+impl install::Progress for WithAgent {
+    fn ready(&self, verdict: &Readiness) {
+        if let Some(a) = self.0.borrow().as_ref() {
+            a.set_ready(verdict);
+        }
+    }
+
+    fn installed(&self, result: Install) {
+        if let Some(a) = self.0.borrow().as_ref() {
+            a.metrics().installed(result);
+        }
+    }
+
+    fn stopping(&self) {
+        if let Some(a) = self.0.borrow_mut().take() {
+            a.stop();
+        }
+    }
+}
+
+fn log_start(settings: &Settings) {
+    tracing::info!(
+        "redirect-cni-node {}: {} mode, net dir {} (host {}), bin dirs {}, run dir {}",
+        env!("CARGO_PKG_VERSION"),
+        if settings.chained {
+            "chained"
+        } else {
+            "standalone"
+        },
+        settings.mounted_cni_net_dir.display(),
+        settings.cni_net_dir.display(),
+        settings
+            .cni_bin_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        settings.cni_agent_run_dir.display()
+    );
+}

@@ -1,0 +1,393 @@
+//! The CNI config in the net dir: chained into the file the runtime uses, or our own standalone
+//! file; checked and rewritten only when wrong; undone exactly on uninstall (see `undo`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::chain;
+use super::conf_select::{self, ConfKind};
+use super::undo::{Before, UndoRecord};
+use crate::atomic_file::{self, FileAttrs};
+use crate::error::{Error, Result};
+use crate::plugin_entry::{self, is_ours};
+use crate::settings::Settings;
+
+/// What `reconcile` found or did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigStatus {
+    /// The config in this file was already right; nothing was written.
+    Unchanged(PathBuf),
+    /// This file was (re)written and is now right.
+    Written(PathBuf),
+    /// Chained mode: the net dir has no CNI config to chain into yet.
+    Waiting,
+}
+
+/// Our CNI config and what we changed to put it in place.
+#[derive(Debug)]
+pub struct CniConfig {
+    net_dir: PathBuf,
+    conf_name: Option<String>,
+    chained: bool,
+    entry: Value,
+    standalone: Value,
+    standalone_path: PathBuf,
+    standalone_mode: u32,
+    state_path: PathBuf,
+    record: UndoRecord,
+    /// The files a runtime skips that were reported, by the digest of the version reported:
+    /// each version is reported once, not at every pass.
+    reported_skips: BTreeMap<PathBuf, u64>,
+}
+
+impl CniConfig {
+    /// From the settings, with the record a previous run left in the run dir.
+    pub fn new(s: &Settings) -> Self {
+        let state_path = s.state_path();
+        CniConfig {
+            net_dir: s.mounted_cni_net_dir.clone(),
+            conf_name: s.cni_conf_name.clone(),
+            chained: s.chained,
+            entry: plugin_entry::plugin_entry(s),
+            standalone: plugin_entry::standalone_conf(s),
+            standalone_path: s.mounted_cni_net_dir.join(s.standalone_conf_name()),
+            standalone_mode: s.standalone_conf_mode(),
+            record: UndoRecord::load(&state_path),
+            state_path,
+            reported_skips: BTreeMap::new(),
+        }
+    }
+
+    pub fn net_dir(&self) -> &Path {
+        &self.net_dir
+    }
+
+    /// What has been changed so far.
+    pub fn record(&self) -> &UndoRecord {
+        &self.record
+    }
+
+    /// Make the config right, writing only what is wrong.
+    pub fn reconcile(&mut self) -> Result<ConfigStatus> {
+        // A second pass covers the case where undoing the previous target changed the choice.
+        for _ in 0..2 {
+            let wanted = if self.chained {
+                let (target, skipped) =
+                    conf_select::select_target_noting(&self.net_dir, self.conf_name.as_deref())?;
+                self.report_skips(&skipped);
+                match target {
+                    Some(t) => t,
+                    None => return Ok(ConfigStatus::Waiting),
+                }
+            } else {
+                self.standalone_path.clone()
+            };
+            match self.record.target() {
+                Some(prev) if prev != wanted => {
+                    tracing::info!(
+                        "the CNI config in use is now {}; removing our entry from {}",
+                        wanted.display(),
+                        prev.display()
+                    );
+                    self.undo()?;
+                    continue;
+                }
+                _ => {}
+            }
+            return if self.chained {
+                self.chain_into(&wanted)
+            } else {
+                self.write_standalone()
+            };
+        }
+        Ok(ConfigStatus::Waiting)
+    }
+
+    /// Says which config files a runtime skips and why, once per version of each file.
+    fn report_skips(&mut self, skipped: &[conf_select::Skipped]) {
+        for s in skipped {
+            if self.reported_skips.get(&s.path) != Some(&s.digest) {
+                tracing::warn!(
+                    "{} is skipped, as a runtime skips it: {}",
+                    s.path.display(),
+                    s.reason
+                );
+                self.reported_skips.insert(s.path.clone(), s.digest);
+            }
+        }
+        self.reported_skips
+            .retain(|p, _| skipped.iter().any(|s| &s.path == p));
+    }
+
+    fn chain_into(&mut self, target: &Path) -> Result<ConfigStatus> {
+        let Some(bytes) = atomic_file::read_if_exists(target)? else {
+            // Removed since it was chosen; the next event brings the new state.
+            return Ok(ConfigStatus::Waiting);
+        };
+        let attrs = atomic_file::attrs_of(target)?.unwrap_or(FileAttrs::mode(0o644));
+        let bad = |reason: String| Error::BadCniConfig {
+            path: target.to_path_buf(),
+            reason,
+        };
+        let kind = conf_select::conf_kind(target).ok_or_else(|| {
+            bad(
+                "runtimes read only .conf, .conflist and .json files; set CNI_CONF_NAME to one"
+                    .into(),
+            )
+        })?;
+        let value = conf_select::parse_conf(kind, &bytes).map_err(bad)?;
+        match kind {
+            ConfKind::List => {
+                if chain::list_has_entry(&value, &self.entry) {
+                    return Ok(ConfigStatus::Unchanged(target.to_path_buf()));
+                }
+                let new = chain::render(&chain::chain_into_list(&value, &self.entry).map_err(bad)?);
+                self.record
+                    .note(target, Some((&bytes, attrs)), Some(new.clone()));
+                self.record.save(&self.state_path)?;
+                atomic_file::write_atomic(target, &new, attrs)?;
+                Ok(ConfigStatus::Written(target.to_path_buf()))
+            }
+            ConfKind::Single => {
+                // A runtime picks the .conf before the .conflist of the same name, so the list
+                // is written first and the .conf removed after: there is always a config.
+                let list_path = chain::list_path_for(target);
+                let new = chain::render(&chain::conf_to_list(&value, &self.entry).map_err(bad)?);
+                let old_list = atomic_file::read_if_exists(&list_path)?;
+                let old_list_attrs = atomic_file::attrs_of(&list_path)?;
+                self.record.note(
+                    &list_path,
+                    old_list.as_deref().zip(old_list_attrs),
+                    Some(new.clone()),
+                );
+                self.record.note(target, Some((&bytes, attrs)), None);
+                self.record.save(&self.state_path)?;
+                atomic_file::write_atomic(&list_path, &new, attrs)?;
+                atomic_file::remove(target)?;
+                tracing::info!(
+                    "converted {} into {} (the original is kept in {} to restore on uninstall)",
+                    target.display(),
+                    list_path.display(),
+                    self.state_path.display()
+                );
+                Ok(ConfigStatus::Written(list_path))
+            }
+        }
+    }
+
+    fn write_standalone(&mut self) -> Result<ConfigStatus> {
+        let path = self.standalone_path.clone();
+        let desired = chain::render(&self.standalone);
+        let current = atomic_file::read_if_exists(&path)?;
+        let attrs = atomic_file::attrs_of(&path)?;
+        if current.as_deref() == Some(&desired[..])
+            && attrs.map(|a| a.mode) == Some(self.standalone_mode)
+        {
+            return Ok(ConfigStatus::Unchanged(path));
+        }
+        self.record
+            .note(&path, current.as_deref().zip(attrs), Some(desired.clone()));
+        self.record.save(&self.state_path)?;
+        atomic_file::write_atomic(&path, &desired, FileAttrs::mode(self.standalone_mode))?;
+        Ok(ConfigStatus::Written(path))
+    }
+
+    /// Undo what was changed: the exact bytes when nothing touched our files since, else our
+    /// entry removed from what is there now. Then forget the record.
+    pub fn undo(&mut self) -> Result<()> {
+        if self.record.files.is_empty() {
+            // No record (e.g. the run dir was emptied by a reboot): remove what is ours.
+            return self.remove_ours_without_record();
+        }
+        if self.record.all_known() && self.record.untouched()? {
+            self.record.restore_exact()?;
+            for f in &self.record.files {
+                match f.before {
+                    Before::Absent => tracing::info!("removed {}", f.path.display()),
+                    _ => tracing::info!("restored {}", f.path.display()),
+                }
+            }
+        } else {
+            self.undo_by_content()?;
+        }
+        self.record = UndoRecord::default();
+        self.record.save(&self.state_path)
+    }
+
+    /// Our files were changed by someone else since we wrote them: remove our entries from what
+    /// is there, and put back a `.conf` we converted when its list is still only our conversion.
+    fn undo_by_content(&self) -> Result<()> {
+        for f in self.record.files.iter().filter(|f| f.after.is_some()) {
+            let Some(bytes) = atomic_file::read_if_exists(&f.path)? else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+                tracing::warn!("left {} alone: it is not JSON any more", f.path.display());
+                continue;
+            };
+            let attrs = atomic_file::attrs_of(&f.path)?.unwrap_or(FileAttrs::mode(0o644));
+            if value.get("plugins").is_none() {
+                // Our standalone file.
+                if is_ours(&value) {
+                    match &f.before {
+                        Before::Saved { .. } => {
+                            UndoRecord {
+                                files: vec![f.clone()],
+                            }
+                            .restore_exact()?;
+                        }
+                        _ => {
+                            atomic_file::remove(&f.path)?;
+                        }
+                    }
+                    tracing::info!("removed our config {}", f.path.display());
+                }
+                continue;
+            }
+            let remainder = chain::remove_entries(&value);
+            if let Before::Saved {
+                link: Some(link), ..
+            } = &f.before
+            {
+                if restore_link(&f.path, link, &remainder)? {
+                    continue;
+                }
+            }
+            if let Some(conf) = self.converted_from(&remainder) {
+                // The list is our conversion of that .conf: bring the .conf back (unless it has
+                // been put back meanwhile) and drop the list (or restore what it replaced).
+                let mut restore = Vec::new();
+                if !conf.path.exists() {
+                    restore.push(conf.clone());
+                }
+                if f.before == Before::Unknown {
+                    atomic_file::write_atomic(&f.path, &chain::render(&remainder), attrs)?;
+                } else {
+                    restore.push(f.clone());
+                }
+                UndoRecord { files: restore }.restore_exact()?;
+                tracing::info!(
+                    "restored {} and removed our conversion {}",
+                    conf.path.display(),
+                    f.path.display()
+                );
+                continue;
+            }
+            if remainder != value {
+                atomic_file::write_atomic(&f.path, &chain::render(&remainder), attrs)?;
+                tracing::info!("removed our entry from {}", f.path.display());
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_ours_without_record(&self) -> Result<()> {
+        if !self.chained {
+            if let Some(bytes) = atomic_file::read_if_exists(&self.standalone_path)? {
+                if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| is_ours(&v)) {
+                    atomic_file::remove(&self.standalone_path)?;
+                    tracing::info!("removed our config {}", self.standalone_path.display());
+                }
+            }
+            return Ok(());
+        }
+        if !self.net_dir.is_dir() {
+            return Ok(());
+        }
+        for path in conf_select::candidates(&self.net_dir)? {
+            if conf_select::conf_kind(&path) != Some(ConfKind::List) {
+                continue;
+            }
+            let Ok(bytes) = fs::read(&path) else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+                continue;
+            };
+            if chain::list_has_any_entry(&value) {
+                let attrs = atomic_file::attrs_of(&path)?.unwrap_or(FileAttrs::mode(0o644));
+                atomic_file::write_atomic(
+                    &path,
+                    &chain::render(&chain::remove_entries(&value)),
+                    attrs,
+                )?;
+                tracing::info!("removed our entry from {}", path.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// The converted `.conf` whose conversion, without our entry, is `remainder`.
+    fn converted_from(&self, remainder: &Value) -> Option<&super::undo::FileChange> {
+        self.record.files.iter().find(|g| {
+            let (None, Before::Saved { contents, .. }) = (&g.after, &g.before) else {
+                return false;
+            };
+            let Ok(conf) = serde_json::from_str::<Value>(contents) else {
+                return false;
+            };
+            chain::conf_to_list(&conf, &self.entry)
+                .map(|l| chain::remove_entries(&l) == *remainder)
+                .unwrap_or(false)
+        })
+    }
+
+    /// Every file of the net dir a runtime would read, for messages.
+    pub fn describe_dir(&self) -> String {
+        let names: Vec<String> = fs::read_dir(&self.net_dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| conf_select::conf_kind(Path::new(n)).is_some())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.is_empty() {
+            "no CNI config files".into()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// The first plugin type of the list we are chained into (the likely owner), for messages.
+    pub fn owner_hint(&self) -> Option<String> {
+        let target = self.record.target()?;
+        let bytes = fs::read(target).ok()?;
+        let v: Value = serde_json::from_slice(&bytes).ok()?;
+        v.get("plugins")?
+            .as_array()?
+            .iter()
+            .find(|p| !is_ours(p))?
+            .get("type")?
+            .as_str()
+            .map(String::from)
+    }
+}
+
+/// `path` was a symbolic link to `link` before we chained into it: when what is there now,
+/// without our entry, is what `link` holds, put the link back (so the node's config follows
+/// the primary CNI's file again) and say so; otherwise leave the file, with a warning.
+fn restore_link(path: &Path, link: &Path, remainder: &Value) -> Result<bool> {
+    let resolved = path.parent().unwrap_or(Path::new("/")).join(link);
+    let linked = atomic_file::read_if_exists(&resolved)?
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    if linked.as_ref() == Some(remainder) {
+        atomic_file::symlink_atomic(path, link)?;
+        tracing::info!(
+            "restored {} as the link to {}",
+            path.display(),
+            link.display()
+        );
+        return Ok(true);
+    }
+    tracing::warn!(
+        "{} was a link to {}, but besides our entry it now differs from that file: left as a \
+         file, our entry removed",
+        path.display(),
+        link.display()
+    );
+    Ok(false)
+}

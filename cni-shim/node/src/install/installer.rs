@@ -1,0 +1,125 @@
+//! The three things installed on a node, in the order a runtime needs them: the binary, the
+//! kubeconfig, then the CNI config that makes runtimes call the plugin. Uninstall goes the
+//! other way round.
+
+use std::fs;
+use std::path::PathBuf;
+
+use super::binaries::{self, BinaryInstall};
+use super::config_file::{CniConfig, ConfigStatus};
+use super::kubeconfig::Kubeconfig;
+use crate::error::{Error, Result};
+use crate::plugin_entry::PLUGIN_TYPE;
+use crate::settings::Settings;
+
+#[derive(Debug)]
+pub struct Installer {
+    pub settings: Settings,
+    /// The plugin binary copied into the bin dirs.
+    pub binary: PathBuf,
+    pub config: CniConfig,
+    pub kubeconfig: Kubeconfig,
+}
+
+impl Installer {
+    /// Resolve the binary, create the run dir and net dir if missing, load the previous record.
+    pub fn new(settings: Settings) -> Result<Self> {
+        let binary = match &settings.binary {
+            Some(b) => b.clone(),
+            // The image holds the plugin beside this binary (/usr/local/bin).
+            None => std::env::current_exe()
+                .map_err(|e| Error::io("find this executable", "/proc/self/exe", e))?
+                .with_file_name(PLUGIN_TYPE),
+        };
+        for dir in [&settings.cni_agent_run_dir, &settings.mounted_cni_net_dir] {
+            fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        }
+        Ok(Installer {
+            config: CniConfig::new(&settings),
+            kubeconfig: Kubeconfig::new(&settings),
+            binary,
+            settings,
+        })
+    }
+
+    /// Copy the binary into every bin dir where it is missing or differs.
+    pub fn install_binaries(&self) -> Result<()> {
+        for dir in &self.settings.cni_bin_dirs {
+            if binaries::install_binary(&self.binary, dir)? == BinaryInstall::Copied {
+                tracing::info!(
+                    "copied {} to {}",
+                    self.binary.display(),
+                    binaries::binary_path(dir).display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the kubeconfig if it is missing or out of date; `Ok(true)` if written.
+    pub fn ensure_kubeconfig(&self) -> Result<bool> {
+        let written = self.kubeconfig.ensure()?;
+        if written {
+            tracing::info!(
+                "wrote the kubeconfig {} (mode {:04o}, token from {})",
+                self.kubeconfig.path.display(),
+                self.kubeconfig.mode,
+                self.kubeconfig.token_path.display()
+            );
+        }
+        Ok(written)
+    }
+
+    /// Put the CNI config right (see `CniConfig::reconcile`).
+    pub fn reconcile_config(&mut self) -> Result<ConfigStatus> {
+        let status = self.config.reconcile()?;
+        if let ConfigStatus::Written(path) = &status {
+            tracing::info!(
+                "wrote the CNI config {} ({})",
+                path.display(),
+                if self.settings.chained {
+                    "chained"
+                } else {
+                    "standalone"
+                }
+            );
+        }
+        Ok(status)
+    }
+
+    /// Everything, in order: binaries, kubeconfig, CNI config.
+    pub fn install(&mut self) -> Result<ConfigStatus> {
+        self.install_binaries()?;
+        self.ensure_kubeconfig()?;
+        self.reconcile_config()
+    }
+
+    /// Remove what was installed: our CNI config change, the kubeconfig, our binaries. Every
+    /// step is tried; the first error is returned.
+    pub fn uninstall(&mut self) -> Result<()> {
+        let mut first_err = None;
+        let mut keep = |r: Result<()>| {
+            if let Err(e) = r {
+                tracing::error!("uninstall: {e}");
+                first_err.get_or_insert(e);
+            }
+        };
+        keep(self.config.undo());
+        keep(self.kubeconfig.remove().map(|removed| {
+            if removed {
+                tracing::info!("removed {}", self.kubeconfig.path.display());
+            }
+        }));
+        for dir in &self.settings.cni_bin_dirs {
+            keep(binaries::remove_binary(&self.binary, dir).map(|removed| {
+                if removed {
+                    tracing::info!("removed {}", binaries::binary_path(dir).display());
+                }
+            }));
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! Keeping the installation in place: inotify on the net dir, the service account's directory
+//! and the bin dirs, a periodic re-check in case an event was missed, and a stop pipe (written
+//! by `StopHandle::stop` or by the SIGTERM/SIGINT handler) that wakes the loop at once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+
+use super::config_file::ConfigStatus;
+use super::installer::Installer;
+use super::rate_limit::RewriteLimiter;
+use super::Progress;
+use crate::atomic_file::TEMP_MARKER;
+use crate::error::{Error, Result};
+use crate::metrics::Install;
+use crate::plugin_entry::PLUGIN_TYPE;
+use cni_plugin::events::Readiness;
+
+/// Stops a running `watch` (and so `run`) from another thread or a signal handler.
+#[derive(Debug, Clone)]
+pub struct StopHandle {
+    inner: Arc<StopPipe>,
+}
+
+#[derive(Debug)]
+struct StopPipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    stopped: AtomicBool,
+}
+
+impl StopHandle {
+    pub fn new() -> Result<Self> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .map_err(|e| Error::Watch(format!("pipe: {e}")))?;
+        Ok(StopHandle {
+            inner: Arc::new(StopPipe {
+                read,
+                write,
+                stopped: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Ask the loop to stop; it wakes at once.
+    pub fn stop(&self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let _ = nix::unistd::write(&self.inner.write, b"s");
+    }
+
+    /// Whether `stop` was called or a byte arrived on the pipe (from a signal handler).
+    pub fn is_stopped(&self) -> bool {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return true;
+        }
+        let mut fds = [PollFd::new(self.inner.read.as_fd(), PollFlags::POLLIN)];
+        let readable = matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0);
+        if readable {
+            self.inner.stopped.store(true, Ordering::SeqCst);
+        }
+        readable
+    }
+
+    /// The pipe's write end, for a signal handler (valid while any clone of `self` lives).
+    pub(crate) fn raw_write_fd(&self) -> RawFd {
+        self.inner.write.as_raw_fd()
+    }
+}
+
+/// The watch loop's timings and limits.
+#[derive(Debug, Clone)]
+pub struct WatchOptions {
+    /// Re-check everything this often even without events.
+    pub resync: Duration,
+    /// After an event, wait until events stop for this long before acting (another installer
+    /// often writes several files in a row).
+    pub debounce: Duration,
+    /// After an error, retry this soon.
+    pub retry: Duration,
+    /// More config rewrites than this per `rewrite_window` is a fight with another installer.
+    pub max_rewrites: usize,
+    pub rewrite_window: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            resync: Duration::from_secs(60),
+            debounce: Duration::from_millis(100),
+            retry: Duration::from_secs(5),
+            max_rewrites: 10,
+            rewrite_window: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    NetDir,
+    Credentials,
+    BinDir,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Pending {
+    config: bool,
+    kubeconfig: bool,
+    binaries: bool,
+}
+
+impl Pending {
+    fn all() -> Self {
+        Pending {
+            config: true,
+            kubeconfig: true,
+            binaries: true,
+        }
+    }
+    fn any(&self) -> bool {
+        self.config || self.kubeconfig || self.binaries
+    }
+}
+
+struct Watches {
+    inotify: Inotify,
+    kinds: HashMap<WatchDescriptor, Kind>,
+}
+
+const DIR_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_CLOSE_WRITE)
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_ATTRIB)
+    .union(AddWatchFlags::IN_DELETE_SELF)
+    .union(AddWatchFlags::IN_MOVE_SELF)
+    .union(AddWatchFlags::IN_ONLYDIR);
+
+impl Watches {
+    fn new(inst: &Installer) -> Result<Self> {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| Error::Watch(format!("inotify_init: {e}")))?;
+        let mut w = Watches {
+            inotify,
+            kinds: HashMap::new(),
+        };
+        let net_dir = inst.config.net_dir().to_path_buf();
+        std::fs::create_dir_all(&net_dir).map_err(|e| Error::io("create", &net_dir, e))?;
+        w.add(&net_dir, Kind::NetDir, true)?;
+        for dir in inst.kubeconfig.watched_dirs() {
+            w.add(&dir, Kind::Credentials, false)?;
+        }
+        for dir in &inst.settings.cni_bin_dirs {
+            w.add(dir, Kind::BinDir, false)?;
+        }
+        Ok(w)
+    }
+
+    fn add(&mut self, dir: &Path, kind: Kind, required: bool) -> Result<()> {
+        match self.inotify.add_watch(dir, DIR_EVENTS) {
+            Ok(wd) => {
+                self.kinds.insert(wd, kind);
+                Ok(())
+            }
+            Err(e) if required => Err(Error::Watch(format!("inotify on {}: {e}", dir.display()))),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot watch {} ({e}); it is re-checked every resync only",
+                    dir.display()
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Read what is queued: what needs a look, and whether the watches must be set up again.
+    fn drain(&self, pending: &mut Pending) -> bool {
+        let mut rebuild = false;
+        loop {
+            let events = match self.inotify.read_events() {
+                Ok(ev) if !ev.is_empty() => ev,
+                Ok(_) | Err(Errno::EAGAIN) => return rebuild,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!("reading inotify events: {e}");
+                    *pending = Pending::all();
+                    return true;
+                }
+            };
+            for ev in events {
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    *pending = Pending::all();
+                    continue;
+                }
+                if ev.mask.intersects(
+                    AddWatchFlags::IN_IGNORED
+                        | AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_MOVE_SELF,
+                ) {
+                    // A watched directory went away or moved: watch it again.
+                    *pending = Pending::all();
+                    rebuild = true;
+                    continue;
+                }
+                let name = ev.name.as_ref().map(|n| n.to_string_lossy().into_owned());
+                if name.as_deref().is_some_and(|n| n.contains(TEMP_MARKER)) {
+                    continue; // our own temporary file
+                }
+                match self.kinds.get(&ev.wd) {
+                    Some(Kind::NetDir) => pending.config = true,
+                    Some(Kind::Credentials) => pending.kubeconfig = true,
+                    Some(Kind::BinDir) if name.as_deref() == Some(PLUGIN_TYPE) => {
+                        pending.binaries = true
+                    }
+                    Some(Kind::BinDir) | None => {}
+                }
+            }
+        }
+    }
+}
+
+/// Wait until the stop pipe or inotify is readable, or `timeout` passes. `true`: stop.
+fn wait(watches: &Watches, stop: &StopHandle, timeout: Duration) -> bool {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut fds = [
+        PollFd::new(stop.inner.read.as_fd(), PollFlags::POLLIN),
+        PollFd::new(watches.inotify.as_fd(), PollFlags::POLLIN),
+    ];
+    match poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    ) {
+        Ok(_) | Err(Errno::EINTR) => {}
+        Err(e) => {
+            tracing::warn!("poll: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let readable = fds[0]
+        .revents()
+        .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP));
+    readable || stop.is_stopped()
+}
+
+/// Whether the plugin is installed after a pass, and if not, why.
+fn verdict(failed: &Pending, held: bool, last: Option<&ConfigStatus>) -> Readiness {
+    let why = if failed.binaries {
+        "the plugin binary could not be copied into the CNI bin directories"
+    } else if failed.kubeconfig {
+        "the plugin's kubeconfig could not be written"
+    } else if failed.config {
+        "the CNI config could not be written"
+    } else if held {
+        "rewrites of the CNI config are held back: something keeps removing our entry"
+    } else {
+        match last {
+            Some(ConfigStatus::Written(_) | ConfigStatus::Unchanged(_)) => return Readiness::Ready,
+            Some(ConfigStatus::Waiting) => "waiting for a CNI config to chain into",
+            None => "the CNI config is not written yet",
+        }
+    };
+    Readiness::NotReady(why.into())
+}
+
+/// Watch and repair until `stop`. The watches are set up first and everything is checked
+/// right after, so no change made before the loop starts goes unseen. `progress` hears, after
+/// every pass, whether the plugin is installed (binaries, kubeconfig and CNI config in place)
+/// or why not, and each install step's result.
+pub fn watch(
+    inst: &mut Installer,
+    stop: &StopHandle,
+    opts: &WatchOptions,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let mut watches = Watches::new(inst)?;
+    let mut limiter = RewriteLimiter::new(opts.max_rewrites, opts.rewrite_window);
+    let mut next_resync = Instant::now() + opts.resync;
+    let mut hold_until: Option<Instant> = None;
+    let mut pending = Pending::all();
+    let mut failed = Pending::default();
+    let mut last: Option<ConfigStatus> = None;
+    let mut installed_once = false;
+    // The last error logged, so that a lasting one is not logged at every retry.
+    let mut last_error = String::new();
+    loop {
+        let now = Instant::now();
+        if pending.binaries {
+            pending.binaries = false;
+            failed.binaries = false;
+            if let Err(e) = inst.install_binaries() {
+                progress.installed(Install::CopyBinariesFailure);
+                report(e, &mut last_error, opts);
+                failed.binaries = true;
+            }
+        }
+        if pending.kubeconfig {
+            pending.kubeconfig = false;
+            failed.kubeconfig = false;
+            if let Err(e) = inst.ensure_kubeconfig() {
+                progress.installed(super::kubeconfig_failure(&e));
+                report(e, &mut last_error, opts);
+                failed.kubeconfig = true;
+            }
+        }
+        if pending.config && hold_until.is_none() {
+            pending.config = false;
+            failed.config = false;
+            match inst.reconcile_config() {
+                Ok(status) => {
+                    if matches!(
+                        (&status, &last),
+                        (ConfigStatus::Written(_), _) | (ConfigStatus::Unchanged(_), None)
+                    ) {
+                        progress.installed(Install::Success);
+                    }
+                    match (&status, &last) {
+                        (ConfigStatus::Waiting, Some(ConfigStatus::Waiting)) => {}
+                        (ConfigStatus::Waiting, _) => tracing::info!(
+                            "waiting for a CNI config in {} to chain into ({})",
+                            inst.config.net_dir().display(),
+                            inst.config.describe_dir()
+                        ),
+                        (ConfigStatus::Unchanged(path), None) => {
+                            tracing::info!("the CNI config {} is already in place", path.display())
+                        }
+                        // A rewrite once the config has been in place is a repair: count it.
+                        (ConfigStatus::Written(path), _) if installed_once => {
+                            limiter.record(now);
+                            if let Some(wait) = limiter.wait_needed(now) {
+                                hold_until = Some(now + wait);
+                                warn_rewrite_loop(inst, path, limiter.count(), opts, wait);
+                            }
+                        }
+                        _ => {}
+                    }
+                    installed_once |= !matches!(status, ConfigStatus::Waiting);
+                    last = Some(status);
+                }
+                Err(e) => {
+                    progress.installed(Install::CreateCniConfigFailure);
+                    report(e, &mut last_error, opts);
+                    failed.config = true;
+                }
+            }
+        }
+        if !failed.any() {
+            last_error.clear();
+        }
+        progress.ready(&verdict(&failed, hold_until.is_some(), last.as_ref()));
+        let retry_at = failed.any().then(|| Instant::now() + opts.retry);
+
+        let deadline = [Some(next_resync), hold_until, retry_at]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(next_resync);
+        if wait(
+            &watches,
+            stop,
+            deadline.saturating_duration_since(Instant::now()),
+        ) {
+            return Ok(());
+        }
+        let mut rebuild = watches.drain(&mut pending);
+        // Debounce: let a burst of writes finish.
+        while pending.any() {
+            if wait(&watches, stop, opts.debounce) {
+                return Ok(());
+            }
+            let mut more = Pending::default();
+            rebuild |= watches.drain(&mut more);
+            if !more.any() {
+                break;
+            }
+            pending.config |= more.config;
+            pending.kubeconfig |= more.kubeconfig;
+            pending.binaries |= more.binaries;
+        }
+        if rebuild {
+            watches = Watches::new(inst)?;
+        }
+        let now = Instant::now();
+        if now >= next_resync {
+            pending = Pending::all();
+            next_resync = now + opts.resync;
+        }
+        if retry_at.is_some_and(|t| now >= t) {
+            pending.binaries |= failed.binaries;
+            pending.kubeconfig |= failed.kubeconfig;
+            pending.config |= failed.config;
+        }
+        if hold_until.is_some_and(|t| now >= t) {
+            hold_until = None;
+            pending.config = true;
+        }
+    }
+}
+
+/// Log an error unless it is the one logged last.
+fn report(e: Error, last_error: &mut String, opts: &WatchOptions) {
+    let text = e.to_string();
+    if text != *last_error {
+        tracing::error!("{text}; retrying every {}s", opts.retry.as_secs().max(1));
+        *last_error = text;
+    }
+}
+
+fn warn_rewrite_loop(
+    inst: &Installer,
+    path: &Path,
+    count: usize,
+    opts: &WatchOptions,
+    wait: Duration,
+) {
+    let culprit = match inst.config.owner_hint() {
+        Some(t) => format!(" (likely the owner of the {t:?} plugin)"),
+        None => String::new(),
+    };
+    tracing::warn!(
+        "the CNI config {} had to be rewritten {count} times in {}s: another CNI{culprit} keeps \
+         rewriting its config without our entry; for Cilium set cni.exclusive=false; next \
+         repair in {}s",
+        path.display(),
+        opts.rewrite_window.as_secs(),
+        wait.as_secs().max(1)
+    );
+}

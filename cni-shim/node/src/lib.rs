@@ -1,0 +1,31 @@
+//! redirect-cni-node: the node DaemonSet's process (`daemon`). It installs the plugin
+//! (`install`: the binary, the CNI config, the kubeconfig) and runs the node agent beside it
+//! (`agent`: the repair controller `repair`, untaint, metrics and probes). They are siblings
+//! over what they share: the settings (flags and Istio-named variables), errors, the plugin
+//! entry installed, the metrics, atomic file writes, and the agent's API client
+//! (`kube_client`). The plugin's own crate (`cni_plugin`) gives its config, its events and
+//! the pod conversion; it links nothing of this one.
+
+pub mod agent;
+pub mod atomic_file;
+pub mod daemon;
+pub mod error;
+pub mod install;
+pub mod kube_client;
+pub mod metrics;
+pub mod plugin_entry;
+pub mod repair;
+pub mod settings;
+
+pub use error::{Error, Result};
+pub use settings::{Parsed, Settings};
+
+/// `https://host:port`, with brackets around an IPv6 address.
+pub fn server_url(protocol: &str, host: &str, port: &str) -> String {
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    format!("{protocol}://{host}:{port}")
+}

@@ -1,0 +1,301 @@
+//! The agent's metrics, under Istio's names where Istio has them so that existing dashboards
+//! keep working, and ours where it has none:
+//!
+//! - `istio_cni_repair_pods_repaired_total{type,result}`: the repair controller's actions;
+//! - `istio_cni_install_ready`: whether the plugin is installed and the agent ready;
+//! - `istio_cni_installs_total{result}`: install steps, with Istio's result values;
+//! - `istio_cni_plugin_requests_total{command,response_code}`: the plugin's calls, from its
+//!   events (`cni_plugin::events`);
+//! - `redirect_cni_add_duration_seconds` and `redirect_cni_add_phase_duration_seconds{phase}`:
+//!   histograms of ADD's whole time and of each phase (istio#60472).
+//!
+//! The exposition format is prometheus-client's.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::repair::detect::Action;
+use cni_plugin::events::Event;
+
+/// The histograms' buckets, in seconds: 0.5 ms to 10 s (an ADD takes a few milliseconds; a
+/// pod read from a slow API server, seconds).
+pub const BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// An install step's outcome, as Istio's `istio_cni_installs_total` labels it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Install {
+    Success,
+    CopyBinariesFailure,
+    ReadServiceAccountFailure,
+    CreateKubeconfigFailure,
+    CreateCniConfigFailure,
+}
+
+impl Install {
+    fn label(self) -> &'static str {
+        match self {
+            Install::Success => "SUCCESS",
+            Install::CopyBinariesFailure => "COPY_BINARIES_FAILURE",
+            Install::ReadServiceAccountFailure => "READ_SERVICE_ACCOUNT_FAILURE",
+            Install::CreateKubeconfigFailure => "CREATE_KUBECONFIG_FAILURE",
+            Install::CreateCniConfigFailure => "CREATE_CNI_CONFIG_FAILURE",
+        }
+    }
+}
+
+/// How one repair, delete or label ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Result {
+    Success,
+    Fail,
+    /// Nothing to do (label mode: the label is there already; repair mode: the plugin would
+    /// not capture the pod).
+    Skip,
+}
+
+impl Result {
+    fn label(self) -> &'static str {
+        match self {
+            Result::Success => "success",
+            Result::Fail => "fail",
+            Result::Skip => "skip",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepairLabels {
+    r#type: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    command: String,
+    response_code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+/// The registry and its metrics; clones share them.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    repaired: Family<RepairLabels, Counter>,
+    ready: Gauge,
+    installs: Family<ResultLabels, Counter>,
+    requests: Family<RequestLabels, Counter>,
+    add: Histogram,
+    add_phases: Histograms<PhaseLabels>,
+}
+
+impl Metrics {
+    /// The metrics, with the counters of `mode` (if any) present at zero from the start.
+    pub fn new(mode: Option<Action>) -> Self {
+        let mut registry = Registry::default();
+        let repaired = Family::<RepairLabels, Counter>::default();
+        registry.register(
+            "istio_cni_repair_pods_repaired",
+            "Pods repaired, deleted or labelled by the repair controller, by action and result",
+            repaired.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "istio_cni_install_ready",
+            "Whether the plugin is installed on this node and the agent is ready (1) or not (0)",
+            ready.clone(),
+        );
+        let installs = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "istio_cni_installs",
+            "Install steps of the plugin by the installer, by result (Istio's values)",
+            installs.clone(),
+        );
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "istio_cni_plugin_requests",
+            "Calls of the CNI plugin on this node, by command and CNI result code (0: success)",
+            requests.clone(),
+        );
+        let add = histogram();
+        registry.register(
+            "redirect_cni_add_duration_seconds",
+            "The plugin's ADD, from its process's start to its answer",
+            add.clone(),
+        );
+        let add_phases: Histograms<PhaseLabels> = Family::new_with_constructor(histogram);
+        registry.register(
+            "redirect_cni_add_phase_duration_seconds",
+            "The phases of the plugin's ADD: config (parsing stdin), pod_read (reading the pod from the API), apply (programming the namespace)",
+            add_phases.clone(),
+        );
+        if let Some(action) = mode {
+            for result in [Result::Success, Result::Fail] {
+                repaired
+                    .get_or_create(&RepairLabels {
+                        r#type: action.metric_type(),
+                        result: result.label(),
+                    })
+                    .get();
+            }
+        }
+        Metrics {
+            registry: Arc::new(registry),
+            repaired,
+            ready,
+            installs,
+            requests,
+            add,
+            add_phases,
+        }
+    }
+
+    /// One install step ended.
+    pub fn installed(&self, result: Install) {
+        self.installs
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc();
+    }
+
+    /// One call of the plugin, as its event tells it.
+    pub fn plugin_event(&self, e: &Event) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                command: e.command.clone(),
+                response_code: e.code.to_string(),
+            })
+            .inc();
+        if e.command != "ADD" {
+            return;
+        }
+        let seconds = |us: u64| us as f64 / 1e6;
+        self.add.observe(seconds(e.total_us));
+        for (phase, us) in [
+            ("config", e.phases.config_us),
+            ("pod_read", e.phases.pod_read_us),
+            ("apply", e.phases.apply_us),
+        ] {
+            if let Some(us) = us {
+                self.add_phases
+                    .get_or_create(&PhaseLabels { phase })
+                    .observe(seconds(us));
+            }
+        }
+    }
+
+    pub fn count(&self, action: Action, result: Result) {
+        self.repaired
+            .get_or_create(&RepairLabels {
+                r#type: action.metric_type(),
+                result: result.label(),
+            })
+            .inc();
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// The content type of [`Metrics::encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_show_under_istios_name_and_labels() {
+        let m = Metrics::new(Some(Action::Repair));
+        m.count(Action::Repair, Result::Success);
+        m.count(Action::Repair, Result::Success);
+        m.count(Action::Label, Result::Skip);
+        m.set_ready(true);
+        let text = m.encode();
+        for line in [
+            "istio_cni_repair_pods_repaired_total{type=\"repair\",result=\"success\"} 2",
+            "istio_cni_repair_pods_repaired_total{type=\"repair\",result=\"fail\"} 0",
+            "istio_cni_repair_pods_repaired_total{type=\"label\",result=\"skip\"} 1",
+            "istio_cni_install_ready 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn plugin_events_count_by_command_and_code_and_time_adds_by_phase() {
+        let m = Metrics::new(None);
+        let add = |code, total_us, apply_us| Event {
+            command: "ADD".into(),
+            code,
+            pod: Some("shop/web-0".into()),
+            total_us,
+            phases: cni_plugin::events::Phases {
+                config_us: Some(100),
+                apply_us,
+                ..Default::default()
+            },
+        };
+        m.plugin_event(&add(0, 3_000, Some(2_000)));
+        m.plugin_event(&add(0, 700, Some(400)));
+        m.plugin_event(&add(101, 400, None));
+        m.plugin_event(&Event {
+            command: "DEL".into(),
+            total_us: 9_000_000,
+            ..Event::default()
+        });
+        m.installed(Install::Success);
+        m.installed(Install::ReadServiceAccountFailure);
+        let text = m.encode();
+        for line in [
+            "istio_cni_plugin_requests_total{command=\"ADD\",response_code=\"0\"} 2",
+            "istio_cni_plugin_requests_total{command=\"ADD\",response_code=\"101\"} 1",
+            "istio_cni_plugin_requests_total{command=\"DEL\",response_code=\"0\"} 1",
+            "istio_cni_installs_total{result=\"SUCCESS\"} 1",
+            "istio_cni_installs_total{result=\"READ_SERVICE_ACCOUNT_FAILURE\"} 1",
+            // DEL is not in the ADD histogram: 3 ADDs, one under 0.5 ms, two under 1 ms.
+            "redirect_cni_add_duration_seconds_count 3",
+            "redirect_cni_add_duration_seconds_bucket{le=\"0.0005\"} 1",
+            "redirect_cni_add_duration_seconds_bucket{le=\"0.001\"} 2",
+            "redirect_cni_add_duration_seconds_bucket{le=\"0.005\"} 3",
+            "redirect_cni_add_phase_duration_seconds_count{phase=\"config\"} 3",
+            "redirect_cni_add_phase_duration_seconds_count{phase=\"apply\"} 2",
+            "redirect_cni_add_phase_duration_seconds_bucket{le=\"0.0005\",phase=\"apply\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains("phase=\"pod_read\""), "{text}");
+    }
+}

@@ -1,0 +1,350 @@
+//! The controller: kube's watcher on this node's pods, the latest object of each pod by UID,
+//! a queue of the broken ones, and one worker that acts on them in turn.
+//!
+//! - Pods already broken when the agent starts come with the watcher's initial list.
+//! - A pod is looked at again, with its latest state, whenever it changes; a failed action is
+//!   retried with backoff up to `max_attempts` times, then waits for the pod's next change.
+//! - A pod repaired in place is not repaired again while it lives (its validation container
+//!   keeps its last 126 until kubelet restarts it); a pod recreated under the same name has a
+//!   new UID, so it is a new pod.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use tokio::sync::watch as signal;
+
+use super::actions::{self, pod_label};
+use super::detect::{is_broken, Action};
+use super::in_place::{self, Outcome};
+use super::queue::{Backoff, Queue, Retry};
+use super::RepairSettings;
+use crate::metrics::{Metrics, Result as Counted};
+use cni_plugin::cni::conf::NetConf;
+
+/// Everything the controller needs.
+pub struct Controller {
+    pub client: Client,
+    pub settings: RepairSettings,
+    /// The plugin's own config entry, as the installer writes it: the capture of a repaired
+    /// pod is the one the plugin's ADD would have applied.
+    pub plugin: Arc<NetConf>,
+    pub metrics: Metrics,
+    pub backoff: Backoff,
+}
+
+/// What one attempt at a pod came to.
+enum Done {
+    /// Finished (counted, or nothing to do).
+    Finished,
+    /// Failed: retry.
+    Failed(String),
+}
+
+impl Controller {
+    /// Watches and acts until `stop` turns true.
+    pub async fn run(self, mut stop: signal::Receiver<bool>) {
+        let selector = self.settings.field_selector();
+        tracing::info!(
+            "starting the repair controller: mode {}, pods with fieldSelector {selector:?}{}, \
+             broken = init container {:?} last exited {} with annotation {:?}",
+            self.settings.mode(),
+            match self.settings.label_selectors.trim() {
+                "" => String::new(),
+                l => format!(" and labelSelector {l:?}"),
+            },
+            self.settings.filter.init_container_name,
+            self.settings.filter.exit_code,
+            self.settings.filter.sidecar_annotation,
+        );
+        let mut config = watcher::Config::default().fields(&selector);
+        if !self.settings.label_selectors.trim().is_empty() {
+            config = config.labels(self.settings.label_selectors.trim());
+        }
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let events = watcher::watcher(api, config).default_backoff();
+        let mut events = std::pin::pin!(events);
+        let mut state = State::new(&self.settings, self.backoff);
+        loop {
+            let due = state.queue.next_due();
+            tokio::select! {
+                _ = stop.changed() => break,
+                event = events.next() => match event {
+                    None => break,
+                    Some(Ok(event)) => state.observe(event, &self.settings),
+                    Some(Err(e)) => state.watch_failed(&e),
+                },
+                _ = sleep_until(due), if due.is_some() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+            while let Some(uid) = state.queue.pop(Instant::now()) {
+                self.work(&mut state, &uid).await;
+                if *stop.borrow() {
+                    break;
+                }
+            }
+        }
+        tracing::info!("the repair controller stopped");
+    }
+
+    /// One attempt at the pod `uid`, with its latest state.
+    async fn work(&self, state: &mut State, uid: &str) {
+        let Some(pod) = state.pods.get(uid).cloned() else {
+            state.queue.forget(uid);
+            return;
+        };
+        let Some(action) = self.settings.action else {
+            state.queue.forget(uid);
+            return;
+        };
+        if !is_broken(&pod, &self.settings.filter, action)
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            state.queue.forget(uid);
+            return;
+        }
+        let done = match action {
+            Action::Repair => self.repair(state, &pod, uid).await,
+            Action::Delete => self.delete(&pod).await,
+            Action::Label => self.label(&pod).await,
+        };
+        match done {
+            Done::Finished => state.queue.forget(uid),
+            Done::Failed(why) => {
+                self.metrics.count(action, Counted::Fail);
+                match state.queue.retry(uid, Instant::now()) {
+                    Retry::After { delay, attempt } => tracing::error!(
+                        "pod {}: {} failed (attempt {attempt} of {}): {why}; retrying in {} ms",
+                        pod_label(&pod),
+                        action.metric_type(),
+                        self.settings.max_attempts,
+                        delay.as_millis()
+                    ),
+                    Retry::GaveUp { attempts } => tracing::error!(
+                        "pod {}: {} failed {attempts} times, the last: {why}; giving up until \
+                         the pod changes again",
+                        pod_label(&pod),
+                        action.metric_type()
+                    ),
+                }
+            }
+        }
+    }
+
+    async fn repair(&self, state: &mut State, pod: &Pod, uid: &str) -> Done {
+        let who = pod_label(pod);
+        if state.repaired.contains(uid) {
+            return Done::Finished;
+        }
+        let (ns, name) = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        if let Some(why) = self.plugin.excluded(&ns, &name) {
+            tracing::info!(
+                "pod {who} is broken, but the plugin leaves it alone: {why}; not repaired"
+            );
+            self.metrics.count(Action::Repair, Counted::Skip);
+            return Done::Finished;
+        }
+        tracing::info!(
+            "pod {who} is broken (its validation exited {}): repairing it in place",
+            self.settings.filter.exit_code
+        );
+        let started = Instant::now();
+        let (pod_copy, defaults, places) = (
+            pod.clone(),
+            self.plugin.mesh.clone(),
+            self.settings.places.clone(),
+        );
+        let result =
+            tokio::task::spawn_blocking(move || in_place::repair(&pod_copy, &defaults, &places))
+                .await;
+        match result {
+            Ok(Ok(Outcome::Repaired { netns })) => {
+                state.repaired.insert(uid.to_owned());
+                self.metrics.count(Action::Repair, Counted::Success);
+                tracing::info!(
+                    "pod {who} repaired: its capture is in {} and reads back as the plugin's \
+                     ({} ms); its validation passes at its next restart",
+                    netns.display(),
+                    started.elapsed().as_millis()
+                );
+                Done::Finished
+            }
+            Ok(Ok(Outcome::NotCaptured(why))) => {
+                state.repaired.insert(uid.to_owned());
+                self.metrics.count(Action::Repair, Counted::Skip);
+                tracing::info!("pod {who} is broken, but the plugin would not capture it ({why}); not repaired");
+                Done::Finished
+            }
+            // The error names the pod first; the log line does already.
+            Ok(Err(e)) => {
+                let text = e.to_string();
+                let prefix = format!("pod {who}: ");
+                Done::Failed(text.strip_prefix(&prefix).unwrap_or(&text).to_owned())
+            }
+            Err(join) => Done::Failed(format!("the repair task failed: {join}")),
+        }
+    }
+
+    async fn delete(&self, pod: &Pod) -> Done {
+        let who = pod_label(pod);
+        tracing::info!(
+            "pod {who} is broken: deleting it (its controller recreates it with the plugin)"
+        );
+        let result = actions::delete(&self.client, pod).await;
+        let message = match &result {
+            Ok(()) => "pod detected as broken, deleted".to_string(),
+            Err(e) => format!("pod detected as broken, but failed to delete: {e}"),
+        };
+        self.event(pod, "DeleteBrokenPod", &message).await;
+        match result {
+            Ok(()) => {
+                self.metrics.count(Action::Delete, Counted::Success);
+                tracing::info!("pod {who} deleted");
+                Done::Finished
+            }
+            Err(e) => Done::Failed(format!("delete: {e}")),
+        }
+    }
+
+    async fn label(&self, pod: &Pod) -> Done {
+        let (who, key, value) = (
+            pod_label(pod),
+            &self.settings.label_key,
+            &self.settings.label_value,
+        );
+        if actions::has_label(pod, key) {
+            self.metrics.count(Action::Label, Counted::Skip);
+            tracing::info!("pod {who} already has the label {key}: skipped");
+            return Done::Finished;
+        }
+        tracing::info!("pod {who} is broken: labelling it {key}={value}");
+        let result = actions::label(&self.client, pod, key, value).await;
+        let message = match &result {
+            Ok(()) => "pod detected as broken, labeled".to_string(),
+            Err(e) => format!("pod detected as broken, but failed to label: {e}"),
+        };
+        self.event(pod, "LabelBrokenPod", &message).await;
+        match result {
+            Ok(()) => {
+                self.metrics.count(Action::Label, Counted::Success);
+                tracing::info!("pod {who} labelled {key}={value}");
+                Done::Finished
+            }
+            Err(e) => Done::Failed(format!("label: {e}")),
+        }
+    }
+
+    async fn event(&self, pod: &Pod, reason: &str, message: &str) {
+        if let Err(e) =
+            actions::warn(&self.client, pod, &self.settings.node_name, reason, message).await
+        {
+            tracing::warn!(
+                "pod {}: could not record the Event {reason}: {e}",
+                pod_label(pod)
+            );
+        }
+    }
+}
+
+/// The controller's memory: the latest pods, the queue, the pods repaired.
+struct State {
+    pods: HashMap<String, Pod>,
+    queue: Queue,
+    repaired: HashSet<String>,
+    /// The last watch error logged, so that a lasting one is logged once.
+    last_error: String,
+    /// UIDs seen in the current initial listing (to drop pods gone while the watch was down).
+    listing: Option<HashSet<String>>,
+}
+
+impl State {
+    fn new(s: &RepairSettings, backoff: Backoff) -> Self {
+        State {
+            pods: HashMap::new(),
+            queue: Queue::new(s.max_attempts, backoff),
+            repaired: HashSet::new(),
+            last_error: String::new(),
+            listing: None,
+        }
+    }
+
+    fn observe(&mut self, event: Event<Pod>, s: &RepairSettings) {
+        if !self.last_error.is_empty() {
+            tracing::info!("watching pods again");
+            self.last_error.clear();
+        }
+        match event {
+            Event::Init => self.listing = Some(HashSet::new()),
+            Event::InitApply(pod) => {
+                if let (Some(seen), Some(uid)) = (self.listing.as_mut(), pod.metadata.uid.clone()) {
+                    seen.insert(uid);
+                }
+                self.apply(pod, s);
+            }
+            Event::InitDone => {
+                if let Some(seen) = self.listing.take() {
+                    let gone: Vec<String> = self
+                        .pods
+                        .keys()
+                        .filter(|u| !seen.contains(*u))
+                        .cloned()
+                        .collect();
+                    for uid in gone {
+                        self.gone(&uid);
+                    }
+                }
+            }
+            Event::Apply(pod) => self.apply(pod, s),
+            Event::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    self.gone(uid);
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, pod: Pod, s: &RepairSettings) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        // The field selector names this node; a pod elsewhere is never ours to touch.
+        let here = pod.spec.as_ref().and_then(|p| p.node_name.as_deref()) == Some(&s.node_name);
+        let broken = here && s.action.is_some_and(|a| is_broken(&pod, &s.filter, a));
+        self.pods.insert(uid.clone(), pod);
+        if broken {
+            self.queue.add(&uid);
+        }
+    }
+
+    fn gone(&mut self, uid: &str) {
+        self.pods.remove(uid);
+        self.repaired.remove(uid);
+        self.queue.forget(uid);
+    }
+
+    fn watch_failed(&mut self, e: &watcher::Error) {
+        let text = e.to_string();
+        if text != self.last_error {
+            tracing::error!("watching this node's pods failed: {text}; retrying with backoff");
+            self.last_error = text;
+        }
+    }
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,155 @@
+//! Repairing a running pod in place: the capture the plugin's ADD would have applied, into the
+//! pod's namespace found from the node, then read back. "Repaired" means the rules are in the
+//! kernel (Istio reported success with no rules written, istio#56587).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Pod;
+use redirect_core::istio::capture;
+use redirect_core::istio::mesh::{self, Decision, MeshDefaults, MeshError};
+use redirect_core::kernel::backend::{self, Opener};
+use redirect_core::kernel::netns::Netns;
+use redirect_core::kernel::SystemGroups;
+
+use super::pod_netns::{self, FindError};
+
+/// Where the agent looks for the pod's namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Places {
+    /// The host's `/proc` as mounted in the agent (`/host/proc`).
+    pub proc: PathBuf,
+    /// The runtime's pinned namespaces (`/var/run/netns`).
+    pub pins: PathBuf,
+}
+
+/// What a repair did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The capture is in the pod's namespace now (found at `netns`), read back equal.
+    Repaired { netns: PathBuf },
+    /// The plugin would not capture this pod (e.g. `sidecar.istio.io/inject: "false"`):
+    /// nothing done.
+    NotCaptured(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    #[error("pod {0} has no UID or no pod IP yet")]
+    Incomplete(String),
+    #[error("pod {pod}: {source}")]
+    Annotations { pod: String, source: MeshError },
+    #[error("pod {pod}: {source}")]
+    Netns { pod: String, source: Box<FindError> },
+    #[error("pod {pod}: programming its capture in {netns}: {source}")]
+    Apply {
+        pod: String,
+        netns: PathBuf,
+        source: redirect_core::istio::Error,
+    },
+    #[error(
+        "pod {pod}: the capture was applied in {netns} but reads back different ({}): not \
+         repaired", differences.join("; ")
+    )]
+    NotInKernel {
+        pod: String,
+        netns: PathBuf,
+        differences: Vec<String>,
+    },
+}
+
+/// How a repair reaches a pod's namespace: finds it from the pod's UID and IP, and opens its
+/// kernel side: the node's in [`repair`] (`pod_netns::find` over `/proc`, `open_live`), or a
+/// fake in a test.
+pub struct Reach<'a> {
+    pub find: &'a dyn Fn(&str, IpAddr) -> Result<Netns, FindError>,
+    pub open: Opener<'a>,
+}
+
+/// Repairs `pod` in place on the node: see the module's comment. `defaults` are the plugin's
+/// settings (its config entry), so the capture is the one ADD would have applied.
+pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Outcome, RepairError> {
+    let find = |uid: &str, ip: IpAddr| pod_netns::find(&places.proc, &places.pins, uid, ip);
+    let reach = Reach {
+        find: &find,
+        open: &backend::open_live,
+    };
+    repair_with(pod, defaults, &reach)
+}
+
+/// [`repair`] through `reach`.
+pub fn repair_with(
+    pod: &Pod,
+    defaults: &MeshDefaults,
+    reach: &Reach,
+) -> Result<Outcome, RepairError> {
+    let label = format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or("")
+    );
+    let uid = pod.metadata.uid.clone();
+    let ip: Option<IpAddr> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|s| s.parse().ok());
+    let (Some(uid), Some(ip)) = (uid, ip) else {
+        return Err(RepairError::Incomplete(label));
+    };
+    let info = cni_plugin::kube::pod_info(pod.clone(), String::new(), String::new());
+    let (cfg, dual_stack) = match mesh::decide(&info, defaults) {
+        Ok(Decision::Capture {
+            config, dual_stack, ..
+        }) => (*config, dual_stack),
+        Ok(Decision::Skip(why)) | Ok(Decision::NeedSpec(why)) => {
+            return Ok(Outcome::NotCaptured(why));
+        }
+        Err(source) => return Err(RepairError::Annotations { pod: label, source }),
+    };
+    let ns = (reach.find)(&uid, ip).map_err(|source| RepairError::Netns {
+        pod: label.clone(),
+        source: Box::new(source),
+    })?;
+    let netns = ns.path().to_owned();
+    match apply_and_read_back(&ns, reach.open, cfg, dual_stack) {
+        Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns }),
+        Ok(differences) => Err(RepairError::NotInKernel {
+            pod: label,
+            netns,
+            differences,
+        }),
+        Err(source) => Err(RepairError::Apply {
+            pod: label,
+            netns,
+            source,
+        }),
+    }
+}
+
+/// The capture ADD would apply, then how the namespace differs from it, one line each.
+fn apply_and_read_back(
+    ns: &Netns,
+    open: Opener,
+    cfg: redirect_core::model::ValidConfig,
+    dual_stack: bool,
+) -> Result<Vec<String>, redirect_core::istio::Error> {
+    let k = open(ns)?;
+    let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)?;
+    Ok(
+        redirect_core::kernel::capture::check(k.as_ref(), &cfg, &rs)?
+            .iter()
+            .map(|d| d.to_string())
+            .collect(),
+    )
+}
+
+/// Where a repair looks by default, as the DaemonSet mounts the host.
+impl Default for Places {
+    fn default() -> Self {
+        Places {
+            proc: Path::new("/host/proc").to_owned(),
+            pins: Path::new("/var/run/netns").to_owned(),
+        }
+    }
+}

@@ -1,0 +1,661 @@
+//! `redirect-cni-node`'s flags. Each flag can also come from an environment variable, named
+//! as Istio's install-cni names it where Istio has one (`a-b` ↔ `A_B`): a flag given on the
+//! command line wins, then a non-empty variable, then the default. The core's flag-table engine
+//! (`redirect_core::istio::cli::flag_table`, also redirect-init's) parses and resolves them; this
+//! file holds the table and types the values.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Command;
+use redirect_core::istio::cli::flag_table::{self, Flag, Table};
+use serde_json::{Map, Value};
+
+use super::error::{Error, Result};
+use super::plugin_entry::PLUGIN_TYPE;
+use crate::repair::detect::{Action, Filter};
+use crate::repair::in_place::Places;
+use crate::repair::RepairSettings;
+
+/// Where Kubernetes mounts a pod's service-account token and CA.
+pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// A flag and its variable (`None`: a flag only), named by its key in messages.
+const fn s(
+    key: &'static str,
+    env: Option<&'static str>,
+    default: &'static str,
+    help: &'static str,
+) -> Flag {
+    Flag::new(key, default, help).with_env(env)
+}
+
+/// A Go bool flag and its variable.
+const fn b(
+    key: &'static str,
+    env: &'static str,
+    default: &'static str,
+    help: &'static str,
+) -> Flag {
+    s(key, Some(env), default, help).go_bool()
+}
+
+redirect_core::istio::flags! {
+    static SPECS = [
+        MOUNTED_CNI_NET_DIR = s(
+            "mounted-cni-net-dir",
+            Some("MOUNTED_CNI_NET_DIR"),
+            "/host/etc/cni/net.d",
+            "The host's CNI config directory as mounted in this container",
+        ),
+        CNI_NET_DIR = s(
+            "cni-net-dir",
+            Some("CNI_NET_DIR"),
+            "/etc/cni/net.d",
+            "The same directory as the host sees it (used in messages)",
+        ),
+        CNI_BIN_DIR = s(
+            "cni-bin-dir",
+            Some("CNI_BIN_DIR"),
+            "/host/opt/cni/bin",
+            "Comma-separated host CNI bin directories (as mounted here) to copy the plugin into",
+        ),
+        BINARY = s(
+            "binary",
+            None,
+            "",
+            "The plugin binary to copy (default: redirect-cni beside this executable)",
+        ),
+        CNI_CONF_NAME = s(
+            "cni-conf-name",
+            Some("CNI_CONF_NAME"),
+            "",
+            "Chained: the config file to chain into (default: the one kubelet uses); \
+             standalone: the file to write (default: redirect-cni.conf)",
+        ),
+        CHAINED_CNI_PLUGIN = Flag {
+            flag_aliases: &["chained"],
+            ..b(
+                "chained-cni-plugin",
+                "CHAINED_CNI_PLUGIN",
+                "true",
+                "Chain into the node's CNI config (false: write a standalone config, for Multus)",
+            )
+        },
+        CNI_AGENT_RUN_DIR = s(
+            "cni-agent-run-dir",
+            Some("CNI_AGENT_RUN_DIR"),
+            "/var/run/redirect-cni",
+            "Run directory shared with the plugin (same path on the host): kubeconfig and state",
+        ),
+        KUBECONFIG_MODE = s(
+            "kubeconfig-mode",
+            Some("KUBECONFIG_MODE"),
+            "0600",
+            "File mode of the kubeconfig, octal",
+        ),
+        CNI_CONF_GROUP_READ = b(
+            "cni-conf-group-read",
+            "CNI_CONF_GROUP_READ",
+            "false",
+            "Standalone config mode 0640 instead of 0600",
+        ),
+        KUBE_CA_FILE = s(
+            "kube-ca-file",
+            Some("KUBE_CA_FILE"),
+            "",
+            "CA bundle for the kubeconfig (default: the service account's ca.crt)",
+        ),
+        SKIP_TLS_VERIFY = b(
+            "skip-tls-verify",
+            "SKIP_TLS_VERIFY",
+            "false",
+            "Write insecure-skip-tls-verify instead of the CA into the kubeconfig",
+        ),
+        SERVICE_ACCOUNT_DIR = s(
+            "service-account-dir",
+            None,
+            DEFAULT_SERVICE_ACCOUNT_DIR,
+            "Directory holding the service account's token and ca.crt",
+        ),
+        KUBERNETES_SERVICE_HOST = s(
+            "kubernetes-service-host",
+            Some("KUBERNETES_SERVICE_HOST"),
+            "",
+            "API server host for the kubeconfig",
+        ),
+        KUBERNETES_SERVICE_PORT = s(
+            "kubernetes-service-port",
+            Some("KUBERNETES_SERVICE_PORT"),
+            "443",
+            "API server port for the kubeconfig",
+        ),
+        KUBERNETES_SERVICE_PROTOCOL = s(
+            "kubernetes-service-protocol",
+            Some("KUBERNETES_SERVICE_PROTOCOL"),
+            "https",
+            "API server scheme for the kubeconfig",
+        ),
+        EXCLUDE_NAMESPACES = s(
+            "exclude-namespaces",
+            Some("EXCLUDE_NAMESPACES"),
+            "",
+            "Comma-separated namespaces whose pods the plugin leaves alone",
+        ),
+        POD_NAMESPACE = s(
+            "pod-namespace",
+            Some("POD_NAMESPACE"),
+            "",
+            "This DaemonSet's namespace (the plugin leaves its pods alone)",
+        ),
+        PLUGIN_LOG_LEVEL = s(
+            "plugin-log-level",
+            Some("PLUGIN_LOG_LEVEL"),
+            "info",
+            "The plugin's log level (log_level in its config)",
+        ),
+        PLUGIN_CONFIG_JSON = s(
+            "plugin-config-json",
+            Some("PLUGIN_CONFIG_JSON"),
+            "",
+            "A JSON object merged into the plugin's config entry",
+        ),
+        CLEANUP_ON_EXIT = b(
+            "cleanup-on-exit",
+            "CLEANUP_ON_EXIT",
+            "true",
+            "On SIGTERM/SIGINT remove everything that was installed",
+        ),
+        // -- the node agent: repair controller (Istio's names, its chart's defaults), untaint, metrics
+        NODE_NAME = s(
+            "node-name",
+            Some("NODE_NAME"),
+            "",
+            "This node's name (the DaemonSet sets it from spec.nodeName); the default of \
+             --repair-node-name, and the node --untaint-node untaints",
+        ),
+        REPAIR_ENABLED = b(
+            "repair-enabled",
+            "REPAIR_ENABLED",
+            "true",
+            "Run the repair controller: act on this node's pods that started without the plugin",
+        ),
+        REPAIR_REPAIR_PODS = b(
+            "repair-repair-pods",
+            "REPAIR_REPAIR_PODS",
+            "true",
+            "Repair a broken pod in place: program its capture into its running network namespace \
+             (needs SYS_ADMIN, SYS_PTRACE and the host's /proc); wins over delete and label",
+        ),
+        REPAIR_DELETE_PODS = b(
+            "repair-delete-pods",
+            "REPAIR_DELETE_PODS",
+            "false",
+            "Delete a broken pod (its controller recreates it, with the plugin); wins over label",
+        ),
+        REPAIR_LABEL_PODS = b(
+            "repair-label-pods",
+            "REPAIR_LABEL_PODS",
+            "false",
+            "Label a broken pod with --repair-broken-pod-label-key=--repair-broken-pod-label-value",
+        ),
+        REPAIR_NODE_NAME = s(
+            "repair-node-name",
+            Some("REPAIR_NODE_NAME"),
+            "",
+            "The node whose pods the repair controller watches (default: --node-name); required \
+             when the controller runs",
+        ),
+        REPAIR_SIDECAR_ANNOTATION = s(
+            "repair-sidecar-annotation",
+            Some("REPAIR_SIDECAR_ANNOTATION"),
+            "sidecar.istio.io/status",
+            "Only pods carrying this annotation (any value) are considered; empty: every pod",
+        ),
+        REPAIR_INIT_CONTAINER_NAME = s(
+            "repair-init-container-name",
+            Some("REPAIR_INIT_CONTAINER_NAME"),
+            "istio-validation",
+            "The validation init container whose failure marks a broken pod; empty: any",
+        ),
+        REPAIR_INIT_CONTAINER_EXIT_CODE = s(
+            "repair-init-container-exit-code",
+            Some("REPAIR_INIT_CONTAINER_EXIT_CODE"),
+            "126",
+            "Its exit code that marks a broken pod; 0: any",
+        ),
+        REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE = s(
+            "repair-init-container-termination-message",
+            Some("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"),
+            "",
+            "Its termination message that marks a broken pod (compared trimmed); empty: any",
+        ),
+        REPAIR_BROKEN_POD_LABEL_KEY = s(
+            "repair-broken-pod-label-key",
+            Some("REPAIR_BROKEN_POD_LABEL_KEY"),
+            "cni.istio.io/uninitialized",
+            "Label mode: the label's key",
+        ),
+        REPAIR_BROKEN_POD_LABEL_VALUE = s(
+            "repair-broken-pod-label-value",
+            Some("REPAIR_BROKEN_POD_LABEL_VALUE"),
+            "true",
+            "Label mode: the label's value",
+        ),
+        REPAIR_LABEL_SELECTORS = s(
+            "repair-label-selectors",
+            Some("REPAIR_LABEL_SELECTORS"),
+            "",
+            "A Kubernetes label selector narrowing the watched pods",
+        ),
+        REPAIR_FIELD_SELECTORS = s(
+            "repair-field-selectors",
+            Some("REPAIR_FIELD_SELECTORS"),
+            "",
+            "A field selector narrowing the watched pods, joined with spec.nodeName=<node>",
+        ),
+        REPAIR_MAX_ATTEMPTS = s(
+            "repair-max-attempts",
+            Some("REPAIR_MAX_ATTEMPTS"),
+            "5",
+            "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
+        ),
+        REPAIR_HOST_PROC = s(
+            "repair-host-proc",
+            Some("REPAIR_HOST_PROC"),
+            "/host/proc",
+            "The host's /proc as mounted here, searched for the pod's processes (repair mode)",
+        ),
+        REPAIR_NETNS_DIR = s(
+            "repair-netns-dir",
+            Some("REPAIR_NETNS_DIR"),
+            "/var/run/netns",
+            "Pinned network namespaces, searched when no process of the pod is found (repair mode)",
+        ),
+        UNTAINT_NODE = b(
+            "untaint-node",
+            "UNTAINT_NODE",
+            "false",
+            "Once the plugin is installed, remove --untaint-taint-key from this node's taints",
+        ),
+        UNTAINT_TAINT_KEY = s(
+            "untaint-taint-key",
+            Some("UNTAINT_TAINT_KEY"),
+            "cni.istio.io/not-ready",
+            "The taint --untaint-node removes (every effect of that key)",
+        ),
+        MONITORING_PORT = s(
+            "monitoring-port",
+            Some("MONITORING_PORT"),
+            "15014",
+            "Port of the agent's HTTP endpoints: /metrics (Prometheus), /healthz, /readyz; 0: none",
+        ),
+    ];
+}
+
+/// Everything `redirect-cni-node` was told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub mounted_cni_net_dir: PathBuf,
+    pub cni_net_dir: PathBuf,
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// `None`: this executable.
+    pub binary: Option<PathBuf>,
+    pub cni_conf_name: Option<String>,
+    pub chained: bool,
+    pub cni_agent_run_dir: PathBuf,
+    pub kubeconfig_mode: u32,
+    pub cni_conf_group_read: bool,
+    pub kube_ca_file: Option<PathBuf>,
+    pub skip_tls_verify: bool,
+    pub service_account_dir: PathBuf,
+    pub kubernetes_service_host: Option<String>,
+    pub kubernetes_service_port: String,
+    pub kubernetes_service_protocol: String,
+    pub exclude_namespaces: Vec<String>,
+    pub pod_namespace: String,
+    pub plugin_log_level: String,
+    /// Extra fields for the plugin's entry (`--plugin-config-json`).
+    pub plugin_config: Map<String, Value>,
+    pub cleanup_on_exit: bool,
+    /// This node (`NODE_NAME`); empty when not given.
+    pub node_name: String,
+    pub repair: RepairSettings,
+    /// `--untaint-node`: the taint key to remove once installed.
+    pub untaint: Option<String>,
+    /// The agent's HTTP port; 0: no endpoints.
+    pub monitoring_port: u16,
+}
+
+impl Default for Settings {
+    /// The defaults of every flag, as with no flag and no variable.
+    fn default() -> Self {
+        match parse(Vec::<OsString>::new(), &|_| None) {
+            Ok(Parsed::Run(s)) => *s,
+            _ => unreachable!("the defaults parse"),
+        }
+    }
+}
+
+impl Settings {
+    /// The node the agent runs on: `NODE_NAME`, else `REPAIR_NODE_NAME` (which defaults to it).
+    pub fn node(&self) -> &str {
+        if self.node_name.is_empty() {
+            &self.repair.node_name
+        } else {
+            &self.node_name
+        }
+    }
+
+    /// What the node agent needs beyond the installer: a node name when the repair controller
+    /// runs or the node is to be untainted. Istio would watch unscheduled pods instead.
+    pub fn check_agent(&self) -> Result<()> {
+        let needs_node = |setting: &'static str, what: &str| Error::InvalidSetting {
+            setting,
+            value: String::new(),
+            reason: format!(
+                "{what} needs this node's name: set NODE_NAME or REPAIR_NODE_NAME from the \
+                 pod's spec.nodeName (a fieldRef in the DaemonSet), or pass --node-name"
+            ),
+        };
+        if self.repair.enabled && self.repair.node_name.is_empty() {
+            return Err(needs_node(
+                "REPAIR_NODE_NAME",
+                "the repair controller (REPAIR_ENABLED=true, the default)",
+            ));
+        }
+        if self.untaint.is_some() && self.node_name.is_empty() && self.repair.node_name.is_empty() {
+            return Err(needs_node("NODE_NAME", "--untaint-node"));
+        }
+        Ok(())
+    }
+
+    /// The standalone config's mode: 0600, or 0640 with `CNI_CONF_GROUP_READ`.
+    pub fn standalone_conf_mode(&self) -> u32 {
+        if self.cni_conf_group_read {
+            0o640
+        } else {
+            0o600
+        }
+    }
+
+    /// The standalone config's file name.
+    pub fn standalone_conf_name(&self) -> &str {
+        self.cni_conf_name.as_deref().unwrap_or("redirect-cni.conf")
+    }
+
+    /// Where the kubeconfig goes (the same path inside this container and on the host).
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.cni_agent_run_dir.join("redirect-cni-kubeconfig")
+    }
+
+    /// Where the record of what was changed goes (to undo it exactly, also after a restart).
+    pub fn state_path(&self) -> PathBuf {
+        self.cni_agent_run_dir
+            .join("redirect-cni-install-state.json")
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.service_account_dir.join("token")
+    }
+
+    pub fn ca_path(&self) -> Option<PathBuf> {
+        if self.skip_tls_verify {
+            None
+        } else {
+            Some(
+                self.kube_ca_file
+                    .clone()
+                    .unwrap_or_else(|| self.service_account_dir.join("ca.crt")),
+            )
+        }
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Parsed {
+    Run(Box<Settings>),
+    /// `--help` or `--version`: print this on stdout and exit 0.
+    Info(String),
+}
+
+/// The installer's help shows each default; it has no ignored flags, and keeps clap's own
+/// message for an argument that is not UTF-8.
+const TABLE: Table = Table {
+    flags: SPECS,
+    show_defaults: true,
+    ignored: &[],
+    name_non_utf8: false,
+};
+
+/// The clap command (for `--help`).
+pub fn command() -> Command {
+    TABLE.command(
+        "redirect-cni-node",
+        "Installs the redirect-cni plugin on this node (binary, CNI config, kubeconfig), \
+         keeps it installed, and removes exactly what it added on SIGTERM",
+    )
+}
+
+/// Resolve every setting from the arguments following `install` and an environment lookup.
+///
+/// Leading words up to and including `install` are skipped, so the command line of earlier
+/// manifests (`redirect-cni install --flag ...`, which runs this binary) works as well.
+pub fn parse(
+    args: impl IntoIterator<Item = OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Parsed> {
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    if let Some(i) = args
+        .iter()
+        .take_while(|a| !a.to_string_lossy().starts_with('-'))
+        .position(|a| a == "install")
+    {
+        args.drain(..=i);
+    }
+    let argv = std::iter::once(OsString::from("redirect-cni-node")).chain(args);
+    let resolved = match TABLE.parse(command(), argv, env) {
+        Ok(flag_table::Parsed::Run(r)) => r,
+        Ok(flag_table::Parsed::Info(text)) => return Ok(Parsed::Info(text)),
+        Err(message) => return Err(Error::Usage(message)),
+    };
+    // The value, and the flag or variable to name in a message about it.
+    let value = |key: &Flag| -> (String, &'static str) {
+        let v = resolved.get(key);
+        (v.value.clone(), v.field())
+    };
+    let string = |key: &Flag| value(key).0;
+    let boolean = |key: &Flag| -> Result<bool> {
+        let (v, from) = value(key);
+        parse_bool(&v).ok_or_else(|| Error::InvalidSetting {
+            setting: from,
+            value: v,
+            reason: "expected true or false (also 1, 0, t, f)".into(),
+        })
+    };
+    let non_empty = |key: &Flag| Some(string(key)).filter(|v| !v.is_empty());
+
+    let cni_bin_dirs: Vec<PathBuf> = split_list(&string(&CNI_BIN_DIR))
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    if cni_bin_dirs.is_empty() {
+        let (value, setting) = value(&CNI_BIN_DIR);
+        return Err(Error::InvalidSetting {
+            setting,
+            value,
+            reason: "at least one directory is needed, e.g. /host/opt/cni/bin".into(),
+        });
+    }
+    let (mode, mode_from) = value(&KUBECONFIG_MODE);
+    let kubeconfig_mode = parse_mode(&mode).ok_or_else(|| Error::InvalidSetting {
+        setting: mode_from,
+        value: mode.clone(),
+        reason: "expected an octal file mode such as 0600".into(),
+    })?;
+    if kubeconfig_mode & KUBECONFIG_UNSAFE_BITS != 0 {
+        return Err(Error::InvalidSetting {
+            setting: mode_from,
+            value: mode.clone(),
+            reason: "the kubeconfig holds the node agent's service-account token: a mode that gives other users any access, or the group write access, lets them read or replace it; use 0600 (the default) or 0640".into(),
+        });
+    }
+    let plugin_config = match non_empty(&PLUGIN_CONFIG_JSON) {
+        None => Map::new(),
+        Some(text) => parse_plugin_config(&text).map_err(|reason| Error::InvalidSetting {
+            setting: value(&PLUGIN_CONFIG_JSON).1,
+            value: text.clone(),
+            reason,
+        })?,
+    };
+    let (plugin_log_level, level_from) = value(&PLUGIN_LOG_LEVEL);
+    if redirect_program::logging::level(&plugin_log_level).is_none() {
+        return Err(Error::InvalidSetting {
+            setting: level_from,
+            value: plugin_log_level,
+            reason: format!(
+                "expected one of {}",
+                redirect_program::logging::level_names(", ")
+            ),
+        });
+    }
+    let cni_conf_name = non_empty(&CNI_CONF_NAME);
+    if let Some(name) = &cni_conf_name {
+        if name.contains('/') || name == "." || name == ".." {
+            return Err(Error::InvalidSetting {
+                setting: value(&CNI_CONF_NAME).1,
+                value: name.clone(),
+                reason: "a file name inside the CNI net dir is expected, without '/'".into(),
+            });
+        }
+    }
+
+    let number = |key: &Flag, range: std::ops::RangeInclusive<i64>| -> Result<i64> {
+        let (v, from) = value(key);
+        v.trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| Error::InvalidSetting {
+                setting: from,
+                value: v,
+                reason: format!(
+                    "expected a whole number from {} to {}",
+                    range.start(),
+                    range.end()
+                ),
+            })
+    };
+    let node_name = string(&NODE_NAME).trim().to_string();
+    let repair = RepairSettings {
+        enabled: boolean(&REPAIR_ENABLED)?,
+        action: [
+            (boolean(&REPAIR_REPAIR_PODS)?, Action::Repair),
+            (boolean(&REPAIR_DELETE_PODS)?, Action::Delete),
+            (boolean(&REPAIR_LABEL_PODS)?, Action::Label),
+        ]
+        .into_iter()
+        .find_map(|(on, action)| on.then_some(action)),
+        node_name: non_empty(&REPAIR_NODE_NAME)
+            .map(|n| n.trim().to_string())
+            .unwrap_or_else(|| node_name.clone()),
+        filter: Filter {
+            sidecar_annotation: string(&REPAIR_SIDECAR_ANNOTATION),
+            init_container_name: string(&REPAIR_INIT_CONTAINER_NAME),
+            exit_code: number(&REPAIR_INIT_CONTAINER_EXIT_CODE, 0..=255)? as i32,
+            termination_message: string(&REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE),
+        },
+        label_key: string(&REPAIR_BROKEN_POD_LABEL_KEY),
+        label_value: string(&REPAIR_BROKEN_POD_LABEL_VALUE),
+        label_selectors: string(&REPAIR_LABEL_SELECTORS),
+        field_selectors: string(&REPAIR_FIELD_SELECTORS),
+        max_attempts: number(&REPAIR_MAX_ATTEMPTS, 1..=100)? as u32,
+        places: Places {
+            proc: string(&REPAIR_HOST_PROC).into(),
+            pins: string(&REPAIR_NETNS_DIR).into(),
+        },
+    };
+    let untaint = if boolean(&UNTAINT_NODE)? {
+        let (key, from) = value(&UNTAINT_TAINT_KEY);
+        if key.trim().is_empty() {
+            return Err(Error::InvalidSetting {
+                setting: from,
+                value: key,
+                reason: "a taint key is needed, e.g. cni.istio.io/not-ready".into(),
+            });
+        }
+        Some(key.trim().to_string())
+    } else {
+        None
+    };
+    let monitoring_port = number(&MONITORING_PORT, 0..=65535)? as u16;
+
+    Ok(Parsed::Run(Box::new(Settings {
+        mounted_cni_net_dir: string(&MOUNTED_CNI_NET_DIR).into(),
+        cni_net_dir: string(&CNI_NET_DIR).into(),
+        cni_bin_dirs,
+        binary: non_empty(&BINARY).map(PathBuf::from),
+        cni_conf_name,
+        chained: boolean(&CHAINED_CNI_PLUGIN)?,
+        cni_agent_run_dir: string(&CNI_AGENT_RUN_DIR).into(),
+        kubeconfig_mode,
+        cni_conf_group_read: boolean(&CNI_CONF_GROUP_READ)?,
+        kube_ca_file: non_empty(&KUBE_CA_FILE).map(PathBuf::from),
+        skip_tls_verify: boolean(&SKIP_TLS_VERIFY)?,
+        service_account_dir: string(&SERVICE_ACCOUNT_DIR).into(),
+        kubernetes_service_host: non_empty(&KUBERNETES_SERVICE_HOST),
+        kubernetes_service_port: string(&KUBERNETES_SERVICE_PORT),
+        kubernetes_service_protocol: string(&KUBERNETES_SERVICE_PROTOCOL),
+        exclude_namespaces: split_list(&string(&EXCLUDE_NAMESPACES)),
+        pod_namespace: string(&POD_NAMESPACE),
+        plugin_log_level,
+        plugin_config,
+        cleanup_on_exit: boolean(&CLEANUP_ON_EXIT)?,
+        node_name,
+        repair,
+        untaint,
+        monitoring_port,
+    })))
+}
+
+/// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).
+pub use redirect_core::istio::go::parse_bool;
+
+/// An octal mode: `0600`, `600` or `0o600`, at most 0777.
+/// Mode bits refused for the kubeconfig: any access for others, write or execute for the group.
+pub const KUBECONFIG_UNSAFE_BITS: u32 = 0o037;
+
+pub fn parse_mode(v: &str) -> Option<u32> {
+    let digits = v.strip_prefix("0o").unwrap_or(v);
+    if digits.is_empty() || digits.len() > 4 {
+        return None;
+    }
+    u32::from_str_radix(digits, 8).ok().filter(|m| *m <= 0o777)
+}
+
+/// The items of a comma-separated list, as every program splits them.
+fn split_list(v: &str) -> Vec<String> {
+    redirect_core::model::parse::split_list(v)
+        .map(String::from)
+        .collect()
+}
+
+fn parse_plugin_config(text: &str) -> std::result::Result<Map<String, Value>, String> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => {
+            match map.get("type") {
+                Some(Value::String(t)) if t == PLUGIN_TYPE => {}
+                None => {}
+                Some(other) => {
+                    return Err(format!(
+                        "\"type\" must stay {PLUGIN_TYPE:?} (got {other}); remove it"
+                    ))
+                }
+            }
+            Ok(map)
+        }
+        Ok(_) => Err("a JSON object such as {\"key\": \"value\"} is expected".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}

@@ -1,0 +1,162 @@
+//! Bad settings for the node agent (`redirect-cni-node` flags and env), in process: every bad
+//! value is refused with a message naming the setting and the value, before anything is
+//! written.
+
+use std::ffi::OsString;
+
+/// The installer's settings (`redirect-cni install` flags and env), in process: every bad value
+/// is refused with a message naming the setting and the value, before anything is written.
+#[test]
+fn bad_installer_settings() {
+    use cni_node::settings::parse;
+    // (what, args, env, what the message must name)
+    type SettingsRow<'a> = (
+        &'a str,
+        &'a [&'a str],
+        &'a [(&'a str, &'a str)],
+        &'a [&'a str],
+    );
+    let rows: &[SettingsRow] = &[
+        (
+            "mode not octal",
+            &["--kubeconfig-mode", "abc"],
+            &[],
+            &["kubeconfig-mode", "abc"],
+        ),
+        (
+            "mode too long",
+            &["--kubeconfig-mode", "077777"],
+            &[],
+            &["kubeconfig-mode", "077777"],
+        ),
+        (
+            "mode digit 9",
+            &["--kubeconfig-mode", "0699"],
+            &[],
+            &["kubeconfig-mode", "0699"],
+        ),
+        (
+            "mode from env",
+            &[],
+            &[("KUBECONFIG_MODE", "rw-------")],
+            &["KUBECONFIG_MODE", "rw-------"],
+        ),
+        (
+            // The token would be readable by every user of the node.
+            "kubeconfig readable by others",
+            &[],
+            &[("KUBECONFIG_MODE", "0644")],
+            &["KUBECONFIG_MODE", "0644", "service-account token"],
+        ),
+        (
+            "kubeconfig writable by the group",
+            &["--kubeconfig-mode", "0660"],
+            &[],
+            &["kubeconfig-mode", "0660", "0640"],
+        ),
+        (
+            "boolean flag value",
+            &["--chained-cni-plugin=maybe"],
+            &[],
+            &["chained-cni-plugin", "maybe"],
+        ),
+        (
+            "boolean env",
+            &[],
+            &[("CNI_CONF_GROUP_READ", "yes please")],
+            &["CNI_CONF_GROUP_READ", "yes please"],
+        ),
+        (
+            "boolean env, TLS",
+            &[],
+            &[("SKIP_TLS_VERIFY", "2")],
+            &["SKIP_TLS_VERIFY", "2"],
+        ),
+        (
+            "unknown flag",
+            &["--cni-net-dri", "/x"],
+            &[],
+            &["--cni-net-dri"],
+        ),
+        (
+            "flag without value",
+            &["--cni-conf-name"],
+            &[],
+            &["--cni-conf-name"],
+        ),
+        // The node agent's (repair controller, untaint, endpoints).
+        (
+            "repair exit code not a number",
+            &[],
+            &[("REPAIR_INIT_CONTAINER_EXIT_CODE", "abc")],
+            &["REPAIR_INIT_CONTAINER_EXIT_CODE", "abc"],
+        ),
+        (
+            "repair exit code out of range",
+            &["--repair-init-container-exit-code", "256"],
+            &[],
+            &["repair-init-container-exit-code", "256"],
+        ),
+        (
+            "repair attempts zero",
+            &[],
+            &[("REPAIR_MAX_ATTEMPTS", "0")],
+            &["REPAIR_MAX_ATTEMPTS", "0"],
+        ),
+        (
+            "repair attempts negative",
+            &["--repair-max-attempts=-1"],
+            &[],
+            &["repair-max-attempts", "-1"],
+        ),
+        (
+            "repair switch",
+            &[],
+            &[("REPAIR_ENABLED", "on")],
+            &["REPAIR_ENABLED", "on"],
+        ),
+        (
+            "repair mode switch",
+            &[],
+            &[("REPAIR_DELETE_PODS", "yes")],
+            &["REPAIR_DELETE_PODS", "yes"],
+        ),
+        (
+            "untaint switch",
+            &[],
+            &[("UNTAINT_NODE", "maybe")],
+            &["UNTAINT_NODE", "maybe"],
+        ),
+        (
+            "untaint without a key",
+            &["--untaint-node", "--untaint-taint-key", " "],
+            &[],
+            &["untaint-taint-key"],
+        ),
+        (
+            "monitoring port out of range",
+            &[],
+            &[("MONITORING_PORT", "65536")],
+            &["MONITORING_PORT", "65536"],
+        ),
+        (
+            "monitoring port not a number",
+            &["--monitoring-port", "http"],
+            &[],
+            &["monitoring-port", "http"],
+        ),
+    ];
+    for (what, args, env, names) in rows {
+        let env_map: std::collections::HashMap<&str, &str> = env.iter().copied().collect();
+        let lookup = |k: &str| env_map.get(k).map(|v| v.to_string());
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let msg = match parse(args, &lookup) {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        for n in *names {
+            assert!(msg.contains(n), "{what}: {msg:?} does not name {n:?}");
+        }
+    }
+    eprintln!("installer settings: {} rows refused by name", rows.len());
+}

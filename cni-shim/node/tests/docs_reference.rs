@@ -1,0 +1,113 @@
+//! docs/deploy/README.md's "Settings" table documents every flag and variable of
+//! `redirect-cni-node`, and every one the page names exists; docs/repair.md describes every
+//! metric the agent exposes, and every metric it names exists.
+
+use std::collections::BTreeSet;
+
+use cni_testkit::node_bin;
+use redirect_testkit::docs::*;
+
+const DEPLOY: &str = "docs/deploy/README.md";
+
+#[test]
+fn installer_settings_table_documents_every_flag_and_variable() {
+    let doc = read(DEPLOY);
+    let help = run_help(node_bin(), &[]);
+    let rows = table_rows(&doc, &["variable"]);
+    assert!(
+        !rows.is_empty(),
+        "{DEPLOY} has no Settings table (header `| variable | flag |`)"
+    );
+    let cell_has = |col: usize, item: &str| rows.iter().any(|r| in_backticks(&r[col], item));
+    let mut missing = Vec::new();
+    for l in help.documented_longs() {
+        if !cell_has(1, &format!("--{l}")) {
+            missing.push(format!("--{l}"));
+        }
+    }
+    for s in help.documented_shorts() {
+        if !cell_has(1, &format!("-{s}")) {
+            missing.push(format!("-{s}"));
+        }
+    }
+    for e in &help.envs {
+        if !cell_has(0, e) {
+            missing.push(e.clone());
+        }
+    }
+    fail_if_any(missing, &format!("flags and variables of `redirect-cni-node --help` without a row in the Settings table of {DEPLOY}"));
+}
+
+#[test]
+fn every_installer_flag_and_variable_the_page_names_exists() {
+    let doc = read(DEPLOY);
+    let help = run_help(node_bin(), &[]);
+    let mut gone = Vec::new();
+    for flag in long_flags_named(&doc) {
+        if !help.longs.contains(&flag[2..]) && !accepts(node_bin(), &[], &flag) {
+            gone.push(flag);
+        }
+    }
+    for row in table_rows(&doc, &["variable"]) {
+        for v in row[0].split('`').skip(1).step_by(2) {
+            if !help.envs.contains(v) {
+                gone.push(format!("variable {v}"));
+            }
+        }
+    }
+    fail_if_any(
+        gone,
+        &format!("flags or variables in {DEPLOY} that `redirect-cni-node` does not read"),
+    );
+}
+
+/// Every metric the agent exposes (each family, once it has a sample) is described in
+/// docs/repair.md, and every metric that page names in backticks exists.
+#[test]
+fn every_metric_is_documented_and_exists() {
+    use cni_node::metrics::{Install, Metrics};
+    use cni_node::repair::detect::Action;
+    use cni_plugin::events::Event;
+    let m = Metrics::new(Some(Action::Repair));
+    m.installed(Install::Success);
+    m.plugin_event(&Event {
+        command: "ADD".into(),
+        phases: cni_plugin::events::Phases {
+            config_us: Some(100),
+            ..Default::default()
+        },
+        ..Event::default()
+    });
+    let text = m.encode();
+    let exposed: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_owned())
+        .collect();
+    assert!(exposed.len() >= 6, "{text}");
+    let doc = read("docs/repair.md");
+    let section = section(&doc, "## Metrics and endpoints");
+    let spans = code_spans(section);
+    // A counter's family is `name`, its samples `name_total`.
+    let named = |family: &str| {
+        spans.iter().any(|s| {
+            let s = s.split('{').next().unwrap();
+            s == family || s == format!("{family}_total")
+        })
+    };
+    let missing: Vec<String> = exposed.iter().filter(|f| !named(f)).cloned().collect();
+    fail_if_any(
+        missing,
+        "metrics missing from docs/repair.md's \"Metrics and endpoints\"",
+    );
+    let stale: Vec<String> = spans
+        .iter()
+        .map(|s| s.split('{').next().unwrap().to_owned())
+        .filter(|s| s.starts_with("istio_cni_") || s.starts_with("redirect_cni_"))
+        .filter(|s| !exposed.contains(s) && !exposed.contains(s.trim_end_matches("_total")))
+        .collect();
+    fail_if_any(
+        stale,
+        "metrics docs/repair.md names that the agent does not expose",
+    );
+}

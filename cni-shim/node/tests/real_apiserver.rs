@@ -1,0 +1,564 @@
+//! The Kubernetes-facing parts against a real API server (kube-apiserver 1.20 and etcd,
+//! `common::apiserver`), with the RBAC of `deploy/` applied as written and the agent's
+//! token from the TokenRequest API:
+//!
+//! - the plugin's pod read: a real pod object (annotations, containers, the proxy's
+//!   `runAsUser`), a pod that does not exist (bounded by `kube_deadline_ms`), a token whose
+//!   account may not read pods;
+//! - the node agent (`redirect-cni-node`) in each repair mode: repair in place; delete and
+//!   label, each failing clearly without its extra RBAC file and acting once it is applied;
+//!   untaint of a real Node, likewise; the Events as `kubectl get events` shows them;
+//!
+//! (The manifests and the Helm chart against the same server: `deploy/tests/real_apiserver.rs`.)
+//!
+//! What the stand-in (`common::cluster`) still covers, because a real server cannot be made to
+//! do it: a silent server, 410 Gone on a watch, injected faults (`kube_api.rs`, `repair.rs`).
+//! The API is 1.20: native sidecars (an init container's `restartPolicy: Always`, 1.28) do not
+//! exist there, so the pod read of a native-sidecar pod stays tested on the stand-in.
+
+use cni_testkit as common;
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::apiserver::{ControlPlane, SYSTEM};
+use common::host_proc::{cgroupfs, FakeProc};
+use common::{cni_env, node_bin, plugin};
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use serde_json::{json, Value};
+
+use cni_testkit::fixtures::ISTIO_POD;
+const NODE: &str = "worker-2";
+const WAIT: Duration = Duration::from_secs(30);
+/// OpenShift gives each namespace its own UID range; the proxy runs as one of them.
+const OPENSHIFT_UID: u32 = 1_000_770_000;
+
+fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    cni_testkit::eventually(what, WAIT, f)
+}
+
+/// [`eventually`], whose failure also shows `context()` as it is then (an agent's log).
+fn eventually_or<T>(what: &str, context: impl Fn() -> String, f: impl FnMut() -> Option<T>) -> T {
+    cni_testkit::eventually_or(what, WAIT, context, f)
+}
+
+/// Istio's sidecar pod (the fixture) as a user creates it: in `namespace`, on this node, its
+/// proxy running as `uid`; the server fills in uid, resourceVersion and the rest.
+fn new_pod(namespace: &str, name: &str, uid: Option<u32>) -> Value {
+    let mut pod: Value = serde_json::from_str(ISTIO_POD).unwrap();
+    let meta = pod["metadata"].as_object_mut().unwrap();
+    for k in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "ownerReferences",
+        "generateName",
+    ] {
+        meta.remove(k);
+    }
+    meta.insert("name".into(), name.into());
+    meta.insert("namespace".into(), namespace.into());
+    pod.as_object_mut().unwrap().remove("status");
+    pod["spec"]["nodeName"] = NODE.into();
+    // The fixture mounts the token volume that the ServiceAccount admission plugin adds; this
+    // server runs without it.
+    let volumes: Vec<Value> = pod["spec"]["volumes"]
+        .as_array()
+        .map(|v| v.iter().map(|v| v["name"].clone()).collect())
+        .unwrap_or_default();
+    for kind in ["containers", "initContainers"] {
+        for c in pod["spec"][kind].as_array_mut().into_iter().flatten() {
+            if let Some(m) = c["volumeMounts"].as_array_mut() {
+                m.retain(|m| volumes.contains(&m["name"]));
+            }
+        }
+    }
+    if let Some(uid) = uid {
+        for c in pod["spec"]["containers"].as_array_mut().unwrap() {
+            if c["name"] == "istio-proxy" {
+                c["securityContext"]["runAsUser"] = uid.into();
+                c["securityContext"]["runAsGroup"] = uid.into();
+            }
+        }
+    }
+    pod
+}
+
+/// Creates `pod`; returns it as stored (with the server's uid).
+fn create(cp: &ControlPlane, pod: &Value) -> Value {
+    let out = cp.kubectl_in(&["create", "-o", "json", "-f", "-"], Some(&pod.to_string()));
+    assert!(
+        out.status.success(),
+        "kubectl create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Writes the pod's `status` (merged) as kubelet would.
+fn patch_status(cp: &ControlPlane, namespace: &str, name: &str, status: Value) {
+    cp.set_pod_status(namespace, name, &status);
+}
+
+/// The validation init container's status: in `state`, last terminated with 126.
+fn validation(ready: bool, restarts: u32, state: Value) -> Value {
+    json!([{
+        "name": "istio-validation", "image": "proxyv2", "imageID": "", "ready": ready,
+        "restartCount": restarts, "state": state,
+        "lastState": {"terminated": {"exitCode": 126, "reason": "Error"}},
+    }])
+}
+
+/// The pod's validation crash-looping with 126, and its IP.
+fn break_pod(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
+    let waiting = json!({"waiting": {"reason": "CrashLoopBackOff"}});
+    patch_status(
+        cp,
+        namespace,
+        name,
+        json!({"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
+            "initContainerStatuses": validation(false, 1, waiting)}),
+    );
+}
+
+/// The pod's validation passed at its restart (the capture was there).
+fn heal_pod(cp: &ControlPlane, namespace: &str, name: &str) {
+    let done = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    patch_status(
+        cp,
+        namespace,
+        name,
+        json!({"initContainerStatuses": validation(true, 2, done)}),
+    );
+}
+
+/// A change to the pod (an annotation) that makes the controller look at it again.
+fn touch(cp: &ControlPlane, namespace: &str, name: &str, n: u32) {
+    cp.kubectl_ok(&[
+        "annotate",
+        "--overwrite",
+        "pod",
+        name,
+        "-n",
+        namespace,
+        &format!("test/touched={n}"),
+    ]);
+}
+
+/// A pod namespace holding `ip` on a veth.
+fn pod_ns(ip: &str) -> TestNetns {
+    let ns = TestNetns::with_prefix("rdapi");
+    ns.ip_batch(
+        false,
+        &[
+            "link add eth0 type veth peer name eth1".to_string(),
+            "link set eth0 up".into(),
+            format!("addr add {ip}/32 dev eth0"),
+        ],
+    );
+    ns
+}
+
+fn has_rules(ns: &TestNetns) -> bool {
+    redirect_testkit::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .is_some()
+}
+
+/// `redirect-cni install` (installer and agent) on temporary node folders, against the real
+/// API server with the service account in `sa`; stderr kept for the test.
+struct Agent {
+    child: Child,
+    _node: tempfile::TempDir,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    fn start(cp: &ControlPlane, sa: &Path, proc: &Path, extra: &[&str]) -> Agent {
+        let node = tempfile::tempdir().unwrap();
+        let log = node.path().join("agent.log");
+        let child = Command::new(node_bin())
+            .args(common::install_args(node.path()))
+            .arg("--monitoring-port=0")
+            .args(["--service-account-dir", sa.to_str().unwrap()])
+            .args(["--repair-host-proc", proc.to_str().unwrap()])
+            .args(extra)
+            .env_clear()
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", cp.port().to_string())
+            .env("NODE_NAME", NODE)
+            .env("POD_NAMESPACE", SYSTEM)
+            .env("REPAIR_NETNS_DIR", "/nonexistent")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Agent {
+            child,
+            _node: node,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        let mut s = String::new();
+        fs::File::open(&self.log)
+            .unwrap()
+            .read_to_string(&mut s)
+            .unwrap();
+        s
+    }
+
+    /// Waits for a log line holding every one of `words`; returns it.
+    fn line_with(&self, words: &[&str]) -> String {
+        eventually_or(
+            &format!("an agent line with {words:?}"),
+            || self.log(),
+            || {
+                self.log()
+                    .lines()
+                    .find(|l| words.iter().all(|w| l.contains(w)))
+                    .map(str::to_owned)
+            },
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// The control plane with `deploy/kubernetes/redirect-cni.yaml` applied as written, and
+/// the agent's service account folder.
+fn deployed() -> (ControlPlane, tempfile::TempDir) {
+    let cp = ControlPlane::start();
+    cp.namespace(SYSTEM);
+    cp.install("kubernetes/redirect-cni.yaml");
+    let sa = cp.service_account_dir(SYSTEM, "redirect-cni");
+    (cp, sa)
+}
+
+#[test]
+fn the_agent_repairs_deletes_labels_and_untaints_with_the_rbac_of_deploy() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let t0 = Instant::now();
+    let (cp, sa) = deployed();
+    cp.namespace("shop");
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+            "spec": {"taints": [
+                {"key": "cni.istio.io/not-ready", "value": "true", "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "mesh", "effect": "NoSchedule"}]}})
+        .to_string(),
+    );
+
+    // Repair in place (the default mode, the base RBAC) and untaint (refused until
+    // untaint-node.yaml is applied).
+    let proc = FakeProc::new();
+    let stored = create(&cp, &new_pod("shop", "web-0", None));
+    let uid = stored["metadata"]["uid"].as_str().unwrap().to_owned();
+    let ns = pod_ns("10.58.0.2");
+    proc.add(1, &cgroupfs(&uid), 1, ns.path());
+    let agent = Agent::start(&cp, sa.path(), proc.path(), &["--untaint-node"]);
+    let refused = agent.line_with(&["taint", "forbidden"]);
+    assert!(refused.contains(NODE), "{refused}");
+    break_pod(&cp, "shop", "web-0", "10.58.0.2");
+    eventually_or(
+        "web-0 repaired in place",
+        || agent.log(),
+        || has_rules(&ns).then_some(()),
+    );
+    agent.line_with(&["pod shop/web-0 repaired"]);
+    cp.install("kubernetes/untaint-node.yaml");
+    // The server's own admission (TaintNodesByCondition) adds node.kubernetes.io/not-ready to
+    // a new node: ours goes, every other taint stays.
+    let keys = |node: Value| -> Vec<String> {
+        node["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let left = eventually_or(
+        "the taint removed",
+        || agent.log(),
+        || {
+            let k = keys(cp.get(&["node", NODE]));
+            (!k.iter().any(|k| k == "cni.istio.io/not-ready")).then_some(k)
+        },
+    );
+    assert_eq!(left, ["dedicated", "node.kubernetes.io/not-ready"]);
+    agent.line_with(&["removed the taint cni.istio.io/not-ready from node worker-2"]);
+    drop(agent);
+    heal_pod(&cp, "shop", "web-0");
+
+    // Delete: forbidden without repair-delete-pods.yaml, then done, with its Event. Beside it,
+    // broken pods that are not this agent's: one on another node (the server's field selector
+    // keeps it from the watch) and one without a sidecar (the agent's filter).
+    create(&cp, &new_pod("shop", "web-1", None));
+    break_pod(&cp, "shop", "web-1", "10.58.0.3");
+    let mut elsewhere = new_pod("shop", "elsewhere-0", None);
+    elsewhere["spec"]["nodeName"] = "worker-9".into();
+    create(&cp, &elsewhere);
+    break_pod(&cp, "shop", "elsewhere-0", "10.58.0.5");
+    let mut plain = new_pod("shop", "plain-0", None);
+    plain["metadata"]["annotations"] = json!({});
+    create(&cp, &plain);
+    break_pod(&cp, "shop", "plain-0", "10.58.0.6");
+    let agent = Agent::start(
+        &cp,
+        sa.path(),
+        proc.path(),
+        &["--repair-repair-pods=false", "--repair-delete-pods=true"],
+    );
+    let line = agent.line_with(&["shop/web-1", "forbidden"]);
+    assert!(
+        line.contains("delete"),
+        "the refusal names what was refused: {line}"
+    );
+    assert!(
+        cp.get(&["pod", "web-1", "-n", "shop"])["metadata"]["deletionTimestamp"].is_null(),
+        "deleted without the RBAC"
+    );
+    cp.install("kubernetes/repair-delete-pods.yaml");
+    touch(&cp, "shop", "web-1", 1);
+    // Bound to this node and no kubelet to confirm: the deletion is graceful and stays pending.
+    eventually_or(
+        "web-1 deleted",
+        || agent.log(),
+        || {
+            let pod = cp.get(&["pod", "web-1", "-n", "shop"]);
+            (!pod["metadata"]["deletionTimestamp"].is_null()).then_some(())
+        },
+    );
+    let events = eventually("the DeleteBrokenPod event", || {
+        let e = cp.get(&[
+            "events",
+            "-n",
+            "shop",
+            "--field-selector",
+            "reason=DeleteBrokenPod,involvedObject.name=web-1",
+        ]);
+        (!e["items"].as_array().unwrap().is_empty()).then_some(e)
+    });
+    let event = &events["items"][0];
+    assert_eq!(event["involvedObject"]["name"], "web-1", "{event}");
+    // Gone for good (as kubelet would confirm) and created again under the same name: a new
+    // pod (a new uid), broken again, deleted again.
+    let first_uid = cp.get(&["pod", "web-1", "-n", "shop"])["metadata"]["uid"].clone();
+    cp.kubectl_ok(&[
+        "delete",
+        "pod",
+        "web-1",
+        "-n",
+        "shop",
+        "--grace-period=0",
+        "--force",
+    ]);
+    let again = create(&cp, &new_pod("shop", "web-1", None));
+    assert_ne!(again["metadata"]["uid"], first_uid);
+    break_pod(&cp, "shop", "web-1", "10.58.0.3");
+    eventually_or(
+        "web-1 deleted again",
+        || agent.log(),
+        || {
+            let pod = cp.get(&["pod", "web-1", "-n", "shop"]);
+            (!pod["metadata"]["deletionTimestamp"].is_null()).then_some(())
+        },
+    );
+    for other in ["elsewhere-0", "plain-0"] {
+        let pod = cp.get(&["pod", other, "-n", "shop"]);
+        assert!(
+            pod["metadata"]["deletionTimestamp"].is_null(),
+            "{other} deleted"
+        );
+        assert!(
+            !agent.log().contains(&format!("shop/{other}")),
+            "{other} acted on:\n{}",
+            agent.log()
+        );
+    }
+    assert_eq!(event["type"], "Warning", "{event}");
+    drop(agent);
+
+    // Label: forbidden without repair-label-pods.yaml, then the label on the pod.
+    create(&cp, &new_pod("shop", "web-2", None));
+    break_pod(&cp, "shop", "web-2", "10.58.0.4");
+    let agent = Agent::start(
+        &cp,
+        sa.path(),
+        proc.path(),
+        &["--repair-repair-pods=false", "--repair-label-pods=true"],
+    );
+    agent.line_with(&["shop/web-2", "forbidden"]);
+    cp.install("kubernetes/repair-label-pods.yaml");
+    touch(&cp, "shop", "web-2", 1);
+    eventually_or(
+        "web-2 labelled",
+        || agent.log(),
+        || {
+            let pod = cp.get(&["pod", "web-2", "-n", "shop"]);
+            (pod["metadata"]["labels"]["cni.istio.io/uninitialized"] == "true").then_some(())
+        },
+    );
+    // Once labelled, a change to the pod is not another label: skipped, as in Istio.
+    touch(&cp, "shop", "web-2", 2);
+    agent.line_with(&["pod shop/web-2 already has the label cni.istio.io/uninitialized: skipped"]);
+    drop(agent);
+    eprintln!(
+        "control plane {:.1} s, the whole test {:.1} s",
+        cp.started_in.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// The plugin's config with no annotations from the runtime (so it reads the pod) and the
+/// kubeconfig at `kubeconfig`.
+fn conf(kubeconfig: &Path, extra: Value) -> String {
+    let mut c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
+        "kubeconfig": kubeconfig, "kube_attempts": 3, "kube_interval_ms": 200});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c.to_string()
+}
+
+fn args(name: &str) -> String {
+    format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name};K8S_POD_UID=u-{name}")
+}
+
+#[test]
+fn the_plugin_reads_real_pods_with_the_agents_rbac() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let t0 = Instant::now();
+    let (cp, _sa) = deployed();
+    cp.namespace("shop");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cp.write_kubeconfig(
+        &kubeconfig,
+        "redirect-cni",
+        &cp.token(SYSTEM, "redirect-cni"),
+    );
+
+    // A mesh pod whose proxy runs as OpenShift's UID: read from the API, captured with it.
+    create(&cp, &new_pod("shop", "web-0", Some(OPENSHIFT_UID)));
+    let ns = pod_ns("10.59.0.2");
+    let netns = ns.path().to_str().unwrap();
+    let out = plugin(
+        &cni_env("ADD", netns, &args("web-0")),
+        &conf(&kubeconfig, json!({})),
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("reading the pod from the Kubernetes API"),
+        "{}",
+        out.stderr
+    );
+    let rules = ns.sh("nft list table inet redirect_capture");
+    assert!(
+        rules.contains(&OPENSHIFT_UID.to_string()),
+        "the proxy's UID from the pod's spec:\n{rules}"
+    );
+
+    // The client's view of the real object: what `kubectl get -o json` gives, read the way an
+    // operator's file is read (`pod_info_from_json`), field for field.
+    let policy = cni_plugin::kube::FetchPolicy {
+        attempts: 1,
+        ..Default::default()
+    };
+    let pod = cni_plugin::kube::fetch_pod(&kubeconfig, "shop", "web-0", &policy).unwrap();
+    let json = cp.kubectl_ok(&["get", "pod", "web-0", "-n", "shop", "-o", "json"]);
+    assert_eq!(pod, cni_plugin::kube::pod_info_from_json(&json).unwrap());
+    let proxy = pod.spec.as_ref().unwrap().container("istio-proxy").unwrap();
+    assert_eq!(proxy.run_as_user, Some(i64::from(OPENSHIFT_UID)));
+    assert_eq!(proxy.env["ISTIO_META_INTERCEPTION_MODE"], "REDIRECT");
+    assert!(!proxy.env.contains_key("POD_NAME"), "valueFrom is skipped");
+    assert_eq!(pod.labels["security.istio.io/tlsMode"], "istio");
+
+    // A pod outside the mesh (no injection): read, and left alone.
+    let mut plain = new_pod("shop", "plain-0", None);
+    plain["metadata"]["annotations"] = json!({});
+    create(&cp, &plain);
+    let out = plugin(
+        &cni_env("ADD", netns, &args("plain-0")),
+        &conf(&kubeconfig, json!({})),
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("ADD shop/plain-0: end: not captured"),
+        "{}",
+        out.stderr
+    );
+
+    // A pod that does not exist: 102 naming it, within kube_deadline_ms.
+    let t = Instant::now();
+    let out = plugin(
+        &cni_env("ADD", netns, &args("ghost")),
+        &conf(
+            &kubeconfig,
+            json!({"kube_attempts": 30, "kube_deadline_ms": 1500}),
+        ),
+    );
+    let took = t.elapsed();
+    let err = out.json();
+    assert_eq!(err["code"], 102, "{}", out.stdout);
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("shop/ghost") && msg.contains("not found"),
+        "{msg}"
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "the deadline bounds the read: {took:?}"
+    );
+
+    // An account the RBAC does not let read pods: 102 naming the refusal.
+    cp.kubectl_ok(&["create", "serviceaccount", "nobody", "-n", "shop"]);
+    let nobody = dir.path().join("nobody");
+    cp.write_kubeconfig(&nobody, "nobody", &cp.token("shop", "nobody"));
+    let out = plugin(
+        &cni_env("ADD", netns, &args("web-0")),
+        &conf(&nobody, json!({})),
+    );
+    let err = out.json();
+    assert_eq!(err["code"], 102, "{}", out.stdout);
+    assert!(
+        err["msg"].as_str().unwrap().contains("forbidden"),
+        "{}",
+        out.stdout
+    );
+
+    // A token the server does not know: 102 naming the 401 and the token.
+    let stranger = dir.path().join("stranger");
+    cp.write_kubeconfig(&stranger, "stranger", "not-a-token-of-this-cluster");
+    let out = plugin(
+        &cni_env("ADD", netns, &args("web-0")),
+        &conf(&stranger, json!({})),
+    );
+    let err = out.json();
+    assert_eq!(err["code"], 102, "{}", out.stdout);
+    let msg = err["msg"].as_str().unwrap();
+    assert!(msg.contains("401") && msg.contains("token"), "{msg}");
+    eprintln!(
+        "control plane {:.1} s, the whole test {:.1} s",
+        cp.started_in.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,591 @@
+//! The CNI commands. ADD programs a mesh pod's namespace; everything else about a pod that is
+//! not in the mesh is a pass-through, so the plugin never breaks a pod it does not capture.
+//!
+//! The kernel side of a pod's namespace is opened through [`Invocation::kernel`]: the kernel
+//! in the plugin, a fake namespace in tests, so the decisions (which pods,
+//! which rules, which errors) are tested without root.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use redirect_core::istio::capture;
+use redirect_core::istio::mesh::{self, Decision};
+use redirect_core::istio::pod::PodInfo;
+use redirect_core::istio::Error as CaptureError;
+use redirect_core::kernel::backend::{Backend, Opener};
+use redirect_core::kernel::netns::{self, Netns};
+use redirect_core::kernel::nft::Nft;
+use redirect_core::kernel::Error as KernelError;
+use redirect_core::kernel::SystemGroups;
+use redirect_core::model::ValidConfig;
+use redirect_program::logging::{self, Sink};
+use tracing::level_filters::LevelFilter;
+use tracing::{error, info, warn};
+
+use crate::cni::args::{self, CniArgs};
+use crate::cni::conf::{self, NetConf};
+use crate::cni::result::passthrough;
+use crate::cni::{code, CniError, SUPPORTED_VERSIONS};
+use crate::events::{micros, Event, Phases, Readiness};
+
+/// The variables the runtime passes (CNI spec), checked for UTF-8 before anything runs.
+pub const ENV_NAMES: &[&str] = &[
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+    "CNI_PATH",
+];
+
+/// Between the level and the message of every log line: the runtime's log mixes plugins.
+const LOG_PREFIX: &str = "redirect-cni";
+
+/// Log lines when the config cannot be read (so its level and file are unknown): stderr, from
+/// info up. The process's subscriber (`redirect_program::logging`) is installed here or in
+/// `log_as_configured`.
+fn log_to_stderr() {
+    logging::install(Sink::stderr(Some(LOG_PREFIX), LevelFilter::INFO));
+}
+
+/// Log lines at the config's `log_level`, to stderr and to its `log_file` when it names one.
+fn log_as_configured(conf: &NetConf) {
+    logging::install(Sink {
+        prefix: Some(LOG_PREFIX),
+        // `conf::parse` accepts only the level names.
+        level: logging::level(&conf.log_level).unwrap_or(LevelFilter::INFO),
+        file: conf.log_file.clone(),
+    });
+}
+
+/// The process's inputs.
+pub struct Invocation<'a> {
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    pub stdin: &'a [u8],
+    /// Set when one of `ENV_NAMES` is not UTF-8: read as unset, it would drop the pod's
+    /// capture silently.
+    pub env_error: Option<String>,
+    /// How a pod's namespace is reached: `redirect_core::kernel::backend::open_live`.
+    pub kernel: Opener<'a>,
+    /// When the process started: the event's whole time counts from here.
+    pub started: Instant,
+}
+
+/// One call, with what the runtime says of the pod read once.
+struct Call<'a> {
+    inv: &'a Invocation<'a>,
+    command: String,
+    /// The pod from CNI_ARGS: `Ok(None)` when it is not a Kubernetes pod.
+    pod: Result<Option<(String, String)>, CniError>,
+    /// How long each phase took, for the agent's histograms.
+    phases: Cell<Phases>,
+}
+
+/// What a call answers (its stdout) and what it did, in words, for its end line.
+struct Answer {
+    stdout: String,
+    outcome: String,
+}
+
+impl Answer {
+    fn done(outcome: impl Into<String>) -> Answer {
+        Answer {
+            stdout: String::new(),
+            outcome: outcome.into(),
+        }
+    }
+}
+
+/// What ADD or CHECK do with a pod: leave it alone (and why), or capture it.
+enum Plan {
+    Pass(String),
+    Capture(Box<ValidConfig>, bool),
+}
+
+impl<'a> Call<'a> {
+    fn new(inv: &'a Invocation<'a>, command: String) -> Call<'a> {
+        let pod =
+            args::parse(&(inv.env)("CNI_ARGS").unwrap_or_default()).map(|a: CniArgs| {
+                match (a.pod_namespace, a.pod_name) {
+                    (Some(ns), Some(name)) => Some((ns, name)),
+                    _ => None,
+                }
+            });
+        Call {
+            inv,
+            command,
+            pod,
+            phases: Cell::default(),
+        }
+    }
+
+    /// Runs `f`, its time recorded in the phase `slot` names.
+    fn timed<T>(&self, slot: fn(&mut Phases) -> &mut Option<u64>, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = f();
+        let mut p = self.phases.get();
+        *slot(&mut p) = Some(micros(t.elapsed()));
+        self.phases.set(p);
+        out
+    }
+
+    /// Whether the call is one of a pod's (ADD, DEL, CHECK): those log their start and end
+    /// and are told to the agent. STATUS and GC, called every few seconds, are not.
+    fn is_pod_call(&self) -> bool {
+        crate::events::COMMANDS.contains(&self.command.as_str())
+    }
+
+    /// `<namespace>/<name>`, when CNI_ARGS named a pod.
+    fn pod_name(&self) -> Option<String> {
+        match &self.pod {
+            Ok(Some((ns, name))) => Some(format!("{ns}/{name}")),
+            _ => None,
+        }
+    }
+
+    /// The pod or, for a sandbox that is not a Kubernetes pod, `container <id>`.
+    fn subject(&self) -> String {
+        self.pod_name().unwrap_or_else(|| {
+            format!(
+                "container {}",
+                (self.inv.env)("CNI_CONTAINERID").unwrap_or_else(|| "(unset)".into())
+            )
+        })
+    }
+
+    /// The line an operator greps for when a pod's sandbox starts: `ADD shop/web-0: start`.
+    fn log_start(&self) {
+        if self.is_pod_call() {
+            info!(
+                "{} {}: start (netns {}, interface {})",
+                self.command,
+                self.subject(),
+                self.netns_path(),
+                (self.inv.env)("CNI_IFNAME").unwrap_or_default()
+            );
+        }
+    }
+
+    /// The matching end line, with the outcome and the whole time; then the agent's event.
+    fn finish(&self, run_dir: &Path, result: Result<&str, &CniError>) {
+        if !self.is_pod_call() {
+            return;
+        }
+        let total = self.inv.started.elapsed();
+        let ms = total.as_secs_f64() * 1000.0;
+        match result {
+            Ok(outcome) => info!(
+                "{} {}: end: {outcome} ({ms:.1} ms)",
+                self.command,
+                self.subject()
+            ),
+            Err(e) => error!(
+                "{} {}: end: failed with code {} ({ms:.1} ms)",
+                self.command,
+                self.subject(),
+                e.code
+            ),
+        }
+        Event {
+            command: self.command.clone(),
+            code: result.err().map_or(0, |e| e.code),
+            pod: self.pod_name(),
+            total_us: micros(total),
+            phases: self.phases.get(),
+        }
+        .send(run_dir);
+    }
+
+    /// `"<namespace>/<name> "` for log lines, or nothing when the pod is not known.
+    fn label(&self) -> String {
+        self.pod_name().map(|p| p + " ").unwrap_or_default()
+    }
+
+    fn netns_path(&self) -> String {
+        (self.inv.env)("CNI_NETNS").unwrap_or_default()
+    }
+}
+
+/// Runs one command: `Ok(stdout)` or a CNI error (printed as JSON, exit 1).
+pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
+    let command = (inv.env)("CNI_COMMAND").unwrap_or_default();
+    if command == "VERSION" {
+        return Ok(version(inv.stdin));
+    }
+    let call = Call::new(inv, command);
+    // The subscriber is installed once: after VERSION, which logs nothing, and once the
+    // config says where lines go (parsing it logs nothing either); stderr alone when it is bad.
+    let conf = match call.timed(|p| &mut p.config_us, || conf::parse(inv.stdin)) {
+        Ok(conf) => conf,
+        Err(e) => {
+            log_to_stderr();
+            error!("{} {}{e}", call.command, call.label());
+            call.finish(&run_dir_hint(inv.stdin), Err(&e));
+            return Err((e, conf::requested_version(inv.stdin)));
+        }
+    };
+    log_as_configured(&conf);
+    call.log_start();
+    let result = dispatch(&call, &conf);
+    match &result {
+        Ok(answer) => call.finish(&conf.run_dir, Ok(&answer.outcome)),
+        Err(e) => {
+            // Into the log file too: a failed ADD is what an operator looks for there.
+            error!("{} {}{e}", call.command, call.label());
+            call.finish(&conf.run_dir, Err(e));
+        }
+    }
+    result
+        .map(|a| a.stdout)
+        .map_err(|e| (e, conf.cni_version.clone()))
+}
+
+/// The agent's run directory of a config the plugin refused, as far as it can be read: its
+/// event still counts the failure.
+fn run_dir_hint(stdin: &[u8]) -> PathBuf {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cni_agent_run_dir")?.as_str().map(PathBuf::from))
+        .unwrap_or_else(|| conf::DEFAULT_RUN_DIR.into())
+}
+
+fn dispatch(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
+    if conf.ambient_enabled {
+        warn!("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
+    }
+    if let Some(msg) = &call.inv.env_error {
+        return Err(CniError::new(
+            code::INVALID_ENV,
+            msg.clone(),
+            "the runtime must pass the CNI variables as UTF-8",
+        ));
+    }
+    match call.command.as_str() {
+        "ADD" => add(call, conf),
+        "DEL" => del(call, conf).map(Answer::done),
+        "CHECK" => check(call, conf).map(Answer::done),
+        "STATUS" => status(conf).map(|_| Answer::done("ready")),
+        "GC" => {
+            info!("GC: nothing to collect: the rules live in the pod's namespace and go with it");
+            Ok(Answer::done("nothing to collect"))
+        }
+        "" => Err(CniError::new(
+            code::INVALID_ENV,
+            "CNI_COMMAND is not set",
+            "redirect-cni is a CNI plugin: the runtime runs it with CNI_COMMAND=ADD|DEL|CHECK|STATUS|GC|VERSION; the node installer is `redirect-cni-node`",
+        )),
+        other => Err(CniError::new(
+            code::INVALID_ENV,
+            format!("CNI_COMMAND {other:?} is not a CNI command"),
+            "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
+        )),
+    }
+}
+
+fn version(stdin: &[u8]) -> String {
+    serde_json::json!({
+        "cniVersion": conf::requested_version(stdin),
+        "supportedVersions": SUPPORTED_VERSIONS,
+    })
+    .to_string()
+}
+
+/// What to do for this pod: pass it through (and why), or the config and dual-stack flag.
+fn plan_for(call: &Call, conf: &NetConf) -> Result<Plan, CniError> {
+    let Some((ns, name)) = call.pod.clone()? else {
+        info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",);
+        return Ok(Plan::Pass("not a Kubernetes pod".into()));
+    };
+    if let Some(why) = conf.excluded(&ns, &name) {
+        info!("{ns}/{name}: {why}");
+        return Ok(Plan::Pass(why.to_string()));
+    }
+    let mut pod = match &conf.pod_annotations {
+        Some(a) => PodInfo {
+            namespace: ns.clone(),
+            name: name.clone(),
+            annotations: a.clone(),
+            ..PodInfo::default()
+        },
+        None => fetch(
+            call,
+            conf,
+            &ns,
+            &name,
+            "the runtime sent no pod annotations",
+        )?,
+    };
+    let mut decision = decide(&pod, conf)?;
+    if let Decision::NeedSpec(why) = &decision {
+        pod = fetch(call, conf, &ns, &name, why)?;
+        decision = decide(&pod, conf)?;
+    }
+    match decision {
+        Decision::Skip(why) => {
+            info!("{ns}/{name}: not captured: {why}");
+            Ok(Plan::Pass(why))
+        }
+        Decision::NeedSpec(why) => Err(CniError::new(
+            code::POD_UNKNOWN,
+            format!("{ns}/{name}: cannot decide the capture: {why}"),
+            "",
+        )),
+        Decision::Capture {
+            config,
+            dual_stack,
+            warnings,
+        } => {
+            for w in warnings {
+                warn!("{ns}/{name}: {w}");
+            }
+            Ok(Plan::Capture(config, dual_stack))
+        }
+    }
+}
+
+fn decide(pod: &PodInfo, conf: &NetConf) -> Result<Decision, CniError> {
+    mesh::decide(pod, &conf.mesh).map_err(|e| match e {
+        // The plugin config's own lists conflicting with the proxy's IDs: a config error.
+        mesh::MeshError::DefaultsConflict(e) => CniError::new(
+            code::INVALID_CONFIG,
+            format!("config field {e}"),
+            "fix the plugin's config; nothing was applied",
+        ),
+        mesh::MeshError::Annotation(e) => CniError::new(
+            code::BAD_ANNOTATION,
+            format!(
+                "pod {}/{}: annotation value error: {e}",
+                pod.namespace, pod.name
+            ),
+            "fix the pod's annotation; nothing was applied",
+        ),
+    })
+}
+
+/// The pod from the API, timed as the call's pod read.
+fn fetch(
+    call: &Call,
+    conf: &NetConf,
+    ns: &str,
+    name: &str,
+    why: &str,
+) -> Result<PodInfo, CniError> {
+    call.timed(|p| &mut p.pod_read_us, || fetch_pod(conf, ns, name, why))
+}
+
+fn fetch_pod(conf: &NetConf, ns: &str, name: &str, why: &str) -> Result<PodInfo, CniError> {
+    info!("{ns}/{name}: reading the pod from the Kubernetes API ({why})");
+    let policy = crate::kube::FetchPolicy {
+        attempts: conf.kube_attempts,
+        interval: Duration::from_millis(conf.kube_interval_ms),
+        deadline: Duration::from_millis(conf.kube_deadline_ms),
+        ..crate::kube::FetchPolicy::default()
+    };
+    crate::kube::fetch_pod(&conf.kubeconfig, ns, name, &policy).map_err(|e| {
+        CniError::new(
+            code::POD_UNKNOWN,
+            format!("{ns}/{name}: cannot read the pod from the Kubernetes API: {e}"),
+            "the pod's capture depends on its spec; nothing was applied",
+        )
+    })
+}
+
+/// The pod's namespace, opened once and judged by its descriptor: set, a network namespace,
+/// and not the plugin's own. What is judged here is what ADD and CHECK enter.
+fn netns_of(call: &Call, conf: &NetConf) -> Result<Netns, CniError> {
+    let netns = call.netns_path();
+    if netns.is_empty() {
+        return Err(CniError::new(
+            code::INVALID_ENV,
+            "CNI_NETNS is empty for a pod in the mesh",
+            "the runtime must give the pod's network namespace",
+        ));
+    }
+    let ns = Netns::open(Path::new(&netns)).map_err(|e| {
+        CniError::new(
+            code::UNKNOWN_CONTAINER,
+            format!("CNI_NETNS: {e}"),
+            "the runtime must pass the pod's namespace file (/proc/PID/ns/net or /run/netns/NAME), while the sandbox exists",
+        )
+    })?;
+    if !conf.allow_host_netns && is_own(&ns)? {
+        return Err(CniError::new(
+            code::HOST_NETNS,
+            format!("CNI_NETNS {netns} is the namespace the plugin runs in (the host's): refusing to capture its traffic"),
+            "a pod must have its own network namespace; set \"allow_host_netns\": true only for tests",
+        ));
+    }
+    Ok(ns)
+}
+
+/// Whether the held namespace is the plugin's own (the node's).
+fn is_own(ns: &Netns) -> Result<bool, CniError> {
+    ns.is_current().map_err(|e| {
+        CniError::new(
+            code::IO_FAILURE,
+            format!("cannot read our own network namespace: {e}"),
+            "",
+        )
+    })
+}
+
+fn kernel_error(what: &str, e: CaptureError) -> CniError {
+    let code = match e {
+        CaptureError::Kernel(KernelError::Netns(
+            netns::Error::Open { .. } | netns::Error::NotNetns { .. },
+        )) => code::UNKNOWN_CONTAINER,
+        CaptureError::Model(_) => code::INVALID_CONFIG,
+        _ => code::IO_FAILURE,
+    };
+    CniError::new(code, format!("{what}: {e}"), "")
+}
+
+/// The kernel side of the judged namespace.
+fn open(call: &Call, netns: &Netns, what: &str) -> Result<Box<dyn Backend>, CniError> {
+    (call.inv.kernel)(netns).map_err(|e| kernel_error(what, e.into()))
+}
+
+fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
+    let stdout = passthrough(&conf.cni_version, conf.prev_result.as_ref());
+    let (cfg, dual_stack) = match plan_for(call, conf)? {
+        Plan::Pass(why) => {
+            return Ok(Answer {
+                stdout,
+                outcome: format!("not captured ({why})"),
+            })
+        }
+        Plan::Capture(cfg, dual_stack) => (*cfg, dual_stack),
+    };
+    let netns = netns_of(call, conf)?;
+    let what = "programming the pod's capture";
+    let k = open(call, &netns, what)?;
+    let (cfg, _) = call
+        .timed(
+            |p| &mut p.apply_us,
+            || capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups),
+        )
+        .map_err(|e| kernel_error(what, e))?;
+    info!(
+        "{}captured: {} (inbound {}, outbound {}, IPv6 {}, mode {:?})",
+        call.label(),
+        netns.path().display(),
+        cfg.inbound_ports,
+        cfg.outbound_include_cidrs,
+        cfg.ipv6,
+        cfg.mode
+    );
+    Ok(Answer {
+        stdout,
+        outcome: "captured".into(),
+    })
+}
+
+/// DEL: remove ours when the namespace is still there; everything else succeeds. A sandbox
+/// that is gone (no path, no file, or a file that is no network namespace any more, such as
+/// the empty mount point an unmounted namespace leaves) has nothing to remove: the CNI spec
+/// asks DEL to succeed then, or the runtime could never tear the sandbox down.
+fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
+    const GONE: &str = "nothing to remove (the sandbox is gone)";
+    let netns = call.netns_path();
+    if netns.is_empty() {
+        info!("DEL: no network namespace given: nothing to remove");
+        return Ok("nothing to remove (no network namespace given)");
+    }
+    let what = "removing the pod's capture";
+    let ns = match Netns::open(Path::new(&netns)) {
+        Ok(ns) => ns,
+        Err(netns::Error::Open { source, .. })
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::ENOENT) | Some(libc::ENOTDIR)
+            ) =>
+        {
+            info!("DEL: CNI_NETNS {netns} does not exist any more: nothing to remove");
+            return Ok(GONE);
+        }
+        Err(e @ netns::Error::NotNetns { .. }) => {
+            info!("DEL: {e}: the sandbox is gone, nothing to remove");
+            return Ok(GONE);
+        }
+        Err(e) => return Err(kernel_error(what, e.into())),
+    };
+    if !conf.allow_host_netns && is_own(&ns)? {
+        warn!("DEL: CNI_NETNS {netns} is the plugin's own namespace: nothing removed");
+        return Ok("nothing removed (the plugin's own namespace)");
+    }
+    let k = open(call, &ns, what)?;
+    let removed = call
+        .timed(|p| &mut p.apply_us, || remove_ours(k.as_ref()))
+        .map_err(|e| kernel_error(what, e))?;
+    let outcome = if removed {
+        "rules removed"
+    } else {
+        "no rules of ours"
+    };
+    info!("DEL {netns}: {outcome}");
+    Ok(outcome)
+}
+
+/// Only a namespace we programmed has routes and `::6` of ours.
+fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
+    if k.read_table()?.is_none() {
+        return Ok(false);
+    }
+    redirect_core::kernel::capture::cleanup(k, &redirect_core::istio::TPROXY_ROUTING)?;
+    Ok(true)
+}
+
+/// CHECK: the namespace's rules must be what the pod's annotations ask for.
+fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
+    let (cfg, dual_stack) = match plan_for(call, conf)? {
+        Plan::Pass(why) => return Ok(format!("not captured ({why})")),
+        Plan::Capture(cfg, dual_stack) => (*cfg, dual_stack),
+    };
+    let netns = netns_of(call, conf)?;
+    let what = "reading the pod's capture back";
+    let k = open(call, &netns, what)?;
+    let (_, diff) = call
+        .timed(
+            |p| &mut p.read_back_us,
+            || capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups),
+        )
+        .map_err(|e| kernel_error(what, e))?;
+    if diff.is_empty() {
+        info!("CHECK: the rules match the pod's annotations");
+        return Ok("the rules match".into());
+    }
+    let diff: Vec<String> = diff.iter().map(|d| d.to_string()).collect();
+    Err(CniError::new(
+        code::RULES_DIFFER,
+        format!("the capture rules in {} differ from what the pod's annotations ask for ({} differences)", netns.path().display(), diff.len()),
+        diff.iter().take(20).cloned().collect::<Vec<_>>().join("; "),
+    ))
+}
+
+/// STATUS: ready when the config parsed (done), the node agent (when there is one) says the
+/// plugin is installed, and nf_tables answers. With no agent's status file in the run
+/// directory (the plugin installed by hand), the agent is not asked.
+fn status(conf: &NetConf) -> Result<(), CniError> {
+    if let Some(Readiness::NotReady(why)) = Readiness::read(&conf.run_dir) {
+        return Err(CniError::new(
+            code::NOT_AVAILABLE,
+            format!("the node agent is not ready: {why}"),
+            format!(
+                "the agent (redirect-cni-node) writes {}; its log says what it waits for",
+                conf.run_dir.join(crate::events::READY_NAME).display()
+            ),
+        ));
+    }
+    Nft::open()
+        .and_then(|nft| nft.families_with_tables())
+        .map_err(|e| {
+            CniError::new(
+                code::NOT_AVAILABLE,
+                format!("nf_tables does not answer: {e}"),
+                "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
+            )
+        })?;
+    info!("STATUS: ready");
+    Ok(())
+}
