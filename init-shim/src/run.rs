@@ -6,7 +6,7 @@ use std::io::Write;
 
 use tracing::{info, warn};
 
-use redirect_core::istio::capture::{self, Decision, IstioRuleStore, LiveIstioRules};
+use redirect_core::istio::capture::{self, IstioRuleStore, LiveIstioRules, Resolution};
 use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::istio::validation::probe;
 use redirect_core::istio::Error;
@@ -219,11 +219,11 @@ fn flags(s: &Settings) -> capture::Flags {
 
 fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
     let done = capture::reconcile(t.kernel, t.istio, &s.config, rs, flags(s))?;
-    match done.decision {
-        Decision::Skip => {
+    match done.resolution {
+        Resolution::Skip => {
             info!("the rules are already in place; nothing to apply (--force-apply reapplies)")
         }
-        Decision::Apply { removes_istio, .. } => {
+        Resolution::Apply { removes_istio, .. } => {
             // Counted as the kernel holds them (with the per-family dispatch of the hooked
             // chains), so the numbers are the ones `inspect` shows.
             let table = nft::expected(rs);

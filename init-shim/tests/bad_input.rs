@@ -19,6 +19,7 @@ use std::process::Command;
 use common::{run_in, snapshot, Run, BIN};
 use init_shim::flags::{self, Parsed};
 use init_shim::settings::Settings;
+use redirect_testkit::bad_input::{assert_none, check_rows, pod_ns, short, tail, Outcome};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// One invocation and what its error must name.
@@ -78,23 +79,8 @@ fn non_utf8_flag(flag: &str, prefix: &str, bytes: &[u8]) -> Row {
     }
 }
 
-/// A pod namespace with an address (so a wrongly accepted row would really apply).
-fn pod_ns() -> TestNetns {
-    let ns = TestNetns::new();
-    ns.sh(
-        "ip link add eth0 type veth peer name peer0 && ip addr add 10.33.0.5/24 dev eth0 && ip link set eth0 up",
-    );
-    ns
-}
-
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 /// UTF-8 rows go through testkit's `run_in`; the others through `ip netns exec` directly.
-fn run_row(ns: &TestNetns, r: &Row) -> Ran {
+fn run_row(ns: &TestNetns, r: &Row) -> Outcome {
     let utf8 = r.args.iter().all(|a| a.to_str().is_some())
         && r.env
             .iter()
@@ -110,7 +96,7 @@ fn run_row(ns: &TestNetns, r: &Row) -> Ran {
             ..Run::default()
         };
         let out = run_in(ns, &run);
-        return Ran {
+        return Outcome {
             code: out.code,
             stdout: out.stdout,
             stderr: out.stderr,
@@ -124,84 +110,36 @@ fn run_row(ns: &TestNetns, r: &Row) -> Ran {
         .envs(r.env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("run redirect-init");
-    Ran {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Outcome::of(&out)
 }
 
-/// Run every bad row in one fresh namespace; returns the failures (and prints the counts).
+/// Every bad row must exit 1, name what its row says on stderr, and print nothing on stdout.
 fn check_bad(kind: &str, rows: &[Row]) -> Vec<String> {
-    let ns = pod_ns();
-    let before = snapshot(&ns);
-    let mut failures = Vec::new();
-    let mut compared = 0;
-    for r in rows {
-        let out = run_row(&ns, r);
-        let what = &r.what;
-        if out.code != 1 {
-            failures.push(format!(
-                "{what}: exit {} (want 1)\n{}",
-                out.code,
-                tail(&out.stderr)
-            ));
-        }
-        if out.stderr.contains("panicked") {
-            failures.push(format!("{what}: panic\n{}", tail(&out.stderr)));
-        }
-        for n in &r.names {
-            if !out.stderr.contains(n.as_str()) {
-                failures.push(format!(
-                    "{what}: stderr lacks {:?}\n{}",
-                    short(n),
-                    tail(&out.stderr)
-                ));
+    check_rows(
+        kind,
+        rows,
+        |r| &r.what,
+        run_row,
+        |r, out| {
+            let mut failures = Vec::new();
+            if out.code != 1 {
+                failures.push(format!("exit {} (want 1)\n{}", out.code, tail(&out.stderr)));
             }
-        }
-        if !out.stdout.is_empty() {
-            failures.push(format!("{what}: stdout not empty: {}", short(&out.stdout)));
-        }
-        let after = snapshot(&ns);
-        compared += 1;
-        if after != before {
-            failures.push(format!("{what}: the namespace changed:\n{after}"));
-            // Put it back so the next rows start from the same state.
-            ns.sh("nft flush ruleset; ip rule flush; ip rule add from all lookup main pref 32766; ip rule add from all lookup default pref 32767; ip addr del ::6/128 dev lo 2>/dev/null; true");
-        }
-    }
-    eprintln!(
-        "{kind}: {} rows tried, {compared} states compared, {} failures",
-        rows.len(),
-        failures.len()
-    );
-    failures
-}
-
-fn tail(s: &str) -> String {
-    let t: Vec<&str> = s.lines().rev().take(3).collect();
-    short(&t.into_iter().rev().collect::<Vec<_>>().join("\n"))
-}
-
-fn short(s: &str) -> String {
-    if s.len() > 300 {
-        let mut end = 300;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{}...({} bytes)", &s[..end], s.len())
-    } else {
-        s.to_string()
-    }
-}
-
-fn assert_none(failures: Vec<String>) {
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+            for n in &r.names {
+                if !out.stderr.contains(n.as_str()) {
+                    failures.push(format!(
+                        "stderr lacks {:?}\n{}",
+                        short(n),
+                        tail(&out.stderr)
+                    ));
+                }
+            }
+            if !out.stdout.is_empty() {
+                failures.push(format!("stdout not empty: {}", short(&out.stdout)));
+            }
+            failures
+        },
+    )
 }
 
 /// Values every single-port flag and variable must refuse, with what the error must show.

@@ -85,7 +85,7 @@ fn run(
     let mut s = args::settings(r)?;
     let mut notes = Vec::new();
     let decision = match args::get(&r.matches, "annotations") {
-        Some(file) => Some(pod_file::decide(Path::new(file), &s)?),
+        Some(file) => Some(pod_file::decision(Path::new(file), &s)?),
         None => None,
     };
     let dual_stack = match &decision {

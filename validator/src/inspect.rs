@@ -39,7 +39,7 @@ struct Set {
 }
 
 #[derive(Serialize)]
-struct Found {
+struct Report {
     netns: PathBuf,
     pod_address: Option<String>,
     table: Option<Vec<Chain>>,
@@ -97,7 +97,7 @@ enum Expected {
     Nothing(String),
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
+fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     // Opened once: both reads below enter this descriptor, whatever the path names later.
     let ns = netns::Netns::open(&path).map_err(|e| match e {
@@ -106,7 +106,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Found, Error> {
     })?;
     let mut settings = args::settings(r)?;
     let decision = match args::get(&r.matches, "annotations") {
-        Some(file) => Some(pod_file::decide(Path::new(file), &settings)?),
+        Some(file) => Some(pod_file::decision(Path::new(file), &settings)?),
         None => None,
     };
     // The pod's address decides IPv6, as where the rules were written.
@@ -227,7 +227,7 @@ fn found(
     host: Option<HostAddress>,
     k: Kernel,
     expected: Option<(String, Expected)>,
-) -> Found {
+) -> Report {
     let Kernel {
         view: k,
         tproxy,
@@ -245,7 +245,7 @@ fn found(
     };
     let differences: Vec<String> = differences.iter().map(|d| d.to_string()).collect();
     let equal = expected_from.as_ref().map(|_| differences.is_empty());
-    Found {
+    Report {
         netns,
         pod_address: host.map(|h| {
             format!(
@@ -300,7 +300,7 @@ fn found(
     }
 }
 
-fn text(f: &Found) -> String {
+fn text(f: &Report) -> String {
     let mut s = format!("network namespace {}\n", f.netns.display());
     if let Some(a) = &f.pod_address {
         s += &format!("pod address: {a}\n");

@@ -11,7 +11,7 @@ use crate::Error;
 
 /// The file's pod (`kubectl get pod -o json`, a JSON object of annotations, or a Downward API
 /// annotations file), decided. An error names the file or the annotation.
-pub fn decide(file: &Path, settings: &Settings) -> Result<Decision, Error> {
+pub fn decision(file: &Path, settings: &Settings) -> Result<Decision, Error> {
     let bad = |reason: String| Error::AnnotationsFile {
         file: file.to_path_buf(),
         reason,

@@ -14,12 +14,18 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cni::Command;
+
 /// The agent's datagram socket in the run directory.
 pub const SOCKET_NAME: &str = "plugin-events.sock";
 /// The agent's readiness in the run directory: `ready`, or `not ready: <reason>`.
 pub const READY_NAME: &str = "agent-ready";
 /// The commands the plugin reports.
-pub const COMMANDS: [&str; 3] = ["ADD", "DEL", "CHECK"];
+pub const COMMANDS: [&str; 3] = [
+    Command::Add.name(),
+    Command::Del.name(),
+    Command::Check.name(),
+];
 /// An event is a few hundred bytes; a larger datagram is not ours.
 pub const MAX_EVENT: usize = 4096;
 

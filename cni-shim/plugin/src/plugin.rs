@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};
 use crate::cni::result::passthrough;
-use crate::cni::{code, CniError, SUPPORTED_VERSIONS};
+use crate::cni::{code, CniError, Command, SUPPORTED_VERSIONS};
 use crate::events::{micros, Event, Phases, Readiness};
 
 /// The variables the runtime passes (CNI spec), checked for UTF-8 before anything runs.
@@ -75,7 +75,10 @@ pub struct Invocation<'a> {
 /// One call, with what the runtime says of the pod read once.
 struct Call<'a> {
     inv: &'a Invocation<'a>,
-    command: String,
+    /// CNI_COMMAND as the runtime sent it, for the log lines and the event.
+    name: String,
+    /// The command it names, if it names one.
+    command: Option<Command>,
     /// The pod from CNI_ARGS: `Ok(None)` when it is not a Kubernetes pod.
     pod: Result<Option<(String, String)>, CniError>,
     /// How long each phase took, for the agent's histograms.
@@ -98,13 +101,13 @@ impl Answer {
 }
 
 /// What ADD or CHECK do with a pod: leave it alone (and why), or capture it.
-enum Plan {
+enum Handling {
     Pass(String),
     Capture(Box<ValidConfig>, bool),
 }
 
 impl<'a> Call<'a> {
-    fn new(inv: &'a Invocation<'a>, command: String) -> Call<'a> {
+    fn new(inv: &'a Invocation<'a>, name: String) -> Call<'a> {
         let pod =
             args::parse(&(inv.env)("CNI_ARGS").unwrap_or_default()).map(|a: CniArgs| {
                 match (a.pod_namespace, a.pod_name) {
@@ -114,7 +117,8 @@ impl<'a> Call<'a> {
             });
         Call {
             inv,
-            command,
+            command: Command::from_name(&name),
+            name,
             pod,
             phases: Cell::default(),
         }
@@ -130,10 +134,9 @@ impl<'a> Call<'a> {
         out
     }
 
-    /// Whether the call is one of a pod's (ADD, DEL, CHECK): those log their start and end
-    /// and are told to the agent. STATUS and GC, called every few seconds, are not.
+    /// Whether the call is one of a pod's (ADD, DEL, CHECK): see `Command::is_pods`.
     fn is_pod_call(&self) -> bool {
-        crate::events::COMMANDS.contains(&self.command.as_str())
+        self.command.is_some_and(Command::is_pods)
     }
 
     /// `<namespace>/<name>`, when CNI_ARGS named a pod.
@@ -159,7 +162,7 @@ impl<'a> Call<'a> {
         if self.is_pod_call() {
             info!(
                 "{} {}: start (netns {}, interface {})",
-                self.command,
+                self.name,
                 self.subject(),
                 self.netns_path(),
                 (self.inv.env)("CNI_IFNAME").unwrap_or_default()
@@ -177,18 +180,18 @@ impl<'a> Call<'a> {
         match result {
             Ok(outcome) => info!(
                 "{} {}: end: {outcome} ({ms:.1} ms)",
-                self.command,
+                self.name,
                 self.subject()
             ),
             Err(e) => error!(
                 "{} {}: end: failed with code {} ({ms:.1} ms)",
-                self.command,
+                self.name,
                 self.subject(),
                 e.code
             ),
         }
         Event {
-            command: self.command.clone(),
+            command: self.name.clone(),
             code: result.err().map_or(0, |e| e.code),
             pod: self.pod_name(),
             total_us: micros(total),
@@ -209,18 +212,18 @@ impl<'a> Call<'a> {
 
 /// Runs one command: `Ok(stdout)` or a CNI error (printed as JSON, exit 1).
 pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
-    let command = (inv.env)("CNI_COMMAND").unwrap_or_default();
-    if command == "VERSION" {
+    let name = (inv.env)("CNI_COMMAND").unwrap_or_default();
+    if Command::from_name(&name) == Some(Command::Version) {
         return Ok(version(inv.stdin));
     }
-    let call = Call::new(inv, command);
+    let call = Call::new(inv, name);
     // The subscriber is installed once: after VERSION, which logs nothing, and once the
     // config says where lines go (parsing it logs nothing either); stderr alone when it is bad.
     let conf = match call.timed(|p| &mut p.config_us, || conf::parse(inv.stdin)) {
         Ok(conf) => conf,
         Err(e) => {
             log_to_stderr();
-            error!("{} {}{e}", call.command, call.label());
+            error!("{} {}{e}", call.name, call.label());
             call.finish(&run_dir_hint(inv.stdin), Err(&e));
             return Err((e, conf::requested_version(inv.stdin)));
         }
@@ -232,7 +235,7 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
         Ok(answer) => call.finish(&conf.run_dir, Ok(&answer.outcome)),
         Err(e) => {
             // Into the log file too: a failed ADD is what an operator looks for there.
-            error!("{} {}{e}", call.command, call.label());
+            error!("{} {}{e}", call.name, call.label());
             call.finish(&conf.run_dir, Err(e));
         }
     }
@@ -261,23 +264,27 @@ fn dispatch(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
             "the runtime must pass the CNI variables as UTF-8",
         ));
     }
-    match call.command.as_str() {
-        "ADD" => add(call, conf),
-        "DEL" => del(call, conf).map(Answer::done),
-        "CHECK" => check(call, conf).map(Answer::done),
-        "STATUS" => status(conf).map(|_| Answer::done("ready")),
-        "GC" => {
+    match call.command {
+        Some(Command::Add) => add(call, conf),
+        Some(Command::Del) => del(call, conf).map(Answer::done),
+        Some(Command::Check) => check(call, conf).map(Answer::done),
+        Some(Command::Status) => status(conf).map(|_| Answer::done("ready")),
+        Some(Command::Gc) => {
             info!("GC: nothing to collect: the rules live in the pod's namespace and go with it");
             Ok(Answer::done("nothing to collect"))
         }
-        "" => Err(CniError::new(
+        Some(Command::Version) => Ok(Answer {
+            stdout: version(call.inv.stdin),
+            outcome: "versions".into(),
+        }),
+        None if call.name.is_empty() => Err(CniError::new(
             code::INVALID_ENV,
             "CNI_COMMAND is not set",
             "redirect-cni is a CNI plugin: the runtime runs it with CNI_COMMAND=ADD|DEL|CHECK|STATUS|GC|VERSION; the node installer is `redirect-cni-node`",
         )),
-        other => Err(CniError::new(
+        None => Err(CniError::new(
             code::INVALID_ENV,
-            format!("CNI_COMMAND {other:?} is not a CNI command"),
+            format!("CNI_COMMAND {:?} is not a CNI command", call.name),
             "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
         )),
     }
@@ -292,14 +299,14 @@ fn version(stdin: &[u8]) -> String {
 }
 
 /// What to do for this pod: pass it through (and why), or the config and dual-stack flag.
-fn plan_for(call: &Call, conf: &NetConf) -> Result<Plan, CniError> {
+fn handling(call: &Call, conf: &NetConf) -> Result<Handling, CniError> {
     let Some((ns, name)) = call.pod.clone()? else {
         info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, nothing to do",);
-        return Ok(Plan::Pass("not a Kubernetes pod".into()));
+        return Ok(Handling::Pass("not a Kubernetes pod".into()));
     };
     if let Some(why) = conf.excluded(&ns, &name) {
         info!("{ns}/{name}: {why}");
-        return Ok(Plan::Pass(why.to_string()));
+        return Ok(Handling::Pass(why.to_string()));
     }
     let mut pod = match &conf.pod_annotations {
         Some(a) => PodInfo {
@@ -316,15 +323,15 @@ fn plan_for(call: &Call, conf: &NetConf) -> Result<Plan, CniError> {
             "the runtime sent no pod annotations",
         )?,
     };
-    let mut decision = decide(&pod, conf)?;
+    let mut decision = mesh_decision(&pod, conf)?;
     if let Decision::NeedSpec(why) = &decision {
         pod = fetch(call, conf, &ns, &name, why)?;
-        decision = decide(&pod, conf)?;
+        decision = mesh_decision(&pod, conf)?;
     }
     match decision {
         Decision::Skip(why) => {
             info!("{ns}/{name}: not captured: {why}");
-            Ok(Plan::Pass(why))
+            Ok(Handling::Pass(why))
         }
         Decision::NeedSpec(why) => Err(CniError::new(
             code::POD_UNKNOWN,
@@ -339,12 +346,13 @@ fn plan_for(call: &Call, conf: &NetConf) -> Result<Plan, CniError> {
             for w in warnings {
                 warn!("{ns}/{name}: {w}");
             }
-            Ok(Plan::Capture(config, dual_stack))
+            Ok(Handling::Capture(config, dual_stack))
         }
     }
 }
 
-fn decide(pod: &PodInfo, conf: &NetConf) -> Result<Decision, CniError> {
+/// `mesh::decide` with the plugin's defaults, its refusals as CNI errors.
+fn mesh_decision(pod: &PodInfo, conf: &NetConf) -> Result<Decision, CniError> {
     mesh::decide(pod, &conf.mesh).map_err(|e| match e {
         // The plugin config's own lists conflicting with the proxy's IDs: a config error.
         mesh::MeshError::DefaultsConflict(e) => CniError::new(
@@ -448,14 +456,14 @@ fn open(call: &Call, netns: &Netns, what: &str) -> Result<Box<dyn Backend>, CniE
 
 fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let stdout = passthrough(&conf.cni_version, conf.prev_result.as_ref());
-    let (cfg, dual_stack) = match plan_for(call, conf)? {
-        Plan::Pass(why) => {
+    let (cfg, dual_stack) = match handling(call, conf)? {
+        Handling::Pass(why) => {
             return Ok(Answer {
                 stdout,
                 outcome: format!("not captured ({why})"),
             })
         }
-        Plan::Capture(cfg, dual_stack) => (*cfg, dual_stack),
+        Handling::Capture(cfg, dual_stack) => (*cfg, dual_stack),
     };
     let netns = netns_of(call, conf)?;
     let what = "programming the pod's capture";
@@ -538,9 +546,9 @@ fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
 
 /// CHECK: the namespace's rules must be what the pod's annotations ask for.
 fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
-    let (cfg, dual_stack) = match plan_for(call, conf)? {
-        Plan::Pass(why) => return Ok(format!("not captured ({why})")),
-        Plan::Capture(cfg, dual_stack) => (*cfg, dual_stack),
+    let (cfg, dual_stack) = match handling(call, conf)? {
+        Handling::Pass(why) => return Ok(format!("not captured ({why})")),
+        Handling::Capture(cfg, dual_stack) => (*cfg, dual_stack),
     };
     let netns = netns_of(call, conf)?;
     let what = "reading the pod's capture back";

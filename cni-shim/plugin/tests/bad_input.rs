@@ -12,7 +12,8 @@ use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
 use std::process::{Command, Stdio};
 
-use common::{plugin_bin, pod_ns, ARGS, STATUS_CNI};
+use common::{plugin_bin, ARGS, STATUS_CNI};
+use redirect_testkit::bad_input::{assert_none, check_rows, pod_ns, short, Outcome};
 use redirect_testkit::binary::snapshot;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::{json, Value};
@@ -65,13 +66,7 @@ fn env_row(what: &str, k: &'static str, v: Option<OsString>, code: u64, names: &
     }
 }
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn plugin(ns: &TestNetns, r: &Row) -> Out {
+fn plugin(ns: &TestNetns, r: &Row) -> Outcome {
     let mut env: Vec<(&str, Option<OsString>)> = vec![
         ("CNI_COMMAND", Some("ADD".into())),
         ("CNI_CONTAINERID", Some("c0ffee".into())),
@@ -105,96 +100,50 @@ fn plugin(ns: &TestNetns, r: &Row) -> Out {
     });
     let out = child.wait_with_output().unwrap();
     writer.join().unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Outcome::of(&out)
 }
 
-fn short(s: &str) -> String {
-    if s.len() <= 300 {
-        return s.to_string();
-    }
-    let mut end = 300;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...({} bytes)", &s[..end], s.len())
-}
-
+/// Every bad row must exit 1 with the CNI error object on stdout: the row's code, a
+/// cniVersion, and a message naming what the row says.
 fn check_bad(kind: &str, rows: &[Row]) -> Vec<String> {
-    let ns = pod_ns();
-    let before = snapshot(&ns);
-    let mut failures = Vec::new();
-    for r in rows {
-        let what = &r.what;
-        let out = plugin(&ns, r);
-        if out.code != 1 {
-            failures.push(format!(
-                "{what}: exit {} (want 1): {} {}",
-                out.code,
-                short(&out.stdout),
-                short(&out.stderr)
-            ));
-        }
-        if out.stderr.contains("panicked") {
-            failures.push(format!("{what}: panic: {}", short(&out.stderr)));
-        }
-        match serde_json::from_str::<Value>(&out.stdout) {
-            Err(e) => failures.push(format!(
-                "{what}: stdout is not JSON ({e}): {}",
-                short(&out.stdout)
-            )),
-            Ok(e) => {
-                if e["code"] != r.code {
-                    failures.push(format!(
-                        "{what}: code {} (want {}): {}",
-                        e["code"],
-                        r.code,
-                        short(&e.to_string())
-                    ));
-                }
-                if !e["cniVersion"].is_string() {
-                    failures.push(format!(
-                        "{what}: no cniVersion in {}",
-                        short(&e.to_string())
-                    ));
-                }
-                let text = format!("{} {}", e["msg"], e["details"]);
-                for n in &r.names {
-                    if !text.contains(n.as_str()) {
-                        failures.push(format!(
-                            "{what}: error lacks {:?}: {}",
-                            short(n),
-                            short(&text)
-                        ));
-                    }
-                }
-            }
-        }
-        let after = snapshot(&ns);
-        if after != before {
-            failures.push(format!("{what}: the namespace changed:\n{after}"));
-            ns.sh("nft flush ruleset; ip addr del ::6/128 dev lo 2>/dev/null; true");
-        }
-    }
-    eprintln!(
-        "{kind}: {} rows tried, {} states compared, {} failures",
-        rows.len(),
-        rows.len(),
-        failures.len()
-    );
-    failures
+    check_rows(kind, rows, |r| &r.what, plugin, judge)
 }
 
-fn assert_none(failures: Vec<String>) {
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+fn judge(r: &Row, out: &Outcome) -> Vec<String> {
+    let mut failures = Vec::new();
+    if out.code != 1 {
+        failures.push(format!(
+            "exit {} (want 1): {} {}",
+            out.code,
+            short(&out.stdout),
+            short(&out.stderr)
+        ));
+    }
+    let e = match serde_json::from_str::<Value>(&out.stdout) {
+        Ok(e) => e,
+        Err(e) => {
+            failures.push(format!("stdout is not JSON ({e}): {}", short(&out.stdout)));
+            return failures;
+        }
+    };
+    if e["code"] != r.code {
+        failures.push(format!(
+            "code {} (want {}): {}",
+            e["code"],
+            r.code,
+            short(&e.to_string())
+        ));
+    }
+    if !e["cniVersion"].is_string() {
+        failures.push(format!("no cniVersion in {}", short(&e.to_string())));
+    }
+    let text = format!("{} {}", e["msg"], e["details"]);
+    for n in &r.names {
+        if !text.contains(n.as_str()) {
+            failures.push(format!("error lacks {:?}: {}", short(n), short(&text)));
+        }
+    }
+    failures
 }
 
 fn run_kind(kind: &str, rows: Vec<Row>) {

@@ -7,7 +7,7 @@
 //! - Istio's own rules: its iptables chains ([`xtables`]: found, loaded, the leftovers scan) and
 //!   its nftables tables ([`tables`]), and its TPROXY routing values ([`TPROXY_ROUTING`]).
 //! - The policy on one namespace ([`capture`]): apply (the routes, then the table), check what
-//!   is there against a config, decide what a run may do over rules already there (reconcile),
+//!   is there against a config, resolve what a run may do over rules already there (reconcile),
 //!   clean up.
 //! - Istio's validation ([`validation`]): the probe and, when it fails, why.
 //! - [`Error`] and [`Result`]: the model's and the kernel's errors, and a failed tool.

@@ -16,7 +16,7 @@
 //!   [`DNS_AGENT_PORT`], [`OUTBOUND_MARK`], [`MAX_OWNER_GROUPS`], and Istio's string forms of
 //!   its lists ([`parse`], [`join`](mod@join));
 //! - the plan: [`ValidConfig::plan`] (the one way to plan), [`GroupResolver`],
-//!   [`NoGroupDatabase`], and the names the plan gives chains ([`chains`]);
+//!   [`NoGroupDatabase`], and the names the plan gives chains ([`chains`]) and sets ([`sets`]);
 //! - the ruleset types ([`Ruleset`] and its parts);
 //! - [`render`], [`eval`], [`table`];
 //! - [`Error`] and [`Result`].
@@ -37,7 +37,7 @@ pub use config::{
     DNS_AGENT_PORT, MAX_OWNER_GROUPS, OUTBOUND_MARK,
 };
 pub use error::{Error, IdKind, Result};
-pub use plan::{chains, GroupResolver, NoGroupDatabase};
+pub use plan::{chains, sets, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
     Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,
     PortMatch, Rule, Ruleset, SetElements, Stage, L4,

@@ -28,6 +28,7 @@
 //! let outcomes = run_probes(&topo, &istio::probe_matrix(&case));
 //! ```
 
+pub mod bad_input;
 pub mod binary;
 pub mod docs;
 mod flow;

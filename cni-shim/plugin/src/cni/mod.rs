@@ -1,11 +1,14 @@
-//! The CNI protocol as the plugin sees it (spec 1.1): versions, the error object, CNI_ARGS,
-//! the network config on stdin and the result on stdout.
+//! The CNI protocol as the plugin sees it (spec 1.1): the commands, versions, the error
+//! object, CNI_ARGS, the network config on stdin and the result on stdout.
 
 pub mod args;
+mod command;
 pub mod conf;
 pub mod result;
 
 use serde_json::json;
+
+pub use command::Command;
 
 /// The versions we speak. 0.1.0 and 0.2.0 predate chaining (no prevResult) and are refused.
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];

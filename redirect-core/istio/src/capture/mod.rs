@@ -7,8 +7,8 @@
 mod reconcile;
 
 pub use reconcile::{
-    decide, describe, reconcile, reconcile_iptables, Decision, Flags, Found, IstioRuleStore,
-    IstioRules, LiveIstioRules, ReconcileError, Reconciled, ReconciledIptables, Refusal,
+    describe, reconcile, reconcile_iptables, resolve, Existing, Flags, IstioRuleStore, IstioRules,
+    LiveIstioRules, ReconcileError, Reconciled, ReconciledIptables, Refusal, Resolution,
 };
 
 use redirect_kernel::backend::Backend;

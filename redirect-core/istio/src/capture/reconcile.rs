@@ -77,20 +77,20 @@ impl IstioRuleStore for RefCell<IstioRules> {
     }
 }
 
-/// What the namespace holds before the run.
+/// What the namespace holds before the run: ours, Istio's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Found {
+pub struct Existing {
     /// Our table against the plan: `None` when there is no table of ours, empty when equal.
     pub ours: Option<Vec<Difference>>,
     pub istio: IstioRules,
 }
 
-impl Found {
+impl Existing {
     /// One read of our table (compared with `rs`), and Istio's tables and chains.
-    pub fn read(k: &dyn Backend, istio: &dyn IstioRuleStore, rs: &Ruleset) -> Result<Found> {
+    pub fn read(k: &dyn Backend, istio: &dyn IstioRuleStore, rs: &Ruleset) -> Result<Existing> {
         // A pod's first run finds no table: skip building the expected state to compare with.
         let ours = k.read_table()?.map(|t| nft::compare(rs, Some(&t)));
-        Ok(Found {
+        Ok(Existing {
             ours,
             istio: istio.read()?,
         })
@@ -99,7 +99,7 @@ impl Found {
 
 /// What a run does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum Resolution {
     /// Ours are in place and equal, and nothing else is: the routes beside them are ensured.
     Skip,
     /// Program the plan (creating our table, or replacing it atomically), then remove Istio's
@@ -175,20 +175,20 @@ pub fn describe(chains: &[Leftover]) -> String {
         .join(", ")
 }
 
-/// The decision for the nftables backend.
-pub fn decide(found: &Found, flags: Flags) -> Result<Decision, Refusal> {
+/// What a run of the nftables backend does about what it found, as the flags allow.
+pub fn resolve(found: &Existing, flags: Flags) -> Result<Resolution, Refusal> {
     let istio = !found.istio.is_empty();
     if istio && !flags.reconcile {
         return Err(Refusal::IstioRules(found.istio.clone()));
     }
     match &found.ours {
-        Some(d) if d.is_empty() && !flags.force_apply && !istio => Ok(Decision::Skip),
+        Some(d) if d.is_empty() && !flags.force_apply && !istio => Ok(Resolution::Skip),
         Some(d) if !d.is_empty() && !flags.reconcile && !flags.force_apply => {
             Err(Refusal::OursDiffer {
                 differences: d.clone(),
             })
         }
-        ours => Ok(Decision::Apply {
+        ours => Ok(Resolution::Apply {
             replaces_ours: ours.is_some(),
             removes_istio: istio,
         }),
@@ -198,12 +198,12 @@ pub fn decide(found: &Found, flags: Flags) -> Result<Decision, Refusal> {
 /// What `reconcile` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reconciled {
-    pub decision: Decision,
+    pub resolution: Resolution,
     /// Istio's tables and chains removed after ours were in place.
     pub removed_istio: IstioRules,
 }
 
-/// Read what is there, decide, and program `rs` (planned from `cfg`) with the nftables
+/// Read what is there, resolve what to do, and program `rs` (planned from `cfg`) with the nftables
 /// backend; the routes beside the rules are ensured either way, and first (see
 /// `redirect_kernel::capture::apply`), so a run that finds its rules in place completes the routes a killed run
 /// left out.
@@ -214,24 +214,24 @@ pub fn reconcile(
     rs: &Ruleset,
     flags: Flags,
 ) -> Result<Reconciled, ReconcileError> {
-    let found = Found::read(k, istio, rs)?;
-    let decision = decide(&found, flags).map_err(ReconcileError::Refused)?;
-    match decision {
-        Decision::Apply { .. } => {
+    let found = Existing::read(k, istio, rs)?;
+    let resolution = resolve(&found, flags).map_err(ReconcileError::Refused)?;
+    match resolution {
+        Resolution::Apply { .. } => {
             capture::apply(k, cfg, rs).map_err(Error::from)?;
         }
-        Decision::Skip => capture::apply_routes(k, cfg).map_err(Error::from)?,
+        Resolution::Skip => capture::apply_routes(k, cfg).map_err(Error::from)?,
     }
-    let removed_istio = match decision {
+    let removed_istio = match resolution {
         // Ours are in place first, so no packet goes uncaptured while Istio's go.
-        Decision::Apply {
+        Resolution::Apply {
             removes_istio: true,
             ..
         } => istio.remove()?,
         _ => IstioRules::default(),
     };
     Ok(Reconciled {
-        decision,
+        resolution,
         removed_istio,
     })
 }
@@ -290,8 +290,8 @@ mod tests {
         }
     }
 
-    fn found(ours: Option<Vec<Difference>>, istio: bool) -> Found {
-        Found {
+    fn found(ours: Option<Vec<Difference>>, istio: bool) -> Existing {
+        Existing {
             ours,
             istio: IstioRules {
                 nft_tables: Vec::new(),
@@ -313,8 +313,8 @@ mod tests {
         force_apply: true,
     };
 
-    fn apply(replaces_ours: bool, removes_istio: bool) -> Result<Decision, Refusal> {
-        Ok(Decision::Apply {
+    fn apply(replaces_ours: bool, removes_istio: bool) -> Result<Resolution, Refusal> {
+        Ok(Resolution::Apply {
             replaces_ours,
             removes_istio,
         })
@@ -322,36 +322,36 @@ mod tests {
 
     #[test]
     fn a_first_run_programs() {
-        assert_eq!(decide(&found(None, false), NONE), apply(false, false));
+        assert_eq!(resolve(&found(None, false), NONE), apply(false, false));
     }
 
     #[test]
     fn equal_rules_are_left_alone_unless_forced() {
         let equal = found(Some(Vec::new()), false);
-        assert_eq!(decide(&equal, NONE), Ok(Decision::Skip));
-        assert_eq!(decide(&equal, RECONCILE), Ok(Decision::Skip));
-        assert_eq!(decide(&equal, FORCE), apply(true, false));
+        assert_eq!(resolve(&equal, NONE), Ok(Resolution::Skip));
+        assert_eq!(resolve(&equal, RECONCILE), Ok(Resolution::Skip));
+        assert_eq!(resolve(&equal, FORCE), apply(true, false));
     }
 
     #[test]
     fn our_rules_for_another_config_need_a_flag() {
         let differ = found(Some(vec![Difference::TableMissing]), false);
         assert!(matches!(
-            decide(&differ, NONE),
+            resolve(&differ, NONE),
             Err(Refusal::OursDiffer { differences }) if differences.len() == 1
         ));
-        assert_eq!(decide(&differ, RECONCILE), apply(true, false));
-        assert_eq!(decide(&differ, FORCE), apply(true, false));
+        assert_eq!(resolve(&differ, RECONCILE), apply(true, false));
+        assert_eq!(resolve(&differ, FORCE), apply(true, false));
     }
 
     #[test]
     fn istio_rules_need_reconcile_even_when_forced() {
         for ours in [None, Some(Vec::new())] {
             let f = found(ours.clone(), true);
-            assert!(matches!(decide(&f, NONE), Err(Refusal::IstioRules(_))));
-            assert!(matches!(decide(&f, FORCE), Err(Refusal::IstioRules(_))));
+            assert!(matches!(resolve(&f, NONE), Err(Refusal::IstioRules(_))));
+            assert!(matches!(resolve(&f, FORCE), Err(Refusal::IstioRules(_))));
             // Equal rules of ours are programmed again before Istio's go.
-            assert_eq!(decide(&f, RECONCILE), apply(ours.is_some(), true));
+            assert_eq!(resolve(&f, RECONCILE), apply(ours.is_some(), true));
         }
     }
 

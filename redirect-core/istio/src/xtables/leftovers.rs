@@ -204,8 +204,9 @@ pub(crate) fn plan_table(t: &SavedTable) -> Option<TableCleanup> {
     Some(TableCleanup { leftovers, input })
 }
 
-/// One table's cleanup with the binaries that do it.
-struct Found {
+/// One table of one iptables variant and family, scanned: the cleanup of what Istio left in
+/// it, with the binaries that do it.
+struct TableScan {
     family: Family,
     variant: Variant,
     table: String,
@@ -214,7 +215,7 @@ struct Found {
     cleanup: TableCleanup,
 }
 
-impl Found {
+impl TableScan {
     fn leftovers(&self) -> impl Iterator<Item = Leftover> + '_ {
         self.cleanup
             .leftovers
@@ -249,7 +250,7 @@ fn has_tables(family: Family, variant: Variant, nft_families: &[Family]) -> Resu
     }
 }
 
-fn scan() -> Result<Vec<Found>> {
+fn scan() -> Result<Vec<TableScan>> {
     let mut out = Vec::new();
     let nft_families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
     for family in Family::ALL {
@@ -274,7 +275,7 @@ fn scan() -> Result<Vec<Found>> {
             }
             let (version, _) = version_of(&n.save).map_err(|why| tool_error(&n.save, why))?;
             for (t, cleanup) in tables {
-                out.push(Found {
+                out.push(TableScan {
                     family,
                     variant,
                     table: t.name,
@@ -289,7 +290,7 @@ fn scan() -> Result<Vec<Found>> {
 }
 
 pub(crate) fn find() -> Result<Vec<Leftover>> {
-    Ok(scan()?.iter().flat_map(Found::leftovers).collect())
+    Ok(scan()?.iter().flat_map(TableScan::leftovers).collect())
 }
 
 pub(crate) fn remove() -> Result<Vec<Leftover>> {

@@ -28,7 +28,7 @@ impl SetRegistry {
 
     pub(super) fn cidrs(&mut self, name: &str, family: Family, cidrs: &[IpNet]) -> String {
         self.add(NamedSet {
-            name: format!("{}-{}", family.nft_name(), name),
+            name: super::sets::cidr_set(family, name),
             family: Some(family),
             elements: SetElements::Cidrs(IpNet::aggregate(&cidrs.to_vec())),
         })

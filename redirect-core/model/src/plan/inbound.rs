@@ -2,6 +2,7 @@
 //! REDIRECT in the nat stage or by TPROXY in the mangle stage.
 
 use super::builder::{jump, tcp, SetRegistry};
+use super::sets;
 use super::{
     FamilyPlanner, ISTIO_DIVERT, ISTIO_INBOUND, ISTIO_IN_REDIRECT, ISTIO_TPROXY, PREROUTING,
 };
@@ -56,8 +57,11 @@ impl FamilyPlanner<'_> {
         match &cfg.inbound_ports {
             Selection::All => {
                 if !cfg.inbound_exclude_ports.is_empty() {
-                    let m =
-                        self.port_match(sets, "inbound-exclude-ports", &cfg.inbound_exclude_ports);
+                    let m = self.port_match(
+                        sets,
+                        sets::INBOUND_EXCLUDE_PORTS,
+                        &cfg.inbound_exclude_ports,
+                    );
                     self.b.append(
                         stage,
                         ISTIO_INBOUND,
@@ -67,9 +71,11 @@ impl FamilyPlanner<'_> {
                 }
                 None
             }
-            Selection::List(ports) => {
-                Some(Match::DPort(self.port_match(sets, "inbound-ports", ports)))
-            }
+            Selection::List(ports) => Some(Match::DPort(self.port_match(
+                sets,
+                sets::INBOUND_PORTS,
+                ports,
+            ))),
         }
     }
 

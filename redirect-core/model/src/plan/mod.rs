@@ -31,6 +31,7 @@ mod outbound;
 mod tproxy;
 
 pub mod chains;
+pub mod sets;
 
 use chains::*;
 
@@ -266,7 +267,9 @@ mod tests {
             ..CaptureConfig::istio_sidecar_default()
         };
         let rs = plan(&cfg).unwrap();
-        let v4 = rs.set("ip-exclude-cidrs").unwrap();
+        let v4 = rs
+            .set(&sets::cidr_set(Family::V4, sets::EXCLUDE_CIDRS))
+            .unwrap();
         // Overlaps are aggregated: 10.1/16 is inside 10/8.
         assert_eq!(
             v4.elements,
@@ -276,10 +279,11 @@ mod tests {
             ])
         );
         assert!(
-            rs.set("ip6-exclude-cidrs").is_none(),
+            rs.set(&sets::cidr_set(Family::V6, sets::EXCLUDE_CIDRS))
+                .is_none(),
             "one v6 CIDR stays inline"
         );
-        let ports = rs.set("inbound-exclude-ports").unwrap();
+        let ports = rs.set(sets::INBOUND_EXCLUDE_PORTS).unwrap();
         assert_eq!(
             ports.elements,
             SetElements::Ports(vec![15020, 15021, 15090])

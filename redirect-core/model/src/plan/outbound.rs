@@ -4,6 +4,7 @@
 //! CIDRs, also from reroute interfaces). The RETURNs come before the redirects on purpose.
 
 use super::builder::{gid, iif, jump, lo, tcp, udp, uid, SetRegistry};
+use super::sets;
 use super::{FamilyPlanner, ISTIO_IN_REDIRECT, ISTIO_OUTPUT, ISTIO_REDIRECT, OUTPUT, PREROUTING};
 use crate::config::Selection;
 use crate::ruleset::{Action, AddrMatch, Match, PortMatch, Stage};
@@ -30,7 +31,11 @@ impl FamilyPlanner<'_> {
         if cfg.outbound_exclude_ports.is_empty() {
             return;
         }
-        let m = self.port_match(sets, "outbound-exclude-ports", &cfg.outbound_exclude_ports);
+        let m = self.port_match(
+            sets,
+            sets::OUTBOUND_EXCLUDE_PORTS,
+            &cfg.outbound_exclude_ports,
+        );
         self.b.append(
             Nat,
             ISTIO_OUTPUT,
@@ -135,7 +140,7 @@ impl FamilyPlanner<'_> {
     pub(super) fn exclude_cidrs(&mut self, sets: &mut SetRegistry) {
         let exclude = self.of_family(&self.cfg.outbound_exclude_cidrs);
         if !exclude.is_empty() {
-            let m = self.cidr_match(sets, "exclude-cidrs", &exclude);
+            let m = self.cidr_match(sets, sets::EXCLUDE_CIDRS, &exclude);
             self.b
                 .append(Nat, ISTIO_OUTPUT, vec![Match::DAddr(m)], Action::Return);
         }
@@ -145,7 +150,11 @@ impl FamilyPlanner<'_> {
     pub(super) fn include_ports(&mut self, sets: &mut SetRegistry) {
         let cfg = self.cfg;
         if !cfg.outbound_include_ports.is_empty() {
-            let m = self.port_match(sets, "outbound-include-ports", &cfg.outbound_include_ports);
+            let m = self.port_match(
+                sets,
+                sets::OUTBOUND_INCLUDE_PORTS,
+                &cfg.outbound_include_ports,
+            );
             self.b.append(
                 Nat,
                 ISTIO_OUTPUT,
@@ -172,7 +181,7 @@ impl FamilyPlanner<'_> {
                 if include.is_empty() {
                     return;
                 }
-                let m = Match::DAddr(self.cidr_match(sets, "include-cidrs", &include));
+                let m = Match::DAddr(self.cidr_match(sets, sets::INCLUDE_CIDRS, &include));
                 for i in &cfg.reroute_interfaces {
                     self.b.insert(
                         Nat,
