@@ -4,8 +4,8 @@
 use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 use std::net::IpAddr;
-use std::path::Path;
 
+use redirect_core::istio::cli::settings::Settings;
 use redirect_core::istio::mesh::Decision;
 use redirect_core::istio::pod_facts::{self, HostAddress};
 use redirect_core::model::eval::{self, Evaluation, Flow, Verdict};
@@ -74,24 +74,12 @@ fn run(
         .flatten()
         .map(|f| f.parse::<Flow>().map_err(Error::Flow))
         .collect::<Result<_, _>>()?;
-    let pod_ips = match args::get(&r.matches, "pod-ip") {
-        Some(v) => args::ip_list("pod-ip", v)?,
-        None => Vec::new(),
-    };
-    let nameservers = match args::get(&r.matches, "nameservers") {
-        Some(v) => args::ip_list("nameservers", v)?,
-        None => Vec::new(),
-    };
+    let pod_ips = ip_arg(r, "pod-ip")?;
+    let nameservers = ip_arg(r, "nameservers")?;
     let mut s = args::settings(r)?;
     let mut notes = Vec::new();
-    let decision = match args::get(&r.matches, "annotations") {
-        Some(file) => Some(pod_file::decision(Path::new(file), &s)?),
-        None => None,
-    };
-    let dual_stack = match &decision {
-        Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
-        _ => s.dual_stack,
-    };
+    let decision = pod_file::from_args(r, &s)?;
+    let dual_stack = pod_file::dual_stack(decision.as_ref(), &s);
     let host = if pod_ips.is_empty() {
         if flows.iter().any(|f| f.dst.is_ipv6()) {
             notes.push("no --pod-ip: planned for an IPv4 pod, which has no IPv6 rules; give the pod's IPv6 address to plan them".into());
@@ -104,51 +92,73 @@ fn run(
         pod_facts::host_address(&pod_ips, dual_stack)
             .ok_or_else(|| Error::NoPodAddress(pod_ips.clone()))?
     };
-    // A pod outside the mesh has no rules: every flow is evaluated against an empty ruleset.
-    let (cfg, rs) = match decision {
+    let (cfg, rs) = rules(decision, &mut s, &host, &nameservers, &mut notes)?;
+    let out = flows
+        .iter()
+        .map(|f| explain(f, &rs, &cfg, &pod_ips))
+        .collect();
+    Ok((out, notes))
+}
+
+/// The addresses of an optional flag.
+fn ip_arg(
+    r: &redirect_core::istio::cli::flags::Resolved,
+    flag: &'static str,
+) -> Result<Vec<IpAddr>, Error> {
+    match args::get(&r.matches, flag) {
+        Some(v) => args::ip_list(flag, v),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The config and rules the flows meet: the pod's, when a pod file decided it (a pod outside
+/// the mesh has none: every flow meets an empty ruleset), else Istio's flags'.
+fn rules(
+    decision: Option<Decision>,
+    s: &mut Settings,
+    host: &HostAddress,
+    nameservers: &[IpAddr],
+    notes: &mut Vec<String>,
+) -> Result<(CaptureConfig, Ruleset), Error> {
+    match decision {
         Some(Decision::Capture {
             config, warnings, ..
         }) => {
             notes.extend(warnings);
             let config = config.with_ipv6(host.ipv6);
             let rs = config.plan(&redirect_core::kernel::SystemGroups)?;
-            (config, rs)
+            Ok((config.into_inner(), rs))
         }
         Some(Decision::Skip(why)) => {
             notes.push(format!(
                 "the pod is not captured ({why}): redirect-cni writes no rules for it, so no flow is captured"
             ));
-            (s.config, Ruleset::default())
+            Ok((s.config.clone().into_inner(), Ruleset::default()))
         }
         Some(Decision::NeedSpec(why)) => {
-            unreachable!("pod_file::decide returns it as an error: {why}")
+            unreachable!("pod_file::decision returns it as an error: {why}")
         }
         None => {
-            notes.extend(args::finish(&mut s, &host, &nameservers)?);
+            notes.extend(args::finish(s, host, nameservers)?);
             let rs = s.config.plan(&redirect_core::kernel::SystemGroups)?;
-            (s.config, rs)
+            Ok((s.config.clone().into_inner(), rs))
         }
-    };
-    let out = flows
-        .iter()
-        .map(|f| {
-            // The pod's own address is reached through lo, as the kernel routes it.
-            let mut f = f.clone();
-            if f.direction == eval::Direction::Out
-                && f.oif.is_none()
-                && pod_ips.contains(&f.dst.ip())
-            {
-                f.oif = Some("lo".into());
-            }
-            let evaluation = eval::evaluate(&rs, &f);
-            let meaning = meaning(&evaluation, &cfg);
-            Explained {
-                evaluation,
-                meaning,
-            }
-        })
-        .collect();
-    Ok((out, notes))
+    }
+}
+
+/// One flow through `rs`. The pod's own address is reached through lo, as the kernel routes
+/// it.
+fn explain(flow: &Flow, rs: &Ruleset, cfg: &CaptureConfig, pod_ips: &[IpAddr]) -> Explained {
+    let mut f = flow.clone();
+    if f.direction == eval::Direction::Out && f.oif.is_none() && pod_ips.contains(&f.dst.ip()) {
+        f.oif = Some("lo".into());
+    }
+    let evaluation = eval::evaluate(rs, &f);
+    let meaning = meaning(&evaluation, cfg);
+    Explained {
+        evaluation,
+        meaning,
+    }
 }
 
 /// What the verdict means for the mesh.

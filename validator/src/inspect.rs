@@ -105,15 +105,9 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
         other => other.into(),
     })?;
     let mut settings = args::settings(r)?;
-    let decision = match args::get(&r.matches, "annotations") {
-        Some(file) => Some(pod_file::decision(Path::new(file), &settings)?),
-        None => None,
-    };
+    let decision = pod_file::from_args(r, &settings)?;
     // The pod's address decides IPv6, as where the rules were written.
-    let dual_stack = match &decision {
-        Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
-        _ => settings.dual_stack,
-    };
+    let dual_stack = pod_file::dual_stack(decision.as_ref(), &settings);
     let host = ns
         .run(|| Routes::open().and_then(|r| r.addresses()))?
         .ok()
@@ -123,7 +117,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
             Some(("the pod's annotations".to_string(), Expected::Nothing(why)))
         }
         Some(Decision::NeedSpec(why)) => {
-            unreachable!("pod_file::decide returns it as an error: {why}")
+            unreachable!("pod_file::decision returns it as an error: {why}")
         }
         Some(Decision::Capture { config, .. }) => {
             let h = host.ok_or(Error::NoNamespaceAddress)?;

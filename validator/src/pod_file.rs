@@ -3,11 +3,27 @@
 
 use std::path::Path;
 
+use redirect_core::istio::cli::flags::Resolved;
 use redirect_core::istio::cli::settings::Settings;
 use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
 use redirect_core::istio::pod;
 
-use crate::Error;
+use crate::{args, Error};
+
+/// The decision for the pod of `--annotations FILE`, when given.
+pub fn from_args(r: &Resolved, settings: &Settings) -> Result<Option<Decision>, Error> {
+    args::get(&r.matches, "annotations")
+        .map(|file| decision(Path::new(file), settings))
+        .transpose()
+}
+
+/// Whether IPv6 follows the pod's IPv6 address: the pod's annotation, else Istio's flag.
+pub fn dual_stack(decision: Option<&Decision>, settings: &Settings) -> bool {
+    match decision {
+        Some(Decision::Capture { dual_stack, .. }) => *dual_stack,
+        _ => settings.dual_stack,
+    }
+}
 
 /// The file's pod (`kubectl get pod -o json`, a JSON object of annotations, or a Downward API
 /// annotations file), decided. An error names the file or the annotation.

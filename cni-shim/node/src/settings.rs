@@ -455,168 +455,183 @@ pub fn parse(
         args.drain(..=i);
     }
     let argv = std::iter::once(OsString::from("redirect-cni-node")).chain(args);
-    let resolved = match TABLE.parse(command(), argv, env) {
-        Ok(flag_table::Parsed::Run(r)) => r,
-        Ok(flag_table::Parsed::Info(text)) => return Ok(Parsed::Info(text)),
-        Err(message) => return Err(Error::Usage(message)),
-    };
-    // The value, and the flag or variable to name in a message about it.
-    let value = |key: &Flag| -> (String, &'static str) {
-        let v = resolved.get(key);
-        (v.value.clone(), v.field())
-    };
-    let string = |key: &Flag| value(key).0;
-    let boolean = |key: &Flag| -> Result<bool> {
-        let (v, from) = value(key);
-        parse_bool(&v).ok_or_else(|| Error::InvalidSetting {
-            setting: from,
-            value: v,
-            reason: "expected true or false (also 1, 0, t, f)".into(),
-        })
-    };
-    let non_empty = |key: &Flag| Some(string(key)).filter(|v| !v.is_empty());
+    match TABLE.parse(command(), argv, env) {
+        Ok(flag_table::Parsed::Run(r)) => Ok(Parsed::Run(Box::new(settings(&Values(r))?))),
+        Ok(flag_table::Parsed::Info(text)) => Ok(Parsed::Info(text)),
+        Err(message) => Err(Error::Usage(message)),
+    }
+}
 
-    let cni_bin_dirs: Vec<PathBuf> = split_list(&string(&CNI_BIN_DIR))
-        .into_iter()
-        .map(PathBuf::from)
-        .collect();
-    if cni_bin_dirs.is_empty() {
-        let (value, setting) = value(&CNI_BIN_DIR);
-        return Err(Error::InvalidSetting {
-            setting,
-            value,
-            reason: "at least one directory is needed, e.g. /host/opt/cni/bin".into(),
-        });
-    }
-    let (mode, mode_from) = value(&KUBECONFIG_MODE);
-    let kubeconfig_mode = parse_mode(&mode).ok_or_else(|| Error::InvalidSetting {
-        setting: mode_from,
-        value: mode.clone(),
-        reason: "expected an octal file mode such as 0600".into(),
-    })?;
-    if kubeconfig_mode & KUBECONFIG_UNSAFE_BITS != 0 {
-        return Err(Error::InvalidSetting {
-            setting: mode_from,
-            value: mode.clone(),
-            reason: "the kubeconfig holds the node agent's service-account token: a mode that gives other users any access, or the group write access, lets them read or replace it; use 0600 (the default) or 0640".into(),
-        });
-    }
-    let plugin_config = match non_empty(&PLUGIN_CONFIG_JSON) {
+/// The settings, checked in the order an operator reads them: the node's folders, the files
+/// written, the agent's parts. The first bad value is the error.
+fn settings(v: &Values) -> Result<Settings> {
+    let cni_bin_dirs = cni_bin_dirs(v)?;
+    let kubeconfig_mode = kubeconfig_mode(v)?;
+    let plugin_config = match v.non_empty(&PLUGIN_CONFIG_JSON) {
         None => Map::new(),
-        Some(text) => parse_plugin_config(&text).map_err(|reason| Error::InvalidSetting {
-            setting: value(&PLUGIN_CONFIG_JSON).1,
-            value: text.clone(),
-            reason,
-        })?,
+        Some(text) => {
+            parse_plugin_config(&text).map_err(|reason| v.invalid(&PLUGIN_CONFIG_JSON, reason))?
+        }
     };
-    let (plugin_log_level, level_from) = value(&PLUGIN_LOG_LEVEL);
+    let plugin_log_level = v.string(&PLUGIN_LOG_LEVEL);
     if redirect_program::logging::level(&plugin_log_level).is_none() {
-        return Err(Error::InvalidSetting {
-            setting: level_from,
-            value: plugin_log_level,
-            reason: format!(
-                "expected one of {}",
-                redirect_program::logging::level_names(", ")
-            ),
-        });
+        let levels = redirect_program::logging::level_names(", ");
+        return Err(v.invalid(&PLUGIN_LOG_LEVEL, format!("expected one of {levels}")));
     }
-    let cni_conf_name = non_empty(&CNI_CONF_NAME);
+    let cni_conf_name = v.non_empty(&CNI_CONF_NAME);
     if let Some(name) = &cni_conf_name {
         if name.contains('/') || name == "." || name == ".." {
-            return Err(Error::InvalidSetting {
-                setting: value(&CNI_CONF_NAME).1,
-                value: name.clone(),
-                reason: "a file name inside the CNI net dir is expected, without '/'".into(),
-            });
+            let reason = "a file name inside the CNI net dir is expected, without '/'";
+            return Err(v.invalid(&CNI_CONF_NAME, reason.into()));
         }
     }
-
-    let number = |key: &Flag, range: std::ops::RangeInclusive<i64>| -> Result<i64> {
-        let (v, from) = value(key);
-        v.trim()
-            .parse::<i64>()
-            .ok()
-            .filter(|n| range.contains(n))
-            .ok_or_else(|| Error::InvalidSetting {
-                setting: from,
-                value: v,
-                reason: format!(
-                    "expected a whole number from {} to {}",
-                    range.start(),
-                    range.end()
-                ),
-            })
-    };
-    let node_name = string(&NODE_NAME).trim().to_string();
-    let repair = RepairSettings {
-        enabled: boolean(&REPAIR_ENABLED)?,
-        action: [
-            (boolean(&REPAIR_REPAIR_PODS)?, Action::Repair),
-            (boolean(&REPAIR_DELETE_PODS)?, Action::Delete),
-            (boolean(&REPAIR_LABEL_PODS)?, Action::Label),
-        ]
-        .into_iter()
-        .find_map(|(on, action)| on.then_some(action)),
-        node_name: non_empty(&REPAIR_NODE_NAME)
-            .map(|n| n.trim().to_string())
-            .unwrap_or_else(|| node_name.clone()),
-        filter: Filter {
-            sidecar_annotation: string(&REPAIR_SIDECAR_ANNOTATION),
-            init_container_name: string(&REPAIR_INIT_CONTAINER_NAME),
-            exit_code: number(&REPAIR_INIT_CONTAINER_EXIT_CODE, 0..=255)? as i32,
-            termination_message: string(&REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE),
-        },
-        label_key: string(&REPAIR_BROKEN_POD_LABEL_KEY),
-        label_value: string(&REPAIR_BROKEN_POD_LABEL_VALUE),
-        label_selectors: string(&REPAIR_LABEL_SELECTORS),
-        field_selectors: string(&REPAIR_FIELD_SELECTORS),
-        max_attempts: number(&REPAIR_MAX_ATTEMPTS, 1..=100)? as u32,
-        places: Places {
-            proc: string(&REPAIR_HOST_PROC).into(),
-            pins: string(&REPAIR_NETNS_DIR).into(),
-        },
-    };
-    let untaint = if boolean(&UNTAINT_NODE)? {
-        let (key, from) = value(&UNTAINT_TAINT_KEY);
-        if key.trim().is_empty() {
-            return Err(Error::InvalidSetting {
-                setting: from,
-                value: key,
-                reason: "a taint key is needed, e.g. cni.istio.io/not-ready".into(),
-            });
-        }
-        Some(key.trim().to_string())
-    } else {
-        None
-    };
-    let monitoring_port = number(&MONITORING_PORT, 0..=65535)? as u16;
-
-    Ok(Parsed::Run(Box::new(Settings {
-        mounted_cni_net_dir: string(&MOUNTED_CNI_NET_DIR).into(),
-        cni_net_dir: string(&CNI_NET_DIR).into(),
+    let node_name = v.string(&NODE_NAME).trim().to_string();
+    let repair = repair(v, &node_name)?;
+    let untaint = untaint(v)?;
+    let monitoring_port = v.number(&MONITORING_PORT, 0..=65535)? as u16;
+    Ok(Settings {
+        mounted_cni_net_dir: v.string(&MOUNTED_CNI_NET_DIR).into(),
+        cni_net_dir: v.string(&CNI_NET_DIR).into(),
         cni_bin_dirs,
-        binary: non_empty(&BINARY).map(PathBuf::from),
+        binary: v.non_empty(&BINARY).map(PathBuf::from),
         cni_conf_name,
-        chained: boolean(&CHAINED_CNI_PLUGIN)?,
-        cni_agent_run_dir: string(&CNI_AGENT_RUN_DIR).into(),
+        chained: v.boolean(&CHAINED_CNI_PLUGIN)?,
+        cni_agent_run_dir: v.string(&CNI_AGENT_RUN_DIR).into(),
         kubeconfig_mode,
-        cni_conf_group_read: boolean(&CNI_CONF_GROUP_READ)?,
-        kube_ca_file: non_empty(&KUBE_CA_FILE).map(PathBuf::from),
-        skip_tls_verify: boolean(&SKIP_TLS_VERIFY)?,
-        service_account_dir: string(&SERVICE_ACCOUNT_DIR).into(),
-        kubernetes_service_host: non_empty(&KUBERNETES_SERVICE_HOST),
-        kubernetes_service_port: string(&KUBERNETES_SERVICE_PORT),
-        kubernetes_service_protocol: string(&KUBERNETES_SERVICE_PROTOCOL),
-        exclude_namespaces: split_list(&string(&EXCLUDE_NAMESPACES)),
-        pod_namespace: string(&POD_NAMESPACE),
+        cni_conf_group_read: v.boolean(&CNI_CONF_GROUP_READ)?,
+        kube_ca_file: v.non_empty(&KUBE_CA_FILE).map(PathBuf::from),
+        skip_tls_verify: v.boolean(&SKIP_TLS_VERIFY)?,
+        service_account_dir: v.string(&SERVICE_ACCOUNT_DIR).into(),
+        kubernetes_service_host: v.non_empty(&KUBERNETES_SERVICE_HOST),
+        kubernetes_service_port: v.string(&KUBERNETES_SERVICE_PORT),
+        kubernetes_service_protocol: v.string(&KUBERNETES_SERVICE_PROTOCOL),
+        exclude_namespaces: split_list(&v.string(&EXCLUDE_NAMESPACES)),
+        pod_namespace: v.string(&POD_NAMESPACE),
         plugin_log_level,
         plugin_config,
-        cleanup_on_exit: boolean(&CLEANUP_ON_EXIT)?,
+        cleanup_on_exit: v.boolean(&CLEANUP_ON_EXIT)?,
         node_name,
         repair,
         untaint,
         monitoring_port,
-    })))
+    })
+}
+
+fn cni_bin_dirs(v: &Values) -> Result<Vec<PathBuf>> {
+    let dirs: Vec<PathBuf> = split_list(&v.string(&CNI_BIN_DIR))
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    if dirs.is_empty() {
+        let reason = "at least one directory is needed, e.g. /host/opt/cni/bin";
+        return Err(v.invalid(&CNI_BIN_DIR, reason.into()));
+    }
+    Ok(dirs)
+}
+
+/// The kubeconfig's mode: octal, and giving no one but its owner (and the group, to read) the
+/// service-account token it holds.
+fn kubeconfig_mode(v: &Values) -> Result<u32> {
+    let mode = parse_mode(&v.string(&KUBECONFIG_MODE)).ok_or_else(|| {
+        v.invalid(
+            &KUBECONFIG_MODE,
+            "expected an octal file mode such as 0600".into(),
+        )
+    })?;
+    if mode & KUBECONFIG_UNSAFE_BITS != 0 {
+        return Err(v.invalid(&KUBECONFIG_MODE, "the kubeconfig holds the node agent's service-account token: a mode that gives other users any access, or the group write access, lets them read or replace it; use 0600 (the default) or 0640".into()));
+    }
+    Ok(mode)
+}
+
+/// The repair controller's settings; its node is `node_name` unless it names its own.
+fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
+    Ok(RepairSettings {
+        enabled: v.boolean(&REPAIR_ENABLED)?,
+        action: [
+            (v.boolean(&REPAIR_REPAIR_PODS)?, Action::Repair),
+            (v.boolean(&REPAIR_DELETE_PODS)?, Action::Delete),
+            (v.boolean(&REPAIR_LABEL_PODS)?, Action::Label),
+        ]
+        .into_iter()
+        .find_map(|(on, action)| on.then_some(action)),
+        node_name: v
+            .non_empty(&REPAIR_NODE_NAME)
+            .map(|n| n.trim().to_string())
+            .unwrap_or_else(|| node_name.to_string()),
+        filter: Filter {
+            sidecar_annotation: v.string(&REPAIR_SIDECAR_ANNOTATION),
+            init_container_name: v.string(&REPAIR_INIT_CONTAINER_NAME),
+            exit_code: v.number(&REPAIR_INIT_CONTAINER_EXIT_CODE, 0..=255)? as i32,
+            termination_message: v.string(&REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE),
+        },
+        label_key: v.string(&REPAIR_BROKEN_POD_LABEL_KEY),
+        label_value: v.string(&REPAIR_BROKEN_POD_LABEL_VALUE),
+        label_selectors: v.string(&REPAIR_LABEL_SELECTORS),
+        field_selectors: v.string(&REPAIR_FIELD_SELECTORS),
+        max_attempts: v.number(&REPAIR_MAX_ATTEMPTS, 1..=100)? as u32,
+        places: Places {
+            proc: v.string(&REPAIR_HOST_PROC).into(),
+            pins: v.string(&REPAIR_NETNS_DIR).into(),
+        },
+    })
+}
+
+/// The taint to remove once the plugin is in place, when untainting is on.
+fn untaint(v: &Values) -> Result<Option<String>> {
+    if !v.boolean(&UNTAINT_NODE)? {
+        return Ok(None);
+    }
+    let key = v.string(&UNTAINT_TAINT_KEY);
+    if key.trim().is_empty() {
+        let reason = "a taint key is needed, e.g. cni.istio.io/not-ready";
+        return Err(v.invalid(&UNTAINT_TAINT_KEY, reason.into()));
+    }
+    Ok(Some(key.trim().to_string()))
+}
+
+/// The resolved command line, read by kind; a bad value's error names the flag or the
+/// variable it came from.
+struct Values(flag_table::Resolved);
+
+impl Values {
+    fn string(&self, key: &Flag) -> String {
+        self.0.get(key).value.clone()
+    }
+
+    fn non_empty(&self, key: &Flag) -> Option<String> {
+        Some(self.string(key)).filter(|v| !v.is_empty())
+    }
+
+    fn boolean(&self, key: &Flag) -> Result<bool> {
+        parse_bool(&self.string(key))
+            .ok_or_else(|| self.invalid(key, "expected true or false (also 1, 0, t, f)".into()))
+    }
+
+    fn number(&self, key: &Flag, range: std::ops::RangeInclusive<i64>) -> Result<i64> {
+        let (start, end) = (range.start(), range.end());
+        self.string(key)
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| {
+                self.invalid(
+                    key,
+                    format!("expected a whole number from {start} to {end}"),
+                )
+            })
+    }
+
+    /// The setting's value refused for `reason`, naming where the value came from.
+    fn invalid(&self, key: &Flag, reason: String) -> Error {
+        let v = self.0.get(key);
+        Error::InvalidSetting {
+            setting: v.field(),
+            value: v.value.clone(),
+            reason,
+        }
+    }
 }
 
 /// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).

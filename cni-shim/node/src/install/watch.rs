@@ -127,6 +127,11 @@ impl Pending {
     fn any(&self) -> bool {
         self.config || self.kubeconfig || self.binaries
     }
+    fn add(&mut self, other: &Pending) {
+        self.config |= other.config;
+        self.kubeconfig |= other.kubeconfig;
+        self.binaries |= other.binaries;
+    }
 }
 
 struct Watches {
@@ -281,87 +286,14 @@ pub fn watch(
     progress: &dyn Progress,
 ) -> Result<()> {
     let mut watches = Watches::new(inst)?;
-    let mut limiter = RewriteLimiter::new(opts.max_rewrites, opts.rewrite_window);
-    let mut next_resync = Instant::now() + opts.resync;
-    let mut hold_until: Option<Instant> = None;
-    let mut pending = Pending::all();
-    let mut failed = Pending::default();
-    let mut last: Option<ConfigStatus> = None;
-    let mut installed_once = false;
-    // The last error logged, so that a lasting one is not logged at every retry.
-    let mut last_error = String::new();
+    let mut w = Watcher::new(inst, opts, progress);
     loop {
-        let now = Instant::now();
-        if pending.binaries {
-            pending.binaries = false;
-            failed.binaries = false;
-            if let Err(e) = inst.install_binaries() {
-                progress.installed(Install::CopyBinariesFailure);
-                report(e, &mut last_error, opts);
-                failed.binaries = true;
-            }
-        }
-        if pending.kubeconfig {
-            pending.kubeconfig = false;
-            failed.kubeconfig = false;
-            if let Err(e) = inst.ensure_kubeconfig() {
-                progress.installed(super::kubeconfig_failure(&e));
-                report(e, &mut last_error, opts);
-                failed.kubeconfig = true;
-            }
-        }
-        if pending.config && hold_until.is_none() {
-            pending.config = false;
-            failed.config = false;
-            match inst.reconcile_config() {
-                Ok(status) => {
-                    if matches!(
-                        (&status, &last),
-                        (ConfigStatus::Written(_), _) | (ConfigStatus::Unchanged(_), None)
-                    ) {
-                        progress.installed(Install::Success);
-                    }
-                    match (&status, &last) {
-                        (ConfigStatus::Waiting, Some(ConfigStatus::Waiting)) => {}
-                        (ConfigStatus::Waiting, _) => tracing::info!(
-                            "waiting for a CNI config in {} to chain into ({})",
-                            inst.config.net_dir().display(),
-                            inst.config.describe_dir()
-                        ),
-                        (ConfigStatus::Unchanged(path), None) => {
-                            tracing::info!("the CNI config {} is already in place", path.display())
-                        }
-                        // A rewrite once the config has been in place is a repair: count it.
-                        (ConfigStatus::Written(path), _) if installed_once => {
-                            limiter.record(now);
-                            if let Some(wait) = limiter.wait_needed(now) {
-                                hold_until = Some(now + wait);
-                                warn_rewrite_loop(inst, path, limiter.count(), opts, wait);
-                            }
-                        }
-                        _ => {}
-                    }
-                    installed_once |= !matches!(status, ConfigStatus::Waiting);
-                    last = Some(status);
-                }
-                Err(e) => {
-                    progress.installed(Install::CreateCniConfigFailure);
-                    report(e, &mut last_error, opts);
-                    failed.config = true;
-                }
-            }
-        }
-        if !failed.any() {
-            last_error.clear();
-        }
-        progress.ready(&verdict(&failed, hold_until.is_some(), last.as_ref()));
-        let retry_at = failed.any().then(|| Instant::now() + opts.retry);
-
-        let deadline = [Some(next_resync), hold_until, retry_at]
+        let retry_at = w.pass();
+        let deadline = [Some(w.next_resync), w.hold_until, retry_at]
             .into_iter()
             .flatten()
             .min()
-            .unwrap_or(next_resync);
+            .unwrap_or(w.next_resync);
         if wait(
             &watches,
             stop,
@@ -369,9 +301,9 @@ pub fn watch(
         ) {
             return Ok(());
         }
-        let mut rebuild = watches.drain(&mut pending);
+        let mut rebuild = watches.drain(&mut w.pending);
         // Debounce: let a burst of writes finish.
-        while pending.any() {
+        while w.pending.any() {
             if wait(&watches, stop, opts.debounce) {
                 return Ok(());
             }
@@ -380,26 +312,139 @@ pub fn watch(
             if !more.any() {
                 break;
             }
-            pending.config |= more.config;
-            pending.kubeconfig |= more.kubeconfig;
-            pending.binaries |= more.binaries;
+            w.pending.add(&more);
         }
         if rebuild {
-            watches = Watches::new(inst)?;
+            watches = Watches::new(w.inst)?;
         }
+        w.schedule(retry_at);
+    }
+}
+
+/// What the watch loop keeps between passes.
+struct Watcher<'a> {
+    inst: &'a mut Installer,
+    opts: &'a WatchOptions,
+    progress: &'a dyn Progress,
+    limiter: RewriteLimiter,
+    next_resync: Instant,
+    /// Rewrites of the CNI config are held back until then (a rewrite loop).
+    hold_until: Option<Instant>,
+    /// The steps to run at the next pass, and those whose last run failed.
+    pending: Pending,
+    failed: Pending,
+    last: Option<ConfigStatus>,
+    installed_once: bool,
+    /// The last error logged, so that a lasting one is not logged at every retry.
+    last_error: String,
+}
+
+impl<'a> Watcher<'a> {
+    fn new(inst: &'a mut Installer, opts: &'a WatchOptions, progress: &'a dyn Progress) -> Self {
+        Watcher {
+            inst,
+            opts,
+            progress,
+            limiter: RewriteLimiter::new(opts.max_rewrites, opts.rewrite_window),
+            next_resync: Instant::now() + opts.resync,
+            hold_until: None,
+            pending: Pending::all(),
+            failed: Pending::default(),
+            last: None,
+            installed_once: false,
+            last_error: String::new(),
+        }
+    }
+
+    /// Runs the pending steps, tells `progress` where the install stands; returns when to
+    /// retry what failed.
+    fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
-        if now >= next_resync {
-            pending = Pending::all();
-            next_resync = now + opts.resync;
+        if std::mem::take(&mut self.pending.binaries) {
+            self.failed.binaries = false;
+            if let Err(e) = self.inst.install_binaries() {
+                self.fail(Install::CopyBinariesFailure, e);
+                self.failed.binaries = true;
+            }
+        }
+        if std::mem::take(&mut self.pending.kubeconfig) {
+            self.failed.kubeconfig = false;
+            if let Err(e) = self.inst.ensure_kubeconfig() {
+                self.fail(super::kubeconfig_failure(&e), e);
+                self.failed.kubeconfig = true;
+            }
+        }
+        if self.pending.config && self.hold_until.is_none() {
+            self.pending.config = false;
+            self.failed.config = false;
+            match self.inst.reconcile_config() {
+                Ok(status) => self.config_done(status, now),
+                Err(e) => {
+                    self.fail(Install::CreateCniConfigFailure, e);
+                    self.failed.config = true;
+                }
+            }
+        }
+        if !self.failed.any() {
+            self.last_error.clear();
+        }
+        let ready = verdict(&self.failed, self.hold_until.is_some(), self.last.as_ref());
+        self.progress.ready(&ready);
+        self.failed.any().then(|| Instant::now() + self.opts.retry)
+    }
+
+    fn fail(&mut self, result: Install, e: Error) {
+        self.progress.installed(result);
+        report(e, &mut self.last_error, self.opts);
+    }
+
+    /// What the CNI config's pass did: counted, logged once, and a rewrite once it had been
+    /// in place (a repair) counted against the rewrite limit.
+    fn config_done(&mut self, status: ConfigStatus, now: Instant) {
+        if matches!(
+            (&status, &self.last),
+            (ConfigStatus::Written(_), _) | (ConfigStatus::Unchanged(_), None)
+        ) {
+            self.progress.installed(Install::Success);
+        }
+        match (&status, &self.last) {
+            (ConfigStatus::Waiting, Some(ConfigStatus::Waiting)) => {}
+            (ConfigStatus::Waiting, _) => tracing::info!(
+                "waiting for a CNI config in {} to chain into ({})",
+                self.inst.config.net_dir().display(),
+                self.inst.config.describe_dir()
+            ),
+            (ConfigStatus::Unchanged(path), None) => {
+                tracing::info!("the CNI config {} is already in place", path.display())
+            }
+            (ConfigStatus::Written(path), _) if self.installed_once => {
+                self.limiter.record(now);
+                if let Some(wait) = self.limiter.wait_needed(now) {
+                    self.hold_until = Some(now + wait);
+                    warn_rewrite_loop(self.inst, path, self.limiter.count(), self.opts, wait);
+                }
+            }
+            _ => {}
+        }
+        self.installed_once |= !matches!(status, ConfigStatus::Waiting);
+        self.last = Some(status);
+    }
+
+    /// After a wait: everything at the resync, what failed at its retry, the config when its
+    /// hold ends.
+    fn schedule(&mut self, retry_at: Option<Instant>) {
+        let now = Instant::now();
+        if now >= self.next_resync {
+            self.pending = Pending::all();
+            self.next_resync = now + self.opts.resync;
         }
         if retry_at.is_some_and(|t| now >= t) {
-            pending.binaries |= failed.binaries;
-            pending.kubeconfig |= failed.kubeconfig;
-            pending.config |= failed.config;
+            let failed = self.failed;
+            self.pending.add(&failed);
         }
-        if hold_until.is_some_and(|t| now >= t) {
-            hold_until = None;
-            pending.config = true;
+        if self.hold_until.is_some_and(|t| now >= t) {
+            self.hold_until = None;
+            self.pending.config = true;
         }
     }
 }

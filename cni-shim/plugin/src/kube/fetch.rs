@@ -114,15 +114,30 @@ struct Fetch<'a> {
 }
 
 /// What to do after a failed attempt.
-enum Verdict {
+enum Failed {
     /// Give up with this error.
     Final(KubeError),
     /// Try again; this is what went wrong (scrubbed).
     Retry(String),
 }
 
+/// How one GET ended.
+enum Attempt {
+    Got(PodInfo),
+    Failed(Failed),
+    /// No answer before the whole fetch's deadline: this is what went wrong.
+    DeadlineHit(String),
+}
+
 impl Fetch<'_> {
     async fn run(&self, kc: Kubeconfig) -> Result<PodInfo, KubeError> {
+        let (api, server) = self.client(kc).await?;
+        self.get(&api, server).await
+    }
+
+    /// The API client the kubeconfig describes, bounded by the policy's request timeout, and
+    /// its server (for messages).
+    async fn client(&self, kc: Kubeconfig) -> Result<(Api<Pod>, String), KubeError> {
         let client_error = |what: &str, e: &(dyn StdError + 'static)| KubeError::Config {
             path: self.path.to_owned(),
             reason: self
@@ -155,8 +170,12 @@ impl Fetch<'_> {
         let server = config.cluster_url.to_string();
         let client = Client::try_from(config)
             .map_err(|e| client_error("cannot make an API client from it", &e))?;
-        let api: Api<Pod> = Api::namespaced(client, self.namespace);
+        Ok((Api::namespaced(client, self.namespace), server))
+    }
 
+    /// GET the pod, retried as the policy says until it comes, a final answer, or the
+    /// deadline.
+    async fn get(&self, api: &Api<Pod>, server: String) -> Result<PodInfo, KubeError> {
         let attempts = self.policy.attempts.max(1);
         let start = Instant::now();
         let deadline = start + self.policy.deadline;
@@ -171,34 +190,14 @@ impl Fetch<'_> {
             }
             made = attempt;
             let bound = self.policy.request_timeout.min(left);
-            match tokio::time::timeout(bound, api.get(self.name)).await {
-                Ok(Ok(pod)) => {
-                    tracing::debug!(
-                        namespace = self.namespace,
-                        name = self.name,
-                        attempt,
-                        "got the pod from the API server"
-                    );
-                    return Ok(convert::pod_info(
-                        pod,
-                        self.namespace.to_owned(),
-                        self.name.to_owned(),
-                    ));
-                }
-                Ok(Err(e)) => match self.classify(&e, &server) {
-                    Verdict::Final(err) => return Err(err),
-                    Verdict::Retry(msg) => last = msg,
-                },
-                Err(_) if bound < self.policy.request_timeout => {
-                    last = format!("no answer before the deadline ({bound:?} left)");
+            match self.attempt(api, bound, attempt, &server).await {
+                Attempt::Got(pod) => return Ok(pod),
+                Attempt::Failed(Failed::Final(err)) => return Err(err),
+                Attempt::Failed(Failed::Retry(msg)) => last = msg,
+                Attempt::DeadlineHit(msg) => {
+                    last = msg;
                     deadline_hit = true;
                     break;
-                }
-                Err(_) => {
-                    last = format!(
-                        "no answer within the request timeout of {:?}",
-                        self.policy.request_timeout
-                    );
                 }
             }
             if attempt < attempts {
@@ -229,17 +228,44 @@ impl Fetch<'_> {
         })
     }
 
+    /// One GET, bounded by `bound` (the request timeout, or less when the deadline is nearer).
+    async fn attempt(&self, api: &Api<Pod>, bound: Duration, n: u32, server: &str) -> Attempt {
+        match tokio::time::timeout(bound, api.get(self.name)).await {
+            Ok(Ok(pod)) => {
+                tracing::debug!(
+                    namespace = self.namespace,
+                    name = self.name,
+                    attempt = n,
+                    "got the pod from the API server"
+                );
+                Attempt::Got(convert::pod_info(
+                    pod,
+                    self.namespace.to_owned(),
+                    self.name.to_owned(),
+                ))
+            }
+            Ok(Err(e)) => Attempt::Failed(self.classify(&e, server)),
+            Err(_) if bound < self.policy.request_timeout => {
+                Attempt::DeadlineHit(format!("no answer before the deadline ({bound:?} left)"))
+            }
+            Err(_) => Attempt::Failed(Failed::Retry(format!(
+                "no answer within the request timeout of {:?}",
+                self.policy.request_timeout
+            ))),
+        }
+    }
+
     /// Sorts a failed GET into final or worth retrying.
-    fn classify(&self, e: &::kube::Error, server: &str) -> Verdict {
+    fn classify(&self, e: &::kube::Error, server: &str) -> Failed {
         let scrub = |s: String| self.secrets.scrub(s);
         if let ::kube::Error::Api(status) = e {
             let message = scrub(status.message.clone());
             return match status.code {
-                404 => Verdict::Final(KubeError::NotFound {
+                404 => Failed::Final(KubeError::NotFound {
                     namespace: self.namespace.to_owned(),
                     name: self.name.to_owned(),
                 }),
-                401 => Verdict::Final(KubeError::Forbidden {
+                401 => Failed::Final(KubeError::Forbidden {
                     namespace: self.namespace.to_owned(),
                     name: self.name.to_owned(),
                     detail: format!(
@@ -248,7 +274,7 @@ impl Fetch<'_> {
                          node installer writes a fresh one into the kubeconfig: is it running?"
                     ),
                 }),
-                403 => Verdict::Final(KubeError::Forbidden {
+                403 => Failed::Final(KubeError::Forbidden {
                     namespace: self.namespace.to_owned(),
                     name: self.name.to_owned(),
                     detail: format!(
@@ -257,14 +283,14 @@ impl Fetch<'_> {
                          in every namespace, through a ClusterRole and ClusterRoleBinding"
                     ),
                 }),
-                code => Verdict::Retry(format!(
+                code => Failed::Retry(format!(
                     "{code} {}: {message}",
                     scrub(status.reason.clone())
                 )),
             };
         }
         if let Some(tls) = tls_verification_failure(e) {
-            return Verdict::Final(KubeError::Config {
+            return Failed::Final(KubeError::Config {
                 path: self.path.to_owned(),
                 reason: scrub(format!(
                     "TLS verification of the API server {server} failed: {tls}; the \
@@ -275,7 +301,7 @@ impl Fetch<'_> {
             });
         }
         if let Some(auth) = find::<::kube::client::AuthError>(e) {
-            return Verdict::Final(KubeError::Config {
+            return Failed::Final(KubeError::Config {
                 path: self.path.to_owned(),
                 reason: scrub(format!(
                     "its credentials cannot be used: {}; {KUBECONFIG_HINT}",
@@ -283,7 +309,7 @@ impl Fetch<'_> {
                 )),
             });
         }
-        Verdict::Retry(scrub(chain(e)))
+        Failed::Retry(scrub(chain(e)))
     }
 }
 
