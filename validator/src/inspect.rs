@@ -148,7 +148,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
     let kernel = ns
         .run(move || read(&routing, want))?
         .map_err(Error::KernelRead)?;
-    Ok(found(path, host, kernel, expected))
+    Ok(report(path, host, kernel, expected))
 }
 
 /// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
@@ -216,7 +216,7 @@ fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::isti
     })
 }
 
-fn found(
+fn report(
     netns: PathBuf,
     host: Option<HostAddress>,
     k: Kernel,
