@@ -4,7 +4,7 @@ same large, deterministic corpus of inputs and report every difference in what t
 
 Usage:
     python3 scripts/compare-builds.py OLD_DIR NEW_DIR [--seed N] [--quick] [--jobs N] [--keep DIR]
-                                      [--only REGEX]
+                                      [--only REGEX] [--expect FILE]
 
 Each DIR holds the static binaries redirect-init, redirect-cni and redirect-validate (NEW_DIR may
 also hold redirect-cni-node, which `redirect-cni install` may exec as a sibling). Must run as root.
@@ -67,6 +67,14 @@ came up first) through linkwatch. So the setup brings interfaces up one at a tim
 each, and every state dump first waits (at most 3 s, a line `### harness: ... did not settle`
 in the dump otherwise) until no IPv6 address is tentative and each has its `local` route. The
 outputs of the programs themselves are never waited on or retried.
+
+Intended changes (--expect FILE)
+--------------------------------
+A change that means to alter some output (a message reworded, a flag the kernel shows) lists
+each alteration in FILE, one per line: the old text, a TAB, the new text (`#` lines and blank
+lines are skipped). Each is replaced, literally, in the OLD build's normalized output before the
+comparison, and the report says how many times each was applied; what else differs is reported
+as usual. So "identical but for these N listed changes" is what a run with --expect proves.
 
 Ctrl-C or SIGTERM kills the running cases and removes the temporary directory (exit 130). If
 this script is killed outright, the running case scripts end at their timeouts and their
@@ -1358,6 +1366,43 @@ class Result:
     timeouts: int
 
 
+EXPECTED: list[tuple[str, str]] = []  # (old text, new text), from --expect
+EXPECTED_USES: dict[int, int] = {}
+EXPECTED_LOCK = threading.Lock()
+
+
+def read_expected(path: str) -> list[tuple[str, str]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip() or line.startswith("#"):
+                continue
+            if "\t" not in line:
+                usage_error(f"--expect {path}:{n}: expected OLD<TAB>NEW")
+            a, b = line.split("\t", 1)
+            if not a:
+                usage_error(f"--expect {path}:{n}: the old text is empty")
+            out.append((a, b))
+    return out
+
+
+def apply_expected(o: Outcome) -> None:
+    """The intended changes, applied to the old build's sections."""
+    if not EXPECTED:
+        return
+    sections = []
+    for title, text in o.sections:
+        for i, (a, b) in enumerate(EXPECTED):
+            n = text.count(a)
+            if n:
+                text = text.replace(a, b)
+                with EXPECTED_LOCK:
+                    EXPECTED_USES[i] = EXPECTED_USES.get(i, 0) + n
+        sections.append((title, text))
+    o.sections = sections
+
+
 def run_case(case: Case, root: str, old: str, new: str, keep: bool) -> Result:
     base = f"{root}/cases/{case.name}"
     run_dir = f"{base}/run"  # the same path for both builds
@@ -1378,6 +1423,7 @@ def run_case(case: Case, root: str, old: str, new: str, keep: bool) -> Result:
     if errors:
         return Result(case, [], "; ".join(errors), 0)
     a, b = outcomes
+    apply_expected(a)
     diff = section_diff(a, b)
     return Result(case, diff, None, max(a.timeouts, b.timeouts))
 
@@ -1507,6 +1553,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel (default 2)")
     ap.add_argument("--keep", metavar="DIR", help="keep every case's raw and normalized outputs in DIR")
     ap.add_argument("--only", metavar="REGEX", help="run only the cases whose name matches")
+    ap.add_argument("--expect", metavar="FILE", help="intended changes: OLD<TAB>NEW per line, applied to the old build's output")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -1519,6 +1566,8 @@ def main(argv=None) -> int:
     if missing:
         usage_error("missing tools: " + ", ".join(missing))
     old, new = check_dir(args.old_dir), check_dir(args.new_dir)
+    if args.expect:
+        EXPECTED.extend(read_expected(args.expect))
 
     cases = corpus(args.seed, args.quick)
     if args.only:
@@ -1585,6 +1634,10 @@ def main(argv=None) -> int:
     rerun = " ".join(shlex.quote(a) for a in ["python3", sys.argv[0], args.old_dir, args.new_dir, "--seed", str(args.seed)]
                      + (["--quick"] if args.quick else []))
     code = report(results, kinds_count, time.monotonic() - start, rerun)
+    if EXPECTED:
+        print("=== intended changes (--expect), applied to the old build's output")
+        for i, (a, b) in enumerate(EXPECTED):
+            print(f"  {EXPECTED_USES.get(i, 0):>6} x  {a!r} -> {b!r}")
     if args.keep:
         print(f"outputs kept in {root}/cases/<case>/{{old,new}}[.normalized.txt]")
     return code
