@@ -1,6 +1,6 @@
 //! The bad-input harness the programs' tests share: each bad row runs against one pod
 //! namespace, is judged by the caller (its exit code, and what its error must name), and
-//! must leave the namespace exactly as it was ([`snapshot`](crate::binary::snapshot)); a row
+//! must leave the namespace exactly as it was ([`snapshot`]); a row
 //! that changed it is reported and the namespace put back, so the next row starts alike.
 
 use crate::binary::snapshot;
