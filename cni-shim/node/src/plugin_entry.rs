@@ -16,7 +16,7 @@ pub const STANDALONE_CNI_VERSION: &str = "1.0.0";
 pub fn plugin_entry(s: &Settings) -> Value {
     let mut m = Map::new();
     m.insert("type".into(), PLUGIN_TYPE.into());
-    m.insert("name".into(), PLUGIN_TYPE.into());
+    m.insert("name".into(), s.cni_network_name.clone().into());
     m.insert("log_level".into(), s.plugin_log_level.clone().into());
     m.insert(
         "cni_agent_run_dir".into(),

@@ -73,6 +73,14 @@ redirect_core::istio::flags! {
             "Chained: the config file to chain into (default: the one kubelet uses); \
              standalone: the file to write (default: redirect-cni.conf)",
         ),
+        CNI_NETWORK_NAME = s(
+            "cni-network-name",
+            Some("CNI_NETWORK_NAME"),
+            "redirect-cni",
+            "The network name in our config (its `name`): Multus finds a standalone config by \
+             it when a NetworkAttachmentDefinition of that name has no config of its own \
+             (istio-cni for Istio's injected k8s.v1.cni.cncf.io/networks annotation)",
+        ),
         CHAINED_CNI_PLUGIN = Flag {
             flag_aliases: &["chained"],
             ..b(
@@ -299,9 +307,11 @@ pub struct Settings {
     pub mounted_cni_net_dir: PathBuf,
     pub cni_net_dir: PathBuf,
     pub cni_bin_dirs: Vec<PathBuf>,
-    /// `None`: this executable.
+    /// `None`: `redirect-cni` beside this executable.
     pub binary: Option<PathBuf>,
     pub cni_conf_name: Option<String>,
+    /// The `name` of our config: the network's name for a standalone config (Multus).
+    pub cni_network_name: String,
     pub chained: bool,
     pub cni_agent_run_dir: PathBuf,
     pub kubeconfig_mode: u32,
@@ -485,6 +495,11 @@ fn settings(v: &Values) -> Result<Settings> {
             return Err(v.invalid(&CNI_CONF_NAME, reason.into()));
         }
     }
+    let cni_network_name = v.string(&CNI_NETWORK_NAME).trim().to_string();
+    if cni_network_name.is_empty() {
+        let reason = "a network name is needed, e.g. istio-cni (Istio's) or redirect-cni";
+        return Err(v.invalid(&CNI_NETWORK_NAME, reason.into()));
+    }
     let node_name = v.string(&NODE_NAME).trim().to_string();
     let repair = repair(v, &node_name)?;
     let untaint = untaint(v)?;
@@ -495,6 +510,7 @@ fn settings(v: &Values) -> Result<Settings> {
         cni_bin_dirs,
         binary: v.non_empty(&BINARY).map(PathBuf::from),
         cni_conf_name,
+        cni_network_name,
         chained: v.boolean(&CHAINED_CNI_PLUGIN)?,
         cni_agent_run_dir: v.string(&CNI_AGENT_RUN_DIR).into(),
         kubeconfig_mode,
