@@ -35,10 +35,13 @@ fn args(name: &str) -> String {
     format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name};K8S_POD_UID=u-{name}")
 }
 
+/// STATUS, which the CNI spec has from 1.1.0 on.
 fn status(run: &Path) -> Out {
+    let mut c: Value = serde_json::from_str(&conf(run, json!({}))).unwrap();
+    c["cniVersion"] = "1.1.0".into();
     plugin(
         &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/opt/cni/bin")],
-        &conf(run, json!({})),
+        &c.to_string(),
     )
 }
 

@@ -264,6 +264,17 @@ fn dispatch(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
             "the runtime must pass the CNI variables as UTF-8",
         ));
     }
+    if let Some(c) = call.command.filter(|c| !c.allowed_in(&conf.cni_version)) {
+        return Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!(
+                "config version {} does not allow {c}: {c} exists from cniVersion {} on",
+                conf.cni_version,
+                c.since()
+            ),
+            format!("the runtime must not send {c} for this config; set its cniVersion to {} or newer to use {c}", c.since()),
+        ));
+    }
     match call.command {
         Some(Command::Add) => add(call, conf),
         Some(Command::Del) => del(call, conf).map(Answer::done),

@@ -105,6 +105,30 @@ fn status_and_gc_of_cni_1_1() {
     assert_cni_error(&out, 7, &["proxy_uid"], "STATUS bad config");
 }
 
+/// A command the config's version does not have is refused, code 1 naming both, as libcni's
+/// skel (Istio's plugin) refuses it: CHECK from 0.4.0, STATUS and GC from 1.1.0.
+#[test]
+fn each_command_needs_the_version_that_has_it() {
+    for (cmd, version, since) in [
+        ("CHECK", "0.3.0", "0.4.0"),
+        ("CHECK", "0.3.1", "0.4.0"),
+        ("STATUS", "0.4.0", "1.1.0"),
+        ("STATUS", "1.0.0", "1.1.0"),
+        ("GC", "1.0.0", "1.1.0"),
+    ] {
+        let c = conf(version, Some(mesh_annotations()), serde_json::json!({}));
+        let out = plugin(&env(cmd, "/run/netns/no-such-pod-rdc", ARGS), &c);
+        let what = format!("{cmd} with cniVersion {version}");
+        assert_cni_error(&out, 1, &[cmd, version, since], &what);
+        assert_eq!(out.json()["cniVersion"], version, "{what}");
+    }
+    // From those versions on, the same calls are answered as usual (a pod whose namespace is
+    // gone: CHECK says so, STATUS is ready).
+    let c = conf("0.4.0", Some(mesh_annotations()), serde_json::json!({}));
+    let out = plugin(&env("CHECK", "/run/netns/no-such-pod-rdc", ARGS), &c);
+    assert_cni_error(&out, 3, &["no-such-pod-rdc"], "CHECK 0.4.0");
+}
+
 #[test]
 fn del_succeeds_without_a_namespace_a_prev_result_or_twice() {
     let c = conf("1.0.0", Some(mesh_annotations()), serde_json::json!({}));
