@@ -186,7 +186,7 @@ impl Metrics {
         self.requests
             .get_or_create(&RequestLabels {
                 command: e.command.clone(),
-                response_code: e.code.to_string(),
+                response_code: e.code_label(),
             })
             .inc();
         if e.command != "ADD" {

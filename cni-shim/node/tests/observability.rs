@@ -380,3 +380,54 @@ fn start_and_end_lines_name_the_pod_and_the_outcome() {
         );
     }
 }
+
+/// Datagrams no plugin sends add no label value and no time: 300 codes the plugin never
+/// answers are counted under `other`, a call of u64::MAX µs and an overlong pod are dropped.
+#[test]
+fn forged_datagrams_add_no_label_values() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let d = dirs();
+    fs::write(d.path().join("sa/token"), "t0k3n").unwrap();
+    fs::write(d.path().join("sa/ca.crt"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let node = TestNetns::new();
+    let agent = start_agent(&node, d.path());
+    let run = d.path().join("run");
+    eventually("the agent's socket", || {
+        run.join(cni_plugin::events::SOCKET_NAME)
+            .exists()
+            .then_some(())
+    });
+    let sock = std::os::unix::net::UnixDatagram::unbound().unwrap();
+    let to = run.join(cni_plugin::events::SOCKET_NAME);
+    for code in 1000..1300 {
+        let e = format!(r#"{{"command":"ADD","code":{code},"total_us":1000}}"#);
+        sock.send_to(e.as_bytes(), &to).unwrap();
+    }
+    for forged in [
+        format!(r#"{{"command":"ADD","code":0,"total_us":{}}}"#, u64::MAX),
+        format!(
+            r#"{{"command":"ADD","code":0,"total_us":1,"pod":"{}"}}"#,
+            "x".repeat(600)
+        ),
+    ] {
+        sock.send_to(forged.as_bytes(), &to).unwrap();
+    }
+    let text = eventually("300 events counted", || {
+        let text = scrape(&node)?;
+        let other = "istio_cni_plugin_requests_total{command=\"ADD\",response_code=\"other\"}";
+        (sample(&text, other) == 300.0).then_some(text)
+    });
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("istio_cni_plugin_requests_total{"))
+        .count();
+    assert_eq!(series, 1, "{text}");
+    assert_eq!(
+        sample(&text, "redirect_cni_add_duration_seconds_count"),
+        300.0,
+        "the two forged events were counted: {text}"
+    );
+    stop(agent);
+}

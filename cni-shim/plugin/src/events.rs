@@ -28,6 +28,11 @@ pub const COMMANDS: [&str; 3] = [
 ];
 /// An event is a few hundred bytes; a larger datagram is not ours.
 pub const MAX_EVENT: usize = 4096;
+/// The longest call an event may report: a runtime gives a sandbox's network set-up minutes,
+/// not hours (kubelet's default runtime request timeout is 2 minutes).
+pub const MAX_CALL_US: u64 = 600_000_000;
+/// The longest `namespace/name`: two DNS labels or subdomains and the slash.
+pub const MAX_POD_NAME: usize = 253 + 1 + 253;
 
 /// One plugin call, as the agent counts it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +67,20 @@ pub struct Phases {
     pub read_back_us: Option<u64>,
 }
 
+impl Phases {
+    /// The phases that took place.
+    pub fn all(&self) -> impl Iterator<Item = u64> {
+        [
+            self.config_us,
+            self.pod_read_us,
+            self.apply_us,
+            self.read_back_us,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
 /// Microseconds, for an event.
 pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -81,12 +100,26 @@ impl Event {
         }
     }
 
-    /// An event as received; `None` when it is not one (not JSON of an event, or a command
-    /// the plugin does not report: the metrics' labels stay a short, known list).
+    /// An event as received; `None` when it is not one the plugin could have sent: not JSON
+    /// of an event, a command it does not report, a call longer than [`MAX_CALL_US`] or a
+    /// phase longer than its call, a pod name longer than [`MAX_POD_NAME`]. (The code is
+    /// bounded where it becomes a label: [`Event::code_label`].)
     pub fn decode(bytes: &[u8]) -> Option<Event> {
         serde_json::from_slice::<Event>(bytes)
             .ok()
             .filter(|e| COMMANDS.contains(&e.command.as_str()))
+            .filter(|e| e.total_us <= MAX_CALL_US && e.phases.all().all(|p| p <= e.total_us))
+            .filter(|e| e.pod.as_ref().is_none_or(|p| p.len() <= MAX_POD_NAME))
+    }
+
+    /// The code as a metric's label: one the plugin answers with (`cni::code::ALL`), else
+    /// `other`, so that a forged datagram adds no label value.
+    pub fn code_label(&self) -> String {
+        if crate::cni::code::ALL.contains(&self.code) {
+            self.code.to_string()
+        } else {
+            "other".into()
+        }
     }
 }
 
@@ -150,6 +183,43 @@ mod tests {
             "not a command the plugin reports"
         );
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// What no plugin sends is not an event: times past any call, a phase longer than its
+    /// call, an overlong pod name. A code the plugin never answers is labelled `other`.
+    #[test]
+    fn forged_events_are_refused_or_bounded() {
+        let ev = |json: &str| Event::decode(json.as_bytes());
+        assert!(ev(r#"{"command":"ADD","code":0,"total_us":1000}"#).is_some());
+        assert!(ev(&format!(
+            r#"{{"command":"ADD","code":0,"total_us":{}}}"#,
+            u64::MAX
+        ))
+        .is_none());
+        assert!(ev(&format!(
+            r#"{{"command":"ADD","code":0,"total_us":{}}}"#,
+            MAX_CALL_US + 1
+        ))
+        .is_none());
+        assert!(
+            ev(r#"{"command":"ADD","code":0,"total_us":10,"phases":{"apply_us":11}}"#).is_none()
+        );
+        let long = "n".repeat(MAX_POD_NAME + 1);
+        assert!(ev(&format!(
+            r#"{{"command":"ADD","code":0,"total_us":1,"pod":"{long}"}}"#
+        ))
+        .is_none());
+        let codes: std::collections::BTreeSet<String> = (0..2000u32)
+            .map(|code| {
+                Event {
+                    code,
+                    ..Event::default()
+                }
+                .code_label()
+            })
+            .collect();
+        assert_eq!(codes.len(), crate::cni::code::ALL.len() + 1, "{codes:?}");
+        assert!(codes.contains("other") && codes.contains("100") && codes.contains("0"));
     }
 
     #[test]

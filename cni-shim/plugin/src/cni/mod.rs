@@ -32,6 +32,24 @@ pub mod code {
     pub const POD_UNKNOWN: u32 = 102;
     /// Ours: refusing to program the namespace the plugin runs in (the host's).
     pub const HOST_NETNS: u32 = 103;
+
+    /// Every code the plugin answers with, 0 (success) first.
+    pub const ALL: [u32; 14] = [
+        0,
+        INCOMPATIBLE_VERSION,
+        UNSUPPORTED_FIELD,
+        UNKNOWN_CONTAINER,
+        INVALID_ENV,
+        IO_FAILURE,
+        DECODE,
+        INVALID_CONFIG,
+        TRY_AGAIN_LATER,
+        NOT_AVAILABLE,
+        RULES_DIFFER,
+        BAD_ANNOTATION,
+        POD_UNKNOWN,
+        HOST_NETNS,
+    ];
 }
 
 /// A CNI error: printed as JSON on stdout, exit 1.
