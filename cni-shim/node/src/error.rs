@@ -38,6 +38,14 @@ pub enum Error {
 
     #[error("cannot set up the watch: {0}")]
     Watch(String),
+
+    /// The run directory could let another user change what the plugin and the agent read.
+    #[error("the run directory {path} (CNI_AGENT_RUN_DIR) is {what}: another user could replace the plugin's kubeconfig, the agent's status file or the install record in it; make it a directory owned by root with mode 0755 (chown root:root; chmod 0755) and start the agent again")]
+    UnsafeRunDir { path: PathBuf, what: String },
+
+    /// Something the agent will not remove sits where it writes its status file.
+    #[error("{path} is a directory, where the agent writes its status file (the plugin's STATUS reads it): remove it and start the agent again")]
+    StatusPathTaken { path: PathBuf },
 }
 
 impl Error {

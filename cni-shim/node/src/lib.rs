@@ -15,6 +15,7 @@ pub mod kube_client;
 pub mod metrics;
 pub mod plugin_entry;
 pub mod repair;
+pub mod run_dir;
 pub mod settings;
 
 pub use error::{Error, Result};

@@ -1440,3 +1440,138 @@ fn the_manifests_configmaps_use_known_settings_and_the_nad_example_matches() {
     assert_eq!(inline, standalone_conf(os));
     assert!(nad.contains("name: redirect-cni\n  namespace: default\n"));
 }
+
+/// The run directory must be the agent's alone: one its group or others may write, or that
+/// another user owns, is refused at start (exit 1, naming the mode and the fix) and nothing is
+/// installed. (Before: taken as it was.)
+#[test]
+fn binary_refuses_a_run_dir_others_may_write() {
+    let env = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "6443"),
+        ("REPAIR_ENABLED", "false"),
+        ("MONITORING_PORT", "0"),
+    ];
+    for (mode, owner, needle) in [
+        (0o777, None, "mode 0777"),
+        (0o775, None, "mode 0775"),
+        (0o1777, None, "mode 1777"),
+        (0o755, Some(4242), "owned by UID 4242"),
+    ] {
+        let node = Node::new();
+        node.write("net/10-calico.conflist", CALICO, 0o644);
+        fs::set_permissions(node.p("run"), fs::Permissions::from_mode(mode)).unwrap();
+        if let Some(uid) = owner {
+            nix::unistd::chown(&node.p("run"), Some(nix::unistd::Uid::from_raw(uid)), None)
+                .unwrap();
+        }
+        let before = node.snapshot();
+        let (code, stderr) = binary_exits(&node, &env);
+        assert_eq!(code, Some(1), "{needle}: {stderr}");
+        assert!(
+            stderr.contains(needle) && stderr.contains("chmod 0755"),
+            "{needle}: {stderr}"
+        );
+        assert!(changed(&before, &node.snapshot()).is_empty(), "{needle}");
+    }
+}
+
+/// Where the agent writes its status file: a FIFO or a link left there is removed and the
+/// agent's file written; a directory is refused at start, naming it. (Before: the FIFO stayed
+/// and the plugin's STATUS blocked on it; the directory made STATUS say "ready".)
+#[test]
+fn binary_takes_back_its_status_path_and_refuses_a_directory() {
+    let env = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "6443"),
+        ("REPAIR_ENABLED", "false"),
+        ("MONITORING_PORT", "0"),
+    ];
+    let node = Node::new();
+    fs::create_dir(node.p("run/agent-ready")).unwrap();
+    let (code, stderr) = binary_exits(&node, &env);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("agent-ready is a directory") && stderr.contains("remove it"),
+        "{stderr}"
+    );
+    fs::remove_dir(node.p("run/agent-ready")).unwrap();
+
+    nix::unistd::mkfifo(
+        &node.p("run/agent-ready"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let child = spawn_agent(&node, &env);
+    wait_until(
+        "the agent's own status file",
+        Duration::from_secs(20),
+        || fs::symlink_metadata(node.p("run/agent-ready")).is_ok_and(|m| m.is_file()),
+    );
+    let stderr = sigterm(child);
+    assert!(
+        stderr.contains("not the regular file the agent writes"),
+        "{stderr}"
+    );
+}
+
+/// A kubeconfig replaced behind the agent's back (its server pointed elsewhere) is written
+/// again at once, with a warning that says so. (Before: only at the next resync, a minute
+/// later, without a word.)
+#[test]
+fn binary_writes_a_replaced_kubeconfig_again_at_once() {
+    let env = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "6443"),
+        ("REPAIR_ENABLED", "false"),
+        ("MONITORING_PORT", "0"),
+    ];
+    let node = Node::new();
+    node.write("net/10-calico.conflist", CALICO, 0o644);
+    let child = spawn_agent(&node, &env);
+    let kubeconfig = node.p("run/redirect-cni-kubeconfig");
+    let ours = |t: &str| t.contains("https://10.96.0.1:6443");
+    wait_until("the kubeconfig", Duration::from_secs(20), || {
+        fs::read_to_string(&kubeconfig).is_ok_and(|t| ours(&t))
+    });
+    let written = Instant::now();
+    let evil = node.p("run/evil");
+    fs::write(&evil, "server: https://attacker.example:443\n").unwrap();
+    fs::rename(&evil, &kubeconfig).unwrap();
+    wait_until(
+        "the kubeconfig written again",
+        Duration::from_secs(10),
+        || fs::read_to_string(&kubeconfig).is_ok_and(|t| ours(&t)),
+    );
+    let took = written.elapsed();
+    let stderr = sigterm(child);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("warn\t")
+            && l.contains("was changed, replaced or removed by someone else")),
+        "{stderr}"
+    );
+}
+
+/// The node agent on `node` (no `--binary`: the plugin beside it), with `env` only.
+fn spawn_agent(node: &Node, env: &[(&str, &str)]) -> std::process::Child {
+    let mut args = node.args(&[]);
+    args.truncate(args.len() - 2); // no --binary
+    Command::new(node_bin())
+        .args(&args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops the agent as the kubelet does; its stderr.
+fn sigterm(child: std::process::Child) -> String {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

@@ -8,6 +8,8 @@
 //! - [`Readiness`]: the agent's verdict on the installation, in the file [`READY_NAME`], which
 //!   the plugin's STATUS reports.
 
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::time::Duration;
@@ -28,6 +30,8 @@ pub const COMMANDS: [&str; 3] = [
 ];
 /// An event is a few hundred bytes; a larger datagram is not ours.
 pub const MAX_EVENT: usize = 4096;
+/// The status file is one short line; more is not the agent's.
+pub const MAX_READY: usize = 4096;
 /// The longest call an event may report: a runtime gives a sandbox's network set-up minutes,
 /// not hours (kubelet's default runtime request timeout is 2 minutes).
 pub const MAX_CALL_US: u64 = 600_000_000;
@@ -139,16 +143,87 @@ impl Readiness {
         }
     }
 
-    /// What the file in `run_dir` says; `None` when there is no file (no agent on this node:
-    /// the plugin installed by hand, or a test).
+    /// What the file in `run_dir` says; `None` when there is none (no agent on this node: the
+    /// plugin installed by hand, or a test). The file is the agent's: opened without following
+    /// a link and without blocking (a FIFO there never stalls STATUS), read only when it is a
+    /// regular file owned by root (or by this process's user), at most [`MAX_READY`] bytes. A
+    /// path that is anything else, or a file that does not say what the agent writes, reads as
+    /// not ready, saying what is wrong and quoting nothing of it.
     pub fn read(run_dir: &Path) -> Option<Readiness> {
-        let text = std::fs::read_to_string(run_dir.join(READY_NAME)).ok()?;
-        let line = text.lines().next().unwrap_or("").trim();
-        Some(match line.strip_prefix("not ready: ") {
-            None if line == "ready" => Readiness::Ready,
-            None => Readiness::NotReady(format!("the agent's status file says {line:?}")),
-            Some(why) => Readiness::NotReady(why.to_string()),
-        })
+        let path = run_dir.join(READY_NAME);
+        let not_ready = |what: String| {
+            Some(Readiness::NotReady(format!(
+                "the agent's status file {} {what}",
+                path.display()
+            )))
+        };
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return not_ready("is a symbolic link, not the agent's file".into())
+            }
+            Err(e) => return not_ready(format!("cannot be read ({e})")),
+        };
+        let meta = match file.metadata() {
+            Ok(m) => m,
+            Err(e) => return not_ready(format!("cannot be read ({e})")),
+        };
+        if !meta.is_file() {
+            return not_ready(format!("is {}, not the agent's file", kind_of(&meta)));
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != 0 && meta.uid() != me {
+            return not_ready(format!("is owned by UID {}, not by root", meta.uid()));
+        }
+        let mut text = Vec::new();
+        if let Err(e) = file.take(MAX_READY as u64 + 1).read_to_end(&mut text) {
+            return not_ready(format!("cannot be read ({e})"));
+        }
+        Some(Readiness::parse(&text).unwrap_or_else(|| {
+            Readiness::NotReady(format!(
+                "the agent's status file {} does not hold what the agent writes",
+                path.display()
+            ))
+        }))
+    }
+
+    /// The file's text, when it is the agent's: one line, `ready` or `not ready: <reason>`.
+    fn parse(bytes: &[u8]) -> Option<Readiness> {
+        if bytes.len() > MAX_READY {
+            return None;
+        }
+        let text = std::str::from_utf8(bytes).ok()?;
+        let line = text.strip_suffix('\n').unwrap_or(text);
+        if line.contains(['\n', '\r']) || line.chars().any(char::is_control) {
+            return None;
+        }
+        match line.strip_prefix("not ready: ") {
+            Some(why) => Some(Readiness::NotReady(why.to_string())),
+            None if line == "ready" => Some(Readiness::Ready),
+            None => None,
+        }
+    }
+}
+
+/// The kind of a file that is not a regular one, in words.
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a regular file"
     }
 }
 

@@ -51,10 +51,10 @@ impl Agent {
                 .then_some(settings.repair.action)
                 .flatten(),
         );
-        // The installer creates it too, later; the status file and the socket need it now.
-        std::fs::create_dir_all(&settings.cni_agent_run_dir)
-            .map_err(|e| Error::io("create", &settings.cni_agent_run_dir, e))?;
+        // The installer checks it too, later; the status file and the socket need it now.
+        crate::run_dir::ensure(&settings.cni_agent_run_dir)?;
         let ready_file = settings.cni_agent_run_dir.join(READY_NAME);
+        take_status_path(&ready_file)?;
         write_readiness(
             &ready_file,
             &Readiness::NotReady("the node agent is starting".into()),
@@ -89,8 +89,10 @@ impl Agent {
         self.metrics.set_ready(ready);
         self.ready
             .send_if_modified(|r| std::mem::replace(r, ready) != ready);
-        let text = verdict.text();
-        if std::fs::read_to_string(&self.ready_file).ok().as_deref() != Some(text.as_str()) {
+        // Read as the plugin reads it (never blocking, never following a link): a file
+        // someone replaced is written again.
+        let dir = self.ready_file.parent().unwrap_or(Path::new("/"));
+        if Readiness::read(dir).as_ref() != Some(verdict) {
             write_readiness(&self.ready_file, verdict);
         }
     }
@@ -122,6 +124,31 @@ impl Agent {
             _ => {}
         }
     }
+}
+
+/// At start, the status file's path must be free for the agent's regular file: a link, a
+/// FIFO or a socket someone left there is removed (and said), a directory is refused (the
+/// plugin's STATUS reads a directory there as "not ready", so nothing starts uncaptured).
+fn take_status_path(path: &Path) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("inspect", path, e)),
+    };
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return Ok(());
+    }
+    if kind.is_dir() {
+        return Err(Error::StatusPathTaken {
+            path: path.to_path_buf(),
+        });
+    }
+    tracing::warn!(
+        "{}: not the regular file the agent writes ({kind:?}); removed",
+        path.display()
+    );
+    std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))
 }
 
 /// Writes the readiness file atomically; a failure is logged and changes nothing else (STATUS

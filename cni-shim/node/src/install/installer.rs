@@ -19,6 +19,9 @@ pub struct Installer {
     pub binary: PathBuf,
     pub config: CniConfig,
     pub kubeconfig: Kubeconfig,
+    /// Whether this installer wrote the kubeconfig already: a later write puts back what
+    /// someone else changed.
+    kubeconfig_written: std::cell::Cell<bool>,
 }
 
 impl Installer {
@@ -31,12 +34,13 @@ impl Installer {
                 .map_err(|e| Error::io("find this executable", "/proc/self/exe", e))?
                 .with_file_name(PLUGIN_TYPE),
         };
-        for dir in [&settings.cni_agent_run_dir, &settings.mounted_cni_net_dir] {
-            fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
-        }
+        crate::run_dir::ensure(&settings.cni_agent_run_dir)?;
+        let net_dir = &settings.mounted_cni_net_dir;
+        fs::create_dir_all(net_dir).map_err(|e| Error::io("create", net_dir, e))?;
         Ok(Installer {
             config: CniConfig::new(&settings),
             kubeconfig: Kubeconfig::new(&settings),
+            kubeconfig_written: std::cell::Cell::new(false),
             binary,
             settings,
         })
@@ -59,7 +63,12 @@ impl Installer {
     /// Write the kubeconfig if it is missing or out of date; `Ok(true)` if written.
     pub fn ensure_kubeconfig(&self) -> Result<bool> {
         let written = self.kubeconfig.ensure()?;
-        if written {
+        if written && self.kubeconfig_written.replace(true) {
+            tracing::warn!(
+                "the kubeconfig {} was changed, replaced or removed by someone else (the token or CA it carries did not change); written again",
+                self.kubeconfig.path.display()
+            );
+        } else if written {
             tracing::info!(
                 "wrote the kubeconfig {} (mode {:04o}, token from {})",
                 self.kubeconfig.path.display(),

@@ -22,7 +22,7 @@ use crate::atomic_file::TEMP_MARKER;
 use crate::error::{Error, Result};
 use crate::metrics::Install;
 use crate::plugin_entry::PLUGIN_TYPE;
-use cni_plugin::events::Readiness;
+use cni_plugin::events::{Readiness, READY_NAME};
 
 /// Stops a running `watch` (and so `run`) from another thread or a signal handler.
 #[derive(Debug, Clone)]
@@ -107,6 +107,8 @@ enum Kind {
     NetDir,
     Credentials,
     BinDir,
+    /// The run directory: the plugin's kubeconfig and the agent's status file.
+    RunDir,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -137,6 +139,8 @@ impl Pending {
 struct Watches {
     inotify: Inotify,
     kinds: HashMap<WatchDescriptor, Kind>,
+    /// The files of the run directory a pass puts right: the kubeconfig, the status file.
+    run_files: Vec<String>,
 }
 
 const DIR_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
@@ -153,9 +157,15 @@ impl Watches {
     fn new(inst: &Installer) -> Result<Self> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| Error::Watch(format!("inotify_init: {e}")))?;
+        let kubeconfig = inst.settings.kubeconfig_path();
         let mut w = Watches {
             inotify,
             kinds: HashMap::new(),
+            run_files: [kubeconfig.file_name(), Some(READY_NAME.as_ref())]
+                .into_iter()
+                .flatten()
+                .map(|n| n.to_string_lossy().into_owned())
+                .collect(),
         };
         let net_dir = inst.config.net_dir().to_path_buf();
         std::fs::create_dir_all(&net_dir).map_err(|e| Error::io("create", &net_dir, e))?;
@@ -166,6 +176,9 @@ impl Watches {
         for dir in &inst.settings.cni_bin_dirs {
             w.add(dir, Kind::BinDir, false)?;
         }
+        // A kubeconfig or status file replaced behind our back is put right at once, not at
+        // the next resync.
+        w.add(&inst.settings.cni_agent_run_dir, Kind::RunDir, false)?;
         Ok(w)
     }
 
@@ -225,7 +238,14 @@ impl Watches {
                     Some(Kind::BinDir) if name.as_deref() == Some(PLUGIN_TYPE) => {
                         pending.binaries = true
                     }
-                    Some(Kind::BinDir) | None => {}
+                    Some(Kind::RunDir)
+                        if name
+                            .as_deref()
+                            .is_some_and(|n| self.run_files.iter().any(|f| f == n)) =>
+                    {
+                        pending.kubeconfig = true
+                    }
+                    Some(Kind::BinDir | Kind::RunDir) | None => {}
                 }
             }
         }

@@ -1,0 +1,88 @@
+//! The run directory the agent shares with the plugin (`CNI_AGENT_RUN_DIR`, the same path on
+//! the host): the plugin's kubeconfig, the agent's status file, the events socket and the
+//! install record live there, so whoever may write into it can point the plugin's pod reads at
+//! a server of their choosing, make STATUS lie, or make an uninstall remove other files. The
+//! agent starts only on a directory that root owns and that only its owner may write; it
+//! creates it so when missing.
+
+use std::fs::{self, DirBuilder};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Mode bits that let someone other than the owner change what is in the directory.
+const WRITABLE_BY_OTHERS: u32 = 0o022;
+
+/// Creates `dir` (mode 0755) when missing, then refuses it unless it is a directory (not a
+/// link to one), owned by root (or the agent's own user), and writable by its owner alone.
+pub fn ensure(dir: &Path) -> Result<()> {
+    match DirBuilder::new().recursive(true).mode(0o755).create(dir) {
+        Ok(()) => {}
+        Err(e) => return Err(Error::io("create", dir, e)),
+    }
+    let meta = fs::symlink_metadata(dir).map_err(|e| Error::io("inspect", dir, e))?;
+    let unsafe_dir = |what: String| Error::UnsafeRunDir {
+        path: dir.to_path_buf(),
+        what,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(unsafe_dir("a symbolic link".into()));
+    }
+    if !meta.is_dir() {
+        return Err(unsafe_dir("not a directory".into()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(unsafe_dir(format!("owned by UID {}", meta.uid())));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & WRITABLE_BY_OTHERS != 0 {
+        return Err(unsafe_dir(format!(
+            "writable by its group or others (mode {mode:04o})"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_directory_its_owner_alone_may_write_is_taken() {
+        let base = tempfile_dir();
+        let run = base.join("run");
+        ensure(&run).unwrap();
+        assert_eq!(
+            fs::metadata(&run).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        for mode in [0o777, 0o775, 0o757, 0o1777] {
+            fs::set_permissions(&run, fs::Permissions::from_mode(mode)).unwrap();
+            let e = ensure(&run).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{mode:04o}")) && e.contains("chmod 0755"),
+                "{e}"
+            );
+        }
+        fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).unwrap();
+        ensure(&run).unwrap();
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&run, &link).unwrap();
+        assert!(ensure(&link)
+            .unwrap_err()
+            .to_string()
+            .contains("symbolic link"));
+        let file = base.join("file");
+        fs::write(&file, "").unwrap();
+        assert!(ensure(&file).is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("rdc-run-dir-{}", std::process::id()));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
