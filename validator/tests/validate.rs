@@ -153,6 +153,29 @@ fn probe_as_another_uid_is_126_not_proxy_uid() {
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
 
+/// An IPv6 pod that missed the plugin has no rules at all: `no_rules`, whose fix is the
+/// repair (before: `ipv6_rules_missing`, which sent operators after dual-stack settings).
+#[test]
+fn ipv6_pod_without_rules_is_126_no_rules() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("fd77::2/64");
+    let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1337);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    let v = json(&r);
+    assert_eq!(v["target"], "[::6]:15002");
+    assert_eq!(cause(&r), "no_rules", "{v}");
+    let d = &v["diagnosis"];
+    assert!(d["evidence"].to_string().contains("either family"), "{v}");
+    assert!(
+        d["fix"].as_str().unwrap().contains(
+            "repair controller (redirect-cni-node) programs such a pod in place by default"
+        ),
+        "{v}"
+    );
+}
+
 #[test]
 fn ipv6_pod_with_ipv4_rules_is_126_ipv6_rules_missing() {
     if !kernel_tests_enabled() {

@@ -13,7 +13,7 @@ pub(super) fn no_rules(evidence: Vec<String>, target: &str, confirmed: bool) -> 
             if confirmed { " (confirmed by reading nf_tables)" } else { "" }
         ),
         fix: format!(
-            "the rules were never programmed: the pod was most likely scheduled before redirect-cni was installed on its node (or its init container did not run). Delete the pod so it is set up again; with istio-cni's repair controller this happens on its own. To confirm: {INSPECT}"
+            "the rules were never programmed: the pod was most likely scheduled before redirect-cni was installed on its node (or its init container did not run). The node agent's repair controller (redirect-cni-node) programs such a pod in place by default, and it passes at this container's next restart; without the controller, delete the pod so it is set up again. To confirm: {INSPECT}"
         ),
         evidence,
     }

@@ -229,6 +229,17 @@ fn ipv6_missing(t: &TimedOut, facts: &Facts, evidence: &mut Vec<String>) -> Opti
     if !(no_lo6 || v4_ok || no_v6_table) {
         return None;
     }
+    // Neither ::6 nor IPv4 capture: not an IPv6 problem, no capture at all (the pod missed
+    // the plugin). `no_rules` leads to the fix for that.
+    let our_table = facts.kernel.as_ref().is_some_and(|k| k.our_table);
+    if no_lo6 && facts.ipv4_probe_passed == Some(false) && !our_table {
+        evidence.push("::6 is not on lo".into());
+        evidence.push(
+            "the same probe over IPv4 (127.0.0.6) failed too: nothing is captured in either family"
+                .into(),
+        );
+        return Some(no_rules(take(evidence), &t.target, false));
+    }
     if no_lo6 {
         evidence.push("::6 is not on lo".into());
     }
@@ -395,6 +406,25 @@ mod tests {
         assert_eq!(diagnose(&f, &proxy()).cause, Cause::RulesStale);
         let v6 = timeout(true, Some(libc::ENETUNREACH), 0);
         assert_eq!(diagnose(&v6, &proxy()).cause, Cause::Ipv6RulesMissing);
+        // An IPv6 pod with no capture at all: no ::6, and IPv4 not captured either.
+        let nothing = Facts {
+            ipv4_probe_passed: Some(false),
+            lo_has_v6: Some(false),
+            ..proxy()
+        };
+        let d = diagnose(&v6, &nothing);
+        assert_eq!(d.cause, Cause::NoRules, "{d:?}");
+        assert!(
+            d.evidence.iter().any(|e| e.contains("either family")),
+            "{d:?}"
+        );
+        // ::6 missing while IPv4 is captured stays an IPv6 problem.
+        let v4_only = Facts {
+            ipv4_probe_passed: Some(true),
+            lo_has_v6: Some(false),
+            ..proxy()
+        };
+        assert_eq!(diagnose(&v6, &v4_only).cause, Cause::Ipv6RulesMissing);
         let v6_refused = timeout(true, Some(libc::ECONNREFUSED), 0);
         let v4_works = Facts {
             ipv4_probe_passed: Some(true),
