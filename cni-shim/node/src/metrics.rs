@@ -7,10 +7,14 @@
 //! - `istio_cni_plugin_requests_total{command,response_code}`: the plugin's calls, from its
 //!   events (`cni_plugin::events`);
 //! - `redirect_cni_add_duration_seconds` and `redirect_cni_add_phase_duration_seconds{phase}`:
-//!   histograms of ADD's whole time and of each phase (istio#60472).
+//!   histograms of ADD's whole time and of each phase (istio#60472);
+//! - `redirect_cni_repair_watch_up` and `redirect_cni_repair_watch_last_list_timestamp_seconds`:
+//!   whether the repair controller's watch of this node's pods works, and when it last listed
+//!   them (only while the controller runs), for an alert on an agent that cannot reach the API.
 //!
 //! The exposition format is prometheus-client's.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -109,11 +113,14 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     add: Histogram,
     add_phases: Histograms<PhaseLabels>,
+    watch_up: Gauge,
+    watch_listed: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
-    /// The metrics, with the counters of `mode` (if any) present at zero from the start.
-    pub fn new(mode: Option<Action>) -> Self {
+    /// The metrics, with the counters of `mode` (if any) present at zero from the start; the
+    /// watch's gauges only when the repair controller runs (`watch`).
+    pub fn new(mode: Option<Action>, watch: bool) -> Self {
         let mut registry = Registry::default();
         let repaired = Family::<RepairLabels, Counter>::default();
         registry.register(
@@ -151,6 +158,20 @@ impl Metrics {
             "The phases of the plugin's ADD: config (parsing stdin), pod_read (reading the pod from the API), apply (programming the namespace)",
             add_phases.clone(),
         );
+        let watch_up = Gauge::default();
+        let watch_listed = Gauge::<f64, AtomicU64>::default();
+        if watch {
+            registry.register(
+                "redirect_cni_repair_watch_up",
+                "Whether the repair controller's watch of this node's pods works (1) or not (0: the API server unreachable, or the watch refused)",
+                watch_up.clone(),
+            );
+            registry.register(
+                "redirect_cni_repair_watch_last_list_timestamp_seconds",
+                "When the repair controller last listed this node's pods (Unix time; 0: not yet)",
+                watch_listed.clone(),
+            );
+        }
         if let Some(action) = mode {
             for result in [Result::Success, Result::Fail] {
                 repaired
@@ -169,7 +190,22 @@ impl Metrics {
             requests,
             add,
             add_phases,
+            watch_up,
+            watch_listed,
         }
+    }
+
+    /// The watch works (`true`) or not.
+    pub fn set_watch_up(&self, up: bool) {
+        self.watch_up.set(i64::from(up));
+    }
+
+    /// The watch listed this node's pods now.
+    pub fn watch_listed(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.watch_listed.set(now);
     }
 
     /// One install step ended.
@@ -238,7 +274,7 @@ mod tests {
 
     #[test]
     fn counts_show_under_istios_name_and_labels() {
-        let m = Metrics::new(Some(Action::Repair));
+        let m = Metrics::new(Some(Action::Repair), true);
         m.count(Action::Repair, Result::Success);
         m.count(Action::Repair, Result::Success);
         m.count(Action::Label, Result::Skip);
@@ -256,7 +292,7 @@ mod tests {
 
     #[test]
     fn plugin_events_count_by_command_and_code_and_time_adds_by_phase() {
-        let m = Metrics::new(None);
+        let m = Metrics::new(None, false);
         let add = |code, total_us, apply_us| Event {
             command: "ADD".into(),
             code,

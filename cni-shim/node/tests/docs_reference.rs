@@ -68,7 +68,9 @@ fn every_metric_is_documented_and_exists() {
     use cni_node::metrics::{Install, Metrics};
     use cni_node::repair::detect::Action;
     use cni_plugin::events::Event;
-    let m = Metrics::new(Some(Action::Repair));
+    let m = Metrics::new(Some(Action::Repair), true);
+    m.set_watch_up(true);
+    m.watch_listed();
     m.installed(Install::Success);
     m.plugin_event(&Event {
         command: "ADD".into(),

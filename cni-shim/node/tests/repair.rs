@@ -375,12 +375,60 @@ impl Drop for Running {
 }
 
 fn start_controller(home: &Home, settings: RepairSettings) -> Running {
-    let (stop, rx) = tokio::sync::watch::channel(false);
-    let metrics = Metrics::new(settings.action);
     let kubeconfig = home.cluster().kubeconfig().to_owned();
+    let watch_backoff = Backoff {
+        base: Duration::from_millis(100),
+        cap: Duration::from_millis(400),
+    };
+    start_controller_with(home, settings, kubeconfig, watch_backoff, None)
+}
+
+/// What a controller logs, line by line.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+    fn count(&self, needle: &str) -> usize {
+        self.text().lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+/// A controller in `home` until dropped, reaching the API through `kubeconfig`, its watch
+/// retried with `watch_backoff`, its lines (info and up) into `logs` when given.
+fn start_controller_with(
+    home: &Home,
+    settings: RepairSettings,
+    kubeconfig: std::path::PathBuf,
+    watch_backoff: Backoff,
+    logs: Option<Logs>,
+) -> Running {
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let metrics = Metrics::new(settings.action, true);
     let m = metrics.clone();
     let thread = home.ns.run(move || {
         std::thread::spawn(move || {
+            let subscriber = logs.map(|logs| {
+                tracing_subscriber::fmt()
+                    .with_writer(move || logs.clone())
+                    .with_ansi(false)
+                    .without_time()
+                    .with_max_level(tracing::Level::INFO)
+                    .finish()
+            });
+            let _guard = subscriber.map(tracing::subscriber::set_default);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -399,6 +447,7 @@ fn start_controller(home: &Home, settings: RepairSettings) -> Running {
                         base: Duration::from_millis(50),
                         cap: Duration::from_millis(200),
                     },
+                    watch_backoff,
                 };
                 controller.run(rx).await;
             });
@@ -1017,4 +1066,146 @@ fn the_installer_binary_runs_the_agent_until_sigterm() {
         "uninstalled"
     );
     assert!(!stderr.contains(common::pki::TOKEN), "the token was logged");
+}
+
+/// An API server that cannot be reached (every connection closed at once, as a restarting
+/// server or a broken network does): one line when the watch fails, none while it keeps
+/// failing, and the tries spaced by a doubling delay up to the cap (before: a try every
+/// 0.8 s and two lines each: kube's backoff was reset by the watcher's own start of a
+/// listing, which also counted as "the watch is back").
+#[test]
+fn a_refused_watch_backs_off_and_is_logged_once() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let home = home("10.56.8.99");
+    let proc = FakeProc::new();
+    let closer = home
+        .ns
+        .run(|| std::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = closer.local_addr().unwrap().port();
+    let tries = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    {
+        let tries = tries.clone();
+        std::thread::spawn(move || {
+            for conn in closer.incoming() {
+                tries.lock().unwrap().push(Instant::now());
+                drop(conn);
+            }
+        });
+    }
+    let kc_text = fs::read_to_string(home.cluster().kubeconfig()).unwrap();
+    let server = kc_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .unwrap()
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        kc_text.replace(&server, &format!("https://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let logs = Logs::default();
+    let backoff = Backoff {
+        base: Duration::from_millis(500),
+        cap: Duration::from_secs(2),
+    };
+    let running = start_controller_with(
+        &home,
+        repair_settings(Action::Repair, proc.path()),
+        kubeconfig,
+        backoff,
+        Some(logs.clone()),
+    );
+    eventually("six tries", Duration::from_secs(30), || {
+        (tries.lock().unwrap().len() >= 6).then_some(())
+    });
+    let text = running.metrics.encode();
+    drop(running);
+    let at = tries.lock().unwrap().clone();
+    for (i, w) in at.windows(2).enumerate().take(5) {
+        let gap = w[1] - w[0];
+        let want = backoff.delay(i as u32).mul_f64(0.9);
+        assert!(
+            gap >= want,
+            "try {}: {gap:?} after the one before, want {want:?} or more ({at:?})",
+            i + 2
+        );
+    }
+    assert_eq!(
+        logs.count("watching this node's pods failed"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("watching this node's pods again"),
+        0,
+        "{}",
+        logs.text()
+    );
+    assert!(
+        text.lines().any(|l| l == "redirect_cni_repair_watch_up 0"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "redirect_cni_repair_watch_last_list_timestamp_seconds 0.0"),
+        "{text}"
+    );
+}
+
+/// A watch the API server forbids (RBAC) and then allows: one line naming the missing
+/// permission, one line when it works again with how long it was down and how many retries,
+/// and the gauges say so.
+#[test]
+fn a_forbidden_watch_is_logged_once_and_its_end_once() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let home = home("10.56.9.99");
+    let proc = FakeProc::new();
+    home.cluster().fail_next("GET", "/api/v1/pods", 403, 6);
+    let logs = Logs::default();
+    let kubeconfig = home.cluster().kubeconfig().to_owned();
+    let running = start_controller_with(
+        &home,
+        repair_settings(Action::Repair, proc.path()),
+        kubeconfig,
+        Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(400),
+        },
+        Some(logs.clone()),
+    );
+    let text = eventually("the watch up", Duration::from_secs(30), || {
+        let text = running.metrics.encode();
+        text.lines()
+            .any(|l| l == "redirect_cni_repair_watch_up 1")
+            .then_some(text)
+    });
+    let listed: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("redirect_cni_repair_watch_last_list_timestamp_seconds "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(listed > now - 60.0 && listed <= now + 1.0, "{listed} {now}");
+    drop(running);
+    let log = logs.text();
+    assert_eq!(logs.count("watching this node's pods failed"), 1, "{log}");
+    assert_eq!(logs.count("needs list and watch on pods"), 1, "{log}");
+    let again: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("watching this node's pods again, after"))
+        .collect();
+    assert_eq!(again.len(), 1, "{log}");
+    assert!(again[0].contains("and 6 retries"), "{log}");
 }

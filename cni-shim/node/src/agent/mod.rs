@@ -50,6 +50,7 @@ impl Agent {
                 .enabled
                 .then_some(settings.repair.action)
                 .flatten(),
+            settings.repair.enabled,
         );
         // The installer checks it too, later; the status file and the socket need it now.
         crate::run_dir::ensure(&settings.cni_agent_run_dir)?;
@@ -280,6 +281,7 @@ impl Parts {
                             plugin: self.plugin.clone(),
                             metrics: self.metrics.clone(),
                             backoff: Backoff::default(),
+                            watch_backoff: crate::repair::watch_health::WATCH_BACKOFF,
                         };
                         tasks.spawn(controller.run(self.stop.clone()));
                     }

@@ -16,7 +16,6 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::Client;
 use tokio::sync::watch as signal;
 
@@ -24,6 +23,7 @@ use super::actions::{self, pod_label};
 use super::detect::{is_broken, Action};
 use super::in_place::{self, Outcome};
 use super::queue::{Backoff, Queue, Retry};
+use super::watch_health::WatchHealth;
 use super::RepairSettings;
 use crate::metrics::{Metrics, Result as Counted};
 use cni_plugin::cni::conf::NetConf;
@@ -36,7 +36,10 @@ pub struct Controller {
     /// pod is the one the plugin's ADD would have applied.
     pub plugin: Arc<NetConf>,
     pub metrics: Metrics,
+    /// The retries of a failed repair, delete or label.
     pub backoff: Backoff,
+    /// The retries of a failed watch (`watch_health::WATCH_BACKOFF`).
+    pub watch_backoff: Backoff,
 }
 
 /// What one attempt at a pod came to.
@@ -68,18 +71,30 @@ impl Controller {
             config = config.labels(self.settings.label_selectors.trim());
         }
         let api: Api<Pod> = Api::all(self.client.clone());
-        let events = watcher::watcher(api, config).default_backoff();
+        // No kube backoff: it resets on the watcher's Event::Init, which comes before each
+        // list request (see watch_health); the controller waits between tries itself.
+        let events = watcher::watcher(api, config);
         let mut events = std::pin::pin!(events);
         let mut state = State::new(&self.settings, self.backoff);
+        let mut health = WatchHealth::new(self.watch_backoff, self.metrics.clone());
+        let mut resume: Option<Instant> = None;
         loop {
             let due = state.queue.next_due();
             tokio::select! {
                 _ = stop.changed() => break,
-                event = events.next() => match event {
+                event = events.next(), if resume.is_none() => match event {
                     None => break,
-                    Some(Ok(event)) => state.observe(event, &self.settings),
-                    Some(Err(e)) => state.watch_failed(&e),
+                    Some(Ok(event)) => {
+                        match &event {
+                            Event::Init => {}
+                            Event::InitDone => health.listed(),
+                            _ => health.answered(),
+                        }
+                        state.observe(event, &self.settings);
+                    }
+                    Some(Err(e)) => resume = Some(Instant::now() + health.failed(&e)),
                 },
+                _ = sleep_until(resume), if resume.is_some() => resume = None,
                 _ = sleep_until(due), if due.is_some() => {}
             }
             if *stop.borrow() {
@@ -262,8 +277,6 @@ struct State {
     pods: HashMap<String, Pod>,
     queue: Queue,
     repaired: HashSet<String>,
-    /// The last watch error logged, so that a lasting one is logged once.
-    last_error: String,
     /// UIDs seen in the current initial listing (to drop pods gone while the watch was down).
     listing: Option<HashSet<String>>,
 }
@@ -274,16 +287,11 @@ impl State {
             pods: HashMap::new(),
             queue: Queue::new(s.max_attempts, backoff),
             repaired: HashSet::new(),
-            last_error: String::new(),
             listing: None,
         }
     }
 
     fn observe(&mut self, event: Event<Pod>, s: &RepairSettings) {
-        if !self.last_error.is_empty() {
-            tracing::info!("watching pods again");
-            self.last_error.clear();
-        }
         match event {
             Event::Init => self.listing = Some(HashSet::new()),
             Event::InitApply(pod) => {
@@ -331,14 +339,6 @@ impl State {
         self.pods.remove(uid);
         self.repaired.remove(uid);
         self.queue.forget(uid);
-    }
-
-    fn watch_failed(&mut self, e: &watcher::Error) {
-        let text = e.to_string();
-        if text != self.last_error {
-            tracing::error!("watching this node's pods failed: {text}; retrying with backoff");
-            self.last_error = text;
-        }
     }
 }
 

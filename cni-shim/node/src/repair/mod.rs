@@ -1,7 +1,8 @@
 //! The repair controller (Istio's `cni/pkg/repair`), run by the node agent: it watches this
 //! node's pods, finds those that started without the plugin's rules (`detect`), and repairs them
 //! in place (`in_place`, in the namespace `pod_netns` finds), deletes them or labels them
-//! (`actions`), one pod at a time from a queue keyed by pod UID (`queue`), driven by `controller`.
+//! (`actions`), one pod at a time from a queue keyed by pod UID (`queue`), driven by `controller`,
+//! whose watch's outages `watch_health` logs, backs off and tells the metrics.
 
 pub mod actions;
 pub mod controller;
@@ -9,6 +10,7 @@ pub mod detect;
 pub mod in_place;
 pub mod pod_netns;
 pub mod queue;
+pub mod watch_health;
 
 use detect::{Action, Filter};
 use in_place::Places;

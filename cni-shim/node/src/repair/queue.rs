@@ -13,6 +13,18 @@ pub struct Backoff {
     pub cap: Duration,
 }
 
+impl Backoff {
+    /// The delay before try `n + 1` after `n` failures in a row: `base` doubled `n` times, at
+    /// most `cap`.
+    pub fn delay(&self, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n).unwrap_or(u32::MAX);
+        self.base
+            .checked_mul(factor)
+            .unwrap_or(self.cap)
+            .min(self.cap)
+    }
+}
+
 impl Default for Backoff {
     /// 250 ms doubling to 30 s: five attempts span about 4 s, a pod's crash loop then brings
     /// it back (kubelet restarts the validation container 10 s later, then less often).
@@ -97,13 +109,7 @@ impl Queue {
             self.failures.remove(key);
             return Retry::GaveUp { attempts: attempt };
         }
-        let factor = 1u32.checked_shl(attempt - 1).unwrap_or(u32::MAX);
-        let delay = self
-            .backoff
-            .base
-            .checked_mul(factor)
-            .unwrap_or(self.backoff.cap)
-            .min(self.backoff.cap);
+        let delay = self.backoff.delay(attempt - 1);
         if self.queued.insert(key.to_owned()) {
             self.delayed.insert((now + delay, key.to_owned()));
         }
