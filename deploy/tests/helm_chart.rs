@@ -10,13 +10,23 @@
 //! to `kubectl -n`; the chart writes the release's into the namespaced objects and the
 //! ClusterRoleBindings' subjects, which the plain files spell `kube-system # SET-ME`, so the
 //! cases render into kube-system. Istio's value names are also read at the top level, as
-//! Istio's chart reads them; settings the chart cannot turn into a working deployment are
-//! refused with a message; and every rendering passes kubernetes-validate --strict (the
-//! Kubernetes OpenAPI schemas of the oldest and newest version it bundles; only the two CRD
-//! kinds, NetworkAttachmentDefinition and SecurityContextConstraints, may go unchecked).
+//! Istio's chart reads them, the `cni.` one winning as there; settings the chart cannot turn
+//! into a working deployment are refused with a message; and every rendering passes
+//! kubernetes-validate --strict (the Kubernetes OpenAPI schemas of the oldest and newest version
+//! it bundles; only the two CRD kinds, NetworkAttachmentDefinition and
+//! SecurityContextConstraints, may go unchecked).
+//!
+//! The seeds' own values (issue 31): Istio install commands and values blocks from documents
+//! users follow render as Istio users mean them, and give the node what Istio's own chart (1.24
+//! and 1.30, recorded here; checked against the charts themselves when ISTIO_RELEASES_DIR names
+//! the folder they were extracted into) gives it. Under Multus, an attachment without config
+//! named as Istio's injector asks finds the file the real node agent writes with the chart's
+//! ConfigMap (Multus's lookup applied to the folder). The migration section of
+//! docs/deploy/README.md names each way the container differs from Istio's, and the agent run
+//! with exactly the container's capabilities shows why DAC_OVERRIDE is not among them.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde::Deserialize;
@@ -58,19 +68,53 @@ fn helm(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("running helm: {e}"))
 }
 
-/// `helm template` of the chart into `namespace` with more arguments (`--set k=v`,
-/// `--api-versions ...`): the YAML, or helm's error.
-fn template(namespace: &str, args: &[&str]) -> Result<String, String> {
-    let chart = chart_dir();
+/// This file's own flag for helm: the next argument is the text of a values file (a block as
+/// users paste it from a document), written to a file and given to helm as `-f FILE`.
+const VALUES_YAML: &str = "--values-yaml";
+
+/// `args` with each `--values-yaml TEXT` written to a file of `dir` and replaced by `-f FILE`.
+fn with_values_files(args: &[&str], dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        if *a == VALUES_YAML {
+            let text = rest.next().expect("the values file's text");
+            let path = dir.join(format!("values{}.yaml", out.len()));
+            std::fs::write(&path, text).expect("writing a values file");
+            out.push("-f".to_string());
+            out.push(path.to_str().expect("a UTF-8 path").to_string());
+        } else {
+            out.push(a.to_string());
+        }
+    }
+    out
+}
+
+/// `helm template` of `chart` as release `release` into `namespace` with more arguments
+/// (`--set k=v`, `--api-versions ...`, `--values-yaml TEXT`): the YAML, or helm's error.
+fn template_of(
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    args: &[&str],
+) -> Result<String, String> {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let args = with_values_files(args, dir.path());
     let chart = chart.to_str().expect("a UTF-8 path");
-    let mut all = vec!["template", "redirect-cni", chart, "--namespace", namespace];
-    all.extend_from_slice(args);
+    let mut all = vec!["template", release, chart, "--namespace", namespace];
+    all.extend(args.iter().map(String::as_str));
     let out = helm(&all);
     if out.status.success() {
         Ok(String::from_utf8(out.stdout).expect("helm writes UTF-8"))
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// `helm template` of the chart into `namespace` with more arguments: the YAML, or helm's
+/// error.
+fn template(namespace: &str, args: &[&str]) -> Result<String, String> {
+    template_of(&chart_dir(), "redirect-cni", namespace, args)
 }
 
 /// The namespace the cases render into: the one the plain manifests' SET-ME lines name.
@@ -663,14 +707,262 @@ const VALUES: &[Case] = &[
         },
     },
     Case {
-        name: "standalone without a file name: redirect-cni.conf",
+        name: "standalone without a file name: redirect-cni.conf, network istio-cni",
         args: &["--set", "cni.chained=false"],
         files: &[K8S],
+        edit: standalone,
+    },
+];
+
+/// Chained into the node's config -> our standalone file redirect-cni.conf (0600), whose network
+/// is named istio-cni, as Istio's standalone config is.
+fn standalone(o: &mut Objects) {
+    set(o, CM, "/data/CHAINED_CNI_PLUGIN", json!("false"));
+    set(o, CM, "/data/CNI_CONF_NAME", json!("redirect-cni.conf"));
+    set(o, CM, "/data/CNI_CONF_GROUP_READ", json!("false"));
+    set(o, CM, "/data/CNI_NETWORK_NAME", json!("istio-cni"));
+}
+
+/// The host's bin dir: the ConfigMap's CNI_BIN_DIR, the mount and the volume.
+fn bin_dir(o: &mut Objects, dir: &str) {
+    let mounted = json!(format!("/host{dir}"));
+    set(o, CM, "/data/CNI_BIN_DIR", mounted.clone());
+    set(o, DS, &format!("{C}/volumeMounts/0/mountPath"), mounted);
+    set(
+        o,
+        DS,
+        &format!("{POD}/spec/volumes/0/hostPath/path"),
+        json!(dir),
+    );
+}
+
+fn log_level(o: &mut Objects, level: &str) {
+    set(o, CM, "/data/PLUGIN_LOG_LEVEL", json!(level));
+}
+
+/// A GKE node's Kubernetes version, as `helm install` sees it there (Istio's chart looks for
+/// "-gke" in it).
+const GKE: &str = "v1.30.1-gke.1066000";
+
+/// The seeds' own values (issue 31): Istio install commands and values blocks from documents
+/// users follow, given to the chart as written (`--values-yaml`: the block as a values file).
+const SEEDS: &[Case] = &[
+    Case {
+        name: "the old istio/cni README: --set excludeNamespaces={} ... --set logLevel=debug",
+        args: &[
+            "--set",
+            "excludeNamespaces={}",
+            "--set",
+            "hub=registry.example.com/mesh",
+            "--set",
+            "tag=0.1.0",
+            "--set",
+            "pullPolicy=IfNotPresent",
+            "--set",
+            "logLevel=debug",
+        ],
+        files: &[K8S],
         edit: |o| {
-            set(o, CM, "/data/CHAINED_CNI_PLUGIN", json!("false"));
-            set(o, CM, "/data/CNI_CONF_NAME", json!("redirect-cni.conf"));
-            set(o, CM, "/data/CNI_CONF_GROUP_READ", json!("false"));
+            // helm makes [""] of {}: no namespace excluded, as with Istio's chart.
+            set(o, CM, "/data/EXCLUDE_NAMESPACES", json!(""));
+            log_level(o, "debug");
+            let image = json!("registry.example.com/mesh/redirect:0.1.0");
+            set(o, DS, &format!("{C}/image"), image);
+            set(o, DS, &format!("{C}/imagePullPolicy"), json!("IfNotPresent"));
         },
+    },
+    Case {
+        name: "the old istio/cni README with --set logLevel=info",
+        args: &["--set", "excludeNamespaces={}", "--set", "logLevel=info"],
+        files: &[K8S],
+        edit: |o| set(o, CM, "/data/EXCLUDE_NAMESPACES", json!("")),
+    },
+    Case {
+        name: "excludeNamespaces with an empty item: dropped",
+        args: &["--set", "cni.excludeNamespaces={,istio-system}"],
+        files: &[K8S],
+        edit: |o| set(o, CM, "/data/EXCLUDE_NAMESPACES", json!("istio-system")),
+    },
+    Case {
+        name: "Istio's OpenShift guide (1.12 to 1.21): cni.* and cni.logLevel=info, no provider",
+        args: &[
+            "--set",
+            "cni.cniBinDir=/var/lib/cni/bin",
+            "--set",
+            "cni.cniConfDir=/etc/cni/multus/net.d",
+            "--set",
+            "cni.chained=false",
+            "--set",
+            "cni.cniConfFileName=istio-cni.conf",
+            "--set",
+            "cni.excludeNamespaces[0]=istio-system",
+            "--set",
+            "cni.excludeNamespaces[1]=kube-system",
+            "--set",
+            "cni.repair.enabled=false",
+            "--set",
+            "cni.logLevel=info",
+        ],
+        // The standalone file of deploy/openshift, without the attachment (no provider) and
+        // without the SCC (no platform).
+        files: &[OCP],
+        edit: |o| {
+            istio_cni_conf(o);
+            without_scc(o);
+            set(o, CM, "/data/EXCLUDE_NAMESPACES", json!("istio-system,kube-system"));
+            set(o, CM, "/data/REPAIR_ENABLED", json!("false"));
+            without_in_place_repair(o);
+            let get_pods = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]);
+            set(o, ROLE, "/rules", get_pods);
+        },
+    },
+    Case {
+        name: "values block: cniBinDir: \"\" (Istio 1.16 to 1.23's values.yaml)",
+        args: &[VALUES_YAML, "cniBinDir: \"\" # Auto-detected based on version; defaults to /opt/cni/bin.\n"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "values block: cni: cniBinDir: \"\"",
+        args: &[VALUES_YAML, "cni:\n  cniBinDir: \"\"\n"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "Istio's GKE profile values on GKE: cniBinDir \"\" is /home/kubernetes/bin there",
+        args: &[
+            VALUES_YAML,
+            "cni:\n  cniBinDir: \"\"\n  resourceQuotas:\n    enabled: true\nresourceQuotas:\n  enabled: true\n",
+            "--kube-version",
+            GKE,
+        ],
+        files: &[K8S, "kubernetes/resourcequota-critical-pods.yaml"],
+        edit: |o| bin_dir(o, "/home/kubernetes/bin"),
+    },
+    Case {
+        name: "values block on GKE: cniBinDir: /home/kubernetes/bin",
+        args: &[VALUES_YAML, "cniBinDir: /home/kubernetes/bin\n"],
+        files: &[K8S],
+        edit: |o| bin_dir(o, "/home/kubernetes/bin"),
+    },
+    Case {
+        name: "values block: cniNetnsDir: left empty (null)",
+        args: &[VALUES_YAML, "cniNetnsDir: # Defaults to '/var/run/netns'\n"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "values block: cni: cniNetnsDir: left empty (null)",
+        args: &[VALUES_YAML, "cni:\n  cniNetnsDir:\n"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "values block: chained, provider, untaintNode and repair's flags left empty (null)",
+        args: &[
+            VALUES_YAML,
+            "chained:\nprovider:\ncni:\n  untaintNode:\n  repair:\n    repairPods:\n    deletePods:\n",
+        ],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "values block: the three directories \"\"",
+        args: &[VALUES_YAML, "cniBinDir: \"\"\ncniConfDir: \"\"\ncniNetnsDir: \"\"\n"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "values block: logLevel: debug",
+        args: &[VALUES_YAML, "logLevel: debug\n"],
+        files: &[K8S],
+        edit: |o| log_level(o, "debug"),
+    },
+    Case {
+        name: "values block: cni: logLevel: debug",
+        args: &[VALUES_YAML, "cni:\n  logLevel: debug\n"],
+        files: &[K8S],
+        edit: |o| log_level(o, "debug"),
+    },
+    Case {
+        name: "--set cni.logLevel=debug",
+        args: &["--set", "cni.logLevel=debug"],
+        files: &[K8S],
+        edit: |o| log_level(o, "debug"),
+    },
+    Case {
+        name: "logging.level (the newer name) wins over logLevel, which wins over global",
+        args: &[VALUES_YAML, "logLevel: debug\nlogging:\n  level: warn\nglobal:\n  logging:\n    level: error\n"],
+        files: &[K8S],
+        edit: |o| log_level(o, "warn"),
+    },
+    Case {
+        name: "an old Istio values block: cni.logLevel, psp_cluster_role \"\", excludeNamespaces",
+        args: &[
+            VALUES_YAML,
+            "cni:\n  logLevel: info\n  psp_cluster_role: \"\"\n  excludeNamespaces:\n    - istio-system\n    - kube-system\n",
+        ],
+        files: &[K8S],
+        edit: |o| set(o, CM, "/data/EXCLUDE_NAMESPACES", json!("istio-system,kube-system")),
+    },
+    Case {
+        name: "--set chained=true --set cni.chained=false: the cni. value, as Istio's chart",
+        args: &["--set", "chained=true", "--set", "cni.chained=false"],
+        files: &[K8S],
+        edit: standalone,
+    },
+    Case {
+        name: "values block: chained: true, cni: chained: false",
+        args: &[VALUES_YAML, "chained: true\ncni:\n  chained: false\n"],
+        files: &[K8S],
+        edit: standalone,
+    },
+    Case {
+        name: "OpenShift Service Mesh 3 (profile=openshift) with Multus",
+        args: &[
+            "--set",
+            "profile=openshift",
+            "--set",
+            "cni.provider=multus",
+            "--set",
+            "cni.chained=false",
+            "--set",
+            "cni.cniBinDir=/var/lib/cni/bin",
+            "--set",
+            "cni.cniConfDir=/etc/cni/multus/net.d",
+            "--set",
+            "cni.cniConfFileName=istio-cni.conf",
+        ],
+        files: &[OCP, NAD],
+        edit: istio_cni_conf,
+    },
+    Case {
+        name: "cni.env.CNI_NETWORK_NAME renames the network and the attachment (the old names)",
+        args: &[
+            "--set",
+            openshift_values!(),
+            "--set",
+            "global.platform=openshift,cni.env.CNI_NETWORK_NAME=redirect-cni",
+        ],
+        files: &[OCP, NAD],
+        edit: |o| {
+            istio_cni_conf(o);
+            set(o, CM, "/data/CNI_NETWORK_NAME", json!("redirect-cni"));
+            let mut nad = o
+                .remove("NetworkAttachmentDefinition/istio-cni")
+                .expect("the plain attachment");
+            nad["metadata"]["name"] = json!("redirect-cni");
+            o.insert("NetworkAttachmentDefinition/redirect-cni".into(), nad);
+        },
+    },
+    Case {
+        name: "OpenShift Service Mesh 3 (global.platform=openshift) with Multus, as a values block",
+        args: &[
+            VALUES_YAML,
+            "global:\n  platform: openshift\ncni:\n  provider: multus\n  chained: false\n  cniBinDir: /var/lib/cni/bin\n  cniConfDir: /etc/cni/multus/net.d\n  cniConfFileName: istio-cni.conf\n",
+        ],
+        files: &[OCP, NAD],
+        edit: istio_cni_conf,
     },
 ];
 
@@ -707,14 +999,16 @@ fn helm_lint_passes_for_each_setting() {
     let chart = chart_dir();
     let chart = chart.to_str().expect("a UTF-8 path");
     let mut problems = Vec::new();
-    for case in SETTINGS.iter().chain(MODES) {
-        // lint takes values, not --api-versions.
+    for case in SETTINGS.iter().chain(MODES).chain(SEEDS) {
+        // lint takes values and the Kubernetes version, not --api-versions.
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let given = with_values_files(case.args, dir.path());
         let mut args = vec!["lint", chart, "--strict", "--namespace", NS];
-        let mut rest = case.args.iter();
+        let mut rest = given.iter();
         while let Some(a) = rest.next() {
             let value = rest.next().expect("a flag's value");
-            if *a != "--api-versions" {
-                args.extend([*a, *value]);
+            if a != "--api-versions" {
+                args.extend([a.as_str(), value.as_str()]);
             }
         }
         let out = helm(&args);
@@ -794,14 +1088,14 @@ fn the_release_namespace_is_the_namespace_of_the_objects_and_the_subjects() {
     assert_eq!(bindings, 3);
     // The NetworkAttachmentDefinition stays in "default", where every namespace may use it.
     assert_eq!(
-        expected["NetworkAttachmentDefinition/redirect-cni"]["metadata"]["namespace"],
+        expected["NetworkAttachmentDefinition/istio-cni"]["metadata"]["namespace"],
         "default"
     );
     assert_no_problems(differences(&yaml, &expected, ns));
 }
 
 /// Istio's chart also reads its names without the `cni.` prefix (an Istio values file has them
-/// at the top level); so does this one, maps merged key by key.
+/// at the top level); so does this one.
 #[test]
 fn the_names_are_also_read_at_the_top_level() {
     let pairs: &[(&[&str], &[&str])] = &[
@@ -846,9 +1140,9 @@ fn the_names_are_also_read_at_the_top_level() {
                 "cni.excludeNamespaces={a,b},cni.logging.level=debug,cni.hub=h.example,cni.tag=9",
             ],
         ),
-        // The top level wins.
+        // The `cni.` value wins, as in Istio's chart (`a_cni_value_wins_...` below).
         (
-            &["--set", "cni.cniNetnsDir=/a,cniNetnsDir=/run/netns"],
+            &["--set", "cniNetnsDir=/a,cni.cniNetnsDir=/run/netns"],
             &["--set", "cni.cniNetnsDir=/run/netns"],
         ),
     ];
@@ -916,6 +1210,18 @@ fn settings_that_cannot_work_are_refused_with_a_message() {
             &["--set", "cni.podAnnotations.a=true"],
             "cni.podAnnotations.a",
         ),
+        (&["--set", "logLevel=trace"], "logLevel"),
+        (&["--set", "cni.logLevel=verbose"], "cni.logLevel"),
+        // Istio's old RoleBinding for a PodSecurityPolicy role: PSP is gone (Kubernetes 1.25),
+        // and a binding that grants nothing is not made silently.
+        (
+            &["--set", "psp_cluster_role=psp-privileged"],
+            "psp_cluster_role=psp-privileged: PodSecurityPolicy was removed in Kubernetes 1.25",
+        ),
+        (
+            &["--set", "cni.psp_cluster_role=psp-privileged"],
+            "psp_cluster_role=psp-privileged: PodSecurityPolicy was removed in Kubernetes 1.25",
+        ),
     ];
     let mut problems = Vec::new();
     for (args, message) in cases {
@@ -928,6 +1234,1027 @@ fn settings_that_cannot_work_are_refused_with_a_message() {
         }
     }
     assert_no_problems(problems);
+}
+
+/// Issue 31: the Istio commands and values blocks users follow work as written.
+#[test]
+fn the_seeds_own_values_render_what_they_mean() {
+    assert_no_problems(case_problems(SEEDS));
+}
+
+/// Every name read both at the top level and under `cni.`: the `cni.` value wins, as in Istio's
+/// chart (1.24 and 1.30 merge `.Values.cni` over the top level), maps merged key by key.
+#[test]
+fn a_cni_value_wins_over_the_same_name_at_the_top_level() {
+    // (both given, the same rendering as); None: the `cni.` arguments alone.
+    let cases: &[(&[&str], Option<&[&str]>)] = &[
+        (&["--set", "hub=a.example,cni.hub=b.example"], None),
+        (&["--set", "tag=1,cni.tag=2"], None),
+        (&["--set", "image=a,cni.image=b"], None),
+        (&["--set", "pullPolicy=Always,cni.pullPolicy=Never"], None),
+        (&["--set", "cniBinDir=/a,cni.cniBinDir=/b"], None),
+        (&["--set", "cniConfDir=/a,cni.cniConfDir=/b"], None),
+        (
+            &["--set", "cniConfFileName=a.conf,cni.cniConfFileName=b.conf"],
+            None,
+        ),
+        (&["--set", "cniNetnsDir=/a,cni.cniNetnsDir=/b"], None),
+        (
+            &["--set", "excludeNamespaces={a},cni.excludeNamespaces={b}"],
+            None,
+        ),
+        (
+            &["--set", "chained=true", "--set", "cni.chained=false"],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "chained=false,provider=multus,cni.provider=default",
+            ],
+            Some(&["--set", "chained=false"]),
+        ),
+        (
+            &["--set", "logging.level=debug,cni.logging.level=error"],
+            None,
+        ),
+        (&["--set", "logLevel=debug,cni.logLevel=warn"], None),
+        (
+            &["--set", "repair.enabled=false,cni.repair.enabled=true"],
+            Some(&[]),
+        ),
+        (
+            &[
+                "--set",
+                "repair.repairPods=true,cni.repair.repairPods=false",
+            ],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "repair.deletePods=true,repair.repairPods=false,cni.repair.deletePods=false",
+            ],
+            Some(&["--set", "cni.repair.repairPods=false"]),
+        ),
+        (
+            &[
+                "--set",
+                "repair.initContainerName=a,cni.repair.initContainerName=b",
+            ],
+            None,
+        ),
+        (
+            &["--set", "untaintNode=true,cni.untaintNode=false"],
+            Some(&[]),
+        ),
+        (
+            &[
+                "--set",
+                "resources.requests.cpu=1,cni.resources.requests.cpu=2",
+            ],
+            None,
+        ),
+        (
+            &[
+                "--set-json",
+                r#"tolerations=[{"key":"a","operator":"Exists"}]"#,
+                "--set-json",
+                r#"cni.tolerations=[{"key":"b","operator":"Exists"}]"#,
+            ],
+            Some(&[
+                "--set-json",
+                r#"cni.tolerations=[{"key":"b","operator":"Exists"}]"#,
+            ]),
+        ),
+        (
+            &[
+                "--set-json",
+                r#"affinity={"podAffinity":{}}"#,
+                "--set-json",
+                r#"cni.affinity={"podAntiAffinity":{}}"#,
+            ],
+            Some(&[
+                "--set-json",
+                r#"affinity={"podAffinity":{},"podAntiAffinity":{}}"#,
+            ]),
+        ),
+        (
+            &["--set", "podAnnotations.a=x,cni.podAnnotations.a=y"],
+            None,
+        ),
+        (&["--set", "podLabels.a=x,cni.podLabels.a=y"], None),
+        (
+            &["--set", "daemonSetLabels.a=x,cni.daemonSetLabels.a=y"],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "seLinuxOptions.level=s0,cni.seLinuxOptions.level=s1",
+            ],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "updateStrategy.rollingUpdate.maxUnavailable=2,\
+                 cni.updateStrategy.rollingUpdate.maxUnavailable=3",
+            ],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "terminationGracePeriodSeconds=5,cni.terminationGracePeriodSeconds=6",
+            ],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "resourceQuotas.enabled=true,resourceQuotas.pods=7,cni.resourceQuotas.pods=8",
+            ],
+            Some(&[
+                "--set",
+                "cni.resourceQuotas.enabled=true,cni.resourceQuotas.pods=8",
+            ]),
+        ),
+        (&["--set", "env.A=x,cni.env.A=y"], None),
+    ];
+    // The half of the arguments given under `cni.` (`cni`) or at the top level: a `--set`
+    // list is split at its commas, a `--set-json` value taken whole.
+    let half = |args: &[&str], cni: bool| -> Vec<String> {
+        let mut out = Vec::new();
+        for pair in args.chunks(2) {
+            let items: Vec<&str> = if pair[0] == "--set" {
+                pair[1].split(',').collect()
+            } else {
+                vec![pair[1]]
+            };
+            let kept: Vec<&str> = items
+                .into_iter()
+                .filter(|kv| kv.starts_with("cni.") == cni)
+                .collect();
+            if !kept.is_empty() {
+                out.push(pair[0].to_string());
+                out.push(kept.join(","));
+            }
+        }
+        out
+    };
+    let mut problems = Vec::new();
+    for (both, same_as) in cases {
+        let cni_only = half(both, true);
+        let same_as: Vec<&str> = match same_as {
+            Some(s) => s.to_vec(),
+            None => cni_only.iter().map(String::as_str).collect(),
+        };
+        let top_only = half(both, false);
+        let top_only: Vec<&str> = top_only.iter().map(String::as_str).collect();
+        let got = match template(NS, both) {
+            Ok(y) => y,
+            Err(e) => {
+                problems.push(format!("{both:?}: {e}"));
+                continue;
+            }
+        };
+        let want = template(NS, &same_as).unwrap_or_else(|e| panic!("{same_as:?}: {e}"));
+        let top = template(NS, &top_only).unwrap_or_else(|e| panic!("{top_only:?}: {e}"));
+        if parse(&top, "top") == parse(&got, "both") {
+            problems.push(format!(
+                "{both:?}: renders as the top-level value alone {top_only:?}"
+            ));
+        }
+        problems.extend(
+            differences(&got, &parse(&want, "want"), NS)
+                .into_iter()
+                .map(|d| format!("{both:?} (expected as {same_as:?}): {d}")),
+        );
+    }
+    assert_no_problems(problems);
+}
+
+// --- what Istio's chart makes of the same values ---------------------------------------------------
+
+/// The settings a rendering gives the node: the ConfigMap's (chained, excluded namespaces, the
+/// config file, the repair flags), the DaemonSet's host folders, and the attachment. The same
+/// names for Istio's chart and this one.
+fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
+    let objects = parse(yaml, origin);
+    let of_kind = |kind: &str| {
+        let found: Vec<&Value> = objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{kind}/")))
+            .map(|(_, v)| v)
+            .collect();
+        found
+    };
+    let cm = of_kind("ConfigMap");
+    assert_eq!(cm.len(), 1, "{origin}: one ConfigMap");
+    let data = &cm[0]["data"];
+    let s = |k: &str| data[k].as_str().unwrap_or("").to_string();
+    let mut out = BTreeMap::new();
+    out.insert("chained", s("CHAINED_CNI_PLUGIN"));
+    let exclude: Vec<String> = s("EXCLUDE_NAMESPACES")
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect();
+    out.insert("exclude", exclude.join(","));
+    out.insert("conf_file", s("CNI_CONF_NAME"));
+    out.insert(
+        "repair",
+        format!(
+            "enabled={} repair={} delete={} label={}",
+            s("REPAIR_ENABLED"),
+            s("REPAIR_REPAIR_PODS"),
+            s("REPAIR_DELETE_PODS"),
+            s("REPAIR_LABEL_PODS")
+        ),
+    );
+    let ds = of_kind("DaemonSet");
+    assert_eq!(ds.len(), 1, "{origin}: one DaemonSet");
+    for v in ds[0]["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+    {
+        let key = match v["name"].as_str().unwrap_or("") {
+            "cni-bin-dir" => "bin_dir",
+            "cni-net-dir" => "conf_dir",
+            "netns-dir" | "cni-netns-dir" => "netns_dir",
+            _ => continue,
+        };
+        let path = v["hostPath"]["path"].as_str().unwrap_or("");
+        out.insert(key, path.to_string());
+    }
+    let nads: Vec<String> = of_kind("NetworkAttachmentDefinition")
+        .iter()
+        .map(|n| {
+            format!(
+                "{}/{}",
+                n["metadata"]["namespace"].as_str().unwrap_or(""),
+                n["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    out.insert("nad", nads.join(","));
+    out
+}
+
+/// One of the seeds' values given to Istio's chart and to this one, with what Istio's renders
+/// for the node (`node_settings`), recorded from Istio's own charts, releases 1.24.6 and 1.30.3
+/// (`versions`). Settings not listed differ on purpose or mean nothing there (the note says).
+struct AsIstio {
+    name: &'static str,
+    args: &'static [&'static str],
+    versions: &'static [&'static str],
+    istio: &'static [(&'static str, &'static str)],
+}
+
+const BOTH: &[&str] = &["1.24.6", "1.30.3"];
+
+const AS_ISTIO: &[AsIstio] = &[
+    AsIstio {
+        name: "the old istio/cni README's line",
+        args: &[
+            "--set",
+            "excludeNamespaces={}",
+            "--set",
+            "hub=registry.example.com/mesh",
+            "--set",
+            "tag=0.1.0",
+            "--set",
+            "pullPolicy=IfNotPresent",
+            "--set",
+            "logLevel=debug",
+        ],
+        versions: BOTH,
+        // (Istio 1.24 and 1.30 no longer read logLevel: the plugin's level is theirs. Istio up
+        // to 1.22 wrote it into the plugin's log_level, which is what this chart does.)
+        istio: &[
+            ("chained", "true"),
+            ("exclude", ""),
+            ("bin_dir", "/opt/cni/bin"),
+            ("conf_dir", "/etc/cni/net.d"),
+            ("netns_dir", "/var/run/netns"),
+        ],
+    },
+    AsIstio {
+        name: "excludeNamespaces with an empty item",
+        args: &["--set", "cni.excludeNamespaces={,istio-system}"],
+        versions: BOTH,
+        istio: &[("exclude", "istio-system")],
+    },
+    AsIstio {
+        name: "Istio's OpenShift guide (1.12 to 1.21)",
+        args: &[
+            "--set",
+            "cni.cniBinDir=/var/lib/cni/bin",
+            "--set",
+            "cni.cniConfDir=/etc/cni/multus/net.d",
+            "--set",
+            "cni.chained=false",
+            "--set",
+            "cni.cniConfFileName=istio-cni.conf",
+            "--set",
+            "cni.excludeNamespaces[0]=istio-system",
+            "--set",
+            "cni.excludeNamespaces[1]=kube-system",
+            "--set",
+            "cni.repair.enabled=false",
+            "--set",
+            "cni.logLevel=info",
+        ],
+        versions: BOTH,
+        istio: &[
+            ("chained", "false"),
+            ("exclude", "istio-system,kube-system"),
+            ("conf_file", "istio-cni.conf"),
+            ("bin_dir", "/var/lib/cni/bin"),
+            ("conf_dir", "/etc/cni/multus/net.d"),
+            ("repair", "enabled=false repair=true delete=false label=false"),
+            ("nad", ""),
+        ],
+    },
+    AsIstio {
+        name: "cniBinDir: \"\"",
+        args: &[VALUES_YAML, "cniBinDir: \"\"\n"],
+        versions: BOTH,
+        istio: &[("bin_dir", "/opt/cni/bin")],
+    },
+    AsIstio {
+        name: "Istio's GKE profile values on GKE",
+        args: &[
+            VALUES_YAML,
+            "cni:\n  cniBinDir: \"\"\n  resourceQuotas:\n    enabled: true\nresourceQuotas:\n  enabled: true\n",
+            "--kube-version",
+            GKE,
+        ],
+        versions: BOTH,
+        istio: &[("bin_dir", "/home/kubernetes/bin")],
+    },
+    AsIstio {
+        name: "cniBinDir: /home/kubernetes/bin",
+        args: &[VALUES_YAML, "cniBinDir: /home/kubernetes/bin\n"],
+        versions: BOTH,
+        istio: &[("bin_dir", "/home/kubernetes/bin")],
+    },
+    AsIstio {
+        // Istio 1.30 renders an empty hostPath, which the API server refuses; 1.24 the default.
+        name: "cniNetnsDir: null",
+        args: &[VALUES_YAML, "cniNetnsDir:\n"],
+        versions: &["1.24.6"],
+        istio: &[("netns_dir", "/var/run/netns")],
+    },
+    AsIstio {
+        name: "cni: cniNetnsDir: null",
+        args: &[VALUES_YAML, "cni:\n  cniNetnsDir:\n"],
+        versions: &["1.24.6"],
+        istio: &[("netns_dir", "/var/run/netns")],
+    },
+    AsIstio {
+        name: "chained=true, cni.chained=false",
+        args: &["--set", "chained=true", "--set", "cni.chained=false"],
+        versions: BOTH,
+        istio: &[("chained", "false")],
+    },
+    AsIstio {
+        name: "the directories and the file at both levels",
+        args: &[
+            "--set",
+            "cniBinDir=/a,cni.cniBinDir=/b,cniConfDir=/c,cni.cniConfDir=/d",
+            "--set",
+            "cniConfFileName=a.conf,cni.cniConfFileName=b.conf,cniNetnsDir=/e,cni.cniNetnsDir=/f",
+            "--set",
+            "excludeNamespaces={a},cni.excludeNamespaces={b}",
+        ],
+        versions: BOTH,
+        istio: &[
+            ("bin_dir", "/b"),
+            ("conf_dir", "/d"),
+            ("conf_file", "b.conf"),
+            ("netns_dir", "/f"),
+            ("exclude", "b"),
+        ],
+    },
+    AsIstio {
+        name: "repair at both levels: merged key by key",
+        args: &[
+            "--set",
+            "repair.deletePods=true,repair.repairPods=false,cni.repair.deletePods=false",
+        ],
+        versions: BOTH,
+        istio: &[("repair", "enabled=true repair=false delete=false label=false")],
+    },
+    AsIstio {
+        name: "OpenShift Service Mesh 3 (global.platform=openshift) with Multus",
+        args: &[
+            "--set",
+            "global.platform=openshift",
+            "--set",
+            "cni.provider=multus,cni.chained=false,cni.cniBinDir=/var/lib/cni/bin",
+            "--set",
+            "cni.cniConfDir=/etc/cni/multus/net.d,cni.cniConfFileName=istio-cni.conf",
+        ],
+        versions: BOTH,
+        istio: &[
+            ("chained", "false"),
+            ("conf_file", "istio-cni.conf"),
+            ("bin_dir", "/var/lib/cni/bin"),
+            ("conf_dir", "/etc/cni/multus/net.d"),
+            ("nad", "default/istio-cni"),
+        ],
+    },
+];
+
+/// Istio's released charts, when the environment names the folder they were extracted into
+/// (`ISTIO_RELEASES_DIR`, holding `istio-<version>/manifests/charts/istio-cni`): the records
+/// above are then checked against them. Without it, only the records are used.
+fn istio_chart(version: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("ISTIO_RELEASES_DIR")?;
+    let chart = PathBuf::from(dir)
+        .join(format!("istio-{version}"))
+        .join("manifests/charts/istio-cni");
+    assert!(
+        chart.join("Chart.yaml").is_file(),
+        "ISTIO_RELEASES_DIR is set, but {} is not Istio's istio-cni chart",
+        chart.display()
+    );
+    Some(chart)
+}
+
+/// The seeds' values mean for the node what they mean to Istio's chart: the same host folders,
+/// chaining, file, exclusions, repair flags and attachment.
+#[test]
+fn the_seeds_own_values_give_the_node_what_istios_chart_gives_it() {
+    let mut problems = Vec::new();
+    let mut checked_with_istio = 0;
+    for case in AS_ISTIO {
+        let ours = match template(NS, case.args) {
+            Ok(yaml) => node_settings(&yaml, case.name),
+            Err(e) => {
+                problems.push(format!("{}: helm template failed: {e}", case.name));
+                continue;
+            }
+        };
+        for (key, want) in case.istio {
+            let got = ours.get(key).map(String::as_str).unwrap_or("(none)");
+            if got != *want {
+                problems.push(format!(
+                    "{}: {key} is {got:?}, Istio's chart gives {want:?}",
+                    case.name
+                ));
+            }
+        }
+        for version in case.versions {
+            let Some(chart) = istio_chart(version) else {
+                continue;
+            };
+            checked_with_istio += 1;
+            let yaml = template_of(&chart, "istio-cni", NS, case.args)
+                .unwrap_or_else(|e| panic!("{}: Istio {version}'s chart: {e}", case.name));
+            let istio = node_settings(&yaml, version);
+            for (key, want) in case.istio {
+                let got = istio.get(key).map(String::as_str).unwrap_or("(none)");
+                if got != *want {
+                    problems.push(format!(
+                        "{}: the record says Istio {version} gives {key} {want:?}, it renders {got:?}",
+                        case.name
+                    ));
+                }
+            }
+        }
+    }
+    if checked_with_istio == 0 {
+        eprintln!(
+            "NOTICE: compared with the records of Istio's charts only; set ISTIO_RELEASES_DIR to \
+             check the records against the charts themselves"
+        );
+    }
+    assert_no_problems(problems);
+}
+
+// --- Multus: an attachment without a config finds our file by its network name ---------------
+
+/// Multus's rule for a NetworkAttachmentDefinition with an empty spec (its
+/// GetCNIConfigFromFile): among the files of `conf_dir` ending in .conf, .json or .conflist, in
+/// libcni's order (by file name), the first whose "name" is the attachment's; a .conf (or .json)
+/// must also have a "type". A file that does not load fails the lookup, as in Multus.
+fn multus_config_for(conf_dir: &Path, name: &str) -> Result<(PathBuf, Value), String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir)
+        .map_err(|e| format!("No networks found in {}: {e}", conf_dir.display()))?
+        .map(|e| e.expect("a folder entry").path())
+        .filter(|p| !p.is_dir())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("conf" | "json" | "conflist")
+            )
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("No networks found in {}", conf_dir.display()));
+    }
+    for file in files {
+        let text = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let conf: Value = serde_json::from_slice(&text)
+            .map_err(|e| format!("Error loading CNI config file {}: {e}", file.display()))?;
+        let list = file.extension().is_some_and(|e| e == "conflist");
+        if list {
+            if conf["name"].as_str().is_none() || !conf["plugins"].is_array() {
+                return Err(format!(
+                    "Error loading CNI conflist file {}",
+                    file.display()
+                ));
+            }
+        } else if conf["type"].as_str().is_none_or(str::is_empty) {
+            return Err(format!(
+                "Error loading CNI config file {}: missing 'type'",
+                file.display()
+            ));
+        }
+        if conf["name"] == name {
+            return Ok((file, conf));
+        }
+    }
+    Err(format!(
+        "no network available in the name {name} in cni dir {}",
+        conf_dir.display()
+    ))
+}
+
+/// The attachment names of a pod's `k8s.v1.cni.cncf.io/networks` annotation (the comma form:
+/// `[<namespace>/]<name>[@<interface>]`), as Multus reads them: (namespace, name).
+fn requested_networks(annotation: &str, pod_namespace: &str) -> Vec<(String, String)> {
+    annotation
+        .split(',')
+        .map(str::trim)
+        .map(|item| {
+            let item = item.split('@').next().unwrap_or(item);
+            match item.split_once('/') {
+                Some((ns, name)) => (ns.to_string(), name.to_string()),
+                None => (pod_namespace.to_string(), item.to_string()),
+            }
+        })
+        .collect()
+}
+
+/// The node agent (this build's `redirect-cni-node`) with a rendering's ConfigMap as its
+/// environment, on the temporary node folders of `node` (`cni_testkit::install_args`:
+/// standalone, net/, bin/, run/; the flags win over the ConfigMap's folders), without the
+/// repair controller (no API server here) or endpoints. `extra` changes the environment.
+fn start_agent(data: &Value, node: &Path, extra: &[(&str, Option<&str>)]) -> std::process::Child {
+    let sa = node.join("sa");
+    std::fs::create_dir_all(&sa).expect("the service account folder");
+    std::fs::write(sa.join("token"), "t0k3n\n").expect("a token");
+    std::fs::write(sa.join("ca.crt"), "-----BEGIN CERTIFICATE-----\n").expect("a CA");
+    let mut env: BTreeMap<String, String> = data
+        .as_object()
+        .expect("the ConfigMap's data")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().expect("a string").to_string()))
+        .collect();
+    for (k, v) in [
+        ("POD_NAMESPACE", Some(NS)),
+        ("KUBERNETES_SERVICE_HOST", Some("10.96.0.1")),
+        ("REPAIR_ENABLED", Some("false")),
+        ("MONITORING_PORT", Some("0")),
+    ]
+    .iter()
+    .chain(extra)
+    {
+        match v {
+            Some(v) => env.insert(k.to_string(), v.to_string()),
+            None => env.remove(*k),
+        };
+    }
+    Command::new(cni_testkit::node_bin())
+        .args(cni_testkit::install_args(node))
+        .arg("--service-account-dir")
+        .arg(&sa)
+        .env_clear()
+        .envs(&env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running redirect-cni-node")
+}
+
+/// SIGTERM, as kubelet stops the pod: its exit status and log.
+fn stop_agent(child: std::process::Child) -> (Option<i32>, String) {
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(kill.success(), "kill -TERM failed");
+    let out = child.wait_with_output().expect("the agent's exit");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits (at most 20 s) until `file` holds a config of type redirect-cni (the installer writes
+/// a temporary file and renames it into place).
+fn wait_for_our_config(file: &Path) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(20) {
+        let ours = std::fs::read(file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| v["type"] == "redirect-cni");
+        if ours {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+/// OpenShift Service Mesh 3's Multus setup: Istio's injector annotates pods with
+/// `k8s.v1.cni.cncf.io/networks: istio-cni` (or `default/istio-cni`), and the attachment of that
+/// name (the chart's in "default", or one per namespace) has no config, so Multus runs the config
+/// of its folder whose network name is istio-cni. The chart rendered with the OSSM values, the
+/// real node agent run with its ConfigMap on temporary node folders, and Multus's lookup applied
+/// to the folder: it finds our file. With the old naming (network redirect-cni) it would not.
+#[test]
+fn an_istio_cni_attachment_without_config_runs_our_plugin_under_multus() {
+    let yaml = template(
+        NS,
+        SEEDS
+            .iter()
+            .find(|c| c.name.contains("profile=openshift"))
+            .unwrap()
+            .args,
+    )
+    .unwrap_or_else(|e| panic!("helm template: {e}"));
+    let objects = parse(&yaml, "OSSM values");
+    let data = &objects[CM]["data"];
+    let nads: Vec<&Value> = objects
+        .iter()
+        .filter(|(k, _)| k.starts_with("NetworkAttachmentDefinition/"))
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(nads.len(), 1, "one attachment: {:?}", objects.keys());
+    let nad = nads[0];
+    assert!(
+        nad.get("spec").is_none(),
+        "the attachment carries no config: {nad}"
+    );
+    let nad_ref = format!(
+        "{}/{}",
+        nad["metadata"]["namespace"].as_str().unwrap_or(""),
+        nad["metadata"]["name"].as_str().unwrap_or("")
+    );
+    // What Istio's injector writes, and the attachment each entry names: the chart's (in
+    // "default"), or one of the same name and no config in the pod's namespace ("shop").
+    for annotation in [
+        "istio-cni",
+        "default/istio-cni",
+        "macvlan-conf, default/istio-cni",
+    ] {
+        let (ns, name) = requested_networks(annotation, "shop").pop().unwrap();
+        assert_eq!(name, "istio-cni", "{annotation}");
+        if ns == "default" {
+            assert_eq!(
+                nad_ref, "default/istio-cni",
+                "the chart's attachment for {annotation:?}"
+            );
+        }
+    }
+
+    // A node with Multus's own config and the cluster network's in the folder.
+    let node = tempfile::tempdir().expect("a temporary folder");
+    let net = node.path().join("net");
+    std::fs::create_dir_all(&net).unwrap();
+    let multus = json!({"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus"});
+    std::fs::write(net.join("00-multus.conf"), multus.to_string()).unwrap();
+    let ovn =
+        json!({"cniVersion": "0.4.0", "name": "ovn-kubernetes", "type": "ovn-k8s-cni-overlay"});
+    std::fs::write(net.join("10-ovn-kubernetes.conf"), ovn.to_string()).unwrap();
+
+    let conf_name = data["CNI_CONF_NAME"]
+        .as_str()
+        .expect("the config file's name");
+    let agent = start_agent(data, node.path(), &[]);
+    let installed = wait_for_our_config(&net.join(conf_name));
+    let found = multus_config_for(&net, "istio-cni");
+    let (code, log) = stop_agent(agent);
+    assert!(
+        installed,
+        "no config of ours in 20 s; the agent's log:\n{log}"
+    );
+    assert_eq!(code, Some(0), "the agent's log:\n{log}");
+    let (file, conf) = found.unwrap_or_else(|e| panic!("Multus: {e}"));
+    assert_eq!(conf["type"], "redirect-cni", "{}: {conf}", file.display());
+    assert_eq!(file, net.join(conf_name), "the ConfigMap's file");
+    assert!(!net.join(conf_name).exists(), "removed on SIGTERM");
+
+    // The old naming: the same ConfigMap without CNI_NETWORK_NAME (the agent's default name,
+    // redirect-cni). Multus would find no network istio-cni, and fail the pod's ADD.
+    let node = tempfile::tempdir().expect("a temporary folder");
+    let net = node.path().join("net");
+    std::fs::create_dir_all(&net).unwrap();
+    std::fs::write(net.join("00-multus.conf"), multus.to_string()).unwrap();
+    let agent = start_agent(data, node.path(), &[("CNI_NETWORK_NAME", None)]);
+    let installed = wait_for_our_config(&net.join(conf_name));
+    let old = multus_config_for(&net, "istio-cni");
+    let by_old_name = multus_config_for(&net, "redirect-cni");
+    let (code, log) = stop_agent(agent);
+    assert!(installed && code == Some(0), "the agent's log:\n{log}");
+    let err = old.expect_err("the old naming should not resolve istio-cni");
+    assert!(
+        err.contains("no network available in the name istio-cni"),
+        "{err}"
+    );
+    assert!(
+        by_old_name.is_ok(),
+        "the old file is there, under the old name: {by_old_name:?}"
+    );
+}
+
+/// The lookup of the test above, on folders made for it: it can fail, and it follows libcni's
+/// order and Multus's rules.
+#[test]
+fn the_multus_lookup_follows_multuss_rule() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let d = dir.path();
+    let write = |name: &str, v: Value| std::fs::write(d.join(name), v.to_string()).unwrap();
+    assert!(multus_config_for(d, "a")
+        .unwrap_err()
+        .contains("No networks found"));
+    write("notes.txt", json!({"name": "a", "type": "x"}));
+    assert!(multus_config_for(d, "a")
+        .unwrap_err()
+        .contains("No networks found"));
+    write("20-b.conf", json!({"name": "a", "type": "second"}));
+    write(
+        "10-a.conflist",
+        json!({"name": "a", "plugins": [{"type": "first"}]}),
+    );
+    let (file, _) = multus_config_for(d, "a").unwrap();
+    assert_eq!(file, d.join("10-a.conflist"), "the first by file name");
+    assert!(multus_config_for(d, "z")
+        .unwrap_err()
+        .contains("no network available in the name z"));
+    write("05-untyped.conf", json!({"name": "u"}));
+    assert!(multus_config_for(d, "a")
+        .unwrap_err()
+        .contains("missing 'type'"));
+    assert_eq!(
+        requested_networks("a, ns/b@net1,c@eth2", "pods"),
+        [("pods", "a"), ("ns", "b"), ("pods", "c")].map(|(n, m)| (n.to_string(), m.to_string()))
+    );
+}
+
+// --- differences from Istio's DaemonSet ------------------------------------------------------
+
+/// What Istio's chart gives its container (sidecar mode, default values), recorded from
+/// releases 1.24.6 and 1.30.3 and checked against them when ISTIO_RELEASES_DIR is set.
+struct IstioContainer {
+    capabilities: &'static [&'static str],
+    readiness: (&'static str, u64),
+    liveness: bool,
+    host_network: bool,
+}
+
+const ISTIO_CONTAINER: IstioContainer = IstioContainer {
+    capabilities: &[
+        "NET_ADMIN",
+        "NET_RAW",
+        "SYS_PTRACE",
+        "SYS_ADMIN",
+        "DAC_OVERRIDE",
+    ],
+    readiness: ("/readyz", 8000),
+    liveness: false,
+    host_network: false,
+};
+
+/// (capabilities added, readiness probe path and port, a liveness probe, host network) of a
+/// rendering's DaemonSet; a named probe port is resolved through the container's ports.
+fn container_facts(yaml: &str, origin: &str) -> (Vec<String>, (String, u64), bool, bool) {
+    let objects = parse(yaml, origin);
+    let ds = objects
+        .iter()
+        .find(|(k, _)| k.starts_with("DaemonSet/"))
+        .map(|(_, v)| v)
+        .expect("a DaemonSet");
+    let spec = &ds["spec"]["template"]["spec"];
+    let c = &spec["containers"][0];
+    let caps = c["securityContext"]["capabilities"]["add"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    let probe = &c["readinessProbe"]["httpGet"];
+    let port = match &probe["port"] {
+        Value::Number(n) => n.as_u64().unwrap(),
+        Value::String(name) => c["ports"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == *name))
+            .and_then(|p| p["containerPort"].as_u64())
+            .expect("the named port"),
+        other => panic!("{origin}: probe port {other}"),
+    };
+    let path = probe["path"].as_str().unwrap_or("").to_string();
+    let liveness = c.get("livenessProbe").is_some();
+    let host_network = spec["hostNetwork"] == true;
+    (caps, (path, port), liveness, host_network)
+}
+
+/// The section of docs/deploy/README.md on migrating from Istio's chart.
+fn migration_section() -> String {
+    let doc = redirect_testkit::docs::read("docs/deploy/README.md");
+    let start = doc
+        .find("### Migrating from Istio's istio-cni chart")
+        .expect("the migration section");
+    let rest = &doc[start..];
+    let end = rest[4..].find("\n## ").map_or(rest.len(), |i| i + 4);
+    rest[..end].to_string()
+}
+
+/// Each way our container differs from Istio's (a capability it adds and we do not, the
+/// readiness probe's port, the liveness probe, the host network) is named in the migration
+/// section, which says why.
+#[test]
+fn the_migration_section_names_each_difference_from_istios_container() {
+    if let Some(chart) = istio_chart("1.24.6") {
+        for version in BOTH {
+            let chart = if *version == "1.24.6" {
+                chart.clone()
+            } else {
+                istio_chart(version).unwrap()
+            };
+            let yaml = template_of(&chart, "istio-cni", NS, &[]).expect("Istio's chart");
+            let (caps, readiness, liveness, host_network) = container_facts(&yaml, version);
+            assert_eq!(caps, ISTIO_CONTAINER.capabilities, "Istio {version}");
+            assert_eq!(
+                readiness,
+                (
+                    ISTIO_CONTAINER.readiness.0.to_string(),
+                    ISTIO_CONTAINER.readiness.1
+                ),
+                "Istio {version}"
+            );
+            assert_eq!(liveness, ISTIO_CONTAINER.liveness, "Istio {version}");
+            assert_eq!(
+                host_network, ISTIO_CONTAINER.host_network,
+                "Istio {version}"
+            );
+        }
+    }
+    let section = migration_section();
+    let named = |item: &str| redirect_testkit::docs::in_backticks(&section, item);
+    let (caps, (path, port), liveness, host_network) = container_facts(&render(&[]), "ours");
+    let mut problems = Vec::new();
+    for cap in ISTIO_CONTAINER.capabilities {
+        if !caps.iter().any(|c| c == cap) && !named(cap) {
+            problems.push(format!(
+                "Istio's container adds {cap}, ours does not: say so, and why"
+            ));
+        }
+    }
+    let (istio_path, istio_port) = ISTIO_CONTAINER.readiness;
+    if (path.as_str(), port) != (istio_path, istio_port)
+        && !(named(&istio_port.to_string()) && named(&port.to_string()))
+    {
+        problems.push(format!(
+            "the readiness probe is {path} on port {port}, Istio's {istio_path} on {istio_port}: \
+             name both ports"
+        ));
+    }
+    if liveness != ISTIO_CONTAINER.liveness && !named("/healthz") {
+        problems.push("ours has a liveness probe (/healthz), Istio's none".into());
+    }
+    if host_network != ISTIO_CONTAINER.host_network && !named("hostNetwork") {
+        problems.push(format!(
+            "hostNetwork is {host_network} (Istio: {})",
+            ISTIO_CONTAINER.host_network
+        ));
+    }
+    assert_no_problems(problems);
+}
+
+/// Why the container needs no DAC_OVERRIDE: uid 0 writes the host's root-owned CNI folders
+/// through their owner's permissions. The real node agent, run as root with exactly the
+/// capabilities the DaemonSet gives its container (setpriv's bounding set), chains into a
+/// root-owned node; on folders owned by another user it cannot, until DAC_OVERRIDE is added
+/// (what Istio's container adds it for).
+#[test]
+fn root_with_the_containers_capabilities_writes_root_owned_host_folders() {
+    if !redirect_testkit::kernel_tests_enabled() {
+        return;
+    }
+    let yaml = render(&[]);
+    let objects = parse(&yaml, "default");
+    let data = objects[CM]["data"].clone();
+    let caps = container_facts(&yaml, "default").0;
+    let bounding = |extra: &[&str]| {
+        let mut b = String::from("-all");
+        for c in caps.iter().map(String::as_str).chain(extra.iter().copied()) {
+            b.push_str(&format!(",+{}", c.to_lowercase()));
+        }
+        b
+    };
+    let calico = json!({"cniVersion": "0.3.1", "name": "k8s-pod-network",
+        "plugins": [{"type": "calico"}, {"type": "portmap", "capabilities": {"portMappings": true}}]});
+    // Runs the agent on a fresh node whose net and bin folders belong to `owner`: whether our
+    // entry got into the conflist within `wait`.
+    let run = |owner: u32, bounding: &str, wait: std::time::Duration| -> (bool, String) {
+        let node = tempfile::tempdir().expect("a temporary folder");
+        let p = |d: &str| node.path().join(d);
+        for d in ["net", "bin", "run", "sa"] {
+            std::fs::create_dir(p(d)).unwrap();
+        }
+        std::fs::write(p("sa/token"), "t0k3n\n").unwrap();
+        std::fs::write(p("sa/ca.crt"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let list = p("net/10-calico.conflist");
+        std::fs::write(&list, calico.to_string()).unwrap();
+        for f in [p("net"), p("bin"), list.clone()] {
+            std::os::unix::fs::chown(&f, Some(owner), Some(owner)).unwrap();
+        }
+        let env: Vec<(String, String)> = data
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+            .chain(
+                [
+                    ("POD_NAMESPACE", NS),
+                    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                    ("REPAIR_ENABLED", "false"),
+                    ("MONITORING_PORT", "0"),
+                ]
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+            )
+            .collect();
+        let mut child = Command::new("setpriv")
+            .args([
+                "--reuid=0",
+                "--regid=0",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(format!("--bounding-set={bounding}"))
+            .arg("--")
+            .arg(cni_testkit::node_bin())
+            .arg("--mounted-cni-net-dir")
+            .arg(p("net"))
+            .arg("--cni-bin-dir")
+            .arg(p("bin"))
+            .arg("--cni-agent-run-dir")
+            .arg(p("run"))
+            .arg("--binary")
+            .arg(cni_testkit::plugin_bin())
+            .arg("--service-account-dir")
+            .arg(p("sa"))
+            .env_clear()
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running setpriv (util-linux)");
+        let ours = || {
+            std::fs::read(&list)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|v| v.to_string().contains("\"redirect-cni\""))
+        };
+        let start = std::time::Instant::now();
+        while !ours() && start.elapsed() < wait {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let installed = ours();
+        let log = match child.try_wait() {
+            Ok(Some(_)) => {
+                let out = child.wait_with_output().unwrap();
+                String::from_utf8_lossy(&out.stderr).into_owned()
+            }
+            _ => stop_agent(child).1,
+        };
+        (installed, log)
+    };
+    let long = std::time::Duration::from_secs(20);
+    let (ok, log) = run(0, &bounding(&[]), long);
+    assert!(
+        ok,
+        "root-owned folders, the container's capabilities {caps:?}: not installed\n{log}"
+    );
+    assert!(!caps.iter().any(|c| c == "DAC_OVERRIDE"));
+    let (ok, log) = run(1000, &bounding(&[]), std::time::Duration::from_secs(3));
+    assert!(
+        !ok,
+        "folders of uid 1000 written without DAC_OVERRIDE?\n{log}"
+    );
+    let (ok, log) = run(1000, &bounding(&["DAC_OVERRIDE"]), long);
+    assert!(
+        ok,
+        "folders of uid 1000, with DAC_OVERRIDE: not installed\n{log}"
+    );
 }
 
 // --- the Kubernetes schemas ---------------------------------------------------------------------
@@ -989,7 +2316,13 @@ fn every_rendering_passes_the_kubernetes_schemas_strictly() {
     let mut seen = std::collections::BTreeSet::new();
     let mut files = Vec::new();
     let mut names = Vec::new();
-    for (i, case) in SETTINGS.iter().chain(MODES).chain(VALUES).enumerate() {
+    for (i, case) in SETTINGS
+        .iter()
+        .chain(MODES)
+        .chain(VALUES)
+        .chain(SEEDS)
+        .enumerate()
+    {
         let yaml = template(NS, case.args)
             .unwrap_or_else(|e| panic!("{}: helm template failed: {e}", case.name));
         let mut text = String::new();

@@ -182,9 +182,9 @@ fn helm_template(namespace: &str, values: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The chart's three settings of the seeds and its default, rendered and applied for real
-/// (each into a namespace of its own): the server takes every object, and the DaemonSet and
-/// its ConfigMap hold what the values asked for.
+/// The chart's three settings of the seeds, OpenShift Service Mesh 3's values and its default,
+/// rendered and applied for real (each into a namespace of its own): the server takes every
+/// object, and the DaemonSet and its ConfigMap hold what the values asked for.
 #[test]
 fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
     if !kernel_tests_enabled() {
@@ -194,8 +194,10 @@ fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
     openshift_crds(&cp);
     const OPENSHIFT: &str = "cni.chained=false,cni.provider=multus,cni.cniBinDir=/var/lib/cni/bin,\
         cni.cniConfDir=/etc/cni/multus/net.d,cni.cniConfFileName=istio-cni.conf";
-    let settings: [(&str, &[&str], &str, &str); 4] = [
+    let settings: [(&str, &[&str], &str, &str); 5] = [
         ("helm-default", &[], "/etc/cni/net.d", ""),
+        // OpenShift Service Mesh 3's values, as written (issue 31).
+        ("helm-ossm", &[OPENSHIFT, "profile=openshift"], "/etc/cni/multus/net.d", "istio-cni.conf"),
         ("helm-openshift", &[OPENSHIFT, "global.platform=openshift"], "/etc/cni/multus/net.d", "istio-cni.conf"),
         (
             "helm-openshift-delete",
@@ -228,14 +230,16 @@ fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
             conf_name,
             "{ns}: {cm}"
         );
-        if ns.starts_with("helm-openshift") {
+        if ns.starts_with("helm-openshift") || ns == "helm-ossm" {
+            // Istio's attachment, and the standalone file's network of the same name.
             let nad = cp.get(&[
                 "network-attachment-definitions",
-                "redirect-cni",
+                "istio-cni",
                 "-n",
                 "default",
             ]);
-            assert_eq!(nad["metadata"]["name"], "redirect-cni");
+            assert_eq!(nad["metadata"]["name"], "istio-cni");
+            assert_eq!(cm["data"]["CNI_NETWORK_NAME"], "istio-cni", "{ns}: {cm}");
         }
     }
     // The delete mode's RBAC is in place: the agent's account may delete pods.

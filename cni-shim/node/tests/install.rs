@@ -1438,7 +1438,11 @@ fn the_manifests_configmaps_use_known_settings_and_the_nad_example_matches() {
         .collect();
     let inline: Value = serde_json::from_str(&inline).expect("the inline config is JSON");
     assert_eq!(inline, standalone_conf(os));
-    assert!(nad.contains("name: redirect-cni\n  namespace: default\n"));
+    // Istio's injected annotation (`k8s.v1.cni.cncf.io/networks: istio-cni`) finds our config
+    // by its network name.
+    assert_eq!(os.cni_network_name, "istio-cni");
+    assert_eq!(inline["name"], "istio-cni");
+    assert!(nad.contains("name: istio-cni\n  namespace: default\n"));
 }
 
 /// The run directory must be the agent's alone: one its group or others may write, or that

@@ -1,27 +1,66 @@
 {{/*
-The `cni` values in effect, as YAML: .Values.cni, with any of its names given at the top level
-(Istio's chart reads them there too, so an Istio values file works as it is) put over it. Maps
-such as `repair` are merged key by key. Each template starts with
+The values in effect, as YAML: .Values with .Values.cni merged over it, as Istio's chart merges
+them (its `cni` over the top level, maps key by key), so that a name given under `cni.` wins
+over the same name at the top level, where values.yaml keeps the defaults. Then what Istio's
+chart makes of an empty value: an empty or null cniBinDir is /home/kubernetes/bin on GKE (its
+Kubernetes version holds "-gke") and /opt/cni/bin elsewhere, an empty or null cniConfDir and
+cniNetnsDir the defaults; empty items of excludeNamespaces are dropped (helm makes [""] of
+`--set excludeNamespaces={}`); null resources entries are left out. pluginLogLevel is the
+plugin's level: logging.level, else Istio's older logLevel, else global.logging.level. Each
+template starts with
   {{- $cni := include "redirect-cni.cni" . | fromYaml }}
 */}}
 {{- define "redirect-cni.cni" -}}
-{{- $cni := deepCopy .Values.cni -}}
-{{- range $name, $default := .Values.cni -}}
-{{- if hasKey $.Values $name -}}
-{{- $top := index $.Values $name -}}
-{{- if and (kindIs "map" $default) (kindIs "map" $top) -}}
-{{- $_ := set $cni $name (mustMergeOverwrite (deepCopy $default) $top) -}}
-{{- else -}}
-{{- $_ := set $cni $name $top -}}
+{{- $cni := mustMergeOverwrite (deepCopy (omit .Values "cni")) (deepCopy (.Values.cni | default dict)) -}}
+{{- $gke := .Capabilities.KubeVersion.GitVersion | contains "-gke" -}}
+{{- $_ := set $cni "cniBinDir" ($cni.cniBinDir | default (ternary "/home/kubernetes/bin" "/opt/cni/bin" $gke)) -}}
+{{- $_ := set $cni "cniConfDir" ($cni.cniConfDir | default "/etc/cni/net.d") -}}
+{{- $_ := set $cni "cniNetnsDir" ($cni.cniNetnsDir | default "/var/run/netns") -}}
+{{- $_ := set $cni "cniConfFileName" ($cni.cniConfFileName | default "") -}}
+{{- $_ := set $cni "excludeNamespaces" (compact ($cni.excludeNamespaces | default list)) -}}
+{{- /* A boolean or the provider left null (or removed by a top-level null): the default. */ -}}
+{{- range $name, $default := dict "chained" true "untaintNode" false "provider" "default" -}}
+{{- if kindIs "invalid" (index $cni $name) -}}
+{{- $_ := set $cni $name $default -}}
 {{- end -}}
 {{- end -}}
+{{- $repair := $cni.repair | default dict -}}
+{{- range $name, $default := dict "enabled" true "repairPods" true "deletePods" false "labelPods" false -}}
+{{- if kindIs "invalid" (index $repair $name) -}}
+{{- $_ := set $repair $name $default -}}
 {{- end -}}
+{{- end -}}
+{{- $_ := set $cni "repair" $repair -}}
+{{- $resources := dict -}}
+{{- range $key, $r := ($cni.resources | default dict) -}}
+{{- if kindIs "map" $r -}}
+{{- $kept := dict -}}
+{{- range $name, $q := $r -}}
+{{- if not (kindIs "invalid" $q) -}}
+{{- $_ := set $kept $name $q -}}
+{{- end -}}
+{{- end -}}
+{{- if $kept -}}
+{{- $_ := set $resources $key $kept -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $r) -}}
+{{- $_ := set $resources $key $r -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $cni "resources" $resources -}}
+{{- $level := coalesce ($cni.logging | default dict).level $cni.logLevel (.Values.global.logging | default dict).level "info" -}}
+{{- $_ := set $cni "pluginLogLevel" $level -}}
 {{- toYaml $cni -}}
 {{- end -}}
 
-{{/* global.platform, or platform at the top level (Istio's chart reads both). */}}
+{{/*
+The platform: platform at the top level, else global.platform, as Istio's chart picks its
+platform profile; profile=openshift (Istio's older profile, and OpenShift Service Mesh's) is
+openshift too.
+*/}}
 {{- define "redirect-cni.platform" -}}
-{{- coalesce .Values.platform .Values.global.platform | default "" -}}
+{{- $profile := coalesce .Values.profile .Values.global.profile | default "" -}}
+{{- coalesce .Values.platform .Values.global.platform (ternary "openshift" "" (eq $profile "openshift")) | default "" -}}
 {{- end -}}
 
 {{/*
@@ -32,6 +71,60 @@ sees it; helm template sees it with --api-versions security.openshift.io/v1).
 {{- if or (eq (include "redirect-cni.platform" .) "openshift") (.Capabilities.APIVersions.Has "security.openshift.io/v1") -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/*
+The installer's settings (the ConfigMap's data), as YAML; the NetworkAttachmentDefinition takes
+its name from CNI_NETWORK_NAME.
+*/}}
+{{- define "redirect-cni.configData" -}}
+{{- $cni := include "redirect-cni.cni" . | fromYaml }}
+{{- $data := dict }}
+{{- /* Chained, or standalone (Multus), and the file: standalone defaults to redirect-cni.conf. */}}
+{{- $_ := set $data "CHAINED_CNI_PLUGIN" (toString $cni.chained) }}
+{{- $_ := set $data "CNI_CONF_NAME" ($cni.cniConfFileName | default (ternary "" "redirect-cni.conf" $cni.chained)) }}
+{{- if not $cni.chained }}
+{{- /* The standalone file's mode: 0600 ("true": 0640). */}}
+{{- $_ := set $data "CNI_CONF_GROUP_READ" "false" }}
+{{- /* Its network's name, Istio's: Multus runs the file for an attachment of that name that
+       has no config (Istio's injector asks for istio-cni). */}}
+{{- $_ := set $data "CNI_NETWORK_NAME" "istio-cni" }}
+{{- end }}
+{{- /* The host's directories as the DaemonSet mounts them (under /host), and as the host sees
+       the net dir (for messages). */}}
+{{- $_ := set $data "MOUNTED_CNI_NET_DIR" (printf "/host%s" (clean $cni.cniConfDir)) }}
+{{- $_ := set $data "CNI_NET_DIR" (clean $cni.cniConfDir) }}
+{{- $_ := set $data "CNI_BIN_DIR" (printf "/host%s" (clean $cni.cniBinDir)) }}
+{{- /* Shared with the plugin at the same path on the host: the kubeconfig and the install record. */}}
+{{- $_ := set $data "CNI_AGENT_RUN_DIR" "/var/run/redirect-cni" }}
+{{- $_ := set $data "KUBECONFIG_MODE" "0600" }}
+{{- /* Fields of the plugin's entry. */}}
+{{- $_ := set $data "EXCLUDE_NAMESPACES" (join "," $cni.excludeNamespaces) }}
+{{- $_ := set $data "PLUGIN_LOG_LEVEL" $cni.pluginLogLevel }}
+{{- $_ := set $data "PLUGIN_CONFIG_JSON" "{}" }}
+{{- /* On SIGTERM remove exactly what was installed. */}}
+{{- $_ := set $data "CLEANUP_ON_EXIT" "true" }}
+{{- /* The repair controller: the first of the three modes that is "true" acts. */}}
+{{- $_ := set $data "REPAIR_ENABLED" (toString $cni.repair.enabled) }}
+{{- $_ := set $data "REPAIR_REPAIR_PODS" (toString $cni.repair.repairPods) }}
+{{- $_ := set $data "REPAIR_DELETE_PODS" (toString $cni.repair.deletePods) }}
+{{- $_ := set $data "REPAIR_LABEL_PODS" (toString $cni.repair.labelPods) }}
+{{- /* These three only when they differ from the installer's own default, so that the default
+       ConfigMap is the plain manifest's. */}}
+{{- range $key, $v := dict
+      "REPAIR_INIT_CONTAINER_NAME" (list $cni.repair.initContainerName "istio-validation")
+      "REPAIR_BROKEN_POD_LABEL_KEY" (list $cni.repair.brokenPodLabelKey "cni.istio.io/uninitialized")
+      "REPAIR_BROKEN_POD_LABEL_VALUE" (list (toString $cni.repair.brokenPodLabelValue) "true") }}
+{{- if ne (index $v 0) (index $v 1) }}
+{{- $_ := set $data $key (index $v 0) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $data "UNTAINT_NODE" (toString $cni.untaintNode) }}
+{{- /* Any other installer variable; it wins over the above. */}}
+{{- range $key, $v := $cni.env }}
+{{- $_ := set $data $key (toString $v) }}
+{{- end }}
+{{- toYaml $data }}
 {{- end -}}
 
 {{/*
@@ -71,9 +164,12 @@ into a working deployment.
 {{- if and (eq $cni.provider "multus") $cni.chained -}}
 {{- fail "cni.provider=multus needs cni.chained=false: Multus runs the standalone file the installer writes, which it finds by the name inside (the NetworkAttachmentDefinition's)" -}}
 {{- end -}}
-{{- $ambient := or (.Values.ambient | default dict).enabled ($cni.ambient | default dict).enabled (eq (coalesce .Values.profile .Values.global.profile | default "") "ambient") -}}
+{{- $ambient := or ($cni.ambient | default dict).enabled (eq (coalesce .Values.profile .Values.global.profile | default "") "ambient") -}}
 {{- if $ambient -}}
 {{- fail "ambient mode is not supported: redirect-cni replaces istio-cni in sidecar mode only (leave ambient.enabled and profile=ambient unset)" -}}
+{{- end -}}
+{{- with $cni.psp_cluster_role -}}
+{{- fail (printf "psp_cluster_role=%s: PodSecurityPolicy was removed in Kubernetes 1.25; a RoleBinding to a PodSecurityPolicy role would grant nothing, so this chart makes none: leave psp_cluster_role out. Where Pod Security Admission enforces a level, the release's namespace needs pod-security.kubernetes.io/enforce=privileged (host paths, host network, capabilities). On an older cluster that still enforces PodSecurityPolicy, bind the role yourself: kubectl -n %s create rolebinding redirect-cni-psp --clusterrole=%s --serviceaccount=%s:redirect-cni" . $.Release.Namespace . $.Release.Namespace) -}}
 {{- end -}}
 {{- with include "redirect-cni.platform" . -}}
 {{- if ne . "openshift" -}}
