@@ -25,9 +25,11 @@ done
 if [ ! -x .tools/cnitool ] || [ ! -x /usr/lib/cni/bridge ]; then
   bash scripts/install-cnitool.sh .tools
 fi
-# A real Kubernetes API server (kube-apiserver 1.20 built from the distribution's source
-# package, etcd, kubectl) for the Kubernetes-facing tests, once into .tools/kube (~3 minutes).
-if [ ! -x .tools/kube/kube-apiserver ] || ! command -v etcd >/dev/null || ! command -v kubectl >/dev/null; then
-  bash scripts/install-kube-apiserver.sh .tools/kube
+# A real Kubernetes cluster (kube-apiserver, kubelet, scheduler and controller-manager 1.20
+# built from the distribution's source package, etcd, containerd, runc, kubectl) for the
+# Kubernetes-facing tests and the real node's, once into .tools/kube (~5 minutes).
+if [ ! -x .tools/kube/kubelet ] || [ ! -x .tools/kube/kube-apiserver ] || ! command -v etcd >/dev/null \
+   || ! command -v kubectl >/dev/null || ! command -v containerd >/dev/null || ! command -v catatonit >/dev/null; then
+  bash scripts/install-kube.sh .tools/kube
 fi
 bash scripts/install-helm.sh .tools # helm and kubernetes-validate, for the Helm chart tests (tests/helm_chart.rs)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test: the static release binaries are built first (x86_64, and aarch64 smoke-tested
-# under qemu-user), then the pure and kernel tests (fresh network namespaces, real sockets; root;
-# the empty-root test runs the static binaries), the doc tests and the docs (no warning allowed),
-# the image (built offline with podman and the node agent run from it), and the demo, which
-# fails when capture does not work end to end.
+# under qemu-user) and the real node's images from them; then the pure and kernel tests (fresh
+# network namespaces, real sockets; root; the empty-root test runs the static binaries; the real
+# node's scenarios run kubelet and containerd with the Helm chart's DaemonSet, about 5 minutes),
+# the doc tests and the docs (no warning allowed), the image (built offline with podman and the
+# node agent run from it), and the demo, which fails when capture does not work end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build-static.sh --aarch64
+bash scripts/build-node-images.sh target/node-images # deploy/tests/real_node.rs
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet # the library's docs build without a warning

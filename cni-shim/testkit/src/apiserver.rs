@@ -2,7 +2,7 @@
 //! on, service-account tokens signed by a key of the test's own, an admin token for the test's
 //! setup (`kubectl`), all in a temporary folder that goes with it.
 //!
-//! The binaries come from `scripts/install-kube-apiserver.sh` (called by
+//! The binaries come from `scripts/install-kube.sh` (called by
 //! `scripts/install-deps.sh`): `.tools/kube/kube-apiserver` (or `REDIRECT_KUBE_APISERVER`),
 //! `etcd` and `kubectl` on PATH. A missing one fails the test with the command that installs it.
 //! The API server has no controller-manager, scheduler or kubelet: objects are what the test
@@ -72,7 +72,7 @@ fn free_port() -> u16 {
 
 /// Spawns `cmd` with its output in `log`, killed with the thread that started it should the
 /// test process die without dropping the control plane.
-fn spawn(mut cmd: Command, log: &Path) -> Child {
+pub(crate) fn spawn(mut cmd: Command, log: &Path) -> Child {
     use std::os::unix::process::CommandExt;
     let out = std::fs::File::create(log).unwrap();
     cmd.stdin(Stdio::null())

@@ -8,6 +8,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod host_proc;
+pub mod node;
 pub mod pki;
 
 use std::io::Write;

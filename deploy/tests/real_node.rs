@@ -1,0 +1,710 @@
+//! What an operator installs, on a real node: kubelet 1.20 and containerd 1.6 start pods
+//! through the CNI config the node agent writes, the agent itself a DaemonSet pod rendered by the
+//! Helm chart (`cni_testkit::node`: the whole cluster in namespaces of the test's own). Each
+//! pod has Istio's injected shape: the `istio-validation` init container running
+//! `redirect-validate` as 1337 with Istio's arguments, an `istio-proxy` container (testpod,
+//! listening on 15001 and 15006 as 1337), and an app that connects to 10.96.0.99:80 every
+//! second and logs where it landed. Captured means the app's log says `landed 15001
+//! 10.96.0.99:80`: real traffic, from inside the pod.
+//!
+//! The nodes run one at a time (each takes about 700 MiB and both cores while it starts).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cni_testkit::node::{Node, Options};
+use redirect_testkit::kernel_tests_enabled;
+use serde_json::{json, Value};
+
+static ONE_NODE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+const TAINT: &str = "cni.istio.io/not-ready";
+const CAPTURED: &str = "landed 15001 10.96.0.99:80";
+const CONFLIST: &str = "/etc/cni/net.d/10-podnet.conflist";
+
+fn node(name: &str, opts: Options) -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
+    if !kernel_tests_enabled() {
+        return None;
+    }
+    let guard = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    Some((guard, Node::start(name, &opts)))
+}
+
+fn eventually<T>(node: &Node, what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
+    cni_testkit::eventually_or(what, Duration::from_secs(secs), || pods_summary(node), f)
+}
+
+/// Every pod and its containers' states, for a failure's message.
+fn pods_summary(node: &Node) -> String {
+    let out = node.kubectl_output(&["get", "pods", "-A", "-o", "wide"], None);
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    let agent = node.kubectl_output(
+        &[
+            "-n",
+            "kube-system",
+            "logs",
+            "ds/redirect-cni-node",
+            "--tail=30",
+        ],
+        None,
+    );
+    s.push_str("\nthe node agent's log:\n");
+    s.push_str(&String::from_utf8_lossy(&agent.stdout));
+    s
+}
+
+/// The chart with its default values, but for the image (the one the suite built, imported
+/// into containerd, never pulled) and `flags` (helm's: `--set`, `-f`).
+fn install(node: &Node, flags: &[&str]) {
+    let mut args = vec![
+        "install",
+        "redirect-cni",
+        "deploy/helm/redirect-cni",
+        "-n",
+        "kube-system",
+        "--set",
+        "global.hub=localhost",
+        "--set",
+        "global.tag=test",
+        "--set",
+        "global.imagePullPolicy=Never",
+    ];
+    args.extend_from_slice(flags);
+    node.helm(&args);
+    agent_ready(node);
+}
+
+fn agent_ready(node: &Node) {
+    let out = node.kubectl_output(
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "ds/redirect-cni-node",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "the DaemonSet is not ready: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        pods_summary(node)
+    );
+}
+
+/// A pod as Istio's injector renders it (with the CNI plugin: a validation container, no
+/// istio-init), with our images.
+fn injected_pod_spec() -> Value {
+    json!({
+        "terminationGracePeriodSeconds": 1,
+        "initContainers": [{
+            "name": "istio-validation",
+            "image": "localhost/redirect:test",
+            "imagePullPolicy": "Never",
+            "command": ["/usr/local/bin/redirect-validate"],
+            "args": ["--run-validation", "--skip-rule-apply", "-p", "15001", "-z", "15006",
+                "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
+                "-d", "15090,15021,15020", "--log_output_level=default:info"],
+            "securityContext": {"runAsUser": 1337, "runAsGroup": 1337, "runAsNonRoot": true,
+                "capabilities": {"drop": ["ALL"]}}
+        }],
+        "containers": [
+            {"name": "app", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
+             "args": ["connect", "10.96.0.99:80", "--every", "1"]},
+            {"name": "istio-proxy", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
+             "args": ["listen", "15001,15006"],
+             "securityContext": {"runAsUser": 1337, "runAsGroup": 1337}}
+        ]
+    })
+}
+
+fn injected_annotations() -> Value {
+    json!({"sidecar.istio.io/status":
+        r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#})
+}
+
+fn injected_pod(name: &str) -> String {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": injected_annotations()},
+        "spec": injected_pod_spec()})
+    .to_string()
+}
+
+fn injected_deployment(name: &str, replicas: u32) -> String {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}, "annotations": injected_annotations()},
+                "spec": injected_pod_spec()}}})
+    .to_string()
+}
+
+fn pod(node: &Node, name: &str) -> Value {
+    node.get(&["pod", "-n", "default", name])
+        .unwrap_or_else(|| panic!("pod {name} is gone\n{}", pods_summary(node)))
+}
+
+fn pods_of(node: &Node, app: &str) -> Vec<Value> {
+    let list = node
+        .get(&["pods", "-n", "default", "-l", &format!("app={app}")])
+        .unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
+fn name_of(pod: &Value) -> String {
+    pod["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+fn validation_status(pod: &Value) -> Value {
+    pod["status"]["initContainerStatuses"][0].clone()
+}
+
+fn running(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["containerStatuses"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| c["ready"] == true))
+}
+
+/// The app container's log (empty while it has not started).
+fn app_log(node: &Node, pod: &str) -> String {
+    let out = node.kubectl_output(&["-n", "default", "logs", pod, "-c", "app"], None);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The pod is Running and its app's first connection, like every later one, landed on the
+/// proxy with its original destination: it was captured from its start.
+fn captured_from_start(node: &Node, pod: &str) {
+    eventually(node, &format!("pod {pod} Running"), 90, || {
+        running(&self::pod(node, pod)).then_some(())
+    });
+    let log = eventually(node, &format!("pod {pod}'s app connected"), 30, || {
+        let log = app_log(node, pod);
+        log.lines()
+            .filter(|l| l.ends_with(CAPTURED))
+            .nth(1)
+            .is_some()
+            .then_some(log)
+    });
+    // Before the proxy listens (its container starts with the app's), a captured connection is
+    // refused at 15001; one not captured would find no host at 10.96.0.99.
+    let first = log
+        .lines()
+        .position(|l| l.ends_with(CAPTURED))
+        .unwrap_or(usize::MAX);
+    assert!(
+        log.lines().enumerate().all(|(i, l)| {
+            l.ends_with(CAPTURED) || (i < first && l.contains("Connection refused"))
+        }),
+        "pod {pod}: not every connection of its app landed on the proxy:\n{log}"
+    );
+}
+
+/// The pod crash-loops in its validation container: it failed at least twice (a restart, and
+/// kubelet backing off), each time with our validator's 126.
+fn crash_looping(node: &Node, name: &str) -> Value {
+    let p = eventually(
+        node,
+        &format!("pod {name} in Init:CrashLoopBackOff"),
+        90,
+        || {
+            let p = pod(node, name);
+            let v = validation_status(&p);
+            (v["restartCount"].as_u64() >= Some(1)
+                && v["state"]["waiting"]["reason"] == "CrashLoopBackOff")
+                .then_some(p)
+        },
+    );
+    let v = validation_status(&p);
+    assert_eq!(v["lastState"]["terminated"]["exitCode"], 126, "{v}");
+    let log = node.kubectl(&["-n", "default", "logs", name, "-c", "istio-validation"]);
+    assert!(
+        log.contains("no_rules"),
+        "the validator's log names no cause:\n{log}"
+    );
+    assert!(
+        app_log(node, name).is_empty(),
+        "the app ran before the validation passed"
+    );
+    p
+}
+
+/// The host PID of a process of the pod (its proxy), found by the pod's name (kubelet sets
+/// HOSTNAME) and the proxy's command line.
+fn proxy_pid(pod: &str) -> u32 {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline != b"/testpod\0listen\x0015001,15006\0" {
+            continue;
+        }
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if environ
+            .split(|b| *b == 0)
+            .any(|kv| kv == format!("HOSTNAME={pod}").as_bytes())
+        {
+            return pid;
+        }
+    }
+    panic!("no proxy process of pod {pod} on the host");
+}
+
+/// The nftables tables of the namespace `ns` (a descriptor this process holds).
+fn tables_in(ns: &std::fs::File) -> String {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/{}/fd/{}", std::process::id(), ns.as_raw_fd());
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={path}"))
+        .args(["nft", "list", "tables"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft list tables: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Each record of the recording plugin: (CNI_ variables, the config it got).
+fn cni_records(node: &Node) -> Vec<(String, Value)> {
+    let dir = node.dir().join("varlog/cni-record");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.retain(|p: &std::path::PathBuf| p.extension().is_some_and(|e| e == "env"));
+    names.sort();
+    names
+        .iter()
+        .map(|env| {
+            let json = std::fs::read_to_string(env.with_extension("json")).unwrap_or_default();
+            (
+                std::fs::read_to_string(env).unwrap(),
+                serde_json::from_str(&json).unwrap_or(Value::Null),
+            )
+        })
+        .collect()
+}
+
+fn env_value<'a>(env: &'a str, key: &str) -> &'a str {
+    env.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or("")
+}
+
+/// Prevention, install, capture, what kubelet passes, DEL, uninstall: the node registers
+/// tainted, as Istio's docs set it up, with a recorder in its chain.
+#[test]
+fn tainted_node_install_capture_and_uninstall() {
+    let Some((_one, node)) = node(
+        "install",
+        Options {
+            taint: Some(TAINT.into()),
+            record_cni: true,
+        },
+    ) else {
+        return;
+    };
+    let conflist_before = node.read(CONFLIST).expect("the node's conflist");
+
+    // Prevention: with the taint on, the pod waits unscheduled.
+    node.apply(&injected_pod("app"));
+    std::thread::sleep(Duration::from_secs(3));
+    let p = pod(&node, "app");
+    assert_eq!(p["status"]["phase"], "Pending", "{p}");
+    assert!(
+        p["spec"]["nodeName"].is_null(),
+        "scheduled on a tainted node: {p}"
+    );
+
+    install_untainting(&node);
+    // The pod is scheduled once the taint is gone and captured from its start.
+    captured_from_start(&node, "app");
+    let p = pod(&node, "app");
+    assert_eq!(validation_status(&p)["restartCount"], 0, "{p}");
+    let ns = std::fs::File::open(format!("/proc/{}/ns/net", proxy_pid("app"))).unwrap();
+    assert!(
+        tables_in(&ns).contains(redirect_core::model::table::TABLE),
+        "{}",
+        tables_in(&ns)
+    );
+
+    what_kubelet_passed(&node, &p);
+    deleting_calls_del(&node, &ns);
+    uninstall_restores(&node, &conflist_before);
+}
+
+/// Install: the chart's defaults, but for untaintNode and the proxy UID pinned in the plugin's
+/// config, which lets it take the pod from the runtime's annotations alone.
+fn install_untainting(node: &Node) {
+    let values = node.dir().join("values.yaml");
+    std::fs::write(
+        &values,
+        "untaintNode: true\nenv:\n  PLUGIN_CONFIG_JSON: '{\"proxy_uid\":1337}'\n",
+    )
+    .unwrap();
+    let started = Instant::now();
+    install(node, &["-f", values.to_str().unwrap()]);
+    eprintln!(
+        "the DaemonSet was ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let conflist = node.read(CONFLIST).unwrap();
+    let chain: Value = serde_json::from_str(&conflist).unwrap();
+    let types: Vec<&str> = chain["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        ["bridge", "portmap", "record", "redirect-cni"],
+        "{conflist}"
+    );
+    assert!(
+        node.dir().join("opt/cni/bin/redirect-cni").is_file(),
+        "the plugin's binary is not in the node's /opt/cni/bin"
+    );
+    eventually(node, "the taint removed", 30, || {
+        let n = node.get(&["node", "node-1"]).unwrap();
+        let tainted = n["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT));
+        (!tainted).then_some(())
+    });
+}
+
+/// What kubelet and containerd passed: the pod's identity in CNI_ARGS, its annotations in
+/// runtimeConfig; so our plugin never read the pod from the API server.
+fn what_kubelet_passed(node: &Node, p: &Value) {
+    let records = cni_records(node);
+    let (env, conf) = records
+        .iter()
+        .find(|(env, _)| {
+            env_value(env, "CNI_COMMAND") == "ADD" && env.contains("K8S_POD_NAME=app;")
+        })
+        .unwrap_or_else(|| panic!("no ADD of pod app recorded: {records:?}"));
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let args = env_value(env, "CNI_ARGS");
+    for want in [
+        "K8S_POD_NAMESPACE=default",
+        "K8S_POD_NAME=app",
+        "K8S_POD_INFRA_CONTAINER_ID=",
+        &format!("K8S_POD_UID={uid}"),
+    ] {
+        assert!(
+            args.split(';').any(|a| a.starts_with(want)),
+            "CNI_ARGS {args} lacks {want}"
+        );
+    }
+    assert_eq!(
+        conf["runtimeConfig"]["io.kubernetes.cri.pod-annotations"]["sidecar.istio.io/status"],
+        injected_annotations()["sidecar.istio.io/status"],
+        "{conf}"
+    );
+    assert!(
+        node.metric(
+            "redirect_cni_add_phase_duration_seconds_count",
+            &[r#"phase="apply""#]
+        ) >= 1.0
+    );
+    assert_eq!(
+        node.metric(
+            "redirect_cni_add_phase_duration_seconds_count",
+            &[r#"phase="pod_read""#]
+        ),
+        0.0,
+        "an ADD read its pod from the API server\n{}",
+        node.metrics()
+    );
+}
+
+/// Deleting the pod: kubelet's DELs (each answered 0), our table gone from the namespace, which
+/// this test still holds.
+fn deleting_calls_del(node: &Node, ns: &std::fs::File) {
+    node.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        "app",
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    assert!(
+        !tables_in(ns).contains(redirect_core::model::table::TABLE),
+        "our table outlived the pod: {}",
+        tables_in(ns)
+    );
+    let dels: Vec<String> = cni_records(node)
+        .into_iter()
+        .filter(|(env, _)| env_value(env, "CNI_COMMAND") == "DEL")
+        .map(|(env, _)| env)
+        .collect();
+    assert!(!dels.is_empty(), "no DEL recorded");
+    let answered = node.metric(
+        "istio_cni_plugin_requests_total",
+        &[r#"command="DEL""#, r#"response_code="0""#],
+    );
+    assert_eq!(
+        answered,
+        dels.len() as f64,
+        "DELs recorded: {dels:?}\n{}",
+        node.metrics()
+    );
+    let empty_netns = dels
+        .iter()
+        .filter(|e| env_value(e, "CNI_NETNS").is_empty())
+        .count();
+    eprintln!(
+        "kubelet's DELs: {} ({empty_netns} with no namespace), each answered 0",
+        dels.len()
+    );
+}
+
+/// Uninstall: the conflist as it was, our binary gone.
+fn uninstall_restores(node: &Node, conflist_before: &str) {
+    node.helm(&["uninstall", "redirect-cni", "-n", "kube-system"]);
+    eventually(
+        node,
+        "the node agent gone and the conflist restored",
+        60,
+        || {
+            let gone = node.get(&["pods", "-n", "kube-system"]).unwrap()["items"]
+                .as_array()
+                .unwrap()
+                .is_empty();
+            (gone && node.read(CONFLIST).as_deref() == Some(conflist_before)).then_some(())
+        },
+    );
+    assert!(
+        !node.dir().join("opt/cni/bin/redirect-cni").exists(),
+        "the plugin's binary is left"
+    );
+}
+
+fn uid(pod: &Value) -> &str {
+    pod["metadata"]["uid"].as_str().unwrap()
+}
+
+/// The repair controller's count of `kind` results `result`.
+fn repaired(node: &Node, kind: &str, result: &str) -> f64 {
+    node.metric(
+        "istio_cni_repair_pods_repaired_total",
+        &[
+            &format!(r#"type="{kind}""#),
+            &format!(r#"result="{result}""#),
+        ],
+    )
+}
+
+/// The seeds' race, repaired in place (the chart's default): a pod started while the node had
+/// no plugin in its chain crash-loops; once the agent is installed it programs the pod's
+/// namespace, and kubelet's next restart of the validation passes. Same pod, captured.
+#[test]
+fn seeds_race_repaired_in_place() {
+    let Some((_one, node)) = node("in-place", Options::default()) else {
+        return;
+    };
+    node.apply(&injected_pod("early"));
+    let before = crash_looping(&node, "early");
+
+    install(&node, &[]);
+    eventually(&node, "the pod repaired in place", 30, || {
+        (repaired(&node, "repair", "success") >= 1.0).then_some(())
+    });
+    captured_from_start(&node, "early");
+    let after = pod(&node, "early");
+    assert_eq!(
+        uid(&after),
+        uid(&before),
+        "the pod was replaced, not repaired"
+    );
+    assert!(
+        validation_status(&after)["restartCount"].as_u64() >= Some(1),
+        "{after}"
+    );
+    // The agent read it: with the chart's defaults the plugin's ADD of a new pod also reads the
+    // pod (the proxy UID comes from its spec).
+    node.apply(&injected_pod("later"));
+    captured_from_start(&node, "later");
+    assert_eq!(validation_status(&pod(&node, "later"))["restartCount"], 0);
+    assert!(
+        node.metric(
+            "redirect_cni_add_phase_duration_seconds_count",
+            &[r#"phase="pod_read""#]
+        ) >= 1.0
+    );
+}
+
+/// Delete mode: the crash-looping pod is deleted, and its ReplicaSet's new pod is captured
+/// from its start.
+#[test]
+fn seeds_race_delete_mode() {
+    let Some((_one, node)) = node("delete", Options::default()) else {
+        return;
+    };
+    node.apply(&injected_deployment("web", 1));
+    let early = eventually(&node, "the Deployment's pod", 60, || {
+        pods_of(&node, "web").first().map(name_of)
+    });
+    let before = crash_looping(&node, &early);
+
+    install(
+        &node,
+        &[
+            "--set",
+            "repair.repairPods=false",
+            "--set",
+            "repair.deletePods=true",
+        ],
+    );
+    let new = eventually(&node, "the crash-looping pod replaced", 60, || {
+        let pods = pods_of(&node, "web");
+        let old_gone = pods.iter().all(|p| uid(p) != uid(&before));
+        pods.first()
+            .filter(|_| old_gone && pods.len() == 1)
+            .map(name_of)
+    });
+    captured_from_start(&node, &new);
+    assert_eq!(validation_status(&pod(&node, &new))["restartCount"], 0);
+    assert!(
+        repaired(&node, "delete", "success") >= 1.0,
+        "{}",
+        node.metrics()
+    );
+}
+
+/// Label mode: the crash-looping pod gets the label, and nothing else changes.
+#[test]
+fn seeds_race_label_mode() {
+    let Some((_one, node)) = node("label", Options::default()) else {
+        return;
+    };
+    node.apply(&injected_pod("early"));
+    let before = crash_looping(&node, "early");
+
+    install(
+        &node,
+        &[
+            "--set",
+            "repair.repairPods=false",
+            "--set",
+            "repair.labelPods=true",
+        ],
+    );
+    let labelled = eventually(&node, "the pod labelled", 60, || {
+        let p = pod(&node, "early");
+        (p["metadata"]["labels"]["cni.istio.io/uninitialized"] == "true").then_some(p)
+    });
+    assert_eq!(uid(&labelled), uid(&before));
+    // Still the same pod, still failing: kubelet's next restart of the validation fails again.
+    let restarts = validation_status(&labelled)["restartCount"]
+        .as_u64()
+        .unwrap();
+    let later = eventually(
+        &node,
+        "kubelet's next restart of the validation",
+        90,
+        || {
+            let p = pod(&node, "early");
+            (validation_status(&p)["restartCount"].as_u64() > Some(restarts)).then_some(p)
+        },
+    );
+    assert_eq!(uid(&later), uid(&before));
+    assert_ne!(later["status"]["phase"], "Running", "{later}");
+    assert!(app_log(&node, "early").is_empty(), "the app ran uncaptured");
+    assert_eq!(
+        repaired(&node, "repair", "success") + repaired(&node, "delete", "success"),
+        0.0
+    );
+    assert!(
+        repaired(&node, "label", "success") >= 1.0,
+        "{}",
+        node.metrics()
+    );
+}
+
+/// A rollout of the DaemonSet (a new image tag) while pods are being created: every pod
+/// reaches Running captured from its start; those that started while no agent was there are
+/// repaired in place.
+#[test]
+fn daemonset_rollout_while_pods_start() {
+    let Some((_one, node)) = node("rollout", Options::default()) else {
+        return;
+    };
+    install(&node, &[]);
+    let old = node.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[0].metadata.uid}",
+    ]);
+    let tag = node.sh(
+        "ctr -a /run/containerd/containerd.sock -n k8s.io images tag localhost/redirect:test localhost/redirect:test2",
+    );
+    assert!(
+        tag.status.success(),
+        "retagging the image: {}",
+        String::from_utf8_lossy(&tag.stderr)
+    );
+    node.apply(&injected_deployment("churn", 0));
+
+    const PODS: u32 = 8;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for n in 1..=PODS {
+                node.kubectl(&[
+                    "-n",
+                    "default",
+                    "scale",
+                    "deployment/churn",
+                    &format!("--replicas={n}"),
+                ]);
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        node.helm(&[
+            "upgrade",
+            "redirect-cni",
+            "deploy/helm/redirect-cni",
+            "-n",
+            "kube-system",
+            "--reuse-values",
+            "--set",
+            "global.tag=test2",
+        ]);
+        agent_ready(&node);
+    });
+    let new = node.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[*].spec.containers[0].image} {.items[*].metadata.uid}",
+    ]);
+    assert!(
+        new.starts_with("localhost/redirect:test2 ") && !new.contains(&old),
+        "not rolled out: {new}"
+    );
+
+    let pods = eventually(&node, "every pod of the Deployment Running", 150, || {
+        let pods = pods_of(&node, "churn");
+        (pods.len() == PODS as usize && pods.iter().all(running)).then_some(pods)
+    });
+    let mut restarted = 0;
+    for p in &pods {
+        captured_from_start(&node, &name_of(p));
+        restarted += usize::from(validation_status(p)["restartCount"].as_u64() > Some(0));
+    }
+    eprintln!("{PODS} pods created during the rollout, all captured from their start; {restarted} crash-looped first and were repaired");
+}
