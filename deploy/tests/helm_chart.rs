@@ -494,8 +494,7 @@ const MODES: &[Case] = &[
         edit: |o| {
             set(o, CM, "/data/REPAIR_ENABLED", json!("false"));
             without_in_place_repair(o);
-            let get_pods = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]);
-            set(o, ROLE, "/rules", get_pods);
+            set(o, ROLE, "/rules", repair_off_rules());
         },
     },
     Case {
@@ -812,8 +811,7 @@ const SEEDS: &[Case] = &[
             set(o, CM, "/data/EXCLUDE_NAMESPACES", json!("istio-system,kube-system"));
             set(o, CM, "/data/REPAIR_ENABLED", json!("false"));
             without_in_place_repair(o);
-            let get_pods = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]);
-            set(o, ROLE, "/rules", get_pods);
+            set(o, ROLE, "/rules", repair_off_rules());
         },
     },
     Case {
@@ -2369,4 +2367,14 @@ fn the_schema_check_refuses_an_unknown_field() {
             "{version}: the misspelled field went through: {problems:?}"
         );
     }
+}
+
+/// The ClusterRole with the repair controller off: the plugin reads pods, and the agent its
+/// DaemonSet and node when it stops (SAFE_UPGRADE).
+fn repair_off_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["redirect-cni-node"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
+    ])
 }

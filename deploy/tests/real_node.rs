@@ -9,6 +9,7 @@
 //!
 //! The nodes run one at a time (each takes about 700 MiB and both cores while it starts).
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -631,8 +632,9 @@ fn seeds_race_label_mode() {
 }
 
 /// A rollout of the DaemonSet (a new image tag) while pods are being created: every pod
-/// reaches Running captured from its start; those that started while no agent was there are
-/// repaired in place.
+/// reaches Running captured from its start, none crash-looping: the old agent saw its
+/// DaemonSet stay (SAFE_UPGRADE) and left the plugin in place for the gap (3 to 12 s) until
+/// the new agent ran.
 #[test]
 fn daemonset_rollout_while_pods_start() {
     let Some((_one, node)) = node("rollout", Options::default()) else {
@@ -657,7 +659,10 @@ fn daemonset_rollout_while_pods_start() {
     );
     node.apply(&injected_deployment("churn", 0));
 
-    const PODS: u32 = 8;
+    const PODS: u32 = 10;
+    let without_agent = AtomicU32::new(0);
+    let entry_missing = AtomicU32::new(0);
+    let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
             for n in 1..=PODS {
@@ -668,7 +673,22 @@ fn daemonset_rollout_while_pods_start() {
                     "deployment/churn",
                     &format!("--replicas={n}"),
                 ]);
+                if !agent_running(&node) {
+                    without_agent.fetch_add(1, Ordering::Relaxed);
+                }
                 std::thread::sleep(Duration::from_millis(1500));
+            }
+        });
+        // The conflist containerd reads, every 100 ms: does it lose our entry?
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                if !node
+                    .read(CONFLIST)
+                    .is_some_and(|c| c.contains("redirect-cni"))
+                {
+                    entry_missing.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
         });
         std::thread::sleep(Duration::from_secs(3));
@@ -683,7 +703,14 @@ fn daemonset_rollout_while_pods_start() {
             "global.tag=test2",
         ]);
         agent_ready(&node);
+        std::thread::sleep(Duration::from_secs(12));
+        done.store(true, Ordering::Relaxed);
     });
+    let without_agent = without_agent.into_inner();
+    assert!(
+        without_agent >= 1,
+        "no pod was created while no agent ran: the rollout's gap was missed"
+    );
     let new = node.kubectl(&[
         "-n",
         "kube-system",
@@ -701,10 +728,36 @@ fn daemonset_rollout_while_pods_start() {
         let pods = pods_of(&node, "churn");
         (pods.len() == PODS as usize && pods.iter().all(running)).then_some(pods)
     });
-    let mut restarted = 0;
+    let mut restarted = Vec::new();
     for p in &pods {
         captured_from_start(&node, &name_of(p));
-        restarted += usize::from(validation_status(p)["restartCount"].as_u64() > Some(0));
+        if validation_status(p)["restartCount"].as_u64() > Some(0) {
+            restarted.push(name_of(p));
+        }
     }
-    eprintln!("{PODS} pods created during the rollout, all captured from their start; {restarted} crash-looped first and were repaired");
+    eprintln!(
+        "{PODS} pods created during the rollout ({without_agent} while no agent ran), all \
+         captured from their start; {} crash-looped first",
+        restarted.len()
+    );
+    // SAFE_UPGRADE: the old agent left the plugin for the new one, so no pod missed it.
+    assert_eq!(
+        entry_missing.into_inner(),
+        0,
+        "our entry left the conflist during the rollout"
+    );
+    assert!(
+        restarted.is_empty(),
+        "pods started without the plugin: {restarted:?}"
+    );
+}
+
+/// Whether the DaemonSet has a pod Running and not being deleted.
+fn agent_running(node: &Node) -> bool {
+    let pods = node.get(&["pods", "-n", "kube-system"]).unwrap();
+    pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
 }

@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use redirect_program::logging::Sink;
 use tracing::level_filters::LevelFilter;
 
+use crate::agent::upgrade::Stop;
 use crate::agent::Agent;
 use crate::install::{self, signals, StopHandle, WatchOptions};
 use crate::metrics::Install;
@@ -71,7 +72,7 @@ pub fn run(
     agent: Agent,
 ) -> crate::Result<()> {
     let run_dir = settings.cni_agent_run_dir.clone();
-    let with_agent = WithAgent(RefCell::new(Some(agent)));
+    let with_agent = WithAgent(RefCell::new(Some(agent)), settings.clone());
     let result = install::run(settings, stop, opts, &with_agent);
     drop(with_agent);
     if let Err(e) = &result {
@@ -84,7 +85,7 @@ pub fn run(
 }
 
 /// The installer's progress, told to the agent (stopped when the uninstall begins).
-struct WithAgent(RefCell<Option<Agent>>);
+struct WithAgent(RefCell<Option<Agent>>, Settings);
 
 impl install::Progress for WithAgent {
     fn ready(&self, verdict: &Readiness) {
@@ -102,6 +103,19 @@ impl install::Progress for WithAgent {
     fn stopping(&self) {
         if let Some(a) = self.0.borrow_mut().take() {
             a.stop();
+        }
+    }
+
+    fn keep_installed(&self) -> Option<String> {
+        if !self.1.safe_upgrade {
+            return None;
+        }
+        match crate::agent::upgrade::decide(&self.1) {
+            Stop::Keep(why) => Some(why),
+            Stop::Remove(why) => {
+                tracing::info!("not an upgrade: {why}");
+                None
+            }
         }
     }
 }

@@ -174,6 +174,23 @@ redirect_core::istio::flags! {
             "true",
             "On SIGTERM/SIGINT remove everything that was installed",
         ),
+        SAFE_UPGRADE = b(
+            "safe-upgrade",
+            "SAFE_UPGRADE",
+            "true",
+            "With --cleanup-on-exit: leave the plugin in place when this pod's DaemonSet still \
+             runs a pod on this node (an upgrade, a restart), so pods started before the next \
+             agent are captured; remove it when the DaemonSet is gone, being deleted or no \
+             longer selects the node, or when that cannot be told (needs POD_NAME, and RBAC to \
+             get daemonsets and nodes)",
+        ),
+        POD_NAME = s(
+            "pod-name",
+            Some("POD_NAME"),
+            "",
+            "This DaemonSet pod's name (the downward API's metadata.name), to find its \
+             DaemonSet on a clean stop (--safe-upgrade)",
+        ),
         // -- the node agent: repair controller (Istio's names, its chart's defaults), untaint, metrics
         NODE_NAME = s(
             "node-name",
@@ -328,6 +345,10 @@ pub struct Settings {
     /// Extra fields for the plugin's entry (`--plugin-config-json`).
     pub plugin_config: Map<String, Value>,
     pub cleanup_on_exit: bool,
+    /// `--safe-upgrade`: keep the plugin for the next agent when the DaemonSet stays.
+    pub safe_upgrade: bool,
+    /// This pod (`POD_NAME`); empty when not given.
+    pub pod_name: String,
     /// This node (`NODE_NAME`); empty when not given.
     pub node_name: String,
     pub repair: RepairSettings,
@@ -526,6 +547,8 @@ fn settings(v: &Values) -> Result<Settings> {
         plugin_log_level,
         plugin_config,
         cleanup_on_exit: v.boolean(&CLEANUP_ON_EXIT)?,
+        safe_upgrade: v.boolean(&SAFE_UPGRADE)?,
+        pod_name: v.string(&POD_NAME).trim().to_string(),
         node_name,
         repair,
         untaint,

@@ -222,11 +222,17 @@ struct Running {
 
 impl Running {
     fn start(settings: Settings, opts: WatchOptions) -> Self {
+        Running::start_with(settings, opts, cni_node::install::Quiet)
+    }
+
+    fn start_with(
+        settings: Settings,
+        opts: WatchOptions,
+        progress: impl cni_node::install::Progress + Send + 'static,
+    ) -> Self {
         let stop = StopHandle::new().unwrap();
         let s2 = stop.clone();
-        let thread = thread::spawn(move || {
-            cni_node::install::run(settings, &s2, &opts, &cni_node::install::Quiet)
-        });
+        let thread = thread::spawn(move || cni_node::install::run(settings, &s2, &opts, &progress));
         Running {
             stop,
             thread: Some(thread),
@@ -436,6 +442,41 @@ fn the_target_is_the_file_the_runtime_uses() {
         fs::read_to_string(node2.p("net/10-calico.conflist")).unwrap(),
         CALICO
     );
+}
+
+/// A stop the agent judges an upgrade (its DaemonSet stays: `SAFE_UPGRADE`).
+struct Upgrade;
+
+impl cni_node::install::Progress for Upgrade {
+    fn keep_installed(&self) -> Option<String> {
+        Some("the DaemonSet stays".into())
+    }
+}
+
+#[test]
+fn a_stop_judged_an_upgrade_leaves_everything_for_the_next_agent() {
+    let node = Node::new();
+    node.write("net/10-calico.conflist", CALICO, 0o644);
+    let s = node.settings(&[]);
+    let target = node.p("net/10-calico.conflist");
+    let installed = |s: &Settings| {
+        serde_json::from_slice::<Value>(&fs::read(&target).unwrap())
+            .map(|v| ours(&v) == vec![plugin_entry(s)])
+            .unwrap_or(false)
+    };
+    let running = Running::start_with(s.clone(), fast_watch(), Upgrade);
+    wait_until("our entry", Duration::from_secs(5), || installed(&s));
+    running.stop().unwrap();
+    assert!(installed(&s), "the entry was removed");
+    assert!(node.p("run/redirect-cni-kubeconfig").exists());
+    assert!(node.p("bin/redirect-cni").exists());
+
+    // The next agent takes it over; a stop that is no upgrade undoes everything.
+    let running = Running::start(s.clone(), fast_watch());
+    wait_until("our entry", Duration::from_secs(5), || installed(&s));
+    running.stop().unwrap();
+    assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+    assert!(!node.p("run/redirect-cni-kubeconfig").exists());
 }
 
 #[test]

@@ -8,6 +8,7 @@
 pub mod http;
 pub mod plugin_events;
 pub mod untaint;
+pub mod upgrade;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -309,7 +310,7 @@ impl Parts {
 }
 
 /// The agent's API client, from the same service account and server as the kubeconfig.
-async fn client(s: &Settings) -> std::result::Result<kube::Client, String> {
+pub(crate) async fn client(s: &Settings) -> std::result::Result<kube::Client, String> {
     let host = s.kubernetes_service_host.as_deref().ok_or_else(|| {
         "KUBERNETES_SERVICE_HOST is not set: the agent cannot reach the API server".to_string()
     })?;

@@ -40,6 +40,11 @@ pub trait Progress {
     fn installed(&self, _result: Install) {}
     /// Before anything is uninstalled.
     fn stopping(&self) {}
+    /// On a clean stop with `--cleanup-on-exit`: a reason to leave the installation in place
+    /// for the next agent (an upgrade), or `None` to remove it.
+    fn keep_installed(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Tells nobody.
@@ -75,12 +80,22 @@ pub fn run(
         .inspect_err(|e| progress.installed(kubeconfig_failure(e)))?;
     let watched = watch::watch(&mut inst, stop, opts, progress);
     progress.stopping();
-    let cleaned = if cleanup {
-        tracing::info!("stopping: removing what was installed");
-        inst.uninstall()
-    } else {
-        tracing::info!("stopping: leaving the installation in place (--cleanup-on-exit=false)");
-        Ok(())
+    let cleaned = match (
+        cleanup,
+        watched.is_ok().then(|| progress.keep_installed()).flatten(),
+    ) {
+        (false, _) => {
+            tracing::info!("stopping: leaving the installation in place (--cleanup-on-exit=false)");
+            Ok(())
+        }
+        (true, Some(why)) => {
+            tracing::info!("stopping: leaving the installation in place: {why}");
+            Ok(())
+        }
+        (true, None) => {
+            tracing::info!("stopping: removing what was installed");
+            inst.uninstall()
+        }
     };
     match (watched, cleaned) {
         (Err(e), Err(u)) => {
