@@ -5,7 +5,7 @@
 //! The cluster stops with its [`Node`]: dropping it kills the namespaces' init (every process of
 //! the node dies with it) and removes kubelet's cgroups; a test process killed outright takes the
 //! node with it too (a parent-death signal, and unshare's `--kill-child`), and the next start of
-//! the same test cleans what that left. When the test fails, the node's logs (every component's,
+//! any node cleans what that left (its folder, kubelet's cgroups). When the test fails, the node's logs (every component's,
 //! each container's) are kept under `target/node-logs/<name>` (always, with
 //! `REDIRECT_KEEP_NODE_LOGS=1`).
 //!
@@ -102,6 +102,7 @@ impl Node {
                 images.display()
             );
         }
+        sweep_dead_nodes();
         let dir = std::env::temp_dir().join(format!("rdnode-{name}"));
         // What a killed run of this test left.
         down(&dir);
@@ -344,6 +345,27 @@ impl Drop for Node {
         let _ = self.run.wait();
         down(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The folders and cgroups of nodes whose init is dead (a test process killed outright).
+fn sweep_dead_nodes() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let named = dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("rdnode-"));
+        let Ok(pid) = std::fs::read_to_string(dir.join("init.pid")) else {
+            continue;
+        };
+        let alive = std::fs::read_to_string(format!("/proc/{}/comm", pid.trim()))
+            .is_ok_and(|c| c.trim() == "catatonit");
+        if named && !alive {
+            down(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
 
