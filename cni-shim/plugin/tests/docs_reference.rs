@@ -93,6 +93,8 @@ fn error_codes() -> Vec<(String, u32)> {
     let body = &src[start..start + src[start..].find("\n}").unwrap()];
     body.lines()
         .filter_map(|l| l.trim().strip_prefix("pub const "))
+        // The codes themselves, not `ALL`, their list.
+        .filter(|l| l.contains(": u32 ="))
         .map(|l| {
             let (name, rest) = l.split_once(':').unwrap();
             let n = rest.split('=').nth(1).unwrap().trim().trim_end_matches(';');
