@@ -339,7 +339,7 @@ scenario() {
   mkdir -p "$host"
 
   # The installer's settings: the manifest's ConfigMap, then the container's own env (which wins
-  # in Kubernetes too), its downward API fields (POD_NAMESPACE, NODE_NAME) filled in as kubelet
+  # in Kubernetes too), its downward API fields (POD_NAMESPACE, POD_NAME, NODE_NAME) filled in as kubelet
   # would, and what kubelet gives every pod (KUBERNETES_SERVICE_*, the service account's token
   # and CA). With NODE_NAME the repair controller starts; with no network it cannot reach
   # $API_HOST and logs that it retries, which is expected here.
@@ -448,9 +448,12 @@ EOF
   ca_b64=$(base64 -w0 <"$dir/sa/ca.crt")
   # The fields of our entry, from the same settings.
   local entry_filter
+  # The entry's name is CNI_NETWORK_NAME (the OpenShift manifest's: istio-cni, as Multus looks
+  # it up).
   entry_filter=$(jq -n --arg run "${cfg[CNI_AGENT_RUN_DIR]}" --arg ns "$POD_NAMESPACE" \
-    --arg level "${cfg[PLUGIN_LOG_LEVEL]:-info}" --arg excl "${cfg[EXCLUDE_NAMESPACES]:-}" '
-      {type: "redirect-cni", name: "redirect-cni", log_level: $level,
+    --arg level "${cfg[PLUGIN_LOG_LEVEL]:-info}" --arg excl "${cfg[EXCLUDE_NAMESPACES]:-}" \
+    --arg name "${cfg[CNI_NETWORK_NAME]:-redirect-cni}" '
+      {type: "redirect-cni", name: $name, log_level: $level,
        cni_agent_run_dir: $run, kubeconfig: ($run + "/redirect-cni-kubeconfig"),
        exclude_namespaces: ($excl | split(",") | map(gsub("^ +| +$"; "")) | map(select(. != ""))),
        pod_namespace: $ns}')
