@@ -75,6 +75,10 @@ pub fn table_at(sock: &Socket) -> Result<(u32, Option<TableState>)> {
         let state = match table_once(sock) {
             // A dump the kernel marked interrupted: the generation moved too.
             Err(Error::Rejected { errno, .. }) if errno == libc::EINTR => continue,
+            // No table (a pod's first run): one answer, nothing that can mix two states. A
+            // writer creating it in flight is not visible until it commits, and its commit
+            // moves the generation, which a batch bound to `before` then fails on.
+            Ok(None) => return Ok((before, None)),
             other => other?,
         };
         wait_for_writers(sock)?;

@@ -5,8 +5,8 @@
 //! to libnftnl's (held by the oracle test).
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
-    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLA_F_NESTED, NLM_F_ACK,
+    NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, GenMessage, Hook as NlHook, HookNumber, InetHookNumber,
@@ -19,6 +19,7 @@ use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProto
 use super::elements::Elements;
 use super::expr::Expr;
 use super::lower::{NftChain, NftSet, SetElem};
+use super::nla_writer::NlaWriter;
 use super::TABLE;
 
 /// `NFNL_SUBSYS_NFTABLES`: the subsystem a batch is for (nfgenmsg res_id of begin and end).
@@ -157,16 +158,26 @@ pub(super) fn flush_chain(name: &str) -> NfTablesMessage {
     })
 }
 
+/// `NFTA_RULE_EXPRESSIONS`.
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+
+/// A rule; its expressions written by [`NlaWriter`] into one attribute (the crate's typed
+/// expressions allocate per attribute, the bulk of a default table's encoding).
 pub(super) fn new_rule(
     chain: &str,
     exprs: &[Expr],
     set_id: &dyn Fn(&str) -> u32,
 ) -> NfTablesMessage {
+    let mut list = Vec::with_capacity(64 * exprs.len());
+    let mut w = NlaWriter::new(&mut list);
+    for e in exprs {
+        e.emit(set_id, &mut w);
+    }
     NfTablesMessage::NewRule(RuleMessage {
         attributes: vec![
             RuleAttribute::Table(TABLE.into()),
             RuleAttribute::Chain(chain.into()),
-            RuleAttribute::Expressions(exprs.iter().map(|e| e.encode(set_id)).collect()),
+            RuleAttribute::Other(DefaultNla::new(NFTA_RULE_EXPRESSIONS | NLA_F_NESTED, list)),
         ],
     })
 }

@@ -40,6 +40,7 @@ mod foreign;
 mod handle;
 pub(crate) mod lower;
 mod message;
+mod nla_writer;
 mod socket;
 mod state;
 #[cfg(feature = "testing")]

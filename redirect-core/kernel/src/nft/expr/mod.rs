@@ -9,16 +9,14 @@
 //!
 //! Here: the types and the encoder; `decode` reads a dumped expression back.
 
-use netlink_packet_core::{DefaultNla, Nla};
-use netlink_packet_netfilter::nftables::{
-    Bitwise, Cmp, DataAttribute, ExpressionAttribute, Expressions, Immediate, ListAttribute,
-    Lookup, Meta, MetaKey as NlMetaKey, Operator, Payload, Register, Verdict as NlVerdict,
-    VerdictAttribute,
-};
+use netlink_packet_netfilter::nftables::MetaKey as NlMetaKey;
 
-use super::extra::{self, CtAttr, RedirAttr, TproxyAttr};
+use super::extra;
+use super::nla_writer::NlaWriter;
 
 mod decode;
+#[cfg(test)]
+mod typed;
 
 /// Where a payload load reads from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,15 +47,16 @@ pub enum MetaKey {
 }
 
 impl MetaKey {
-    fn netlink(self) -> NlMetaKey {
+    /// `enum nft_meta_keys`.
+    fn raw(self) -> u32 {
         match self {
-            MetaKey::NfProto => NlMetaKey::Nfproto,
-            MetaKey::L4Proto => NlMetaKey::L4Proto,
-            MetaKey::IifName => NlMetaKey::Iifname,
-            MetaKey::OifName => NlMetaKey::Oifname,
-            MetaKey::SkUid => NlMetaKey::SocketUserId,
-            MetaKey::SkGid => NlMetaKey::SocketGroupId,
-            MetaKey::Mark => NlMetaKey::Mark,
+            MetaKey::Mark => 3,
+            MetaKey::IifName => 6,
+            MetaKey::OifName => 7,
+            MetaKey::SkUid => 10,
+            MetaKey::SkGid => 11,
+            MetaKey::NfProto => 15,
+            MetaKey::L4Proto => 16,
         }
     }
 
@@ -180,104 +179,136 @@ const NF_ACCEPT: u32 = 1;
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 const NFT_LOOKUP_F_INV: u32 = 1;
 
+// linux/netfilter/nf_tables.h: the attributes `emit` writes.
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_REG_1: u32 = 1;
+const NFT_RETURN: i32 = -5;
+const NFT_JUMP: i32 = -3;
+
 impl Expr {
-    /// The expression as a rule's `NFTA_LIST_ELEM`. `set_id` gives the transaction id of a
-    /// set of ours by name (0 when unknown, as libnftnl writes it).
-    pub(super) fn encode(
-        &self,
-        set_id: &dyn Fn(&str) -> u32,
-    ) -> ListAttribute<ExpressionAttribute> {
-        let r1 = Register::Reg1;
-        let ex = match self {
+    /// [`Expr::encode`]'s bytes, written straight into `w` (no attribute is allocated).
+    pub(in crate::nft) fn emit(&self, set_id: &dyn Fn(&str) -> u32, w: &mut NlaWriter) {
+        w.nest(NFTA_LIST_ELEM, |w| {
+            w.str(NFTA_EXPR_NAME, self.name());
+            w.nest(NFTA_EXPR_DATA, |w| self.emit_data(set_id, w));
+        });
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Expr::Meta(_) | Expr::MetaSet(_) => "meta",
+            Expr::Payload { .. } => "payload",
+            Expr::Cmp { .. } => "cmp",
+            Expr::Mask(_) => "bitwise",
+            Expr::Lookup { .. } => "lookup",
+            Expr::Ct(_) | Expr::CtSet(_) => "ct",
+            Expr::Imm(_) | Expr::Verdict(_) => "immediate",
+            Expr::Redir => "redir",
+            Expr::Tproxy { .. } => "tproxy",
+            Expr::Counter => "counter",
+            Expr::Foreign(f) => &f.name,
+        }
+    }
+
+    /// The expression's attributes, in libnftnl's order (the numbers are each expression's
+    /// `NFTA_*` of nf_tables.h).
+    fn emit_data(&self, set_id: &dyn Fn(&str) -> u32, w: &mut NlaWriter) {
+        let value = |w: &mut NlaWriter, kind: u16, data: &[u8]| {
+            w.nest(kind, |w| w.bytes(NFTA_DATA_VALUE, data))
+        };
+        match self {
+            // NFTA_META_KEY 2, _DREG 1, _SREG 3.
             Expr::Meta(k) => {
-                Expressions::Meta(vec![Meta::Key(k.netlink()), Meta::DestinationRegister(r1)])
+                w.u32(2, k.raw());
+                w.u32(1, NFT_REG_1);
             }
             Expr::MetaSet(k) => {
-                Expressions::Meta(vec![Meta::Key(k.netlink()), Meta::SourceRegister(r1)])
+                w.u32(2, k.raw());
+                w.u32(3, NFT_REG_1);
             }
-            Expr::Payload { base, offset, len } => Expressions::Payload(vec![
-                Payload::DestinationRegister(r1),
-                Payload::Base(base.raw()),
-                Payload::Offset(*offset),
-                Payload::Len(*len),
-            ]),
-            Expr::Cmp { eq, data } => Expressions::Cmp(vec![
-                Cmp::SourceRegister(r1),
-                Cmp::Op(if *eq {
-                    Operator::Equal
-                } else {
-                    Operator::NotEqual
-                }),
-                Cmp::Data(DataAttribute::Value(data.clone())),
-            ]),
-            Expr::Mask(mask) => Expressions::Bitwise(vec![
-                Bitwise::SourceRegister(r1),
-                Bitwise::DestinationRegister(r1),
-                Bitwise::Length(mask.len() as u32),
-                Bitwise::Mask(DataAttribute::Value(mask.clone())),
-                Bitwise::Xor(DataAttribute::Value(vec![0; mask.len()])),
-            ]),
-            Expr::Lookup { set, invert } => Expressions::Lookup(vec![
-                Lookup::SourceRegister(r1),
-                Lookup::Set(set.clone()),
-                Lookup::SetId(set_id(set)),
-                Lookup::Flags(if *invert { NFT_LOOKUP_F_INV } else { 0 }),
-            ]),
-            Expr::Ct(k) => other("ct", &[CtAttr::Key(k.raw()), CtAttr::Dreg(1)]),
-            Expr::CtSet(k) => other("ct", &[CtAttr::Key(k.raw()), CtAttr::Sreg(1)]),
-            Expr::Imm(data) => Expressions::Immediate(vec![
-                Immediate::DestinationRegister(r1),
-                Immediate::Data(DataAttribute::Value(data.clone())),
-            ]),
-            // As the kernel dumps it back: min = max, and "port given".
-            Expr::Redir => other(
-                "redir",
-                &[
-                    RedirAttr::RegProtoMin(1),
-                    RedirAttr::RegProtoMax(1),
-                    RedirAttr::Flags(NF_NAT_RANGE_PROTO_SPECIFIED),
-                ],
-            ),
-            Expr::Tproxy { nfproto } => other(
-                "tproxy",
-                &[TproxyAttr::Family(*nfproto), TproxyAttr::RegPort(1)],
-            ),
-            Expr::Counter => other::<CtAttr>("counter", &[]),
-            Expr::Verdict(v) => verdict(v),
-            Expr::Foreign(f) => Expressions::Other {
-                expression_type: f.name.clone(),
-                attributes: f
-                    .attrs
-                    .iter()
-                    .map(|(k, v)| DefaultNla::new(*k, v.clone()))
-                    .collect(),
-            },
-        };
-        ex.into()
-    }
-}
-
-/// A verdict: an immediate into the verdict register.
-fn verdict(v: &Verdict) -> Expressions {
-    let (code, chain) = match v {
-        Verdict::Accept => (NlVerdict::Other(NF_ACCEPT), None),
-        Verdict::Drop => (NlVerdict::Other(NF_DROP), None),
-        Verdict::Return => (NlVerdict::Return, None),
-        Verdict::Jump(c) => (NlVerdict::Jump, Some(c)),
-    };
-    let mut va = vec![VerdictAttribute::Code(code)];
-    va.extend(chain.map(|c| VerdictAttribute::Chain(c.clone())));
-    Expressions::Immediate(vec![
-        Immediate::DestinationRegister(Register::Verdict),
-        Immediate::Data(DataAttribute::Verdict(va)),
-    ])
-}
-
-/// An expression the crate does not model, from our own attribute types.
-fn other<A: Nla>(name: &str, attrs: &[A]) -> Expressions {
-    Expressions::Other {
-        expression_type: name.into(),
-        attributes: attrs.iter().map(extra::to_default).collect(),
+            // NFTA_PAYLOAD_DREG 1, _BASE 2, _OFFSET 3, _LEN 4.
+            Expr::Payload { base, offset, len } => {
+                w.u32(1, NFT_REG_1);
+                w.u32(2, base.raw());
+                w.u32(3, *offset);
+                w.u32(4, *len);
+            }
+            // NFTA_CMP_SREG 1, _OP 2 (NFT_CMP_EQ 0, _NEQ 1), _DATA 3.
+            Expr::Cmp { eq, data } => {
+                w.u32(1, NFT_REG_1);
+                w.u32(2, if *eq { 0 } else { 1 });
+                value(w, 3, data);
+            }
+            // NFTA_BITWISE_SREG 1, _DREG 2, _LEN 3, _MASK 4, _XOR 5.
+            Expr::Mask(mask) => {
+                w.u32(1, NFT_REG_1);
+                w.u32(2, NFT_REG_1);
+                w.u32(3, mask.len() as u32);
+                value(w, 4, mask);
+                value(w, 5, &vec![0; mask.len()]);
+            }
+            // NFTA_LOOKUP_SREG 2, _SET 1, _SET_ID 4, _FLAGS 5.
+            Expr::Lookup { set, invert } => {
+                w.u32(2, NFT_REG_1);
+                w.str(1, set);
+                w.u32(4, set_id(set));
+                w.u32(5, if *invert { NFT_LOOKUP_F_INV } else { 0 });
+            }
+            Expr::Ct(k) => {
+                w.u32(2, k.raw());
+                w.u32(1, NFT_REG_1);
+            }
+            Expr::CtSet(k) => {
+                w.u32(2, k.raw());
+                w.u32(4, NFT_REG_1);
+            }
+            // NFTA_IMMEDIATE_DREG 1, _DATA 2.
+            Expr::Imm(data) => {
+                w.u32(1, NFT_REG_1);
+                value(w, 2, data);
+            }
+            Expr::Verdict(v) => {
+                w.u32(1, NFT_REG_VERDICT);
+                w.nest(2, |w| {
+                    w.nest(NFTA_DATA_VERDICT, |w| {
+                        let (code, chain) = match v {
+                            Verdict::Accept => (NF_ACCEPT as i32, None),
+                            Verdict::Drop => (NF_DROP as i32, None),
+                            Verdict::Return => (NFT_RETURN, None),
+                            Verdict::Jump(c) => (NFT_JUMP, Some(c)),
+                        };
+                        w.u32(NFTA_VERDICT_CODE, code as u32);
+                        if let Some(c) = chain {
+                            w.str(NFTA_VERDICT_CHAIN, c);
+                        }
+                    })
+                });
+            }
+            // NFTA_REDIR_REG_PROTO_MIN 1, _MAX 2, _FLAGS 3.
+            Expr::Redir => {
+                w.u32(1, NFT_REG_1);
+                w.u32(2, NFT_REG_1);
+                w.u32(3, NF_NAT_RANGE_PROTO_SPECIFIED);
+            }
+            // NFTA_TPROXY_FAMILY 1, _REG_PORT 3.
+            Expr::Tproxy { nfproto } => {
+                w.u32(1, *nfproto);
+                w.u32(3, NFT_REG_1);
+            }
+            Expr::Counter => {}
+            Expr::Foreign(f) => {
+                for (kind, v) in &f.attrs {
+                    w.bytes(*kind, v);
+                }
+            }
+        }
     }
 }
 
@@ -285,6 +316,7 @@ fn other<A: Nla>(name: &str, attrs: &[A]) -> Expressions {
 mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, NlaBuffer, Parseable};
+    use netlink_packet_netfilter::nftables::{ExpressionAttribute, ListAttribute};
 
     fn round_trip(e: &Expr) -> Expr {
         let attr = e.encode(&|_| 7);
@@ -295,41 +327,87 @@ mod tests {
         Expr::decode(&parsed)
     }
 
-    #[test]
-    fn every_expression_we_write_decodes_to_itself() {
-        let all = [
-            Expr::Meta(MetaKey::NfProto),
-            Expr::MetaSet(MetaKey::Mark),
+    /// Every shape of every expression we write, and a foreign one.
+    fn every() -> Vec<Expr> {
+        let mut all: Vec<Expr> = [
+            MetaKey::NfProto,
+            MetaKey::L4Proto,
+            MetaKey::IifName,
+            MetaKey::OifName,
+            MetaKey::SkUid,
+            MetaKey::SkGid,
+            MetaKey::Mark,
+        ]
+        .into_iter()
+        .flat_map(|k| [Expr::Meta(k), Expr::MetaSet(k)])
+        .collect();
+        all.extend([
+            Expr::Payload {
+                base: Base::Network,
+                offset: 16,
+                len: 4,
+            },
             Expr::Payload {
                 base: Base::Transport,
                 offset: 2,
                 len: 2,
             },
             Expr::Cmp {
+                eq: true,
+                data: vec![1, 2, 3, 4, 5],
+            },
+            Expr::Cmp {
                 eq: false,
                 data: vec![1, 2, 3],
             },
+            Expr::Mask(vec![255; 16]),
             Expr::Mask(vec![255, 255, 0, 0]),
+            Expr::Lookup {
+                set: "ports".into(),
+                invert: false,
+            },
             Expr::Lookup {
                 set: "ports".into(),
                 invert: true,
             },
             Expr::Ct(CtKey::State),
+            Expr::Ct(CtKey::Mark),
+            Expr::CtSet(CtKey::Mark),
             Expr::CtSet(CtKey::Zone),
             Expr::Imm(vec![0x3a, 0x98]),
             Expr::Redir,
+            Expr::Tproxy { nfproto: 2 },
             Expr::Tproxy { nfproto: 10 },
             Expr::Counter,
             Expr::Verdict(Verdict::Accept),
             Expr::Verdict(Verdict::Drop),
             Expr::Verdict(Verdict::Return),
+            Expr::Verdict(Verdict::Jump("x".into())),
             Expr::Verdict(Verdict::Jump("nat_ip_istio_output".into())),
             Expr::Foreign(Foreign {
                 name: "limit".into(),
-                attrs: vec![(1, vec![0, 0, 0, 0, 0, 0, 0, 10])],
+                attrs: vec![(1, vec![0, 0, 0, 0, 0, 0, 0, 10]), (2, vec![1, 2, 3])],
             }),
-        ];
-        for e in &all {
+        ]);
+        all
+    }
+
+    /// The writer gives the typed path's bytes, attribute for attribute.
+    #[test]
+    fn the_writer_emits_the_typed_encoding() {
+        for e in &every() {
+            let typed = e.encode(&|_| 7);
+            let mut want = vec![0u8; typed.buffer_len()];
+            typed.emit(&mut want);
+            let mut got = Vec::new();
+            e.emit(&|_| 7, &mut NlaWriter::new(&mut got));
+            assert_eq!(got, want, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn every_expression_we_write_decodes_to_itself() {
+        for e in &every() {
             assert_eq!(&round_trip(e), e);
         }
     }

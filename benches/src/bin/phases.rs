@@ -1,0 +1,146 @@
+//! `phases [RUNS]` (root): where the time of one pod's capture goes, phase by phase, in a fresh
+//! namespace as a pod has it (lo up, a veth with an address), next to `iptables-legacy-restore`
+//! of Istio's rules in the same loop. Each run: a new namespace for ours (the library's calls
+//! that redirect-init makes, each timed), a new one for the whole `redirect-init` process, a new
+//! one for `iptables-legacy-restore`; medians in µs. `RESTORE` names Istio's rules
+//! (default: bench-data's istio-default.restore in $DATA), `BIN` the static binaries' folder.
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use redirect_core::istio::capture::{Existing, LiveIstioRules};
+use redirect_core::kernel::backend::{Backend, Live};
+use redirect_core::kernel::capture;
+use redirect_core::SystemGroups;
+use redirect_testkit::TestNetns;
+
+fn pod_ns() -> TestNetns {
+    let ns = TestNetns::with_prefix("rdph");
+    ns.sh("ip link set lo up && ip link add v0 type veth peer name v1 && ip addr add 10.99.0.2/24 dev v0 && ip link set v0 up");
+    ns
+}
+
+fn us(t: Instant) -> u64 {
+    t.elapsed().as_micros() as u64
+}
+
+/// The library's calls of a default redirect-init run, each timed.
+fn ours(cfg: &redirect_core::model::ValidConfig) -> Vec<(&'static str, u64)> {
+    let t_all = Instant::now();
+    let t = Instant::now();
+    let live = Live::open().unwrap();
+    let open = us(t);
+    let t = Instant::now();
+    let addrs = live.addresses().unwrap();
+    let host = redirect_core::istio::pod_facts::detect_host_address(&addrs, false).unwrap();
+    let addresses = us(t);
+    let t = Instant::now();
+    let cfg = cfg.clone().with_ipv6(host.ipv6);
+    let rs = cfg.plan(&SystemGroups).unwrap();
+    let plan = us(t);
+    let t = Instant::now();
+    let found = Existing::read(&live, &LiveIstioRules, &rs).unwrap();
+    let existing = us(t);
+    assert!(found.ours.is_none());
+    let t = Instant::now();
+    capture::apply(&live, &cfg, &rs).unwrap();
+    let apply = us(t);
+    vec![
+        ("open sockets", open),
+        ("addresses", addresses),
+        ("plan", plan),
+        ("read existing", existing),
+        ("apply", apply),
+        ("library total", us(t_all)),
+    ]
+}
+
+fn whole(ns: &TestNetns, cmd: &[&str]) -> u64 {
+    ns.run(|| {
+        let t = Instant::now();
+        let st = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        let d = us(t);
+        assert!(st.success(), "{cmd:?}: {st}");
+        d
+    })
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let runs: usize = std::env::args()
+        .nth(1)
+        .map(|a| a.parse().unwrap())
+        .unwrap_or(50);
+    let bin = PathBuf::from(std::env::var("BIN").unwrap_or("target/static/x86_64".into()));
+    let restore = std::env::var("RESTORE").expect("RESTORE=istio-default.restore");
+    let init = bin.join("redirect-init");
+    let init = init.to_str().unwrap();
+    let args = [
+        init,
+        "-p",
+        "15001",
+        "-z",
+        "15006",
+        "-u",
+        "1337",
+        "-m",
+        "REDIRECT",
+        "-i",
+        "*",
+        "-x",
+        "",
+        "-b",
+        "*",
+        "-d",
+        "15090,15021,15020",
+        "-o",
+        "15020",
+    ];
+    let cfg = redirect_benches::sidecar_default().validated().unwrap();
+    let mut rows: Vec<(&'static str, Vec<u64>)> = Vec::new();
+    for _ in 0..runs {
+        let ns = pod_ns();
+        let phases = ns.run(|| ours(&cfg));
+        for (name, v) in phases {
+            match rows.iter_mut().find(|r| r.0 == name) {
+                Some(r) => r.1.push(v),
+                None => rows.push((name, vec![v])),
+            }
+        }
+        let mut push = |name: &'static str, v: u64| match rows.iter_mut().find(|r| r.0 == name) {
+            Some(r) => r.1.push(v),
+            None => rows.push((name, vec![v])),
+        };
+        push(
+            "redirect-init --version (process)",
+            whole(&pod_ns(), &[init, "--version"]),
+        );
+        push("redirect-init default (process)", whole(&pod_ns(), &args));
+        let mut skip = args.to_vec();
+        skip.push("--skip-rule-apply");
+        push(
+            "redirect-init --skip-rule-apply (process)",
+            whole(&pod_ns(), &skip),
+        );
+        push(
+            "iptables-legacy-restore (process)",
+            whole(
+                &pod_ns(),
+                &["iptables-legacy-restore", "--noflush", &restore],
+            ),
+        );
+    }
+    for (name, v) in rows {
+        println!("{name:40} {:>6} µs", median(v));
+    }
+}
