@@ -10,10 +10,11 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
     init_shim::log_to_stderr();
-    if let Err(msg) = redirect_program::env::check_utf8(init_shim::flags::env_names()) {
+    let vars = redirect_program::env::Env::capture();
+    if let Err(msg) = vars.check_utf8(init_shim::flags::env_names()) {
         tracing::error!("{msg}");
         std::process::exit(init_shim::run::EXIT_ERROR);
     }
-    let env = |name: &str| std::env::var(name).ok();
+    let env = |name: &str| vars.get(name);
     std::process::exit(init_shim::main_with(std::env::args_os().collect(), &env));
 }

@@ -95,7 +95,7 @@ pub fn run(s: Settings) -> Result<(), Failure> {
         s,
         &Target {
             kernel: &live,
-            istio: &LiveIstioRules,
+            istio: &LiveIstioRules(&live.nft),
         },
     )
 }

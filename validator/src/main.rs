@@ -8,12 +8,11 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
     // Istio's flags read the same variables as redirect-init's.
-    if let Err(msg) =
-        redirect_program::env::check_utf8(redirect_core::istio::cli::flags::env_names())
-    {
+    let vars = redirect_program::env::Env::capture();
+    if let Err(msg) = vars.check_utf8(redirect_core::istio::cli::flags::env_names()) {
         eprintln!("error: {msg}");
         std::process::exit(1);
     }
-    let env = |name: &str| std::env::var(name).ok();
+    let env = |name: &str| vars.get(name);
     std::process::exit(validator::main_with(std::env::args_os().collect(), &env));
 }

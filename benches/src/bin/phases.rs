@@ -39,7 +39,7 @@ fn ours(cfg: &redirect_core::model::ValidConfig) -> Vec<(&'static str, u64)> {
     let rs = cfg.plan(&SystemGroups).unwrap();
     let plan = us(t);
     let t = Instant::now();
-    let found = Existing::read(&live, &LiveIstioRules, &rs).unwrap();
+    let found = Existing::read(&live, &LiveIstioRules(&live.nft), &rs).unwrap();
     let existing = us(t);
     assert!(found.ours.is_none());
     let t = Instant::now();

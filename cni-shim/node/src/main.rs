@@ -6,7 +6,8 @@
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
-    let env = |name: &str| std::env::var(name).ok();
+    let vars = redirect_program::env::Env::capture();
+    let env = |name: &str| vars.get(name);
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     std::process::exit(cni_node::daemon::main(args, &env));
 }

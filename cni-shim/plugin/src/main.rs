@@ -15,7 +15,8 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
     let started = std::time::Instant::now();
-    let env = |name: &str| std::env::var(name).ok();
+    let vars = redirect_program::env::Env::capture();
+    let env = |name: &str| vars.get(name);
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "install") {
         std::process::exit(run_node_agent(&args[1..]));
@@ -24,7 +25,7 @@ fn main() {
     // VERSION may come with no stdin at all; an unreadable stdin is an empty config.
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let env_error =
-        redirect_program::env::check_utf8(cni_plugin::plugin::ENV_NAMES.iter().copied()).err();
+        vars.check_utf8(cni_plugin::plugin::ENV_NAMES.iter().copied()).err();
     std::process::exit(cni_plugin::plugin_main(&env, &stdin, env_error, started));
 }
 

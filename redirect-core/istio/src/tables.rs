@@ -3,7 +3,7 @@
 //! Listed with a netlink table dump, deleted in one batch with every ACK checked. Tables of
 //! other families and our own table are never touched.
 
-use redirect_kernel::nft::Nft;
+use redirect_kernel::nft::{Nft, TableList};
 
 use crate::error::Result;
 
@@ -12,6 +12,11 @@ const PREFIX: &str = "istio-";
 /// Names of the `inet` tables starting with `istio-` in `nft`'s namespace, in kernel order.
 pub fn istio_tables(nft: &Nft) -> Result<Vec<String>> {
     Ok(nft.inet_tables(PREFIX)?)
+}
+
+/// [`istio_tables`] of a listing already read.
+pub fn istio_tables_in(list: &TableList) -> Vec<String> {
+    list.inet_tables(PREFIX)
 }
 
 /// Delete every table [`istio_tables`] lists, in one batch (all or none). Returns the names.

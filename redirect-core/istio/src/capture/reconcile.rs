@@ -47,21 +47,24 @@ pub trait IstioRuleStore {
     fn remove(&self) -> Result<IstioRules>;
 }
 
-/// Istio's rules in the calling thread's namespace: its nft tables over netlink, its iptables
-/// chains with the host's `iptables-save` (run in this namespace).
-pub struct LiveIstioRules;
+/// Istio's rules in the namespace of an nf_tables handle (the run's own: one socket for the
+/// whole run): its nft tables over netlink, its iptables chains with the host's
+/// `iptables-save` (run in the calling thread's namespace, which must be the handle's). One
+/// table dump tells both where to look.
+pub struct LiveIstioRules<'a>(pub &'a Nft);
 
-impl IstioRuleStore for LiveIstioRules {
+impl IstioRuleStore for LiveIstioRules<'_> {
     fn read(&self) -> Result<IstioRules> {
+        let list = self.0.tables()?;
         Ok(IstioRules {
-            nft_tables: crate::tables::istio_tables(&Nft::open()?)?,
-            chains: xtables::find_istio_leftovers()?,
+            nft_tables: crate::tables::istio_tables_in(&list),
+            chains: xtables::find_istio_leftovers_in(&list.families())?,
         })
     }
 
     fn remove(&self) -> Result<IstioRules> {
         Ok(IstioRules {
-            nft_tables: crate::tables::remove_istio_tables(&Nft::open()?)?,
+            nft_tables: crate::tables::remove_istio_tables(self.0)?,
             chains: xtables::remove_istio_leftovers()?,
         })
     }

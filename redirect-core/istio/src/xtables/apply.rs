@@ -10,7 +10,6 @@
 
 use super::detect::detect;
 use super::exec::{blamed_line, run, spawn_failure, tool_error};
-use super::leftovers;
 use super::save::{parse, SavedTable};
 use super::{Tool, Variant};
 use crate::error::Result;
@@ -33,7 +32,7 @@ pub(crate) fn apply(rs: &Ruleset, force: Option<Variant>) -> Result<Vec<Tool>> {
     let Some(first) = tools.first() else {
         return Ok(tools);
     };
-    let found = leftovers::find()?;
+    let found = super::find_istio_leftovers()?;
     if !found.is_empty() {
         let names: Vec<String> = found
             .iter()

@@ -250,13 +250,12 @@ fn has_tables(family: Family, variant: Variant, nft_families: &[Family]) -> Resu
     }
 }
 
-fn scan() -> Result<Vec<TableScan>> {
+fn scan(nft_families: &[Family]) -> Result<Vec<TableScan>> {
     let mut out = Vec::new();
-    let nft_families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
     for family in Family::ALL {
         for variant in [Variant::Legacy, Variant::Nft] {
             // Most pods have no iptables tables at all: ask the kernel before running a binary.
-            if !has_tables(family, variant, &nft_families)? {
+            if !has_tables(family, variant, nft_families)? {
                 continue;
             }
             let n = names(family, Some(variant));
@@ -289,13 +288,17 @@ fn scan() -> Result<Vec<TableScan>> {
     Ok(out)
 }
 
-pub(crate) fn find() -> Result<Vec<Leftover>> {
-    Ok(scan()?.iter().flat_map(TableScan::leftovers).collect())
+pub(crate) fn find(nft_families: &[Family]) -> Result<Vec<Leftover>> {
+    Ok(scan(nft_families)?
+        .iter()
+        .flat_map(TableScan::leftovers)
+        .collect())
 }
 
 pub(crate) fn remove() -> Result<Vec<Leftover>> {
     let mut removed = Vec::new();
-    for f in scan()? {
+    let nft_families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
+    for f in scan(&nft_families)? {
         let mut args = vec!["--noflush"];
         if f.lock_wait {
             args.push("--wait=30");

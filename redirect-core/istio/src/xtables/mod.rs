@@ -130,7 +130,14 @@ pub fn apply(rs: &Ruleset, force: Option<Variant>) -> Result<Vec<Tool>> {
 /// `-save` of each family × variant whose binaries exist (missing ones are skipped); the
 /// `ISTIO_*` chains, the jumps to them, and Istio's rules in built-in chains.
 pub fn find_istio_leftovers() -> Result<Vec<Leftover>> {
-    leftovers::find()
+    let families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
+    leftovers::find(&families)
+}
+
+/// [`find_istio_leftovers`] where the families that hold nf_tables tables (iptables-nft's)
+/// are known already (`TableList::families`).
+pub fn find_istio_leftovers_in(nft_families: &[Family]) -> Result<Vec<Leftover>> {
+    leftovers::find(nft_families)
 }
 
 /// Remove what [`find_istio_leftovers`] finds, one `-restore --noflush` per table (each table

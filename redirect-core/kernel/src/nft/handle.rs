@@ -5,6 +5,7 @@ use redirect_model::Ruleset;
 use super::error::{Error, Result};
 use super::socket::Socket;
 use super::{dump, foreign, lower, state, update, Changes, Difference, Encoded, Features};
+use super::foreign::TableList;
 use super::{NftTable, TableState, TABLE};
 use crate::netns::Netns;
 use redirect_model::Family;
@@ -124,6 +125,11 @@ impl Nft {
     /// The ruleset's generation.
     pub fn generation(&self) -> Result<u32> {
         dump::generation(&self.sock)
+    }
+
+    /// Every table of the namespace (any family), from one dump.
+    pub fn tables(&self) -> Result<TableList> {
+        TableList::read(&self.sock)
     }
 
     /// The families (`ip`, `ip6`) that have any nf_tables table: iptables-nft keeps its rules

@@ -51,6 +51,7 @@ mod update;
 pub use batch::{Encoded, Label};
 pub use error::{Error, Result};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
+pub use foreign::TableList;
 pub use handle::{Applied, Nft};
 pub use lower::{lower, BaseSpec, ChainKind, NftChain, NftSet, NftTable, SetElem};
 pub use redirect_model::table::TABLE;
