@@ -226,7 +226,7 @@ fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
         Resolution::Apply { removes_istio, .. } => {
             // Counted as the kernel holds them (with the per-family dispatch of the hooked
             // chains), so the numbers are the ones `inspect` shows.
-            let table = nft::expected(rs);
+            let table = nft::lower(rs);
             info!(
                 "applied {} rules in {} chains to table inet {} in one transaction",
                 table.chains.iter().map(|c| c.rules.len()).sum::<usize>(),

@@ -24,8 +24,9 @@ fn main() {
     let mut stdin = Vec::new();
     // VERSION may come with no stdin at all; an unreadable stdin is an empty config.
     let _ = std::io::stdin().read_to_end(&mut stdin);
-    let env_error =
-        vars.check_utf8(cni_plugin::plugin::ENV_NAMES.iter().copied()).err();
+    let env_error = vars
+        .check_utf8(cni_plugin::plugin::ENV_NAMES.iter().copied())
+        .err();
     std::process::exit(cni_plugin::plugin_main(&env, &stdin, env_error, started));
 }
 

@@ -74,7 +74,10 @@ mod tests {
             "{e}"
         );
         let env = Env::capture();
-        assert_eq!(env.get("REDIRECT_ENVIRON_TEST_OK").as_deref(), Some("10.0.0.0/8"));
+        assert_eq!(
+            env.get("REDIRECT_ENVIRON_TEST_OK").as_deref(),
+            Some("10.0.0.0/8")
+        );
         assert_eq!(env.get("REDIRECT_ENVIRON_TEST_BAD"), None);
         assert_eq!(env.get("REDIRECT_ENVIRON_TEST_UNSET"), None);
     }

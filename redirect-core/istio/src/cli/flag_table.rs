@@ -163,10 +163,12 @@ impl Table {
             .args_override_self(true)
             .disable_help_subcommand(true);
         for f in self.flags.iter().filter(|f| f.long) {
+            // The help line's variables and default are added only when help is asked for
+            // (`parse`): formatting them for every flag of every run cost more than the parse.
             let mut arg = Arg::new(f.key)
                 .long(f.key)
                 .aliases(f.flag_aliases.iter().copied())
-                .help(self.help(f))
+                .help(f.help)
                 .action(ArgAction::Set);
             if let Some(s) = f.short {
                 arg = arg.short(s);
@@ -221,6 +223,18 @@ impl Table {
         if self.name_non_utf8 {
             non_utf8_argument(&args)?;
         }
+        let wants_help = args.iter().skip(1).any(|a| a == "-h" || a == "--help");
+        let cmd = if wants_help {
+            let flags = self.flags;
+            cmd.mut_args(
+                |a| match flags.iter().find(|f| f.long && f.key == a.get_id()) {
+                    Some(f) => a.help(self.help(f)),
+                    None => a,
+                },
+            )
+        } else {
+            cmd
+        };
         let matches = match cmd.try_get_matches_from(args) {
             Ok(m) => m,
             Err(e) => {

@@ -3,9 +3,9 @@
 use redirect_model::Ruleset;
 
 use super::error::{Error, Result};
+use super::foreign::TableList;
 use super::socket::Socket;
 use super::{dump, foreign, lower, state, update, Changes, Difference, Encoded, Features};
-use super::foreign::TableList;
 use super::{NftTable, TableState, TABLE};
 use crate::netns::Netns;
 use redirect_model::Family;
