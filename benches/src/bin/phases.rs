@@ -71,6 +71,30 @@ fn whole(ns: &TestNetns, cmd: &[&str]) -> u64 {
     })
 }
 
+/// One redirect-cni ADD from this (the host's) namespace into a fresh pod namespace, the
+/// config on stdin, as a runtime runs it.
+fn add(bin: &std::path::Path, conf: &str) -> u64 {
+    use std::io::Write;
+    let ns = pod_ns();
+    let mut cmd = Command::new(bin.join("redirect-cni"));
+    cmd.env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "bench")
+        .env("CNI_NETNS", ns.path())
+        .env("CNI_IFNAME", "v0")
+        .env("CNI_PATH", "/opt/cni/bin")
+        .env("CNI_ARGS", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let t = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(conf.as_bytes()).unwrap();
+    let st = child.wait().unwrap();
+    let d = us(t);
+    assert!(st.success(), "ADD: {st}");
+    d
+}
+
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort();
     v[v.len() / 2]
@@ -83,6 +107,7 @@ fn main() {
         .unwrap_or(50);
     let bin = PathBuf::from(std::env::var("BIN").unwrap_or("target/static/x86_64".into()));
     let restore = std::env::var("RESTORE").expect("RESTORE=istio-default.restore");
+    let conf = std::fs::read_to_string(std::env::var("CNI_CONF").expect("CNI_CONF=cni-default.json")).unwrap();
     let init = bin.join("redirect-init");
     let init = init.to_str().unwrap();
     let args = [
@@ -132,6 +157,7 @@ fn main() {
             "redirect-init --skip-rule-apply (process)",
             whole(&pod_ns(), &skip),
         );
+        push("redirect-cni ADD (process)", add(&bin, &conf));
         push(
             "iptables-legacy-restore (process)",
             whole(
