@@ -88,7 +88,12 @@ fn add(bin: &std::path::Path, conf: &str) -> u64 {
         .stderr(Stdio::null());
     let t = Instant::now();
     let mut child = cmd.spawn().unwrap();
-    child.stdin.take().unwrap().write_all(conf.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.as_bytes())
+        .unwrap();
     let st = child.wait().unwrap();
     let d = us(t);
     assert!(st.success(), "ADD: {st}");
@@ -107,7 +112,9 @@ fn main() {
         .unwrap_or(50);
     let bin = PathBuf::from(std::env::var("BIN").unwrap_or("target/static/x86_64".into()));
     let restore = std::env::var("RESTORE").expect("RESTORE=istio-default.restore");
-    let conf = std::fs::read_to_string(std::env::var("CNI_CONF").expect("CNI_CONF=cni-default.json")).unwrap();
+    let conf =
+        std::fs::read_to_string(std::env::var("CNI_CONF").expect("CNI_CONF=cni-default.json"))
+            .unwrap();
     let init = bin.join("redirect-init");
     let init = init.to_str().unwrap();
     let args = [

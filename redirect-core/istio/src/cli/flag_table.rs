@@ -356,11 +356,18 @@ mod tests {
 
     #[test]
     fn help_names_the_variables_and_shows_defaults_only_when_asked() {
+        // As a user sees it: `--help` through `parse` (the command alone leaves the variables
+        // and defaults out until help is asked for).
         let help = |show| {
-            table(show)
-                .command("prog", "about")
-                .render_long_help()
-                .to_string()
+            let t = table(show);
+            match t.parse(
+                t.command("prog", "about"),
+                ["prog".into(), "--help".into()],
+                &|_| None,
+            ) {
+                Ok(Parsed::Info(text)) => text,
+                other => panic!("{other:?}"),
+            }
         };
         assert!(help(false).contains("The port [env: PORT, OLD_PORT]\n"));
         assert!(help(true).contains("The port [env: PORT, OLD_PORT] [default: \"80\"]\n"));
