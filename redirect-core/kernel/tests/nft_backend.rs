@@ -265,8 +265,9 @@ fn large_cidr_lists_load_as_one_set() {
         .is_empty());
 }
 
-/// A long port list is one interval set of merged ranges, read back as ranges; a second apply
-/// sends nothing.
+/// A long port list is one interval set of merged ranges, read back as ranges; one that
+/// merges little (every other port) a fixed-size hash of 4-byte keys, looked up with a masked
+/// 4-byte load; a second apply sends nothing.
 #[test]
 fn long_port_lists_are_ranges_in_an_interval_set() {
     if !kernel_tests_enabled() {
@@ -288,8 +289,26 @@ fn long_port_lists_are_ranges_in_an_interval_set() {
     assert!(inbound.interval(), "{inbound:?}");
     assert_eq!(text::set_elements(inbound), ["1-20000"]);
     let every_other = set("outbound-exclude-ports");
+    assert!(!every_other.interval(), "{:?}", every_other.size);
+    assert_eq!((every_other.key_len, every_other.size), (4, Some(32768)));
     assert_eq!(text::set_elements(every_other).len(), 32767);
-    assert_eq!(text::set_elements(every_other)[..2], ["2", "4"]);
+    assert_eq!(
+        text::set_elements(every_other)[..2],
+        ["0x00020000", "0x00040000"]
+    );
+    let rule = back
+        .chains
+        .iter()
+        .flat_map(|c| &c.rules)
+        .map(|r| text::exprs(r))
+        .find(|r| r.contains("@outbound-exclude-ports"))
+        .expect("a rule looking the hashed set up");
+    assert!(
+        rule.contains("@th,16,32 & 0xffff0000 @outbound-exclude-ports"),
+        "{rule}"
+    );
+    let listed = ns.sh("nft list set inet redirect_capture outbound-exclude-ports");
+    assert!(listed.contains("size 32768"), "{listed}");
     assert_eq!(
         text::set_elements(set("outbound-include-ports")),
         ["1-8079", "8081-65535"]

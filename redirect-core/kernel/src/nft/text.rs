@@ -23,6 +23,8 @@ enum Reg {
         dir: &'static str,
     },
     Port(&'static str),
+    /// Four bytes from a port on (`@th,<bit offset>,32`): a hashed port set's load.
+    PortWord(u32),
     Ct(CtKey),
     Imm(Vec<u8>),
 }
@@ -97,6 +99,7 @@ impl<'a> Printer<'a> {
                     (Base::Network, 24, 16) => addr("ip6", "daddr"),
                     (Base::Transport, 0, 2) => Reg::Port("sport"),
                     (Base::Transport, 2, 2) => Reg::Port("dport"),
+                    (Base::Transport, 0 | 2, 4) => Reg::PortWord(offset * 8),
                     _ => Reg::None,
                 };
                 self.mask = None;
@@ -124,6 +127,10 @@ impl<'a> Printer<'a> {
         let what = match &self.reg {
             Reg::Addr { fam, dir } => Some(format!("{fam} {dir}")),
             Reg::Port(dir) => Some(format!("th {dir}")),
+            // As nft writes a raw load: the port masked out of the word.
+            Reg::PortWord(bits) if self.mask == Some(&[0xff, 0xff, 0, 0][..]) => {
+                Some(format!("@th,{bits},32 & 0xffff0000"))
+            }
             _ => None,
         };
         what.map(|w| format!("{w} {}@{set}", if invert { "!= " } else { "" }))
@@ -319,7 +326,11 @@ pub fn key(e: &SetElem) -> String {
     }
 }
 
-/// A set's elements as ports or CIDRs (interval sets hold start and end keys).
+/// nft's `integer` key type: a hashed port set's (`typeof @th,16,32`).
+const TYPE_INTEGER: u32 = 4;
+
+/// A set's elements as ports, CIDRs or (a hashed port set's) 32-bit words as the rendered
+/// script writes them (interval sets hold start and end keys).
 pub fn set_elements(set: &SetState) -> Vec<String> {
     if !set.interval() {
         return set
@@ -327,6 +338,9 @@ pub fn set_elements(set: &SetState) -> Vec<String> {
             .iter()
             .map(|e| match e.key.as_slice() {
                 [a, b] => u16::from_be_bytes([*a, *b]).to_string(),
+                &[a, b, c, d] if set.key_type == TYPE_INTEGER => {
+                    format!("0x{:08x}", u32::from_be_bytes([a, b, c, d]))
+                }
                 k => ip_of(k).map_or_else(|| key(e), |a| a.to_string()),
             })
             .collect();

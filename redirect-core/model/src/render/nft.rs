@@ -8,7 +8,7 @@ use crate::ruleset::{
     Action, AddrMatch, CtStates, Family, HookedChains, Match, NamedSet, PortMatch, Rule, Ruleset,
     SetElements, Stage,
 };
-use crate::table::{base_chain_name, chain_name, port_ranges, TABLE};
+use crate::table::{base_chain_name, chain_name, port_form, PortForm, TABLE};
 
 /// The whole ruleset as an `nft -f` script: create-then-delete our table, then define it, so
 /// loading it replaces any previous version in one transaction.
@@ -27,7 +27,7 @@ pub fn nft_script(rs: &Ruleset) -> String {
     for c in &rs.chains {
         let _ = writeln!(s, "\tchain {} {{", chain_name(c.stage, c.family, &c.name));
         for r in &c.rules {
-            for line in nft_rule(r, c.family, c.stage) {
+            for line in nft_rule_in(r, c.family, c.stage, &rs.sets) {
                 let _ = writeln!(s, "\t\t{line}");
             }
         }
@@ -39,11 +39,11 @@ pub fn nft_script(rs: &Ruleset) -> String {
 
 fn write_set(s: &mut String, set: &NamedSet) {
     let (ty, flags, elems) = match &set.elements {
-        // A long list as the netlink backend lowers it: merged ranges in an interval set.
-        SetElements::Ports(p) => match port_ranges(p) {
-            Some(ranges) => (
-                "inet_service",
-                " flags interval;",
+        // A long list as the netlink backend lowers it (`PortForm`).
+        SetElements::Ports(p) => match port_form(p) {
+            PortForm::Ranges(ranges) => (
+                "type inet_service",
+                " flags interval;".to_string(),
                 ranges
                     .iter()
                     .map(|(a, b)| {
@@ -56,23 +56,38 @@ fn write_set(s: &mut String, set: &NamedSet) {
                     .collect::<Vec<_>>()
                     .join(", "),
             ),
-            None => ("inet_service", "", join_with(p, ", ")),
+            PortForm::Hashed(ports) => (
+                "typeof @th,16,32",
+                format!(" size {};", hashed_size(ports.len())),
+                ports
+                    .iter()
+                    .map(|p| format!("0x{p:04x}0000"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            PortForm::Plain => ("type inet_service", String::new(), join_with(p, ", ")),
         },
         SetElements::Cidrs(c) => (
             if set.family == Some(Family::V6) {
-                "ipv6_addr"
+                "type ipv6_addr"
             } else {
-                "ipv4_addr"
+                "type ipv4_addr"
             },
-            " flags interval;",
+            " flags interval;".to_string(),
             join_with(c, ", "),
         ),
     };
-    let _ = write!(s, "\tset {} {{ type {ty};{flags}", set.name);
+    let _ = write!(s, "\tset {} {{ {ty};{flags}", set.name);
     if !elems.is_empty() {
         let _ = write!(s, " elements = {{ {elems} }}");
     }
     let _ = writeln!(s, " }}");
+}
+
+/// The size a hashed set is declared with: a power of two at least its count (at least 64), so
+/// a refill with a few more keys fits, as for the hashed CIDR sets.
+pub fn hashed_size(count: usize) -> u32 {
+    (count as u32).next_power_of_two().max(64)
 }
 
 /// The base chain of a (stage, hook), dispatching to each family's chain as the netlink
@@ -102,12 +117,30 @@ fn write_base_chain(s: &mut String, h: &HookedChains) {
 }
 
 /// One rule in nft syntax (TPROXY takes two: the tproxy and the drop when no socket is found).
+/// A port set is named as in a short list's rule; [`nft_rule_in`] writes the masked load the
+/// kernel's rule has for a hashed one.
 pub fn nft_rule(r: &Rule, family: Family, stage: Stage) -> Vec<String> {
+    nft_rule_in(r, family, stage, &[])
+}
+
+/// [`nft_rule`], with the ruleset's sets: a port match on a hashed port set is written as the
+/// kernel holds it, `@th,16,32 & 0xffff0000 @set` (`@th,0,32` for the source port).
+pub fn nft_rule_in(r: &Rule, family: Family, stage: Stage, sets: &[NamedSet]) -> Vec<String> {
     let fam = family.nft_name();
+    let hashed = |name: &str| {
+        sets.iter().any(|s| {
+            s.name == name
+                && matches!(&s.elements, SetElements::Ports(p) if matches!(port_form(p), PortForm::Hashed(_)))
+        })
+    };
     let mut m: Vec<String> = Vec::new();
     for cond in &r.matches {
         m.push(match cond {
             Match::Proto(p) => format!("meta l4proto {}", p.name()),
+            Match::DPort(PortMatch::InSet(s)) if hashed(s) => {
+                format!("@th,16,32 & 0xffff0000 @{s}")
+            }
+            Match::SPort(PortMatch::InSet(s)) if hashed(s) => format!("@th,0,32 & 0xffff0000 @{s}"),
             Match::DPort(pm) => port("dport", pm),
             Match::SPort(pm) => port("sport", pm),
             Match::DAddr(am) => addr(fam, "daddr", am),

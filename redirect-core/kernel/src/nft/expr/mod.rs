@@ -179,6 +179,25 @@ const NF_ACCEPT: u32 = 1;
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 const NFT_LOOKUP_F_INV: u32 = 1;
 
+/// A verdict: an immediate (`NFTA_IMMEDIATE_DREG` 1, `_DATA` 2) into the verdict register.
+fn emit_verdict(v: &Verdict, w: &mut NlaWriter) {
+    w.u32(1, NFT_REG_VERDICT);
+    w.nest(2, |w| {
+        w.nest(NFTA_DATA_VERDICT, |w| {
+            let (code, chain) = match v {
+                Verdict::Accept => (NF_ACCEPT as i32, None),
+                Verdict::Drop => (NF_DROP as i32, None),
+                Verdict::Return => (NFT_RETURN, None),
+                Verdict::Jump(c) => (NFT_JUMP, Some(c)),
+            };
+            w.u32(NFTA_VERDICT_CODE, code as u32);
+            if let Some(c) = chain {
+                w.str(NFTA_VERDICT_CHAIN, c);
+            }
+        })
+    });
+}
+
 // linux/netfilter/nf_tables.h: the attributes `emit` writes.
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
@@ -274,23 +293,7 @@ impl Expr {
                 w.u32(1, NFT_REG_1);
                 value(w, 2, data);
             }
-            Expr::Verdict(v) => {
-                w.u32(1, NFT_REG_VERDICT);
-                w.nest(2, |w| {
-                    w.nest(NFTA_DATA_VERDICT, |w| {
-                        let (code, chain) = match v {
-                            Verdict::Accept => (NF_ACCEPT as i32, None),
-                            Verdict::Drop => (NF_DROP as i32, None),
-                            Verdict::Return => (NFT_RETURN, None),
-                            Verdict::Jump(c) => (NFT_JUMP, Some(c)),
-                        };
-                        w.u32(NFTA_VERDICT_CODE, code as u32);
-                        if let Some(c) = chain {
-                            w.str(NFTA_VERDICT_CHAIN, c);
-                        }
-                    })
-                });
-            }
+            Expr::Verdict(v) => emit_verdict(v, w),
             // NFTA_REDIR_REG_PROTO_MIN 1, _MAX 2, _FLAGS 3.
             Expr::Redir => {
                 w.u32(1, NFT_REG_1);

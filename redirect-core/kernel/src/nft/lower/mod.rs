@@ -83,14 +83,14 @@ pub fn nfproto(family: Family) -> u8 {
 /// Lower a ruleset into table objects.
 pub fn lower(rs: &Ruleset) -> NftTable {
     let mut table = NftTable::default();
-    let masked = sets::lower_sets(&rs.sets, &mut table.sets);
+    let forms = sets::lower_sets(&rs.sets, &mut table.sets);
     // Base dispatch chains, for every (stage, hook) some family uses.
     table
         .chains
         .extend(rs.hooked_chains().iter().map(dispatch_chain));
     table
         .chains
-        .extend(rs.chains.iter().map(|c| rules::lower_chain(c, &masked)));
+        .extend(rs.chains.iter().map(|c| rules::lower_chain(c, &forms)));
     table
 }
 

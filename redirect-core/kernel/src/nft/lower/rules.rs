@@ -4,17 +4,17 @@
 
 use std::net::IpAddr;
 
-use super::sets::{int_to_key, Masked};
+use super::sets::{int_to_key, SetForms};
 use super::{nfproto, NftChain};
 use crate::nft::expr::{Base, CtKey, Expr, MetaKey, Verdict};
 use redirect_model::table::chain_name;
 use redirect_model::{Action, AddrMatch, Chain, CtStates, Family, Match, PortMatch, Stage};
 
 /// A family's chain: each rule's matches (one list, or one per prefix group) with its action.
-pub(super) fn lower_chain(c: &Chain, masked: &Masked) -> NftChain {
+pub(super) fn lower_chain(c: &Chain, forms: &SetForms) -> NftChain {
     let mut rules = Vec::new();
     for r in &c.rules {
-        for m in lower_matches(&r.matches, c.family, masked) {
+        for m in lower_matches(&r.matches, c.family, forms) {
             lower_action(&mut rules, m, &r.action, c.stage, c.family);
         }
     }
@@ -28,20 +28,32 @@ pub(super) fn lower_chain(c: &Chain, masked: &Masked) -> NftChain {
 /// The rule's matches, lowered: one expression list, or one per prefix group when the rule
 /// looks an address up in a masked CIDR set. The groups are disjoint (see [`masked_groups`]),
 /// so at most one of the rules matches a packet and the action runs at most once.
-fn lower_matches(matches: &[Match], family: Family, masked: &Masked) -> Vec<Vec<Expr>> {
+fn lower_matches(matches: &[Match], family: Family, forms: &SetForms) -> Vec<Vec<Expr>> {
     let mut variants = vec![Vec::new()];
     for cond in matches {
         let groups = match cond {
             Match::DAddr(AddrMatch::InSet(name)) | Match::SAddr(AddrMatch::InSet(name)) => {
-                masked.get(name.as_str())
+                forms.masked.get(name.as_str())
             }
             _ => None,
         };
-        match groups {
-            None => variants
+        let hashed_port = match cond {
+            Match::DPort(PortMatch::InSet(name)) if forms.hashed_ports.contains(name.as_str()) => {
+                Some((2, name))
+            }
+            Match::SPort(PortMatch::InSet(name)) if forms.hashed_ports.contains(name.as_str()) => {
+                Some((0, name))
+            }
+            _ => None,
+        };
+        match (groups, hashed_port) {
+            (None, Some((offset, name))) => variants
+                .iter_mut()
+                .for_each(|m| lower_hashed_port(m, offset, name)),
+            (None, None) => variants
                 .iter_mut()
                 .for_each(|m| lower_match(m, cond, family)),
-            Some(groups) => {
+            (Some(groups), _) => {
                 let (offset, len) = addr_offset(family, matches!(cond, Match::SAddr(_)));
                 variants = variants
                     .into_iter()
@@ -162,6 +174,18 @@ fn lower_port(out: &mut Vec<Expr>, offset: u32, pm: &PortMatch) {
         }
         PortMatch::InSet(name) => out.push(set_ref(name)),
     }
+}
+
+/// A port looked up in a hashed port set: 4 bytes from the port on, masked to the port (the
+/// set's keys are the port and two zero bytes).
+fn lower_hashed_port(out: &mut Vec<Expr>, offset: u32, set: &str) {
+    out.push(Expr::Payload {
+        base: Base::Transport,
+        offset,
+        len: 4,
+    });
+    out.push(Expr::Mask(vec![0xff, 0xff, 0, 0]));
+    out.push(set_ref(set));
 }
 
 /// A network header address at `(offset, len)`: a CIDR (masked unless a host) or a set.

@@ -8,11 +8,21 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Subnets, Ipv6Subnets};
 
 use super::{NftSet, SetElem};
-use redirect_model::table::{merged_ranges, port_ranges};
+use redirect_model::render::hashed_size;
+use redirect_model::table::{hashed_port_key, merged_ranges, port_form, PortForm};
 use redirect_model::{Family, NamedSet, SetElements};
 
 /// CIDR sets lowered as one hash set per prefix length: the set's name → (prefix, set name).
 pub(super) type Masked<'a> = BTreeMap<&'a str, Vec<(u8, String)>>;
+
+/// What the rules need to know of how the sets were lowered.
+#[derive(Default)]
+pub(super) struct SetForms<'a> {
+    pub masked: Masked<'a>,
+    /// Port sets stored as hashed 4-byte keys ([`PortForm::Hashed`]): a rule looks them up
+    /// with a 4-byte load masked to the port.
+    pub hashed_ports: std::collections::BTreeSet<&'a str>,
+}
 
 /// A CIDR list at least this long is lowered to hash sets per prefix length, when it has at
 /// most [`MASKED_MAX_PREFIXES`] of them: the kernel inserts an interval set's keys (a start and
@@ -25,8 +35,9 @@ pub const MASKED_MAX_PREFIXES: usize = 8;
 
 /// Every set of the ruleset, appended to `out` with dense ids from 1; returns the CIDR sets
 /// lowered as hash sets per prefix length, which the rules that look them up need.
-pub(super) fn lower_sets<'a>(sets: &'a [NamedSet], out: &mut Vec<NftSet>) -> Masked<'a> {
+pub(super) fn lower_sets<'a>(sets: &'a [NamedSet], out: &mut Vec<NftSet>) -> SetForms<'a> {
     let mut masked: Masked = BTreeMap::new();
+    let mut hashed_ports = std::collections::BTreeSet::new();
     for set in sets {
         let id = out.len() as u32 + 1;
         match masked_groups(set) {
@@ -39,10 +50,19 @@ pub(super) fn lower_sets<'a>(sets: &'a [NamedSet], out: &mut Vec<NftSet>) -> Mas
                 }
                 masked.insert(set.name.as_str(), names);
             }
-            None => out.push(lower_set(set, id)),
+            None => {
+                let lowered = lower_set(set, id);
+                if lowered.key_len == 4 && matches!(set.elements, SetElements::Ports(_)) {
+                    hashed_ports.insert(set.name.as_str());
+                }
+                out.push(lowered);
+            }
         }
     }
-    masked
+    SetForms {
+        masked,
+        hashed_ports,
+    }
 }
 
 /// A long CIDR list as disjoint CIDRs grouped by prefix length (keys: the network addresses),
@@ -118,39 +138,45 @@ fn masked_set(set: &NamedSet, prefix: u8, keys: Vec<u128>, id: u32) -> NftSet {
 const TYPE_IPV4_ADDR: u32 = 7;
 const TYPE_IPV6_ADDR: u32 = 8;
 const TYPE_INET_SERVICE: u32 = 13;
+const TYPE_INTEGER: u32 = 4;
 
 fn lower_set(set: &NamedSet, id: u32) -> NftSet {
     match &set.elements {
-        SetElements::Ports(ports) if port_ranges(ports).is_some() => {
-            let ranges: Vec<(u128, Option<u128>)> = port_ranges(ports)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(first, last)| (first as u128, (last < u16::MAX).then_some(last as u128 + 1)))
-                .collect();
-            NftSet {
+        SetElements::Ports(ports) => match port_form(ports) {
+            PortForm::Ranges(ranges) => {
+                let ranges: Vec<(u128, Option<u128>)> = ranges
+                    .into_iter()
+                    .map(|(first, last)| {
+                        (first as u128, (last < u16::MAX).then_some(last as u128 + 1))
+                    })
+                    .collect();
+                NftSet {
+                    name: set.name.clone(),
+                    id,
+                    key_type: TYPE_INET_SERVICE,
+                    key_len: 2,
+                    interval: true,
+                    size: None,
+                    elements: interval_elements(&ranges, 2),
+                }
+            }
+            PortForm::Hashed(ports) => NftSet {
                 name: set.name.clone(),
                 id,
-                key_type: TYPE_INET_SERVICE,
-                key_len: 2,
-                interval: true,
-                size: None,
-                elements: interval_elements(&ranges, 2),
-            }
-        }
-        SetElements::Ports(ports) => NftSet {
-            name: set.name.clone(),
-            id,
-            key_type: TYPE_INET_SERVICE,
-            key_len: 2,
-            interval: false,
-            size: None,
-            elements: ports
-                .iter()
-                .map(|p| SetElem {
-                    key: p.to_be_bytes().to_vec(),
-                    interval_end: false,
-                })
-                .collect(),
+                // What nft writes for `typeof @th,16,32`: a raw 32-bit integer.
+                key_type: TYPE_INTEGER,
+                key_len: 4,
+                interval: false,
+                size: Some(hashed_size(ports.len())),
+                elements: ports
+                    .iter()
+                    .map(|&p| SetElem {
+                        key: hashed_port_key(p).to_vec(),
+                        interval_end: false,
+                    })
+                    .collect(),
+            },
+            PortForm::Plain => plain_ports(set, id, ports),
         },
         SetElements::Cidrs(cidrs) => {
             let (key_type, key_len) = addr_key(set);
@@ -164,6 +190,25 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
                 elements: interval_elements(&merged_ranges(cidrs), key_len),
             }
         }
+    }
+}
+
+/// A short port list as it is: 2-byte keys, for which the kernel picks its bitmap.
+fn plain_ports(set: &NamedSet, id: u32, ports: &[u16]) -> NftSet {
+    NftSet {
+        name: set.name.clone(),
+        id,
+        key_type: TYPE_INET_SERVICE,
+        key_len: 2,
+        interval: false,
+        size: None,
+        elements: ports
+            .iter()
+            .map(|p| SetElem {
+                key: p.to_be_bytes().to_vec(),
+                interval_end: false,
+            })
+            .collect(),
     }
 }
 
