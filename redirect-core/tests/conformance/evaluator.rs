@@ -416,16 +416,21 @@ fn with_filler(mut list: Vec<IpNet>) -> Vec<IpNet> {
     list
 }
 
-/// A port list made long enough for the nft backend's interval form (merged ranges, see
-/// `nft::PORT_RANGES_MIN`): each listed port opens a run of the next three (so a tested port is
-/// the first port of a range, and some of its neighbours join it), and 300 ports that merge
-/// with nothing (every other port from 40000).
-fn with_port_filler(list: Vec<u16>) -> Vec<u16> {
+/// A port list made long enough for the nft backend's long forms (see `table::port_form`):
+/// each listed port opens a run of the next three (so a tested port is the first port of a
+/// range, and some of its neighbours join it), then 300 more ports from 40000: every other
+/// port (`merging` false: nothing merges, the hashed form) or runs of three with a gap
+/// (`merging` true: the interval form).
+fn with_port_filler(list: Vec<u16>, merging: bool) -> Vec<u16> {
     let mut out: Vec<u16> = Vec::new();
     let runs = list
         .iter()
         .flat_map(|&p| (0..4).map(move |i| p.saturating_add(i)));
-    for p in runs.chain((0..300).map(|i| 40000 + 2 * i)) {
+    let filler = (0..300u16).map(move |i| match merging {
+        false => 40000 + 2 * i,
+        true => 40000 + 4 * (i / 3) + i % 3,
+    });
+    for p in runs.chain(filler) {
         if !out.contains(&p) {
             out.push(p);
         }
@@ -440,7 +445,8 @@ fn port_list(
 ) -> impl Strategy<Value = Vec<u16>> {
     prop_oneof![
         4 => subsequence(pool, len.clone()),
-        1 => subsequence(pool, len).prop_map(with_port_filler),
+        1 => (subsequence(pool, len), any::<bool>())
+            .prop_map(|(list, merging)| with_port_filler(list, merging)),
     ]
 }
 
@@ -448,7 +454,8 @@ fn port_selection(pool: &'static [u16]) -> impl Strategy<Value = Selection<u16>>
     prop_oneof![
         3 => Just(Selection::All),
         2 => subsequence(pool, 1..=pool.len()).prop_map(Selection::List),
-        1 => subsequence(pool, 1..=pool.len()).prop_map(|l| Selection::List(with_port_filler(l))),
+        1 => (subsequence(pool, 1..=pool.len()), any::<bool>())
+            .prop_map(|(l, merging)| Selection::List(with_port_filler(l, merging))),
         1 => Just(Selection::List(Vec::new())),
     ]
 }

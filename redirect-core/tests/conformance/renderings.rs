@@ -45,10 +45,12 @@ fn configs() -> Vec<(&'static str, CaptureConfig)> {
             },
         ),
         (
-            // Long enough for the interval form: a run and ports that merge with nothing.
+            // Long lists in both long forms: inbound, a run and ports that merge with nothing
+            // (under two ports per run: hashed); outbound, runs of three (an interval set).
             "long port lists",
             CaptureConfig {
                 inbound_exclude_ports: (1..=300).chain((1000..1600).step_by(2)).collect(),
+                outbound_exclude_ports: (0..300u16).map(|i| 2000 + 4 * (i / 3) + i % 3).collect(),
                 ..CaptureConfig::istio_sidecar_default()
             },
         ),
