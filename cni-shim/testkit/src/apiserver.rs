@@ -269,11 +269,8 @@ impl ControlPlane {
 
     /// [`Self::kubectl`] with `stdin`.
     pub fn kubectl_in(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&self.admin)
-            .args(args)
-            .env("KUBECTL_KUBERC", "false")
+        let mut cmd = self.kubectl_command();
+        cmd.args(args)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -292,6 +289,15 @@ impl ControlPlane {
                 .unwrap();
         }
         child.wait_with_output().unwrap()
+    }
+
+    /// `kubectl --kubeconfig <admin>`, to add arguments to and spawn (several at once).
+    pub fn kubectl_command(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&self.admin)
+            .env("KUBECTL_KUBERC", "false");
+        cmd
     }
 
     /// `kubectl ARGS` that must succeed: its stdout.
