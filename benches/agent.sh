@@ -30,7 +30,7 @@ cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   delete_namespaces "$NS_PREFIX"
-  rm -rf "$DATA" "$LOGS"
+  rm -rf "$DATA" "$LOGS" "${BIN_COPY:-}"
 }
 trap cleanup EXIT
 

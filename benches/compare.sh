@@ -58,7 +58,7 @@ LOGS=$(mktemp -d /dev/shm/rdcmp.XXXXXX 2>/dev/null || mktemp -d /tmp/rdcmp-logs.
 export OUT=$LOGS/out ERR=$LOGS/err
 cleanup() {
   delete_namespaces "$NS_PREFIX"
-  rm -rf "$DATA" "$LOGS"
+  rm -rf "$DATA" "$LOGS" "${BIN_COPY:-}"
 }
 trap cleanup EXIT
 
@@ -183,7 +183,7 @@ for ((i = 0; i < RUNS; i++)); do RESULTS[floor]+="$(timed_in "$NS_PREFIX-floor" 
 med() { tr ' ' '\n' <<<"${RESULTS[$1]:-}" | { grep . || true; } | median; }
 ratio() { [ -n "$2" ] && [ "$2" != 0 ] && awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1fx", a/b}' || echo -; }
 echo "machine: $(nproc) cores, $(uname -r), runs: $RUNS ($RUNS_10K for exclude-10k), fresh namespace each"
-echo "our binaries: $BIN ($(file -b "$BIN/redirect-cni" | cut -d, -f1-2))"
+echo "our binaries: $BIN_FROM, run from a copy ($(file -b "$BIN/redirect-cni" | cut -d, -f1-2))"
 floor=$(med floor)
 echo "fork+exec of /bin/true (the floor of every number below): $floor µs"
 printf '%-62s %10s %9s %14s\n' "command" "median µs" "vs ours" "minus floor"
@@ -209,7 +209,7 @@ echo " /bin/true; replace: over redirect-init's first apply); minus floor: the s
 echo " taking the /bin/true floor off both, i.e. the work beyond starting a process)"
 
 echo
-echo "footprint ($BIN):"
+echo "footprint ($BIN_FROM):"
 for b in redirect-init redirect-cni redirect-validate; do
   printf '  %-18s %6.2f MB\n' "$b" "$(awk -v s="$(stat -c %s "$BIN/$b")" 'BEGIN{print s/1e6}')"
 done

@@ -31,7 +31,7 @@ NS_PREFIX="rdconn$$"
 DATA=$(mktemp -d)
 cleanup() {
   delete_namespaces "$NS_PREFIX"
-  rm -rf "$DATA"
+  rm -rf "$DATA" "${BIN_COPY:-}"
 }
 trap cleanup EXIT
 "$REL/bench-data" "$DATA" "$CNI_BASIC" 10000

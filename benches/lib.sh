@@ -23,6 +23,14 @@ our_binaries() {
   for b in redirect-init redirect-cni redirect-validate; do
     [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (REDIRECT_BIN_DIR)" >&2; exit 1; }
   done
+  # Timed from a fresh copy, as a node runs them from an image it unpacked: here the same bytes
+  # ran 0.1-0.2 ms slower per process from the files the build had just written than from a
+  # copy (kernel 6.18; how the file came into the page cache), which would bias one build
+  # against another. The copy goes with the script's own temporary folder.
+  BIN_FROM=$BIN
+  BIN_COPY=$(mktemp -d /tmp/rdbin.XXXXXX)
+  cp "$BIN"/redirect-* "$BIN_COPY"/
+  BIN=$BIN_COPY
 }
 
 # fresh_pod_ns NAME: a namespace as a pod's after its primary network: lo up, a veth v0 (its peer

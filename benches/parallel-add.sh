@@ -24,7 +24,7 @@ PREFIX="rdpar$$"
 WORK=$(mktemp -d /tmp/rdpar.XXXXXX)
 cleanup() {
   delete_namespaces "$PREFIX"
-  rm -rf "$WORK"
+  rm -rf "$WORK" "${BIN_COPY:-}"
 }
 trap cleanup EXIT
 

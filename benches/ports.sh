@@ -25,7 +25,7 @@ NS_PREFIX="rdports$$"
 DATA=$(mktemp -d /tmp/rdports.XXXXXX)
 cleanup() {
   delete_namespaces "$NS_PREFIX"
-  rm -rf "$DATA"
+  rm -rf "$DATA" "${BIN_COPY:-}"
 }
 trap cleanup EXIT
 

@@ -3,7 +3,7 @@
 //! of Istio's rules in the same loop. Each run: a new namespace for ours (the library's calls
 //! that redirect-init makes, each timed), a new one for the whole `redirect-init` process, a new
 //! one for `iptables-legacy-restore`; medians in µs. `RESTORE` names Istio's rules
-//! (default: bench-data's istio-default.restore in $DATA), `BIN` the static binaries' folder.
+//! (default: bench-data's istio-default.restore in $DATA), `BIN` the static binaries' folder (run from a fresh copy).
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -100,6 +100,18 @@ fn add(bin: &std::path::Path, conf: &str) -> u64 {
     d
 }
 
+/// The binaries of `dir` copied to a new folder, run from there as from an image a node
+/// unpacked (see benches/lib.sh's `our_binaries`: the files a build just wrote ran slower here).
+fn fresh_copy(dir: &std::path::Path) -> PathBuf {
+    let to = std::env::temp_dir().join(format!("rdphases.{}", std::process::id()));
+    std::fs::create_dir_all(&to).unwrap();
+    for name in ["redirect-init", "redirect-cni"] {
+        std::fs::copy(dir.join(name), to.join(name))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(name).display()));
+    }
+    to
+}
+
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort();
     v[v.len() / 2]
@@ -110,7 +122,8 @@ fn main() {
         .nth(1)
         .map(|a| a.parse().unwrap())
         .unwrap_or(50);
-    let bin = PathBuf::from(std::env::var("BIN").unwrap_or("target/static/x86_64".into()));
+    let built = PathBuf::from(std::env::var("BIN").unwrap_or("target/static/x86_64".into()));
+    let bin = fresh_copy(&built);
     let restore = std::env::var("RESTORE").expect("RESTORE=istio-default.restore");
     let conf =
         std::fs::read_to_string(std::env::var("CNI_CONF").expect("CNI_CONF=cni-default.json"))
@@ -176,4 +189,5 @@ fn main() {
     for (name, v) in rows {
         println!("{name:40} {:>6} µs", median(v));
     }
+    let _ = std::fs::remove_dir_all(&bin);
 }
