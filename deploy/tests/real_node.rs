@@ -387,7 +387,11 @@ fn what_kubelet_passed(node: &Node, p: &Value) {
     let (env, conf) = records
         .iter()
         .find(|(env, _)| {
-            env_value(env, "CNI_COMMAND") == "ADD" && env.contains("K8S_POD_NAME=app;")
+            // CNI_ARGS's order varies (containerd builds it from a map): by element.
+            env_value(env, "CNI_COMMAND") == "ADD"
+                && env_value(env, "CNI_ARGS")
+                    .split(';')
+                    .any(|a| a == "K8S_POD_NAME=app")
         })
         .unwrap_or_else(|| panic!("no ADD of pod app recorded: {records:?}"));
     let uid = p["metadata"]["uid"].as_str().unwrap();
