@@ -7,6 +7,7 @@
 //! the pod conversion; it links nothing of this one.
 
 pub mod agent;
+pub mod ambient;
 pub mod atomic_file;
 pub mod daemon;
 pub mod error;

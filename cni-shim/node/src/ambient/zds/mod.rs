@@ -1,0 +1,9 @@
+//! ZDS, the protocol between the node agent and ztunnel (Istio's ambient data plane): the
+//! agent hands ztunnel each enrolled pod's network namespace, in which ztunnel binds its
+//! in-pod listeners. `proto`: the messages; `wire`: one datagram each on a `SOCK_SEQPACKET`
+//! socket, the namespace as `SCM_RIGHTS`; `server`: the listening side, its snapshot on each
+//! connection and its one-request-at-a-time exchange.
+
+pub mod proto;
+pub mod server;
+pub mod wire;
