@@ -56,8 +56,8 @@ pub use redirect_kernel::routes::TproxyRouting;
 pub use redirect_kernel::sockopt::original_dst;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
-    eval, render, CaptureConfig, DnsCapture, Family, GroupRef, GroupResolver, InterceptionMode,
-    NoGroupDatabase, Ruleset, Selection, ValidConfig,
+    eval, render, AmbientConfig, CaptureConfig, DnsCapture, Family, GroupRef, GroupResolver,
+    InterceptionMode, NoGroupDatabase, Ruleset, Selection, ValidConfig,
 };
 
 /// The address types of the config's CIDR lists.

@@ -133,6 +133,15 @@ impl Expression for Oracle<'_> {
                     set_data(e, sys::NFTNL_EXPR_BITWISE_XOR, &vec![0u8; mask.len()]);
                     e
                 }
+                Expr::Bits { mask, xor } => {
+                    let e = alloc(c"bitwise");
+                    set_u32(e, sys::NFTNL_EXPR_BITWISE_SREG, REG);
+                    set_u32(e, sys::NFTNL_EXPR_BITWISE_DREG, REG);
+                    set_u32(e, sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32);
+                    set_data(e, sys::NFTNL_EXPR_BITWISE_MASK, mask);
+                    set_data(e, sys::NFTNL_EXPR_BITWISE_XOR, xor);
+                    e
+                }
                 Expr::Lookup { set, invert } => {
                     let e = alloc(c"lookup");
                     let name = CString::new(set.as_str()).unwrap();
@@ -549,6 +558,36 @@ fn benchmark_configs_encode_exactly_as_libnftnl() {
     }
     eprintln!("{compared} messages compared with libnftnl");
     assert!(compared > 1000, "{compared}");
+}
+
+#[test]
+fn ambient_rules_encode_exactly_as_libnftnl() {
+    // Istio's in-pod rules for ambient: masked marks, a connection mark set bit by bit.
+    use redirect_model::AmbientConfig;
+    let d = AmbientConfig::default;
+    let variants = [
+        d(),
+        AmbientConfig {
+            dns_capture: false,
+            ipv6: false,
+            ..d()
+        },
+        AmbientConfig {
+            bypass_inbound: true,
+            virtual_interfaces: vec!["tap0".into()],
+            ..d()
+        },
+    ];
+    let mut compared = 0;
+    for cfg in &variants {
+        let t = nft::lower(&cfg.plan().unwrap());
+        compared += check(
+            &nft::testing::encode_create(&t, 1, Features::of_running_kernel()),
+            &t,
+            &format!("ambient {cfg:?}"),
+        );
+    }
+    assert!(compared > 60, "{compared}");
 }
 
 #[test]

@@ -37,6 +37,7 @@ pub use config::{
     DNS_AGENT_PORT, MAX_OWNER_GROUPS, OUTBOUND_MARK,
 };
 pub use error::{Error, IdKind, Result};
+pub use plan::ambient::{self, AmbientConfig};
 pub use plan::{chains, sets, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
     Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,

@@ -35,6 +35,7 @@ pub fn exprs(rule: &[Expr]) -> String {
     let mut printer = Printer {
         reg: Reg::None,
         mask: None,
+        bits: None,
     };
     let mut pending: Vec<&Expr> = Vec::new();
     for e in rule {
@@ -61,6 +62,8 @@ pub fn exprs(rule: &[Expr]) -> String {
 struct Printer<'a> {
     reg: Reg,
     mask: Option<&'a [u8]>,
+    /// A bitwise with a non-zero xor over register 1: (mask, xor).
+    bits: Option<(&'a [u8], &'a [u8])>,
 }
 
 impl<'a> Printer<'a> {
@@ -68,9 +71,12 @@ impl<'a> Printer<'a> {
     /// a shape we do not write.
     fn text(&mut self, e: &'a Expr) -> Option<String> {
         match e {
-            Expr::Meta(_) | Expr::Payload { .. } | Expr::Ct(_) | Expr::Mask(_) | Expr::Imm(_) => {
-                self.load(e)
-            }
+            Expr::Meta(_)
+            | Expr::Payload { .. }
+            | Expr::Ct(_)
+            | Expr::Mask(_)
+            | Expr::Bits { .. }
+            | Expr::Imm(_) => self.load(e),
             Expr::Cmp { eq, data } => condition(&self.reg, self.mask, !eq, data),
             Expr::Lookup { set, invert } => self.lookup(set, *invert),
             Expr::Verdict(v) => Some(match v {
@@ -89,6 +95,7 @@ impl<'a> Printer<'a> {
             Expr::Meta(k) => {
                 self.reg = Reg::Meta(*k);
                 self.mask = None;
+                self.bits = None;
                 Some(String::new())
             }
             Expr::Payload { base, offset, len } => {
@@ -108,10 +115,15 @@ impl<'a> Printer<'a> {
             Expr::Ct(k) => {
                 self.reg = Reg::Ct(*k);
                 self.mask = None;
+                self.bits = None;
                 (*k != CtKey::Zone).then(String::new)
             }
             Expr::Mask(m) => {
                 self.mask = Some(m);
+                Some(String::new())
+            }
+            Expr::Bits { mask, xor } => {
+                self.bits = Some((mask, xor));
                 Some(String::new())
             }
             Expr::Imm(data) => {
@@ -164,6 +176,14 @@ impl<'a> Printer<'a> {
             Expr::CtSet(CtKey::Mark) if *reg == Reg::Meta(MetaKey::Mark) => {
                 Some("ct mark set meta mark".into())
             }
+            Expr::CtSet(CtKey::Mark) if *reg == Reg::Ct(CtKey::Mark) => {
+                let (mask, xor) = self.bits?;
+                Some(format!(
+                    "ct mark set ct mark & {:#x} | {:#x}",
+                    u32_of(mask)?,
+                    u32_of(xor)?
+                ))
+            }
             Expr::CtSet(CtKey::Zone) => match reg {
                 Reg::Imm(d) if d.len() == 2 => {
                     Some(format!("ct zone set {}", u16::from_ne_bytes([d[0], d[1]])))
@@ -199,6 +219,11 @@ pub fn raw(e: &Expr) -> String {
             hex(data)
         ),
         Expr::Mask(m) => format!("[ bitwise reg 1 = ( reg 1 & 0x{} ) ^ 0 ]", hex(m)),
+        Expr::Bits { mask, xor } => format!(
+            "[ bitwise reg 1 = ( reg 1 & 0x{} ) ^ 0x{} ]",
+            hex(mask),
+            hex(xor)
+        ),
         Expr::Lookup { set, invert } => format!(
             "[ lookup reg 1 set {set}{} ]",
             if *invert { " inverted" } else { "" }
@@ -258,6 +283,16 @@ fn condition(reg: &Reg, mask: Option<&[u8]>, neg: bool, b: &[u8]) -> Option<Stri
         }
         Reg::Meta(MetaKey::Mark) if mask.is_none() => format!("meta mark {ne}{}", u32_of(b)?),
         Reg::Ct(CtKey::Mark) if mask.is_none() => format!("ct mark {ne}{}", u32_of(b)?),
+        // A masked mark, as render::nft_rule writes it (nft needs the operator after `&`).
+        Reg::Meta(MetaKey::Mark) | Reg::Ct(CtKey::Mark) => {
+            let key = if *reg == Reg::Ct(CtKey::Mark) {
+                "ct mark"
+            } else {
+                "meta mark"
+            };
+            let op = if neg { "!=" } else { "==" };
+            format!("{key} & {:#x} {op} {:#x}", u32_of(mask?)?, u32_of(b)?)
+        }
         Reg::Addr { fam, dir } => {
             let addr = ip_of(b)?;
             let prefix = match mask {

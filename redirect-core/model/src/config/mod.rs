@@ -20,6 +20,8 @@ pub mod parse;
 mod valid;
 mod validate;
 
+pub(crate) use validate::check_interface;
+
 pub use join::{join, join_with, ListItem};
 pub use valid::ValidConfig;
 

@@ -171,7 +171,7 @@ fn check_ports(field: &'static str, ports: &[u16]) -> Result<()> {
 }
 
 /// Linux interface names: 1 to 15 bytes, no '/', ':' or whitespace, not "." or "..".
-pub(super) fn check_interface(field: &'static str, name: &str) -> Result<()> {
+pub(crate) fn check_interface(field: &'static str, name: &str) -> Result<()> {
     let bad = name.is_empty()
         || name.len() > 15
         || name == "."

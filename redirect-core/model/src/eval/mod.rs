@@ -375,6 +375,9 @@ impl Walker<'_> {
                 // xt_CT and nft's `ct zone set` ignore a packet that has a conntrack entry).
                 Action::CtZone(z) if !self.tracked && self.zone.is_none() => self.zone = Some(*z),
                 Action::CtZone(_) => {}
+                Action::SetCtMarkBits { value, mask } => {
+                    self.pkt.ctmark = (self.pkt.ctmark & !mask) ^ value
+                }
             }
         }
         None
@@ -406,6 +409,12 @@ impl Walker<'_> {
             Match::Gid { id, negate } => p.gid.is_some_and(|g| (g == *id) != *negate),
             Match::Mark { value, negate } => (p.mark == *value) != *negate,
             Match::CtMark { value } => p.ctmark == *value,
+            Match::MarkBits {
+                value,
+                mask,
+                negate,
+            } => (p.mark & mask == *value) != *negate,
+            Match::CtMarkBits { value, mask } => p.ctmark & mask == *value,
             Match::CtState(CtStates::Invalid) => p.ct == CtState::Invalid,
             Match::CtState(CtStates::RelatedEstablished) => p.ct == CtState::Established,
         }

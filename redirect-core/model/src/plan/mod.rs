@@ -30,6 +30,8 @@ mod inbound;
 mod outbound;
 mod tproxy;
 
+pub mod ambient;
+
 pub mod chains;
 pub mod sets;
 

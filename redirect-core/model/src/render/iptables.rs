@@ -138,6 +138,17 @@ fn match_args(rs: &Ruleset, m: &Match) -> Vec<String> {
         Match::Gid { id, negate } => one(format!("-m owner {}--gid-owner {id}", neg(*negate))),
         Match::Mark { value, negate } => one(format!("-m mark {}--mark {value}", neg(*negate))),
         Match::CtMark { value } => one(format!("-m connmark --mark {value}")),
+        Match::MarkBits {
+            value,
+            mask,
+            negate,
+        } => one(format!(
+            "-m mark {}--mark {value:#x}/{mask:#x}",
+            neg(*negate)
+        )),
+        Match::CtMarkBits { value, mask } => {
+            one(format!("-m connmark --mark {value:#x}/{mask:#x}"))
+        }
         Match::CtState(CtStates::Invalid) => one("-m conntrack --ctstate INVALID".into()),
         Match::CtState(CtStates::RelatedEstablished) => {
             one("-m conntrack --ctstate RELATED,ESTABLISHED".into())
@@ -159,5 +170,8 @@ fn action_args(a: &Action) -> String {
         Action::SaveMark => "-j CONNMARK --save-mark".into(),
         Action::RestoreMark => "-j CONNMARK --restore-mark".into(),
         Action::CtZone(z) => format!("-j CT --zone {z}"),
+        Action::SetCtMarkBits { value, mask } => {
+            format!("-j CONNMARK --set-xmark {value:#x}/{mask:#x}")
+        }
     }
 }

@@ -151,6 +151,14 @@ pub fn nft_rule_in(r: &Rule, family: Family, stage: Stage, sets: &[NamedSet]) ->
             Match::Gid { id, negate } => format!("meta skgid {}{id}", neg(*negate)),
             Match::Mark { value, negate } => format!("meta mark {}{value}", neg(*negate)),
             Match::CtMark { value } => format!("ct mark {value}"),
+            Match::MarkBits {
+                value,
+                mask,
+                negate,
+            } => {
+                format!("meta mark & {mask:#x} {}{value:#x}", eq_or_ne(*negate))
+            }
+            Match::CtMarkBits { value, mask } => format!("ct mark & {mask:#x} == {value:#x}"),
             Match::CtState(CtStates::Invalid) => "ct state invalid".into(),
             Match::CtState(CtStates::RelatedEstablished) => "ct state established,related".into(),
         });
@@ -176,8 +184,20 @@ pub fn nft_rule_in(r: &Rule, family: Family, stage: Stage, sets: &[NamedSet]) ->
         Action::SaveMark => "ct mark set meta mark".into(),
         Action::RestoreMark => "meta mark set ct mark".into(),
         Action::CtZone(z) => format!("ct zone set {z}"),
+        Action::SetCtMarkBits { value, mask } => {
+            format!("ct mark set ct mark & {:#x} | {value:#x}", !mask)
+        }
     };
     vec![format!("{prefix}{action}")]
+}
+
+/// A masked comparison's operator: nft needs it spelled out after `&`.
+fn eq_or_ne(negate: bool) -> &'static str {
+    if negate {
+        "!= "
+    } else {
+        "== "
+    }
 }
 
 fn neg(n: bool) -> &'static str {

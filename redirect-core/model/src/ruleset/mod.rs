@@ -165,6 +165,17 @@ pub enum Match {
     CtMark {
         value: u32,
     },
+    /// Packet mark bits: `mark & mask == value` (`negate`: `!=`), iptables' `--mark value/mask`.
+    MarkBits {
+        value: u32,
+        mask: u32,
+        negate: bool,
+    },
+    /// Connection mark bits: `ct mark & mask == value`.
+    CtMarkBits {
+        value: u32,
+        mask: u32,
+    },
     CtState(CtStates),
 }
 
@@ -195,6 +206,12 @@ pub enum Action {
     RestoreMark,
     /// Put the connection in this conntrack zone and go on (raw stage only).
     CtZone(u16),
+    /// Set the connection mark's bits under `mask` to `value` (the others kept) and go on:
+    /// iptables' `CONNMARK --set-xmark value/mask` for a `value` within `mask`.
+    SetCtMarkBits {
+        value: u32,
+        mask: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -161,7 +161,8 @@ fn decode_cmp(attrs: &[Cmp]) -> Option<Expr> {
     (sreg? == R1).then_some(Expr::Cmp { eq, data: data? })
 }
 
-/// A bitwise AND of register 1 with a mask, XOR 0, in place: the only bitwise we write.
+/// A bitwise AND of register 1 with a mask, then an XOR, in place: the only bitwise we write
+/// (a zero XOR is a [`Expr::Mask`], another one [`Expr::Bits`]).
 fn decode_mask(attrs: &[Bitwise]) -> Option<Expr> {
     let (mut sreg, mut dreg, mut len, mut mask, mut xor) = (None, None, None, None, None);
     for a in attrs {
@@ -177,12 +178,14 @@ fn decode_mask(attrs: &[Bitwise]) -> Option<Expr> {
         }
     }
     let (mask, xor) = (mask?, xor?);
-    let fits = sreg? == R1
-        && dreg? == R1
-        && len? == mask.len()
-        && xor.len() == mask.len()
-        && xor.iter().all(|b| *b == 0);
-    fits.then_some(Expr::Mask(mask))
+    let fits = sreg? == R1 && dreg? == R1 && len? == mask.len() && xor.len() == mask.len();
+    if !fits {
+        return None;
+    }
+    Some(match xor.iter().all(|b| *b == 0) {
+        true => Expr::Mask(mask),
+        false => Expr::Bits { mask, xor },
+    })
 }
 
 /// A lookup of register 1 in a named set, maybe inverted.

@@ -134,6 +134,12 @@ pub enum Expr {
     },
     /// reg 1 = (reg 1 & mask) ^ 0.
     Mask(Vec<u8>),
+    /// reg 1 = (reg 1 & mask) ^ xor, `xor` not all zero (a zero one is [`Expr::Mask`]): some
+    /// bits of a mark set, the others kept.
+    Bits {
+        mask: Vec<u8>,
+        xor: Vec<u8>,
+    },
     /// Look reg 1 up in a named set of our table (the set id is added when encoding).
     Lookup {
         set: String,
@@ -225,7 +231,7 @@ impl Expr {
             Expr::Meta(_) | Expr::MetaSet(_) => "meta",
             Expr::Payload { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
-            Expr::Mask(_) => "bitwise",
+            Expr::Mask(_) | Expr::Bits { .. } => "bitwise",
             Expr::Lookup { .. } => "lookup",
             Expr::Ct(_) | Expr::CtSet(_) => "ct",
             Expr::Imm(_) | Expr::Verdict(_) => "immediate",
@@ -272,6 +278,13 @@ impl Expr {
                 w.u32(3, mask.len() as u32);
                 value(w, 4, mask);
                 value(w, 5, &vec![0; mask.len()]);
+            }
+            Expr::Bits { mask, xor } => {
+                w.u32(1, NFT_REG_1);
+                w.u32(2, NFT_REG_1);
+                w.u32(3, mask.len() as u32);
+                value(w, 4, mask);
+                value(w, 5, xor);
             }
             // NFTA_LOOKUP_SREG 2, _SET 1, _SET_ID 4, _FLAGS 5.
             Expr::Lookup { set, invert } => {
@@ -365,6 +378,10 @@ mod tests {
             },
             Expr::Mask(vec![255; 16]),
             Expr::Mask(vec![255, 255, 0, 0]),
+            Expr::Bits {
+                mask: vec![0, 0xf0, 0xff, 0xff],
+                xor: vec![0x11, 0x01, 0, 0],
+            },
             Expr::Lookup {
                 set: "ports".into(),
                 invert: false,

@@ -62,6 +62,13 @@ impl Expr {
                 Bitwise::Mask(DataAttribute::Value(mask.clone())),
                 Bitwise::Xor(DataAttribute::Value(vec![0; mask.len()])),
             ]),
+            Expr::Bits { mask, xor } => Expressions::Bitwise(vec![
+                Bitwise::SourceRegister(r1),
+                Bitwise::DestinationRegister(r1),
+                Bitwise::Length(mask.len() as u32),
+                Bitwise::Mask(DataAttribute::Value(mask.clone())),
+                Bitwise::Xor(DataAttribute::Value(xor.clone())),
+            ]),
             Expr::Lookup { set, invert } => Expressions::Lookup(vec![
                 Lookup::SourceRegister(r1),
                 Lookup::Set(set.clone()),

@@ -132,8 +132,29 @@ fn lower_match(out: &mut Vec<Expr>, m: &Match, family: Family) {
                 data: ne_bytes(*value),
             });
         }
+        Match::MarkBits {
+            value,
+            mask,
+            negate,
+        } => {
+            out.push(Expr::Meta(MetaKey::Mark));
+            masked_cmp(out, *mask, !negate, *value);
+        }
+        Match::CtMarkBits { value, mask } => {
+            out.push(Expr::Ct(CtKey::Mark));
+            masked_cmp(out, *mask, true, *value);
+        }
         Match::CtState(states) => lower_ct_state(out, *states),
     }
+}
+
+/// Register 1 (a mark) masked, then compared: `mark & mask == value`.
+fn masked_cmp(out: &mut Vec<Expr>, mask: u32, eq: bool, value: u32) {
+    out.push(Expr::Mask(ne_bytes(mask)));
+    out.push(Expr::Cmp {
+        eq,
+        data: ne_bytes(value),
+    });
 }
 
 /// Load a meta key and compare it.
@@ -283,6 +304,15 @@ fn lower_action(
         Action::CtZone(zone) => {
             m.push(Expr::Imm(zone.to_ne_bytes().to_vec()));
             m.push(Expr::CtSet(CtKey::Zone));
+        }
+        // ct mark = (ct mark & !mask) ^ value, as nft writes `ct mark set ct mark & X | Y`.
+        Action::SetCtMarkBits { value, mask } => {
+            m.push(Expr::Ct(CtKey::Mark));
+            m.push(Expr::Bits {
+                mask: ne_bytes(!mask),
+                xor: ne_bytes(*value),
+            });
+            m.push(Expr::CtSet(CtKey::Mark));
         }
     }
     rules.push(m);
