@@ -10,7 +10,7 @@ use redirect_kernel::netns::Netns;
 use redirect_kernel::nft::TableState;
 use redirect_kernel::routes::TproxyRouting;
 use redirect_kernel::SystemGroups;
-use redirect_model::{CaptureConfig, Ruleset, ValidConfig};
+use redirect_model::{AmbientConfig, CaptureConfig, Ruleset, ValidConfig};
 
 use crate::error::Result;
 
@@ -68,6 +68,25 @@ impl Namespace {
     pub fn check(&self, cfg: &ValidConfig) -> Result<Vec<Mismatch>> {
         let rs = cfg.plan(&SystemGroups)?;
         Ok(capture::check(self.backend(), cfg, &rs)?)
+    }
+
+    /// Program Istio's ambient in-pod rules for `cfg` (ztunnel's redirection): the reply
+    /// routing, then our table, all or nothing. Returns the ruleset applied.
+    pub fn apply_ambient(&self, cfg: &AmbientConfig) -> Result<Ruleset> {
+        let rs = cfg.plan()?;
+        capture::ambient::apply(self.backend(), cfg, &rs)?;
+        Ok(rs)
+    }
+
+    /// How the namespace differs from `cfg`'s ambient capture; empty when it is in place.
+    pub fn check_ambient(&self, cfg: &AmbientConfig) -> Result<Vec<Mismatch>> {
+        let rs = cfg.plan()?;
+        Ok(capture::ambient::check(self.backend(), cfg, &rs)?)
+    }
+
+    /// Remove ambient capture: our table and the reply routing.
+    pub fn remove_ambient(&self) -> Result<()> {
+        Ok(capture::ambient::remove(self.backend())?)
     }
 
     /// Our table as the kernel holds it, one consistent read; `None` when there is none.

@@ -33,5 +33,7 @@ use redirect_kernel::routes::TproxyRouting;
 /// `--istio-inbound-tproxy-route-table 133`), which DEL removes whatever the pod's config was.
 pub const TPROXY_ROUTING: TproxyRouting = TproxyRouting {
     mark: 1337,
+    mask: u32::MAX,
     table: 133,
+    priority: None,
 };

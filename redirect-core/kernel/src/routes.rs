@@ -80,12 +80,18 @@ pub enum Error {
 /// The address Istio puts on `lo` for IPv6 inbound capture (`::6/128`).
 pub const LO_V6_INBOUND_ADDR: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 
-/// TPROXY policy routing: packets carrying `mark` are looked up in `table`, which holds one
-/// `local` default route via `lo`. (Istio uses mark 1337 and table 133.)
+/// Mark-based local routing: packets whose mark under `mask` is `mark` are looked up in
+/// `table`, which holds one `local` default route via `lo`. Istio's TPROXY uses mark 1337, the
+/// full mask and table 133; its ambient in-pod replies mark 0x111 under 0xfff, table 100, the
+/// rule at priority 32764.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TproxyRouting {
     pub mark: u32,
+    /// The bits of the packet mark compared (`u32::MAX`: all, as `ip rule add fwmark N` does).
+    pub mask: u32,
     pub table: u32,
+    /// The rule's priority; `None` lets the kernel pick one below the last rule.
+    pub priority: Option<u32>,
 }
 
 impl TproxyRouting {
@@ -93,6 +99,15 @@ impl TproxyRouting {
     /// packet, and a local default route in a reserved table (0 unspec, 253 default, 254 main,
     /// 255 local) would capture everything.
     pub fn validate(&self) -> Result<()> {
+        if self.mask == 0 || self.mark & !self.mask != 0 {
+            return Err(Error::UnsafeRouting {
+                field: "tproxy mark mask",
+                value: format!("{:#x}/{:#x}", self.mark, self.mask),
+                expected: "a non-zero mask that covers the mark (a zero mask matches every \
+                           packet; a mark outside it matches none)"
+                    .into(),
+            });
+        }
         if self.mark == 0 {
             return Err(Error::UnsafeRouting {
                 field: "tproxy mark",
@@ -365,7 +380,12 @@ fn header_table(table: u32) -> u8 {
 }
 
 fn rule_text(r: &TproxyRouting) -> String {
-    format!("fwmark {:#x} lookup {}", r.mark, r.table)
+    let mask = match r.mask {
+        u32::MAX => String::new(),
+        m => format!("/{m:#x}"),
+    };
+    let pref = r.priority.map(|p| format!(" pref {p}")).unwrap_or_default();
+    format!("fwmark {:#x}{mask} lookup {}{pref}", r.mark, r.table)
 }
 
 fn route_text(r: &TproxyRouting, family: Family) -> String {
@@ -376,8 +396,8 @@ fn route_text(r: &TproxyRouting, family: Family) -> String {
     format!("local {dst} dev lo table {}", r.table)
 }
 
-/// `fwmark <mark>/0xffffffff lookup <table>`. iproute2 sends no mask and the kernel then uses
-/// 0xffffffff; sending it explicitly gives the same rule.
+/// `fwmark <mark>/<mask> lookup <table> [pref <priority>]`. iproute2 sends no mask for a full
+/// one and the kernel then uses 0xffffffff; sending it explicitly gives the same rule.
 fn rule_message(r: &TproxyRouting, family: Family) -> RuleMessage {
     let mut m = RuleMessage::default();
     m.header.family = address_family(family);
@@ -385,14 +405,17 @@ fn rule_message(r: &TproxyRouting, family: Family) -> RuleMessage {
     m.header.action = RuleAction::ToTable;
     m.attributes = vec![
         RuleAttribute::FwMark(r.mark),
-        RuleAttribute::FwMask(u32::MAX),
+        RuleAttribute::FwMask(r.mask),
         RuleAttribute::Table(r.table),
     ];
+    if let Some(p) = r.priority {
+        m.attributes.push(RuleAttribute::Priority(p));
+    }
     m
 }
 
-/// Whether a dumped rule is exactly ours: the mark, the full mask, the table, and no other
-/// selector (a rule with an extra `iif`, `from`, `not` ... is someone else's).
+/// Whether a dumped rule is exactly ours: the mark, the mask, the table (and the priority when
+/// we name one), and no other selector (a rule with an extra `iif`, `from`, `not` ... is someone else's).
 fn is_our_rule(m: &RuleMessage, r: &TproxyRouting, family: Family) -> bool {
     let h = &m.header;
     if h.family != address_family(family)
@@ -404,20 +427,25 @@ fn is_our_rule(m: &RuleMessage, r: &TproxyRouting, family: Family) -> bool {
     {
         return false;
     }
-    let (mut mark, mut mask, mut table) = (None, None, u32::from(h.table));
+    let (mut mark, mut mask, mut table, mut priority) = (None, None, u32::from(h.table), None);
     for attr in &m.attributes {
         match attr {
             RuleAttribute::FwMark(v) => mark = Some(*v),
             RuleAttribute::FwMask(v) => mask = Some(*v),
             RuleAttribute::Table(v) => table = *v,
-            RuleAttribute::Priority(_) | RuleAttribute::Protocol(_) => {}
+            RuleAttribute::Priority(p) => priority = Some(*p),
+            RuleAttribute::Protocol(_) => {}
             // The kernel reports "no suppression" as -1, and does so for every rule.
             RuleAttribute::SuppressPrefixLen(u32::MAX)
             | RuleAttribute::SuppressIfGroup(u32::MAX) => {}
             _ => return false,
         }
     }
-    mark == Some(r.mark) && matches!(mask, None | Some(u32::MAX)) && table == r.table
+    let mask = mask.unwrap_or(u32::MAX);
+    mark == Some(r.mark)
+        && mask == r.mask
+        && table == r.table
+        && r.priority.is_none_or(|p| priority == Some(p))
 }
 
 fn our_rules(nl: &mut Rtnl, r: &TproxyRouting, family: Family) -> Result<Vec<RuleMessage>> {

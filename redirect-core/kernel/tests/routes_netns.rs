@@ -18,7 +18,9 @@ use redirect_model::Family;
 /// Istio's TPROXY mark and route table.
 const ISTIO: TproxyRouting = TproxyRouting {
     mark: 1337,
+    mask: u32::MAX,
     table: 133,
+    priority: None,
 };
 
 // ---- helpers ----
@@ -284,7 +286,9 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
         ISTIO,
         TproxyRouting {
             mark: 0x10000,
+            mask: u32::MAX,
             table: 1000,
+            priority: None,
         },
     ] {
         let ours = TestNetns::with_lo_up("apply-ours");
@@ -530,19 +534,40 @@ fn tproxy_routing_refuses_values_that_would_capture_everything() {
     let bad = [
         TproxyRouting {
             mark: 0,
+            mask: u32::MAX,
             table: 133,
+            priority: None,
         },
         TproxyRouting {
             mark: 1337,
+            mask: u32::MAX,
             table: 0,
+            priority: None,
         },
         TproxyRouting {
             mark: 1337,
+            mask: u32::MAX,
             table: 254,
+            priority: None,
         },
         TproxyRouting {
             mark: 1337,
+            mask: u32::MAX,
             table: 255,
+            priority: None,
+        },
+        // A zero mask matches every packet; a mark outside its mask matches none.
+        TproxyRouting {
+            mark: 0x111,
+            mask: 0,
+            table: 100,
+            priority: None,
+        },
+        TproxyRouting {
+            mark: 0x1111,
+            mask: 0xfff,
+            table: 100,
+            priority: None,
         },
     ];
     let host = routes::Routes::open().unwrap();

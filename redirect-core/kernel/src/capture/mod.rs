@@ -4,6 +4,7 @@
 //! up whatever config put it there. Nothing here is Istio's: the Istio layer's policies (what
 //! a run may do over rules already there, IPv6 from a pod's addresses) are built on it.
 
+pub mod ambient;
 mod check;
 
 pub use check::{check, compare, compare_uncaptured, Mismatch, RoutesSeen};
@@ -19,7 +20,9 @@ use crate::routes::TproxyRouting;
 pub fn routing_of(cfg: &CaptureConfig) -> TproxyRouting {
     TproxyRouting {
         mark: cfg.tproxy_mark,
+        mask: u32::MAX,
         table: cfg.tproxy_route_table,
+        priority: None,
     }
 }
 

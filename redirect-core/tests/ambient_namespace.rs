@@ -1,0 +1,150 @@
+//! Ambient capture through the library's handle (`Namespace::apply_ambient`, `check_ambient`,
+//! `remove_ambient`) in fresh namespaces: the rules and the reply routing together, proven by
+//! connections delivered as ztunnel delivers them (a transparent socket spoofing the client),
+//! which complete only while both are there.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+
+use redirect_core::kernel::capture::Mismatch;
+use redirect_core::{AmbientConfig, Family, Namespace};
+use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// What ztunnel does to deliver an inbound connection: a transparent socket in the pod,
+/// marked 0x539, bound to the remote client's address (`from`), connects to the app at `to`.
+/// The app's replies go to `from`: only the reply routing brings them back to this socket.
+/// Returns the app listener's landing line (`side=pod port=8080`), or the error.
+fn deliver(topo: &Topology, from: SocketAddr, to: SocketAddr) -> Result<String, String> {
+    topo.pod.run(move || {
+        use nix::sys::socket::{
+            bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType,
+            SockaddrStorage,
+        };
+        let fam = if to.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        let s = socket(fam, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+        setsockopt(&s, sockopt::Mark, &0x539).unwrap();
+        // IP_TRANSPARENT sets the socket's flag for IPv6 sockets too.
+        setsockopt(&s, sockopt::IpTransparent, &true).unwrap();
+        let timeout = nix::sys::time::TimeVal::new(1, 0);
+        setsockopt(&s, sockopt::SendTimeout, &timeout).unwrap();
+        setsockopt(&s, sockopt::ReceiveTimeout, &timeout).unwrap();
+        bind(s.as_raw_fd(), &SockaddrStorage::from(from)).map_err(|e| format!("bind: {e}"))?;
+        connect(s.as_raw_fd(), &SockaddrStorage::from(to)).map_err(|e| format!("connect: {e}"))?;
+        // SAFETY: a connected socket this closure owns, handed to TcpStream.
+        let stream = unsafe { TcpStream::from_raw_fd(s.into_raw_fd()) };
+        let mut line = String::new();
+        BufReader::new(stream)
+            .read_line(&mut line)
+            .map_err(|e| format!("read: {e}"))?;
+        Ok(line
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" "))
+    })
+}
+
+#[test]
+fn apply_check_and_remove_with_the_reply_routing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let topo = Topology::basic();
+    let pod = Namespace::open(topo.pod.path()).unwrap();
+    let cfg = AmbientConfig::default();
+    // Before: the app's replies to a delivered connection leave by eth0 and never come back.
+    let client4 = sa("10.77.0.1:40001");
+    assert!(deliver(&topo, client4, sa("10.77.0.2:8080")).is_err());
+
+    pod.apply_ambient(&cfg).unwrap();
+    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    // Again: nothing changes, nothing is added twice.
+    pod.apply_ambient(&cfg).unwrap();
+    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    let rules = topo.pod.sh("ip rule show");
+    assert_eq!(
+        rules.matches("fwmark 0x111/0xfff lookup 100").count(),
+        1,
+        "{rules}"
+    );
+    assert!(rules.contains("32764:"), "the priority Istio uses: {rules}");
+    assert!(topo
+        .pod
+        .sh("ip -6 rule show")
+        .contains("fwmark 0x111/0xfff lookup 100"));
+
+    // The reply routing: ztunnel's delivered connections get their replies, in both
+    // families (the connection mark 0x111 restored on the app's replies, table 100 routes them
+    // to lo).
+    assert_eq!(
+        deliver(&topo, sa("10.77.0.1:40002"), sa("10.77.0.2:8080")).unwrap(),
+        "side=pod port=8080"
+    );
+    assert_eq!(
+        deliver(&topo, sa("[fd77::1]:40003"), sa("[fd77::2]:8080")).unwrap(),
+        "side=pod port=8080"
+    );
+    let app = From::Pod {
+        uid: 1000,
+        gid: 1000,
+    };
+    assert_eq!(
+        run_probe(&topo, &Probe::tcp(app.clone(), sa("10.77.0.1:80"))),
+        Outcome::landed(Side::Pod, 15001, Some(sa("10.77.0.1:80")))
+    );
+
+    // The routing gone, check names it; apply puts it back.
+    topo.pod.sh("ip rule del fwmark 0x111/0xfff lookup 100");
+    assert_eq!(
+        pod.check_ambient(&cfg).unwrap(),
+        [Mismatch::TproxyRouting(Family::V4)]
+    );
+    assert!(
+        deliver(&topo, sa("10.77.0.1:40005"), sa("10.77.0.2:8080")).is_err(),
+        "no reply routing, no delivered connection"
+    );
+    pod.apply_ambient(&cfg).unwrap();
+    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+
+    pod.remove_ambient().unwrap();
+    assert!(pod.read().unwrap().is_none());
+    assert!(!topo.pod.sh("ip rule show").contains("lookup 100"));
+    assert!(!topo.pod.sh("ip -6 rule show").contains("lookup 100"));
+    assert!(deliver(&topo, sa("10.77.0.1:40004"), sa("10.77.0.2:8080")).is_err());
+    assert_eq!(
+        run_probe(&topo, &Probe::tcp(app, sa("10.77.0.1:80"))),
+        Outcome::landed(Side::Peer, 80, None)
+    );
+    // Removing twice is fine.
+    pod.remove_ambient().unwrap();
+}
+
+#[test]
+fn ipv4_only_adds_no_ipv6_routing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let topo = Topology::basic();
+    let pod = Namespace::open(topo.pod.path()).unwrap();
+    let cfg = AmbientConfig {
+        ipv6: false,
+        ..AmbientConfig::default()
+    };
+    pod.apply_ambient(&cfg).unwrap();
+    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    assert!(topo
+        .pod
+        .sh("ip rule show")
+        .contains("fwmark 0x111/0xfff lookup 100"));
+    assert!(!topo.pod.sh("ip -6 rule show").contains("lookup 100"));
+    pod.remove_ambient().unwrap();
+}
