@@ -204,6 +204,21 @@ fn emit_verdict(v: &Verdict, w: &mut NlaWriter) {
     });
 }
 
+/// A data attribute `kind` holding `data` as a value (NFTA_DATA_VALUE).
+fn value(w: &mut NlaWriter, kind: u16, data: &[u8]) {
+    w.nest(kind, |w| w.bytes(NFTA_DATA_VALUE, data))
+}
+
+/// Register 1 = (register 1 & mask) ^ xor: NFTA_BITWISE_SREG 1, _DREG 2, _LEN 3, _MASK 4,
+/// _XOR 5.
+fn emit_bitwise(w: &mut NlaWriter, mask: &[u8], xor: &[u8]) {
+    w.u32(1, NFT_REG_1);
+    w.u32(2, NFT_REG_1);
+    w.u32(3, mask.len() as u32);
+    value(w, 4, mask);
+    value(w, 5, xor);
+}
+
 // linux/netfilter/nf_tables.h: the attributes `emit` writes.
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
@@ -245,9 +260,6 @@ impl Expr {
     /// The expression's attributes, in libnftnl's order (the numbers are each expression's
     /// `NFTA_*` of nf_tables.h).
     fn emit_data(&self, set_id: &dyn Fn(&str) -> u32, w: &mut NlaWriter) {
-        let value = |w: &mut NlaWriter, kind: u16, data: &[u8]| {
-            w.nest(kind, |w| w.bytes(NFTA_DATA_VALUE, data))
-        };
         match self {
             // NFTA_META_KEY 2, _DREG 1, _SREG 3.
             Expr::Meta(k) => {
@@ -271,21 +283,8 @@ impl Expr {
                 w.u32(2, if *eq { 0 } else { 1 });
                 value(w, 3, data);
             }
-            // NFTA_BITWISE_SREG 1, _DREG 2, _LEN 3, _MASK 4, _XOR 5.
-            Expr::Mask(mask) => {
-                w.u32(1, NFT_REG_1);
-                w.u32(2, NFT_REG_1);
-                w.u32(3, mask.len() as u32);
-                value(w, 4, mask);
-                value(w, 5, &vec![0; mask.len()]);
-            }
-            Expr::Bits { mask, xor } => {
-                w.u32(1, NFT_REG_1);
-                w.u32(2, NFT_REG_1);
-                w.u32(3, mask.len() as u32);
-                value(w, 4, mask);
-                value(w, 5, xor);
-            }
+            Expr::Mask(mask) => emit_bitwise(w, mask, &vec![0; mask.len()]),
+            Expr::Bits { mask, xor } => emit_bitwise(w, mask, xor),
             // NFTA_LOOKUP_SREG 2, _SET 1, _SET_ID 4, _FLAGS 5.
             Expr::Lookup { set, invert } => {
                 w.u32(2, NFT_REG_1);
