@@ -220,10 +220,25 @@ fn crash_looping(node: &Node, name: &str) -> Value {
     );
     let v = validation_status(&p);
     assert_eq!(v["lastState"]["terminated"]["exitCode"], 126, "{v}");
-    let log = node.kubectl(&["-n", "default", "logs", name, "-c", "istio-validation"]);
-    assert!(
-        log.contains("no_rules"),
-        "the validator's log names no cause:\n{log}"
+    // The failed container's log: kubelet may be removing that instance while a restart
+    // waits (then `logs` is empty), so the previous instance's too, for a while.
+    let logs = |previous: bool| {
+        let mut args = vec!["-n", "default", "logs", name, "-c", "istio-validation"];
+        if previous {
+            args.push("--previous");
+        }
+        let out = node.kubectl_output(&args, None);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    eventually(
+        node,
+        &format!("pod {name}'s validation log naming no_rules"),
+        30,
+        || {
+            [logs(false), logs(true)]
+                .into_iter()
+                .find(|l| l.contains("no_rules"))
+        },
     );
     assert!(
         app_log(node, name).is_empty(),

@@ -24,7 +24,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_testkit::apiserver::{ControlPlane, SYSTEM};
-use cni_testkit::fixtures::ISTIO_POD;
 use cni_testkit::host_proc::{cgroupfs, FakeProc};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::{json, Value};
@@ -218,34 +217,7 @@ fn create_cluster(cp: &ControlPlane, s: &Scale) -> Vec<(String, String, String)>
 
 /// Istio's sidecar pod (the fixture) as a user creates it, named and placed.
 fn pod(namespace: &str, name: &str, node: &str) -> Value {
-    let mut pod: Value = serde_json::from_str(ISTIO_POD).unwrap();
-    let meta = pod["metadata"].as_object_mut().unwrap();
-    for k in [
-        "uid",
-        "resourceVersion",
-        "creationTimestamp",
-        "ownerReferences",
-        "generateName",
-    ] {
-        meta.remove(k);
-    }
-    meta.insert("name".into(), name.into());
-    meta.insert("namespace".into(), namespace.into());
-    pod.as_object_mut().unwrap().remove("status");
-    pod["spec"]["nodeName"] = node.into();
-    // This server runs without the ServiceAccount admission plugin: no token volume.
-    let volumes: Vec<Value> = pod["spec"]["volumes"]
-        .as_array()
-        .map(|v| v.iter().map(|v| v["name"].clone()).collect())
-        .unwrap_or_default();
-    for kind in ["containers", "initContainers"] {
-        for c in pod["spec"][kind].as_array_mut().into_iter().flatten() {
-            if let Some(m) = c["volumeMounts"].as_array_mut() {
-                m.retain(|m| volumes.contains(&m["name"]));
-            }
-        }
-    }
-    pod
+    cni_testkit::fixtures::istio_pod_to_create(namespace, name, node)
 }
 
 /// The validation init container's status, terminated with `code` (the repair round turns it

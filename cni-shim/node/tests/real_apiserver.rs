@@ -30,7 +30,6 @@ use common::{cni_env, node_bin, plugin};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::{json, Value};
 
-use cni_testkit::fixtures::ISTIO_POD;
 const NODE: &str = "worker-2";
 const WAIT: Duration = Duration::from_secs(30);
 /// OpenShift gives each namespace its own UID range; the proxy runs as one of them.
@@ -48,34 +47,7 @@ fn eventually_or<T>(what: &str, context: impl Fn() -> String, f: impl FnMut() ->
 /// Istio's sidecar pod (the fixture) as a user creates it: in `namespace`, on this node, its
 /// proxy running as `uid`; the server fills in uid, resourceVersion and the rest.
 fn new_pod(namespace: &str, name: &str, uid: Option<u32>) -> Value {
-    let mut pod: Value = serde_json::from_str(ISTIO_POD).unwrap();
-    let meta = pod["metadata"].as_object_mut().unwrap();
-    for k in [
-        "uid",
-        "resourceVersion",
-        "creationTimestamp",
-        "ownerReferences",
-        "generateName",
-    ] {
-        meta.remove(k);
-    }
-    meta.insert("name".into(), name.into());
-    meta.insert("namespace".into(), namespace.into());
-    pod.as_object_mut().unwrap().remove("status");
-    pod["spec"]["nodeName"] = NODE.into();
-    // The fixture mounts the token volume that the ServiceAccount admission plugin adds; this
-    // server runs without it.
-    let volumes: Vec<Value> = pod["spec"]["volumes"]
-        .as_array()
-        .map(|v| v.iter().map(|v| v["name"].clone()).collect())
-        .unwrap_or_default();
-    for kind in ["containers", "initContainers"] {
-        for c in pod["spec"][kind].as_array_mut().into_iter().flatten() {
-            if let Some(m) = c["volumeMounts"].as_array_mut() {
-                m.retain(|m| volumes.contains(&m["name"]));
-            }
-        }
-    }
+    let mut pod = cni_testkit::fixtures::istio_pod_to_create(namespace, name, NODE);
     if let Some(uid) = uid {
         for c in pod["spec"]["containers"].as_array_mut().unwrap() {
             if c["name"] == "istio-proxy" {

@@ -270,6 +270,40 @@ pub mod fixtures {
     pub const OPENSHIFT_POD: &str = include_str!("../fixtures/pod-openshift.json");
     /// A native sidecar (the proxy as a restartable init container).
     pub const NATIVE_SIDECAR_POD: &str = include_str!("../fixtures/pod-native-sidecar.json");
+
+    /// [`ISTIO_POD`] as a user creates it on a real API server: named `namespace/name`, bound
+    /// to `node`, without what the server fills in (uid, resourceVersion, status...) and without
+    /// the token volume's mounts (the test servers run without the ServiceAccount admission
+    /// plugin that adds the volume).
+    pub fn istio_pod_to_create(namespace: &str, name: &str, node: &str) -> serde_json::Value {
+        let mut pod: serde_json::Value = serde_json::from_str(ISTIO_POD).unwrap();
+        let meta = pod["metadata"].as_object_mut().unwrap();
+        for k in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "ownerReferences",
+            "generateName",
+        ] {
+            meta.remove(k);
+        }
+        meta.insert("name".into(), name.into());
+        meta.insert("namespace".into(), namespace.into());
+        pod.as_object_mut().unwrap().remove("status");
+        pod["spec"]["nodeName"] = node.into();
+        let volumes: Vec<serde_json::Value> = pod["spec"]["volumes"]
+            .as_array()
+            .map(|v| v.iter().map(|v| v["name"].clone()).collect())
+            .unwrap_or_default();
+        for kind in ["containers", "initContainers"] {
+            for c in pod["spec"][kind].as_array_mut().into_iter().flatten() {
+                if let Some(m) = c["volumeMounts"].as_array_mut() {
+                    m.retain(|m| volumes.contains(&m["name"]));
+                }
+            }
+        }
+        pod
+    }
 }
 
 /// `f` every 50 ms until it gives a value; the test fails naming `what` after `within`.

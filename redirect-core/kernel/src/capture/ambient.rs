@@ -20,11 +20,7 @@ pub const AMBIENT_ROUTING: TproxyRouting = TproxyRouting {
 };
 
 fn families(cfg: &AmbientConfig) -> Vec<Family> {
-    if cfg.ipv6 {
-        vec![Family::V4, Family::V6]
-    } else {
-        vec![Family::V4]
-    }
+    super::families_with(cfg.ipv6)
 }
 
 /// Program `rs`, planned from `cfg`: the reply routing of each family first (harmless alone:

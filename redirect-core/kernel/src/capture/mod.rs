@@ -32,7 +32,12 @@ pub fn tproxy_routing(cfg: &CaptureConfig) -> Option<TproxyRouting> {
 }
 
 fn families(cfg: &CaptureConfig) -> Vec<Family> {
-    if cfg.ipv6 {
+    families_with(cfg.ipv6)
+}
+
+/// IPv4, and IPv6 with `ipv6`.
+fn families_with(ipv6: bool) -> Vec<Family> {
+    if ipv6 {
         vec![Family::V4, Family::V6]
     } else {
         vec![Family::V4]
