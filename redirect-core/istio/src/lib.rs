@@ -12,6 +12,7 @@
 //! - Istio's validation ([`validation`]): the probe and, when it fails, why.
 //! - [`Error`] and [`Result`]: the model's and the kernel's errors, and a failed tool.
 
+pub mod ambient;
 pub mod capture;
 #[cfg(feature = "cli")]
 pub mod cli;
