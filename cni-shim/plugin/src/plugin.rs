@@ -460,6 +460,25 @@ fn kernel_error(what: &str, e: CaptureError) -> CniError {
     CniError::new(code, format!("{what}: {e}"), "")
 }
 
+/// The pod's addresses as the previous plugin's result gives them (`ips[].address`, IPv4
+/// first, as the kernel lists them), so that IPv6 is decided without asking the kernel; `None`
+/// when the result has none (the namespace's addresses are read then).
+fn prev_addresses(conf: &NetConf) -> Option<Vec<std::net::IpAddr>> {
+    let ips = conf.prev_result.as_ref()?.get("ips")?.as_array()?;
+    let mut addrs: Vec<std::net::IpAddr> = ips
+        .iter()
+        .filter_map(|ip| {
+            ip.get("address")?
+                .as_str()?
+                .parse::<redirect_core::ipnet::IpNet>()
+                .ok()
+        })
+        .map(|net| net.addr())
+        .collect();
+    addrs.sort_by_key(|a| a.is_ipv6());
+    (!addrs.is_empty()).then_some(addrs)
+}
+
 /// The kernel side of the judged namespace.
 fn open(call: &Call, netns: &Netns, what: &str) -> Result<Box<dyn Backend>, CniError> {
     (call.inv.kernel)(netns).map_err(|e| kernel_error(what, e.into()))
@@ -479,10 +498,11 @@ fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let netns = netns_of(call, conf)?;
     let what = "programming the pod's capture";
     let k = open(call, &netns, what)?;
+    let known = prev_addresses(conf);
     let (cfg, _) = call
         .timed(
             |p| &mut p.apply_us,
-            || capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups),
+            || capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, known.as_deref()),
         )
         .map_err(|e| kernel_error(what, e))?;
     info!(
@@ -564,10 +584,11 @@ fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     let netns = netns_of(call, conf)?;
     let what = "reading the pod's capture back";
     let k = open(call, &netns, what)?;
+    let known = prev_addresses(conf);
     let (_, diff) = call
         .timed(
             |p| &mut p.read_back_us,
-            || capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups),
+            || capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, known.as_deref()),
         )
         .map_err(|e| kernel_error(what, e))?;
     if diff.is_empty() {

@@ -424,3 +424,63 @@ fn bad_input_is_a_cni_error_naming_the_value_and_applies_nothing() {
     );
     assert_cni_error(&out, 3, &["no-such-pod-rdc"], "missing netns");
 }
+
+/// The pod's addresses come from the previous plugin's result when it has them (no rtnetlink
+/// read): a namespace with no address of its own is captured for the result's IPv4 address, and
+/// the result's IPv6 address alone turns IPv6 rules on; the result's order does not matter
+/// (IPv4 first, as the kernel lists them). Without a result, the namespace's addresses decide,
+/// and a namespace with none is refused naming it.
+#[test]
+fn the_previous_results_addresses_decide_ipv6() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let result = |ips: &[&str]| {
+        let ips: Vec<serde_json::Value> = ips
+            .iter()
+            .map(|a| serde_json::json!({"address": a, "interface": 0}))
+            .collect();
+        serde_json::json!({"prevResult": {"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": "x"}], "ips": ips}})
+    };
+    let has_ip6_chains = |ns: &TestNetns| ns.sh("nft list ruleset").contains("nat_ip6_");
+    let cases: [(&[&str], Option<bool>); 4] = [
+        (&["10.33.0.9/24"], Some(false)),
+        (&["fd33::9/64"], Some(true)),
+        (&["fd33::9/64", "10.33.0.9/24"], Some(false)),
+        (&[], None),
+    ];
+    for (ips, ipv6) in cases {
+        // A namespace without any address: only the result can say.
+        let ns = TestNetns::new();
+        ns.sh("ip link set lo up");
+        let path = ns.path().to_str().unwrap().to_owned();
+        let out = plugin(
+            &env("ADD", &path, ARGS),
+            &conf("1.0.0", Some(mesh_annotations()), result(ips)),
+        );
+        match ipv6 {
+            Some(v6) => {
+                assert_eq!(out.code, 0, "{ips:?}: {}", out.stdout);
+                assert_eq!(has_ip6_chains(&ns), v6, "{ips:?}: {}", state(&ns));
+                let check = plugin(
+                    &env("CHECK", &path, ARGS),
+                    &conf("1.0.0", Some(mesh_annotations()), result(ips)),
+                );
+                assert_eq!(check.code, 0, "{ips:?}: CHECK {}", check.stdout);
+            }
+            None => {
+                assert_cni_error(
+                    &out,
+                    7,
+                    &["no valid local IP address"],
+                    "no address anywhere",
+                );
+                assert!(
+                    !ns.sh("nft list ruleset").contains("redirect"),
+                    "nothing applied"
+                );
+            }
+        }
+    }
+}

@@ -135,7 +135,7 @@ fn apply_and_read_back(
     dual_stack: bool,
 ) -> Result<Vec<String>, redirect_core::istio::Error> {
     let k = open(ns)?;
-    let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups)?;
+    let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, None)?;
     Ok(
         redirect_core::kernel::capture::check(k.as_ref(), &cfg, &rs)?
             .iter()

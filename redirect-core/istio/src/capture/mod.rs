@@ -11,6 +11,8 @@ pub use reconcile::{
     LiveIstioRules, ReconcileError, Reconciled, ReconciledIptables, Refusal, Resolution,
 };
 
+use std::net::IpAddr;
+
 use redirect_kernel::backend::Backend;
 use redirect_kernel::capture::{self, Cleaned, Mismatch};
 use redirect_kernel::routes::TproxyRouting;
@@ -20,14 +22,16 @@ use crate::error::Result;
 use crate::pod_facts;
 
 /// `cfg` with IPv6 as the pod's addresses say (`dual_stack` and an IPv6 address: Istio's
-/// rule), planned and applied with its routes: the config and the ruleset applied.
+/// rule), planned and applied with its routes: the config and the ruleset applied. The
+/// addresses are `known` ones (a CNI result's, IPv4 first) or, with none, the namespace's.
 pub fn apply_to_pod(
     k: &dyn Backend,
     cfg: ValidConfig,
     dual_stack: bool,
     groups: &dyn GroupResolver,
+    known: Option<&[IpAddr]>,
 ) -> Result<(ValidConfig, Ruleset)> {
-    let cfg = for_pod(k, cfg, dual_stack)?;
+    let cfg = for_pod(k, cfg, dual_stack, known)?;
     let rs = cfg.plan(groups)?;
     capture::apply(k, &cfg, &rs)?;
     Ok((cfg, rs))
@@ -40,15 +44,24 @@ pub fn check_pod(
     cfg: ValidConfig,
     dual_stack: bool,
     groups: &dyn GroupResolver,
+    known: Option<&[IpAddr]>,
 ) -> Result<(ValidConfig, Vec<Mismatch>)> {
-    let cfg = for_pod(k, cfg, dual_stack)?;
+    let cfg = for_pod(k, cfg, dual_stack, known)?;
     let rs = cfg.plan(groups)?;
     let differences = capture::check(k, &cfg, &rs)?;
     Ok((cfg, differences))
 }
 
-fn for_pod(k: &dyn Backend, cfg: ValidConfig, dual_stack: bool) -> Result<ValidConfig> {
-    let ipv6 = pod_facts::detect_host_address(&k.addresses()?, dual_stack)?.ipv6;
+fn for_pod(
+    k: &dyn Backend,
+    cfg: ValidConfig,
+    dual_stack: bool,
+    known: Option<&[IpAddr]>,
+) -> Result<ValidConfig> {
+    let ipv6 = match known.filter(|a| !a.is_empty()) {
+        Some(addrs) => pod_facts::detect_host_address(addrs, dual_stack)?.ipv6,
+        None => pod_facts::detect_host_address(&k.addresses()?, dual_stack)?.ipv6,
+    };
     Ok(cfg.with_ipv6(ipv6))
 }
 
