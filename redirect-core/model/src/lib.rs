@@ -17,6 +17,8 @@
 //!   its lists ([`parse`], [`join`](mod@join));
 //! - the plan: [`ValidConfig::plan`] (the one way to plan), [`GroupResolver`],
 //!   [`NoGroupDatabase`], and the names the plan gives chains ([`chains`]) and sets ([`sets`]);
+//! - ambient: [`AmbientConfig`] (a pod's in-pod rules, [`ambient`]) and [`HostProbeConfig`]
+//!   (the host's probe SNAT, [`host_probe`]);
 //! - the ruleset types ([`Ruleset`] and its parts);
 //! - [`render`], [`eval`], [`table`];
 //! - [`Error`] and [`Result`].
@@ -38,6 +40,7 @@ pub use config::{
 };
 pub use error::{Error, IdKind, Result};
 pub use plan::ambient::{self, AmbientConfig};
+pub use plan::host_probe::{self, HostProbeConfig};
 pub use plan::{chains, sets, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
     Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,

@@ -7,8 +7,14 @@ use ipnet::IpNet;
 
 use crate::ruleset::{Family, Hook, Stage};
 
-/// The name of our table (family `inet`). One per network namespace; nothing else of ours exists.
+/// The name of our table (family `inet`). One per network namespace; nothing else of ours exists
+/// in a pod's namespace.
 pub const TABLE: &str = "redirect_capture";
+
+/// The name of our table in the host's namespace (family `inet`), for ambient's probe SNAT
+/// (`HostProbeConfig`): Istio's `istio-ambient-nat`. A name of its own, so that the host's
+/// table and a pod's capture never replace each other, even in one namespace.
+pub const HOST_PROBE_TABLE: &str = "redirect_ambient_host";
 
 /// Name of the base chain of a stage and hook.
 pub fn base_chain_name(stage: Stage, hook: Hook) -> String {

@@ -2,7 +2,7 @@
 //! `Selection`'s `Display` and the renderers. Apart from the parsers because writing has its
 //! own concern: lists of 10,000 CIDRs are written into one buffer, digit by digit.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
@@ -39,6 +39,7 @@ impl ListItem for String {}
 impl ListItem for GroupRef {}
 impl ListItem for Ipv4Addr {}
 impl ListItem for Ipv6Addr {}
+impl ListItem for IpAddr {}
 impl ListItem for &str {}
 
 /// IPv4 CIDRs are written digit by digit: through `core::fmt`, every piece of 10,000 of them is

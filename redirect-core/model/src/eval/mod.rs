@@ -8,6 +8,8 @@
 //!   (loopback orphans it); nat PREROUTING does not run again for it (its NAT was set up at
 //!   OUTPUT).
 //! - `in`: PREROUTING at raw, mangle, then nat (new connections only).
+//! - `out`, new connections, after OUTPUT: nat POSTROUTING (source NAT: the host's probe
+//!   SNAT), where the packet still has its socket.
 //!
 //! A rule matches when all its conditions hold. A condition on something the packet does not
 //! carry (the socket owner of an inbound packet, the input interface on the output path) does
@@ -50,7 +52,8 @@ pub enum Verdict {
         port: u16,
         mark: u32,
     },
-    /// Goes on unchanged (to its destination).
+    /// Goes on to its destination (its source rewritten when nat POSTROUTING SNATed it:
+    /// [`Evaluation::snat`]).
     Pass,
     Drop,
 }
@@ -123,6 +126,9 @@ pub struct Evaluation {
     pub mark: u32,
     /// The conntrack zone set on the way, if any.
     pub ct_zone: Option<u16>,
+    /// The source address nat POSTROUTING gave the connection, if any (`snat`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snat: Option<IpAddr>,
     /// What the evaluator assumed or could not know.
     pub notes: Vec<String>,
 }
@@ -147,15 +153,20 @@ pub fn evaluate(rs: &Ruleset, flow: &Flow) -> Evaluation {
         notes: Vec::new(),
     };
     let mut ends = w.first_pass(&flow);
+    if !ends.dropped && flow.direction == Direction::Out && flow.ct == CtState::New {
+        w.postrouting(&mut ends);
+    }
     // A packet that stays local comes back in on lo: PREROUTING raw and mangle only.
     let local = ends.redirect.is_some() || w.pkt.oif.as_deref() == Some("lo");
     if !ends.dropped && flow.direction == Direction::Out && local {
         w.back_in_on_lo(&mut ends);
     }
+    let snat = ends.snat;
     let verdict = ends.verdict(&mut w.notes);
     Evaluation {
         mark: w.pkt.mark,
         ct_zone: w.zone,
+        snat,
         notes: w.notes,
         steps: w.steps,
         verdict,
@@ -168,6 +179,7 @@ pub fn evaluate(rs: &Ruleset, flow: &Flow) -> Evaluation {
 struct Ends {
     redirect: Option<SocketAddr>,
     tproxy: Option<(u16, u32)>,
+    snat: Option<IpAddr>,
     dropped: bool,
 }
 
@@ -219,10 +231,22 @@ impl Walker<'_> {
                 }
                 End::Redirect(port) => ends.redirect = Some(self.redirect(first_hook, port)),
                 End::Tproxy { port, mark } => ends.tproxy = Some((port, mark)),
-                End::Accept => {}
+                End::Snat(_) | End::Accept => {}
             }
         }
         ends
+    }
+
+    /// nat POSTROUTING of a new outbound connection: source NAT, with the packet's socket.
+    fn postrouting(&mut self, ends: &mut Ends) {
+        match self.run_stage(Hook::Postrouting, Stage::Nat) {
+            End::Drop => ends.dropped = true,
+            End::Snat(a) => {
+                self.pkt.src = Some(a);
+                ends.snat = Some(a);
+            }
+            End::Redirect(_) | End::Tproxy { .. } | End::Accept => {}
+        }
     }
 
     /// Back in on `lo`, with its mark but without its socket (loopback orphans it) and
@@ -240,7 +264,7 @@ impl Walker<'_> {
                     break;
                 }
                 End::Tproxy { port, mark } => ends.tproxy = Some((port, mark)),
-                End::Redirect(_) | End::Accept => {}
+                End::Redirect(_) | End::Snat(_) | End::Accept => {}
             }
         }
     }
@@ -289,6 +313,7 @@ enum End {
     Drop,
     Redirect(u16),
     Tproxy { port: u16, mark: u32 },
+    Snat(IpAddr),
 }
 
 struct Walker<'a> {
@@ -378,6 +403,7 @@ impl Walker<'_> {
                 Action::SetCtMarkBits { value, mask } => {
                     self.pkt.ctmark = (self.pkt.ctmark & !mask) ^ value
                 }
+                Action::Snat(a) => return Some(End::Snat(*a)),
             }
         }
         None
@@ -389,7 +415,7 @@ impl Walker<'_> {
         let ip = match (hook, self.family) {
             (Hook::Output, Family::V4) => IpAddr::V4(Ipv4Addr::LOCALHOST),
             (Hook::Output, Family::V6) => IpAddr::V6(Ipv6Addr::LOCALHOST),
-            (Hook::Prerouting, _) => self.pkt.dst.ip(),
+            (Hook::Prerouting | Hook::Postrouting, _) => self.pkt.dst.ip(),
         };
         self.pkt.dst = SocketAddr::new(ip, port);
         self.pkt.dst
@@ -442,6 +468,7 @@ impl Walker<'_> {
             AddrMatch::Ne(net) => !within(net),
             AddrMatch::InSet(name) => match self.rs.set(name).map(|s| &s.elements) {
                 Some(SetElements::Cidrs(nets)) => nets.iter().any(within),
+                Some(SetElements::Addrs(list)) => addr.is_some_and(|a| list.contains(&a)),
                 _ => false,
             },
         }

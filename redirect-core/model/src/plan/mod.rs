@@ -31,6 +31,7 @@ mod outbound;
 mod tproxy;
 
 pub mod ambient;
+pub mod host_probe;
 
 pub mod chains;
 pub mod sets;

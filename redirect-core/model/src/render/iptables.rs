@@ -85,6 +85,7 @@ fn set_ports(rs: &Ruleset, name: &str) -> Vec<u16> {
 fn set_cidrs(rs: &Ruleset, name: &str) -> Vec<String> {
     match rs.set(name).map(|s| &s.elements) {
         Some(SetElements::Cidrs(c)) => c.iter().map(|c| c.to_string()).collect(),
+        Some(SetElements::Addrs(a)) => a.iter().map(|a| a.to_string()).collect(),
         _ => Vec::new(),
     }
 }
@@ -173,5 +174,6 @@ fn action_args(a: &Action) -> String {
         Action::SetCtMarkBits { value, mask } => {
             format!("-j CONNMARK --set-xmark {value:#x}/{mask:#x}")
         }
+        Action::Snat(a) => format!("-j SNAT --to-source {a}"),
     }
 }

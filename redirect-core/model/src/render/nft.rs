@@ -13,11 +13,17 @@ use crate::table::{base_chain_name, chain_name, port_form, PortForm, TABLE};
 /// The whole ruleset as an `nft -f` script: create-then-delete our table, then define it, so
 /// loading it replaces any previous version in one transaction.
 pub fn nft_script(rs: &Ruleset) -> String {
+    nft_script_named(rs, TABLE, "sidecar capture rules")
+}
+
+/// [`nft_script`] for a table of ours with another name (the host's probe SNAT table,
+/// `table::HOST_PROBE_TABLE`); `what` goes in the first line's comment.
+pub fn nft_script_named(rs: &Ruleset, table: &str, what: &str) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# redirect: sidecar capture rules; load with `nft -f`");
-    let _ = writeln!(s, "table inet {TABLE} {{}}");
-    let _ = writeln!(s, "delete table inet {TABLE}");
-    let _ = writeln!(s, "table inet {TABLE} {{");
+    let _ = writeln!(s, "# redirect: {what}; load with `nft -f`");
+    let _ = writeln!(s, "table inet {table} {{}}");
+    let _ = writeln!(s, "delete table inet {table}");
+    let _ = writeln!(s, "table inet {table} {{");
     for set in &rs.sets {
         write_set(&mut s, set);
     }
@@ -68,20 +74,25 @@ fn write_set(s: &mut String, set: &NamedSet) {
             PortForm::Plain => ("type inet_service", String::new(), join_with(p, ", ")),
         },
         SetElements::Cidrs(c) => (
-            if set.family == Some(Family::V6) {
-                "type ipv6_addr"
-            } else {
-                "type ipv4_addr"
-            },
+            addr_type(set),
             " flags interval;".to_string(),
             join_with(c, ", "),
         ),
+        SetElements::Addrs(a) => (addr_type(set), String::new(), join_with(a, ", ")),
     };
     let _ = write!(s, "\tset {} {{ {ty};{flags}", set.name);
     if !elems.is_empty() {
         let _ = write!(s, " elements = {{ {elems} }}");
     }
     let _ = writeln!(s, " }}");
+}
+
+fn addr_type(set: &NamedSet) -> &'static str {
+    if set.family == Some(Family::V6) {
+        "type ipv6_addr"
+    } else {
+        "type ipv4_addr"
+    }
 }
 
 /// The size a hashed set is declared with: a power of two at least its count (at least 64), so
@@ -100,7 +111,7 @@ fn write_base_chain(s: &mut String, h: &HookedChains) {
         "\t\ttype {} hook {} priority {}; policy accept;",
         stage.chain_kind(hook).name(),
         hook.nf_name(),
-        stage.priority()
+        stage.priority_at(hook)
     );
     for c in &h.chains {
         let proto = match c.family {
@@ -187,6 +198,8 @@ pub fn nft_rule_in(r: &Rule, family: Family, stage: Stage, sets: &[NamedSet]) ->
         Action::SetCtMarkBits { value, mask } => {
             format!("ct mark set ct mark & {:#x} | {value:#x}", !mask)
         }
+        // An inet table needs the family named: `snat ip to ...`.
+        Action::Snat(a) => format!("snat {fam} to {a}"),
     };
     vec![format!("{prefix}{action}")]
 }

@@ -15,6 +15,15 @@ impl Stage {
         }
     }
 
+    /// The netfilter priority of this stage's base chain on `hook`: the stage's, except
+    /// nat at POSTROUTING, which is source NAT's place (`srcnat`, 100) as in iptables.
+    pub fn priority_at(self, hook: Hook) -> i32 {
+        match (self, hook) {
+            (Stage::Nat, Hook::Postrouting) => 100,
+            _ => self.priority(),
+        }
+    }
+
     /// The type of the base chain of this stage on `hook`. Mangle output is a route chain so
     /// a changed mark re-routes the packet, as iptables does.
     pub fn chain_kind(self, hook: Hook) -> ChainKind {
@@ -32,6 +41,7 @@ impl Hook {
         match self {
             Hook::Prerouting => "PREROUTING",
             Hook::Output => "OUTPUT",
+            Hook::Postrouting => "POSTROUTING",
         }
     }
 
@@ -45,6 +55,7 @@ impl Hook {
         match self {
             Hook::Prerouting => "prerouting",
             Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
         }
     }
 
@@ -53,6 +64,7 @@ impl Hook {
         let n = match self {
             Hook::Prerouting => libc::NF_INET_PRE_ROUTING,
             Hook::Output => libc::NF_INET_LOCAL_OUT,
+            Hook::Postrouting => libc::NF_INET_POST_ROUTING,
         };
         n as u32
     }

@@ -9,6 +9,7 @@
 //! is in `hooks`, the one table every backend reads it from.
 
 use std::fmt;
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -68,10 +69,12 @@ impl Stage {
 pub enum Hook {
     Prerouting,
     Output,
+    /// After routing, on the way out: where source NAT runs (the host's probe SNAT).
+    Postrouting,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 2] = [Hook::Prerouting, Hook::Output];
+    pub const ALL: [Hook; 3] = [Hook::Prerouting, Hook::Output, Hook::Postrouting];
 }
 
 /// Transport protocol of a match.
@@ -212,6 +215,10 @@ pub enum Action {
         value: u32,
         mask: u32,
     },
+    /// Rewrite the connection's source address to this one (nat stage, POSTROUTING only; first
+    /// packet of a connection), iptables' `SNAT --to-source`. The address's family is the
+    /// chain's.
+    Snat(IpAddr),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -245,6 +252,10 @@ pub enum SetElements {
     Ports(Vec<u16>),
     /// CIDRs of one family, aggregated (no overlaps), sorted.
     Cidrs(Vec<IpNet>),
+    /// Single addresses of one family, in a plain (hashed) set whose elements change at run
+    /// time (added and removed one by one, not planned): the host's probe sets. Usually
+    /// empty in a plan.
+    Addrs(Vec<IpAddr>),
 }
 
 /// A named set. CIDR sets belong to one family; port sets serve both.
