@@ -26,7 +26,7 @@ use proptest::prelude::*;
 
 use redirect_kernel::nft::{
     self, Base, ChainKind, CtKey, Encoded, Expr, Features, Label, MetaKey, NftSet, NftTable,
-    SetElem, Verdict, TABLE,
+    SetElem, Verdict,
 };
 use redirect_model::Hook;
 use redirect_model::Ruleset;
@@ -192,6 +192,16 @@ impl Expression for Oracle<'_> {
                     set_u32(e, sys::NFTNL_EXPR_TPROXY_REG_PORT, REG);
                     e
                 }
+                Expr::Snat { nfproto } => {
+                    let e = alloc(c"nat");
+                    set_u32(e, sys::NFTNL_EXPR_NAT_TYPE, libc::NFT_NAT_SNAT as u32);
+                    set_u32(e, sys::NFTNL_EXPR_NAT_FAMILY, *nfproto);
+                    set_u32(e, sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, REG);
+                    set_u32(e, sys::NFTNL_EXPR_NAT_REG_ADDR_MAX, REG);
+                    // NF_NAT_RANGE_MAP_IPS, as the kernel dumps it back
+                    set_u32(e, sys::NFTNL_EXPR_NAT_FLAGS, 1);
+                    e
+                }
                 Expr::Counter => alloc(c"counter"),
                 Expr::Verdict(v) => {
                     let e = alloc(c"immediate");
@@ -238,10 +248,10 @@ fn hdr(buf: *mut libc::c_char, ty: i32, flags: i32) -> *mut libc::nlmsghdr {
     }
 }
 
-/// A libnftnl set object naming our table and a set.
-fn set_obj(name: &str) -> NonNull<sys::nftnl_set> {
+/// A libnftnl set object naming a table of ours and a set.
+fn set_obj(table: &str, name: &str) -> NonNull<sys::nftnl_set> {
     let s = NonNull::new(unsafe { sys::nftnl_set_alloc() }).unwrap();
-    let (table, name) = (cstr(TABLE), cstr(name));
+    let (table, name) = (cstr(table), cstr(name));
     unsafe {
         sys::nftnl_set_set_u32(
             s.as_ptr(),
@@ -254,8 +264,8 @@ fn set_obj(name: &str) -> NonNull<sys::nftnl_set> {
     s
 }
 
-fn set_definition(set: &NftSet) -> Vec<u8> {
-    let s = set_obj(&set.name);
+fn set_definition(table: &str, set: &NftSet) -> Vec<u8> {
+    let s = set_obj(table, &set.name);
     unsafe {
         let p = s.as_ptr();
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_ID as u16, set.id);
@@ -283,11 +293,14 @@ fn set_definition(set: &NftSet) -> Vec<u8> {
     out
 }
 
-/// Elements as libnftnl itself writes them: one `nftnl_set_elem` per key.
-fn set_elements(set: &NftSet, elems: &[SetElem]) -> Vec<u8> {
-    let s = set_obj(&set.name);
+/// Elements as libnftnl itself writes them: one `nftnl_set_elem` per key; added, or
+/// (`delete`) removed. A set id of 0 is a committed set, named only (as `nft add element`).
+fn set_elements(table: &str, set: &NftSet, elems: &[SetElem], delete: bool) -> Vec<u8> {
+    let s = set_obj(table, &set.name);
     unsafe {
-        sys::nftnl_set_set_u32(s.as_ptr(), sys::NFTNL_SET_ID as u16, set.id);
+        if set.id != 0 {
+            sys::nftnl_set_set_u32(s.as_ptr(), sys::NFTNL_SET_ID as u16, set.id);
+        }
         for e in elems {
             let el = sys::nftnl_set_elem_alloc();
             assert!(!el.is_null());
@@ -307,20 +320,23 @@ fn set_elements(set: &NftSet, elems: &[SetElem]) -> Vec<u8> {
             sys::nftnl_set_elem_add(s.as_ptr(), el);
         }
     }
-    let out = built(|buf| unsafe {
-        let h = hdr(
-            buf,
+    let (ty, flags) = match delete {
+        false => (
             libc::NFT_MSG_NEWSETELEM,
             libc::NLM_F_CREATE | libc::NLM_F_ACK,
-        );
+        ),
+        true => (libc::NFT_MSG_DELSETELEM, libc::NLM_F_ACK),
+    };
+    let out = built(|buf| unsafe {
+        let h = hdr(buf, ty, flags);
         sys::nftnl_set_elems_nlmsg_build_payload(h, s.as_ptr());
     });
     unsafe { sys::nftnl_set_free(s.as_ptr()) };
     out
 }
 
-fn set_flush_or_delete(name: &str, delete: bool) -> Vec<u8> {
-    let s = set_obj(name);
+fn set_flush_or_delete(table: &str, name: &str, delete: bool) -> Vec<u8> {
+    let s = set_obj(table, name);
     let out = built(|buf| unsafe {
         if delete {
             let h = hdr(buf, libc::NFT_MSG_DELSET, libc::NLM_F_ACK);
@@ -351,13 +367,14 @@ fn table_msg(ty: i32, flags: i32, name: &str, with_flags: bool) -> Vec<u8> {
 
 /// A chain through the nftnl crate, as the libnftnl backend built it.
 fn chain_msg(t: &NftTable, ci: usize, msg: MsgType) -> Vec<u8> {
-    let table = Table::new(cstr(TABLE), ProtoFamily::Inet);
+    let table = Table::new(cstr(&t.name), ProtoFamily::Inet);
     let c = &t.chains[ci];
     let mut chain = Chain::new(cstr(&c.name), &table);
     if let Some(base) = c.base {
         let hook = match base.hook {
             Hook::Prerouting => NftHook::PreRouting,
             Hook::Output => NftHook::Out,
+            Hook::Postrouting => NftHook::PostRouting,
         };
         chain.set_hook(hook, base.priority);
         chain.set_type(match base.kind {
@@ -370,22 +387,22 @@ fn chain_msg(t: &NftTable, ci: usize, msg: MsgType) -> Vec<u8> {
     built(|buf| unsafe { chain.write(buf as *mut c_void, 0, msg) })
 }
 
-fn chain_delete(name: &str) -> Vec<u8> {
-    let table = Table::new(cstr(TABLE), ProtoFamily::Inet);
+fn chain_delete(table: &str, name: &str) -> Vec<u8> {
+    let table = Table::new(cstr(table), ProtoFamily::Inet);
     let chain = Chain::new(cstr(name), &table);
     built(|buf| unsafe { chain.write(buf as *mut c_void, 0, MsgType::Del) })
 }
 
 /// `flush chain`: a rule delete with only the table and chain.
-fn chain_flush(name: &str) -> Vec<u8> {
-    let table = Table::new(cstr(TABLE), ProtoFamily::Inet);
+fn chain_flush(table: &str, name: &str) -> Vec<u8> {
+    let table = Table::new(cstr(table), ProtoFamily::Inet);
     let chain = Chain::new(cstr(name), &table);
     let rule = Rule::new(&chain);
     built(|buf| unsafe { rule.write(buf as *mut c_void, 0, MsgType::Del) })
 }
 
 fn rule_msg(t: &NftTable, ci: usize, ri: usize) -> Vec<u8> {
-    let table = Table::new(cstr(TABLE), ProtoFamily::Inet);
+    let table = Table::new(cstr(&t.name), ProtoFamily::Inet);
     let c = &t.chains[ci];
     let chain = Chain::new(cstr(&c.name), &table);
     let mut rule = Rule::new(&chain);
@@ -418,23 +435,24 @@ fn oracle(label: &Label, t: &NftTable, acked: bool) -> Vec<u8> {
         Label::CreateTable => table_msg(
             libc::NFT_MSG_NEWTABLE,
             libc::NLM_F_CREATE | libc::NLM_F_EXCL | libc::NLM_F_ACK,
-            TABLE,
+            &t.name,
             true,
         ),
-        Label::AddTable => table_msg(libc::NFT_MSG_NEWTABLE, libc::NLM_F_ACK, TABLE, false),
-        Label::ActivateTable => table_msg(libc::NFT_MSG_NEWTABLE, libc::NLM_F_ACK, TABLE, true),
+        Label::AddTable => table_msg(libc::NFT_MSG_NEWTABLE, libc::NLM_F_ACK, &t.name, false),
+        Label::ActivateTable => table_msg(libc::NFT_MSG_NEWTABLE, libc::NLM_F_ACK, &t.name, true),
         Label::DeleteTable(name) => table_msg(libc::NFT_MSG_DELTABLE, libc::NLM_F_ACK, name, false),
-        Label::AddSet(i) => set_definition(&t.sets[*i]),
-        Label::AddElements { set, chunk } => {
+        Label::AddSet(i) => set_definition(&t.name, &t.sets[*i]),
+        Label::AddElements { set, chunk } | Label::DeleteElements { set, chunk } => {
             let s = &t.sets[*set];
             let elems = s.elements.chunks(ELEMS_PER_MSG).nth(*chunk).unwrap();
-            set_elements(s, elems)
+            let delete = matches!(label, Label::DeleteElements { .. });
+            set_elements(&t.name, s, elems, delete)
         }
-        Label::FlushSet(name) => set_flush_or_delete(name, false),
-        Label::DeleteSet(name) => set_flush_or_delete(name, true),
+        Label::FlushSet(name) => set_flush_or_delete(&t.name, name, false),
+        Label::DeleteSet(name) => set_flush_or_delete(&t.name, name, true),
         Label::AddChain(i) => chain_msg(t, *i, MsgType::Add),
-        Label::FlushChain(name) => chain_flush(name),
-        Label::DeleteChain(name) => chain_delete(name),
+        Label::FlushChain(name) => chain_flush(&t.name, name),
+        Label::DeleteChain(name) => chain_delete(&t.name, name),
         Label::AddRule { chain, rule } => rule_msg(t, *chain, *rule),
     }
 }
@@ -588,6 +606,58 @@ fn ambient_rules_encode_exactly_as_libnftnl() {
         );
     }
     assert!(compared > 60, "{compared}");
+}
+
+#[test]
+fn host_probe_table_and_its_members_encode_exactly_as_libnftnl() {
+    // Ambient's probe SNAT on the host: nat POSTROUTING at 100, meta skuid, a lookup in a
+    // plain address set, snat to an address per family; the sets' members added and removed.
+    use redirect_model::table::HOST_PROBE_TABLE;
+    use redirect_model::HostProbeConfig;
+    let pods: Vec<std::net::IpAddr> = ["10.77.0.2", "10.77.0.3", "fd00::2"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let features = Features::of_running_kernel();
+    let mut compared = 0;
+    for cfg in [
+        HostProbeConfig::new(0),
+        HostProbeConfig {
+            snat_v6: None,
+            ..HostProbeConfig::new(4242)
+        },
+    ] {
+        let pods: Vec<_> = pods
+            .iter()
+            .copied()
+            .filter(|p| cfg.family_of(*p).is_ok())
+            .collect();
+        let t = nft::lower_named(&cfg.plan_with(&pods).unwrap(), HOST_PROBE_TABLE);
+        assert!(t
+            .chains
+            .iter()
+            .flat_map(|c| &c.rules)
+            .flatten()
+            .any(|e| matches!(e, Expr::Snat { .. })));
+        compared += check(
+            &nft::testing::encode_create(&t, 1, features),
+            &t,
+            "host create",
+        );
+        // The members alone, into sets committed before (named only, id 0).
+        let mut members = NftTable::named(HOST_PROBE_TABLE);
+        members.sets = t.sets.clone();
+        members.sets.iter_mut().for_each(|s| s.id = 0);
+        for delete in [false, true] {
+            let batch = nft::testing::encode_elements(&members, delete, features);
+            compared += check(&batch, &members, &format!("host members, delete {delete}"));
+        }
+        let empty = nft::state_of(&nft::lower_named(&cfg.plan().unwrap(), HOST_PROBE_TABLE));
+        let (batch, _) =
+            nft::testing::encode_update(&empty, &t, features).expect("elements differ");
+        compared += check(&batch, &t, "host update");
+    }
+    assert!(compared > 20, "{compared}");
 }
 
 #[test]

@@ -3,9 +3,11 @@
 //! tproxied, `::6` on `lo` with IPv6), checked against a config (`check`), removed, or cleaned
 //! up whatever config put it there. Nothing here is Istio's: the Istio layer's policies (what
 //! a run may do over rules already there, IPv6 from a pod's addresses) are built on it.
+//! `host_probe` is the one job on the host's namespace: ambient's probe SNAT table.
 
 pub mod ambient;
 mod check;
+pub mod host_probe;
 
 pub use check::{check, compare, compare_uncaptured, Mismatch, RoutesSeen};
 

@@ -7,7 +7,6 @@ use netlink_packet_netfilter::nftables::NfTablesMessage;
 use super::lower::NftTable;
 use super::message;
 use super::Features;
-use super::TABLE;
 
 /// What one message of a batch does, for the error that names it. Rules are kept as indices
 /// and formatted only when the kernel refuses one (formatting every rule up front cost more
@@ -28,6 +27,10 @@ pub enum Label {
         set: usize,
         chunk: usize,
     },
+    DeleteElements {
+        set: usize,
+        chunk: usize,
+    },
     AddChain(usize),
     FlushChain(String),
     DeleteChain(String),
@@ -43,15 +46,20 @@ impl Label {
         match self {
             Label::Begin => "the batch's begin message".into(),
             Label::End => "the batch (its commit)".into(),
-            Label::CreateTable => format!("create table inet {TABLE}"),
-            Label::AddTable => format!("add table inet {TABLE}"),
-            Label::ActivateTable => format!("add table inet {TABLE} {{ flags 0; }}"),
+            Label::CreateTable => format!("create table inet {}", t.name),
+            Label::AddTable => format!("add table inet {}", t.name),
+            Label::ActivateTable => format!("add table inet {} {{ flags 0; }}", t.name),
             Label::DeleteTable(name) => format!("delete table inet {name}"),
             Label::AddSet(i) => format!("add set {}", t.sets[*i].name),
             Label::FlushSet(name) => format!("flush set {name}"),
             Label::DeleteSet(name) => format!("delete set {name}"),
             Label::AddElements { set, chunk } => format!(
                 "add elements to set {} (chunk {})",
+                t.sets[*set].name,
+                chunk + 1
+            ),
+            Label::DeleteElements { set, chunk } => format!(
+                "delete elements from set {} (chunk {})",
                 t.sets[*set].name,
                 chunk + 1
             ),

@@ -18,7 +18,6 @@ use super::expr::Expr;
 use super::message;
 use super::socket::Socket;
 use super::state::{BaseState, ChainState, SetState, TableState};
-use super::TABLE;
 
 /// How often a read of our table starts over because the ruleset changed while it was read,
 /// before it fails with [`Error::ReadUnsettled`]. A read takes about a millisecond; another
@@ -43,9 +42,9 @@ pub fn generation(sock: &Socket) -> Result<u32> {
     })
 }
 
-/// Our table's flags (`NFTA_TABLE_FLAGS`), or `None` when it does not exist.
-pub fn table_flags(sock: &Socket) -> Result<Option<u32>> {
-    let answer = sock.request(message::get_table(TABLE), "our table")?;
+/// The flags (`NFTA_TABLE_FLAGS`) of our table `name`, or `None` when it does not exist.
+pub fn table_flags(sock: &Socket, name: &str) -> Result<Option<u32>> {
+    let answer = sock.request(message::get_table(name), "our table")?;
     Ok(answer.map(|m| match m {
         NfTablesMessage::NewTable(t) => t
             .attributes
@@ -59,20 +58,20 @@ pub fn table_flags(sock: &Socket) -> Result<Option<u32>> {
     }))
 }
 
-/// Dump our table; `None` when it does not exist. One state of it, never a mix: see
+/// Dump our table `name`; `None` when it does not exist. One state of it, never a mix: see
 /// [`table_at`].
-pub fn table(sock: &Socket) -> Result<Option<TableState>> {
-    table_at(sock).map(|(_, t)| t)
+pub fn table(sock: &Socket, name: &str) -> Result<Option<TableState>> {
+    table_at(sock, name).map(|(_, t)| t)
 }
 
 /// Dump our table, with the ruleset generation it was read at. The table, its chains, rules,
 /// sets and elements come in separate dumps; the generation is read before and after them,
 /// and when it moved (another writer committed in between, so the parts may belong to two
 /// states) the read starts over, up to [`READ_TRIES`] times.
-pub fn table_at(sock: &Socket) -> Result<(u32, Option<TableState>)> {
+pub fn table_at(sock: &Socket, name: &str) -> Result<(u32, Option<TableState>)> {
     for _ in 0..READ_TRIES {
         let before = generation(sock)?;
-        let state = match table_once(sock) {
+        let state = match table_once(sock, name) {
             // A dump the kernel marked interrupted: the generation moved too.
             Err(Error::Rejected { errno, .. }) if errno == libc::EINTR => continue,
             // No table (a pod's first run): one answer, nothing that can mix two states. A
@@ -102,8 +101,8 @@ fn wait_for_writers(sock: &Socket) -> Result<()> {
     })
 }
 
-fn table_once(sock: &Socket) -> Result<Option<TableState>> {
-    let Some(flags) = table_flags(sock)? else {
+fn table_once(sock: &Socket, name: &str) -> Result<Option<TableState>> {
+    let Some(flags) = table_flags(sock, name)? else {
         return Ok(None);
     };
     let mut state = TableState {
@@ -111,21 +110,21 @@ fn table_once(sock: &Socket) -> Result<Option<TableState>> {
         ..TableState::default()
     };
     for raw in sock
-        .dump_ours(message::get_chains(), "our chains")?
+        .dump_ours(message::get_chains(name), "our chains")?
         .unwrap_or_default()
     {
         if let NfTablesMessage::NewChain(c) = raw.parsed()? {
-            if let Some(chain) = chain(c.attributes) {
+            if let Some(chain) = chain(c.attributes, name) {
                 state.chains.push(chain);
             }
         }
     }
     for raw in sock
-        .dump_ours(message::get_rules(), "our rules")?
+        .dump_ours(message::get_rules(name), "our rules")?
         .unwrap_or_default()
     {
         let (table, chain, exprs) = rule(&raw.payload).map_err(|e| bad("a dumped rule", e))?;
-        if table != TABLE {
+        if table != name {
             continue;
         }
         if let Some(c) = state.chains.iter_mut().find(|c| c.name == chain) {
@@ -133,11 +132,11 @@ fn table_once(sock: &Socket) -> Result<Option<TableState>> {
         }
     }
     for raw in sock
-        .dump_ours(message::get_sets(), "our sets")?
+        .dump_ours(message::get_sets(name), "our sets")?
         .unwrap_or_default()
     {
         if let NfTablesMessage::NewSet(s) = raw.parsed()? {
-            if let Some(set) = set(s.attributes) {
+            if let Some(set) = set(s.attributes, name) {
                 state.sets.push(set);
             }
         }
@@ -145,7 +144,7 @@ fn table_once(sock: &Socket) -> Result<Option<TableState>> {
     for set in &mut state.sets {
         let what = format!("the elements of set {}", set.name);
         for raw in sock
-            .dump_ours(message::get_elements(&set.name), &what)?
+            .dump_ours(message::get_elements(name, &set.name), &what)?
             .unwrap_or_default()
         {
             let elems = elements::parse(&raw.payload).map_err(|e| bad("dumped elements", e))?;
@@ -191,7 +190,7 @@ fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), DecodeError> {
     Ok((table, chain, exprs))
 }
 
-fn chain(attrs: Vec<ChainAttribute>) -> Option<ChainState> {
+fn chain(attrs: Vec<ChainAttribute>, ours: &str) -> Option<ChainState> {
     let (mut table, mut name, mut kind) = (String::new(), String::new(), None);
     let (mut hook, mut priority, mut policy) = (None, 0i32, 1u32);
     for a in attrs {
@@ -212,7 +211,7 @@ fn chain(attrs: Vec<ChainAttribute>) -> Option<ChainState> {
             _ => {}
         }
     }
-    (table == TABLE).then(|| ChainState {
+    (table == ours).then(|| ChainState {
         name,
         base: hook.map(|hook| BaseState {
             kind: kind.unwrap_or_default(),
@@ -224,7 +223,7 @@ fn chain(attrs: Vec<ChainAttribute>) -> Option<ChainState> {
     })
 }
 
-fn set(attrs: Vec<SetAttribute>) -> Option<SetState> {
+fn set(attrs: Vec<SetAttribute>, ours: &str) -> Option<SetState> {
     let mut s = SetState {
         name: String::new(),
         key_type: 0,
@@ -251,7 +250,7 @@ fn set(attrs: Vec<SetAttribute>) -> Option<SetState> {
             _ => {}
         }
     }
-    (table == TABLE).then_some(s)
+    (table == ours).then_some(s)
 }
 
 /// Every table of the namespace as (nfproto family, name), from one dump of all families.

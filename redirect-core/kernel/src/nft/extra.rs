@@ -1,4 +1,4 @@
-//! The expressions `netlink-packet-netfilter` does not model (ct, redir, tproxy), as our own
+//! The expressions `netlink-packet-netfilter` does not model (ct, redir, tproxy, nat), as our own
 //! attribute types on `netlink-packet-core`'s `Nla` and `Parseable` traits. They travel in the
 //! crate's `Expressions::Other` as `DefaultNla`s. Values are network byte order, as the kernel
 //! reads them (`linux/netfilter/nf_tables.h`).
@@ -22,6 +22,12 @@ const NFTA_CT_SREG: u16 = 4;
 const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 const NFTA_REDIR_REG_PROTO_MAX: u16 = 2;
 const NFTA_REDIR_FLAGS: u16 = 3;
+// enum nft_nat_attributes
+const NFTA_NAT_TYPE: u16 = 1;
+const NFTA_NAT_FAMILY: u16 = 2;
+const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+const NFTA_NAT_REG_ADDR_MAX: u16 = 4;
+const NFTA_NAT_FLAGS: u16 = 7;
 // enum nft_tproxy_attributes
 const NFTA_TPROXY_FAMILY: u16 = 1;
 const NFTA_TPROXY_REG_PORT: u16 = 3;
@@ -78,6 +84,14 @@ u32_attrs!(RedirAttr {
     RegProtoMin = NFTA_REDIR_REG_PROTO_MIN,
     RegProtoMax = NFTA_REDIR_REG_PROTO_MAX,
     Flags = NFTA_REDIR_FLAGS,
+});
+
+u32_attrs!(NatAttr {
+    Type = NFTA_NAT_TYPE,
+    Family = NFTA_NAT_FAMILY,
+    RegAddrMin = NFTA_NAT_REG_ADDR_MIN,
+    RegAddrMax = NFTA_NAT_REG_ADDR_MAX,
+    Flags = NFTA_NAT_FLAGS,
 });
 
 u32_attrs!(TproxyAttr {

@@ -5,7 +5,7 @@ use redirect_model::Ruleset;
 use super::error::{Error, Result};
 use super::foreign::TableList;
 use super::socket::Socket;
-use super::{dump, foreign, lower, state, update, Changes, Difference, Encoded, Features};
+use super::{dump, foreign, lower_named, state, update, Changes, Difference, Encoded, Features};
 use super::{NftTable, TableState, TABLE};
 use crate::netns::Netns;
 use redirect_model::Family;
@@ -17,9 +17,11 @@ const APPLY_TRIES: usize = 3;
 
 /// Our table in one network namespace, over one socket opened there: every job of a run (read,
 /// apply, read back, remove) uses it, and acts on the namespace the socket was opened in,
-/// from whichever thread calls.
+/// from whichever thread calls. The table is [`TABLE`] unless [`Nft::with_table`] names
+/// another of ours (the host's probe SNAT table).
 pub struct Nft {
     sock: Socket,
+    table: String,
 }
 
 /// What [`Nft::apply`] did.
@@ -51,12 +53,24 @@ impl Nft {
     pub fn open_with(features: Features) -> Result<Nft> {
         Ok(Nft {
             sock: Socket::open(features)?,
+            table: TABLE.into(),
         })
+    }
+
+    /// The same socket, for our table named `name`: every job below acts on that table.
+    pub fn with_table(mut self, name: &str) -> Nft {
+        self.table = name.into();
+        self
+    }
+
+    /// The name of the table this handle acts on.
+    pub fn table(&self) -> &str {
+        &self.table
     }
 
     /// Program a ruleset: create our table, or update it in place to the ruleset, atomically.
     pub fn apply(&self, rs: &Ruleset) -> Result<Applied> {
-        self.apply_table(&lower(rs))
+        self.apply_table(&lower_named(rs, &self.table))
     }
 
     /// `apply` of a lowered table.
@@ -65,7 +79,7 @@ impl Nft {
         for _ in 0..APPLY_TRIES {
             // The batch is bound to the generation the table was read at: if anything changed
             // since, the kernel refuses it whole.
-            let (genid, current) = match dump::table_at(sock) {
+            let (genid, current) = match dump::table_at(sock, &table.name) {
                 Ok(read) => read,
                 Err(Error::ReadUnsettled { .. }) => break,
                 Err(e) => return Err(e),
@@ -104,8 +118,8 @@ impl Nft {
     /// Delete our table. Returns whether there was one.
     pub fn remove(&self) -> Result<bool> {
         let sock = &self.sock;
-        let batch = update::delete_tables(&[TABLE.to_string()], sock.next_seq(), sock.features());
-        match self.send(&batch, &NftTable::default()) {
+        let batch = update::delete_tables(&[self.table.clone()], sock.next_seq(), sock.features());
+        match self.send(&batch, &NftTable::named(&self.table)) {
             // No table (never made, or a concurrent DEL won): gone either way.
             Err(Error::Rejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
             other => other.map(|()| true),
@@ -114,7 +128,37 @@ impl Nft {
 
     /// Read our table; `None` when it does not exist. One state of it, never a mix of two.
     pub fn read(&self) -> Result<Option<TableState>> {
-        dump::table(&self.sock)
+        dump::table(&self.sock, &self.table)
+    }
+
+    /// Add elements to sets of ours that exist (`t` names the table and holds, per set, the
+    /// elements to add; a set id of 0 names a committed set), in one batch: all or none.
+    /// Elements already there are fine.
+    pub fn add_elements(&self, t: &NftTable) -> Result<()> {
+        let batch = update::elements(t, false, self.sock.next_seq(), None, self.sock.features());
+        self.send(&batch, t)
+    }
+
+    /// Remove elements from sets of ours (`t` as for [`Nft::add_elements`]), in one batch bound
+    /// to the generation they were read at: elements (or sets, or the table) not there are
+    /// skipped, since the kernel refuses to delete what is absent. Returns how many went.
+    pub fn remove_elements(&self, t: &NftTable) -> Result<usize> {
+        for _ in 0..APPLY_TRIES {
+            let (genid, current) = dump::table_at(&self.sock, &t.name)?;
+            let present = present_only(t, current.as_ref());
+            let n: usize = present.sets.iter().map(|s| s.elements.len()).sum();
+            if n == 0 {
+                return Ok(0);
+            }
+            let (seq, features) = (self.sock.next_seq(), self.sock.features());
+            let batch = update::elements(&present, true, seq, Some(genid), features);
+            match self.send(&batch, &present) {
+                // The ruleset moved since it was read: read again.
+                Err(Error::Rejected { errno, .. }) if errno == libc::ERESTART => continue,
+                other => return other.map(|()| n),
+            }
+        }
+        Err(Error::ReadUnsettled { tries: APPLY_TRIES })
     }
 
     /// Compare our table with a ruleset; empty when they are equal.
@@ -151,6 +195,22 @@ impl Nft {
     }
 }
 
+/// `t` with only the elements `current` holds, and only the sets that have some.
+fn present_only(t: &NftTable, current: Option<&TableState>) -> NftTable {
+    let mut out = NftTable::named(&t.name);
+    for s in &t.sets {
+        let Some(cur) = current.and_then(|c| c.set(&s.name)) else {
+            continue;
+        };
+        let mut s = s.clone();
+        s.elements.retain(|e| cur.elements.contains(e));
+        if !s.elements.is_empty() {
+            out.sets.push(s);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,7 +226,7 @@ mod tests {
         let ns = TestNetns::new();
         let rs = redirect_testkit::plan(&redirect_model::CaptureConfig::istio_sidecar_default())
             .unwrap();
-        let t = lower(&rs);
+        let t = crate::nft::lower(&rs);
         let nft = ns.run(Nft::open).unwrap();
         let genid = nft.generation().unwrap();
         ns.sh("nft add table inet someone-else");

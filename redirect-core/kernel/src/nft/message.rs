@@ -20,7 +20,6 @@ use super::elements::Elements;
 use super::expr::Expr;
 use super::lower::{NftChain, NftSet, SetElem};
 use super::nla_writer::NlaWriter;
-use super::TABLE;
 
 /// `NFNL_SUBSYS_NFTABLES`: the subsystem a batch is for (nfgenmsg res_id of begin and end).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -123,9 +122,9 @@ pub(super) fn del_table(name: &str) -> NfTablesMessage {
     })
 }
 
-pub(super) fn new_chain(c: &NftChain) -> NfTablesMessage {
+pub(super) fn new_chain(table: &str, c: &NftChain) -> NfTablesMessage {
     let mut attributes = vec![
-        ChainAttribute::Table(TABLE.into()),
+        ChainAttribute::Table(table.into()),
         ChainAttribute::Name(c.name.clone()),
     ];
     if let Some(b) = c.base {
@@ -139,20 +138,20 @@ pub(super) fn new_chain(c: &NftChain) -> NfTablesMessage {
     NfTablesMessage::NewChain(ChainMessage { attributes })
 }
 
-pub(super) fn del_chain(name: &str) -> NfTablesMessage {
+pub(super) fn del_chain(table: &str, name: &str) -> NfTablesMessage {
     NfTablesMessage::DeleteChain(ChainMessage {
         attributes: vec![
-            ChainAttribute::Table(TABLE.into()),
+            ChainAttribute::Table(table.into()),
             ChainAttribute::Name(name.into()),
         ],
     })
 }
 
 /// `flush chain`: a rule delete naming only the chain.
-pub(super) fn flush_chain(name: &str) -> NfTablesMessage {
+pub(super) fn flush_chain(table: &str, name: &str) -> NfTablesMessage {
     NfTablesMessage::DeleteRule(RuleMessage {
         attributes: vec![
-            RuleAttribute::Table(TABLE.into()),
+            RuleAttribute::Table(table.into()),
             RuleAttribute::Chain(name.into()),
         ],
     })
@@ -164,6 +163,7 @@ const NFTA_RULE_EXPRESSIONS: u16 = 4;
 /// A rule; its expressions written by [`NlaWriter`] into one attribute (the crate's typed
 /// expressions allocate per attribute, the bulk of a default table's encoding).
 pub(super) fn new_rule(
+    table: &str,
     chain: &str,
     exprs: &[Expr],
     set_id: &dyn Fn(&str) -> u32,
@@ -175,18 +175,18 @@ pub(super) fn new_rule(
     }
     NfTablesMessage::NewRule(RuleMessage {
         attributes: vec![
-            RuleAttribute::Table(TABLE.into()),
+            RuleAttribute::Table(table.into()),
             RuleAttribute::Chain(chain.into()),
             RuleAttribute::Other(DefaultNla::new(NFTA_RULE_EXPRESSIONS | NLA_F_NESTED, list)),
         ],
     })
 }
 
-pub(super) fn new_set(s: &NftSet) -> NfTablesMessage {
+pub(super) fn new_set(table: &str, s: &NftSet) -> NfTablesMessage {
     let flags = if s.interval { SET_INTERVAL } else { 0 };
     NfTablesMessage::NewSet(SetMessage {
         attributes: vec![
-            SetAttribute::Table(TABLE.into()),
+            SetAttribute::Table(table.into()),
             SetAttribute::Name(s.name.clone()),
             SetAttribute::Flags(SetFlags::from_bits_retain(flags)),
             SetAttribute::KeyType(s.key_type),
@@ -202,36 +202,47 @@ pub(super) fn new_set(s: &NftSet) -> NfTablesMessage {
     })
 }
 
-pub(super) fn del_set(name: &str) -> NfTablesMessage {
+pub(super) fn del_set(table: &str, name: &str) -> NfTablesMessage {
     NfTablesMessage::DeleteSet(SetMessage {
         attributes: vec![
-            SetAttribute::Table(TABLE.into()),
+            SetAttribute::Table(table.into()),
             SetAttribute::Name(name.into()),
         ],
     })
 }
 
 /// `flush set`: an element delete naming only the set.
-pub(super) fn flush_set(name: &str) -> NfTablesMessage {
+pub(super) fn flush_set(table: &str, name: &str) -> NfTablesMessage {
     NfTablesMessage::DeleteSetElement(SetElementMessage {
         attributes: vec![
             SetElementList::Set(name.into()),
-            SetElementList::Table(TABLE.into()),
+            SetElementList::Table(table.into()),
         ],
     })
 }
 
 /// A chunk of a set's elements. The element list is our own attribute type (`Elements`): the
 /// crate's typed list allocates several times per element, which 20,000 interval keys feel.
-pub(super) fn new_elements(s: &NftSet, elems: &[SetElem]) -> NfTablesMessage {
-    NfTablesMessage::NewSetElement(SetElementMessage {
-        attributes: vec![
-            SetElementList::Set(s.name.clone()),
-            SetElementList::SetId(s.id),
-            SetElementList::Table(TABLE.into()),
-            SetElementList::Other(super::extra::to_default(&Elements(elems))),
-        ],
-    })
+/// A set id of 0 names a set committed before this batch: by name only, as `nft add element`.
+pub(super) fn new_elements(table: &str, s: &NftSet, elems: &[SetElem]) -> NfTablesMessage {
+    NfTablesMessage::NewSetElement(elements_message(table, s, elems))
+}
+
+/// Delete these elements of a set (each must be in it, or the kernel refuses the batch).
+pub(super) fn del_elements(table: &str, s: &NftSet, elems: &[SetElem]) -> NfTablesMessage {
+    NfTablesMessage::DeleteSetElement(elements_message(table, s, elems))
+}
+
+fn elements_message(table: &str, s: &NftSet, elems: &[SetElem]) -> SetElementMessage {
+    let mut attributes = vec![SetElementList::Set(s.name.clone())];
+    if s.id != 0 {
+        attributes.push(SetElementList::SetId(s.id));
+    }
+    attributes.push(SetElementList::Table(table.into()));
+    attributes.push(SetElementList::Other(super::extra::to_default(&Elements(
+        elems,
+    ))));
+    SetElementMessage { attributes }
 }
 
 /// Requests of the dump: by table name, for a whole table's chains, rules or sets, and a set's
@@ -242,28 +253,28 @@ pub(super) fn get_table(name: &str) -> NfTablesMessage {
     })
 }
 
-pub(super) fn get_chains() -> NfTablesMessage {
+pub(super) fn get_chains(table: &str) -> NfTablesMessage {
     NfTablesMessage::GetChain(ChainMessage {
-        attributes: vec![ChainAttribute::Table(TABLE.into())],
+        attributes: vec![ChainAttribute::Table(table.into())],
     })
 }
 
-pub(super) fn get_rules() -> NfTablesMessage {
+pub(super) fn get_rules(table: &str) -> NfTablesMessage {
     NfTablesMessage::GetRule(RuleMessage {
-        attributes: vec![RuleAttribute::Table(TABLE.into())],
+        attributes: vec![RuleAttribute::Table(table.into())],
     })
 }
 
-pub(super) fn get_sets() -> NfTablesMessage {
+pub(super) fn get_sets(table: &str) -> NfTablesMessage {
     NfTablesMessage::GetSet(SetMessage {
-        attributes: vec![SetAttribute::Table(TABLE.into())],
+        attributes: vec![SetAttribute::Table(table.into())],
     })
 }
 
-pub(super) fn get_elements(set: &str) -> NfTablesMessage {
+pub(super) fn get_elements(table: &str, set: &str) -> NfTablesMessage {
     NfTablesMessage::GetSetElement(SetElementMessage {
         attributes: vec![
-            SetElementList::Table(TABLE.into()),
+            SetElementList::Table(table.into()),
             SetElementList::Set(set.into()),
         ],
     })

@@ -53,7 +53,9 @@ pub use error::{Error, Result};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
 pub use foreign::TableList;
 pub use handle::{Applied, Nft};
-pub use lower::{lower, BaseSpec, ChainKind, NftChain, NftSet, NftTable, SetElem};
+pub use lower::{
+    addr_elem, lower, lower_named, BaseSpec, ChainKind, NftChain, NftSet, NftTable, SetElem,
+};
 pub use redirect_model::table::TABLE;
 pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableState};
 #[cfg(feature = "testing")]

@@ -44,6 +44,12 @@ pub fn encode_replace(t: &NftTable, first_seq: u32, features: Features) -> Encod
     update::replace(t, first_seq, features)
 }
 
+/// The batch that adds (or, `delete`, removes) the elements of `t`'s sets, as
+/// `Nft::add_elements` and `Nft::remove_elements` send it (the latter bound to a generation).
+pub fn encode_elements(t: &NftTable, delete: bool, features: Features) -> Encoded {
+    update::elements(t, delete, 1, None, features)
+}
+
 /// The batch that deletes our table.
 pub fn encode_delete(first_seq: u32, features: Features) -> Encoded {
     update::delete_tables(&[TABLE.to_string()], first_seq, features)

@@ -157,17 +157,10 @@ impl<'a> Printer<'a> {
                 Reg::Imm(d) => port_of(d).map(|p| format!("redirect to :{p}")),
                 _ => None,
             },
-            Expr::Tproxy { nfproto } => {
-                let fam = match nfproto {
-                    2 => Some("ip"),
-                    10 => Some("ip6"),
-                    _ => None,
-                };
-                match (reg, fam) {
-                    (Reg::Imm(d), Some(fam)) => port_of(d).map(|p| format!("tproxy {fam} to :{p}")),
-                    _ => None,
-                }
-            }
+            Expr::Tproxy { nfproto } => match (reg, family(*nfproto)) {
+                (Reg::Imm(d), Some(fam)) => port_of(d).map(|p| format!("tproxy {fam} to :{p}")),
+                _ => None,
+            },
             Expr::MetaSet(MetaKey::Mark) => match reg {
                 Reg::Imm(d) => u32_of(d).map(|v| format!("meta mark set {v}")),
                 Reg::Ct(CtKey::Mark) => Some("meta mark set ct mark".into()),
@@ -190,9 +183,22 @@ impl<'a> Printer<'a> {
                 }
                 _ => None,
             },
+            Expr::Snat { nfproto } => match (reg, family(*nfproto)) {
+                (Reg::Imm(d), Some(fam)) => ip_of(d).map(|a| format!("snat {fam} to {a}")),
+                _ => None,
+            },
             Expr::Counter => Some("counter".into()),
             _ => None,
         }
+    }
+}
+
+/// nft's name of an NFPROTO family in a statement (`tproxy ip`, `snat ip6`).
+fn family(nfproto: u32) -> Option<&'static str> {
+    match nfproto {
+        2 => Some("ip"),
+        10 => Some("ip6"),
+        _ => None,
     }
 }
 
@@ -233,6 +239,7 @@ pub fn raw(e: &Expr) -> String {
         Expr::Imm(d) => format!("[ immediate reg 1 0x{} ]", hex(d)),
         Expr::Redir => "[ redir proto reg 1 ]".into(),
         Expr::Tproxy { nfproto } => format!("[ tproxy family {nfproto} port reg 1 ]"),
+        Expr::Snat { nfproto } => format!("[ nat snat family {nfproto} addr_min reg 1 ]"),
         Expr::Counter => "[ counter ]".into(),
         Expr::Verdict(v) => format!("[ immediate reg 0 {v:?} ]").to_lowercase(),
         Expr::Foreign(f) => {

@@ -19,7 +19,7 @@ use super::expr::{Expr, Verdict};
 use super::lower::NftTable;
 use super::message::{self, flags};
 use super::state::{expected, ChainState, TableState};
-use super::{Features, TABLE};
+use super::Features;
 
 /// Elements per NEWSETELEM message: well under the kernel's message size for IPv6 ranges.
 const ELEMS_PER_MSG: usize = 512;
@@ -31,11 +31,15 @@ fn set_ids(t: &NftTable) -> impl Fn(&str) -> u32 + '_ {
 fn add_set(b: &mut Batch, t: &NftTable, si: usize, definition: bool) {
     let set = &t.sets[si];
     if definition {
-        b.push(message::new_set(set), flags::ADD_SET, Label::AddSet(si));
+        b.push(
+            message::new_set(&t.name, set),
+            flags::ADD_SET,
+            Label::AddSet(si),
+        );
     }
     for (chunk, elems) in set.elements.chunks(ELEMS_PER_MSG).enumerate() {
         b.push(
-            message::new_elements(set, elems),
+            message::new_elements(&t.name, set, elems),
             flags::ADD_ELEMENTS,
             Label::AddElements { set: si, chunk },
         );
@@ -47,7 +51,7 @@ fn add_rules(b: &mut Batch, t: &NftTable, ci: usize) {
     let c = &t.chains[ci];
     for (ri, exprs) in c.rules.iter().enumerate() {
         b.push(
-            message::new_rule(&c.name, exprs, &ids),
+            message::new_rule(&t.name, &c.name, exprs, &ids),
             flags::ADD_RULE,
             Label::AddRule {
                 chain: ci,
@@ -61,7 +65,7 @@ fn add_rules(b: &mut Batch, t: &NftTable, ci: usize) {
 pub fn create(t: &NftTable, first_seq: u32, genid: Option<u32>, features: Features) -> Encoded {
     let mut b = Batch::new(first_seq, genid, features);
     b.push(
-        message::new_table(TABLE, true),
+        message::new_table(&t.name, true),
         flags::CREATE_TABLE,
         Label::CreateTable,
     );
@@ -76,17 +80,17 @@ pub fn create(t: &NftTable, first_seq: u32, genid: Option<u32>, features: Featur
 pub fn replace(t: &NftTable, first_seq: u32, features: Features) -> Encoded {
     let mut b = Batch::new(first_seq, None, features);
     b.push(
-        message::new_table(TABLE, false),
+        message::new_table(&t.name, false),
         flags::ADD_TABLE,
         Label::AddTable,
     );
     b.push(
-        message::del_table(TABLE),
+        message::del_table(&t.name),
         flags::DELETE,
-        Label::DeleteTable(TABLE.into()),
+        Label::DeleteTable(t.name.clone()),
     );
     b.push(
-        message::new_table(TABLE, false),
+        message::new_table(&t.name, false),
         flags::ADD_TABLE,
         Label::AddTable,
     );
@@ -100,7 +104,11 @@ fn fill(b: &mut Batch, t: &NftTable) {
         add_set(b, t, si, true);
     }
     for (ci, c) in t.chains.iter().enumerate() {
-        b.push(message::new_chain(c), flags::ADD_CHAIN, Label::AddChain(ci));
+        b.push(
+            message::new_chain(&t.name, c),
+            flags::ADD_CHAIN,
+            Label::AddChain(ci),
+        );
     }
     for ci in 0..t.chains.len() {
         add_rules(b, t, ci);
@@ -215,7 +223,7 @@ pub fn update(
         Label::AddTable
     };
     b.push(
-        message::new_table(TABLE, ch.table_flags),
+        message::new_table(&t.name, ch.table_flags),
         flags::ADD_TABLE,
         label,
     );
@@ -227,7 +235,7 @@ pub fn update(
         .chain(&ch.deleted_chains);
     for name in emptied {
         b.push(
-            message::flush_chain(name),
+            message::flush_chain(&t.name, name),
             flags::DELETE,
             Label::FlushChain(name.clone()),
         );
@@ -235,14 +243,14 @@ pub fn update(
     // 2. Delete what goes or changes kind.
     for name in ch.recreated_chains.iter().chain(&ch.deleted_chains) {
         b.push(
-            message::del_chain(name),
+            message::del_chain(&t.name, name),
             flags::DELETE,
             Label::DeleteChain(name.clone()),
         );
     }
     for name in ch.recreated_sets.iter().chain(&ch.deleted_sets) {
         b.push(
-            message::del_set(name),
+            message::del_set(&t.name, name),
             flags::DELETE,
             Label::DeleteSet(name.clone()),
         );
@@ -251,7 +259,7 @@ pub fn update(
     for (si, s) in t.sets.iter().enumerate() {
         if ch.refilled_sets.contains(&s.name) {
             b.push(
-                message::flush_set(&s.name),
+                message::flush_set(&t.name, &s.name),
                 flags::DELETE,
                 Label::FlushSet(s.name.clone()),
             );
@@ -265,7 +273,11 @@ pub fn update(
         |name: &String| ch.added_chains.contains(name) || ch.recreated_chains.contains(name);
     for (ci, c) in t.chains.iter().enumerate() {
         if is_new(&c.name) {
-            b.push(message::new_chain(c), flags::ADD_CHAIN, Label::AddChain(ci));
+            b.push(
+                message::new_chain(&t.name, c),
+                flags::ADD_CHAIN,
+                Label::AddChain(ci),
+            );
         }
     }
     for (ci, c) in t.chains.iter().enumerate() {
@@ -274,6 +286,36 @@ pub fn update(
         }
     }
     Some((b.finish(), ch))
+}
+
+/// Elements added to (or, `delete`, removed from) sets of the table `t` that exist already, in
+/// one batch: each set of `t` holds the elements to add or remove. Bound to `genid` when given.
+pub fn elements(
+    t: &NftTable,
+    delete: bool,
+    first_seq: u32,
+    genid: Option<u32>,
+    features: Features,
+) -> Encoded {
+    let mut b = Batch::new(first_seq, genid, features);
+    for (si, set) in t.sets.iter().enumerate() {
+        for (chunk, elems) in set.elements.chunks(ELEMS_PER_MSG).enumerate() {
+            let (msg, f, label) = match delete {
+                false => (
+                    message::new_elements(&t.name, set, elems),
+                    flags::ADD_ELEMENTS,
+                    Label::AddElements { set: si, chunk },
+                ),
+                true => (
+                    message::del_elements(&t.name, set, elems),
+                    flags::DELETE,
+                    Label::DeleteElements { set: si, chunk },
+                ),
+            };
+            b.push(msg, f, label);
+        }
+    }
+    b.finish()
 }
 
 /// Delete our table (or any of the given names) in one batch.

@@ -10,10 +10,10 @@ use netlink_packet_netfilter::nftables::{
 };
 
 use super::{
-    Base, Expr, Foreign, MetaKey, Verdict, NFT_LOOKUP_F_INV, NF_ACCEPT, NF_DROP,
-    NF_NAT_RANGE_PROTO_SPECIFIED,
+    Base, Expr, Foreign, MetaKey, Verdict, NFT_LOOKUP_F_INV, NFT_NAT_SNAT, NF_ACCEPT, NF_DROP,
+    NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED,
 };
-use crate::nft::extra::{self, RedirAttr, TproxyAttr};
+use crate::nft::extra::{self, NatAttr, RedirAttr, TproxyAttr};
 
 /// Every expression we write uses register 1.
 const R1: Register = Register::Reg1;
@@ -224,7 +224,7 @@ fn decode_immediate(attrs: &[Immediate]) -> Option<Expr> {
     }
 }
 
-/// The expressions the netlink crate does not type (ct, redir, tproxy, counter), from our own
+/// The expressions the netlink crate does not type (ct, redir, tproxy, nat, counter), from our own
 /// attribute types.
 fn decode_other(expression_type: &str, attributes: &[DefaultNla]) -> Option<Expr> {
     match expression_type {
@@ -241,10 +241,25 @@ fn decode_other(expression_type: &str, attributes: &[DefaultNla]) -> Option<Expr
             [TproxyAttr::Family(f), TproxyAttr::RegPort(1)] => Some(Expr::Tproxy { nfproto: *f }),
             _ => None,
         },
+        "nat" => decode_snat(attributes),
         // Packet and byte counts are the kernel's; any counter is our counter.
         "counter" => Some(Expr::Counter),
         _ => None,
     }
+}
+
+/// Source NAT to the address in register 1: as we send it (and the kernel dumps it), or as nft
+/// sends it (the address register alone).
+fn decode_snat(attributes: &[DefaultNla]) -> Option<Expr> {
+    use NatAttr::*;
+    let nfproto = match extra::parse_all::<NatAttr>(attributes)?.as_slice() {
+        [Type(NFT_NAT_SNAT), Family(f), RegAddrMin(1)] => *f,
+        [Type(NFT_NAT_SNAT), Family(f), RegAddrMin(1), RegAddrMax(1), Flags(NF_NAT_RANGE_MAP_IPS)] => {
+            *f
+        }
+        _ => return None,
+    };
+    Some(Expr::Snat { nfproto })
 }
 
 fn decode_verdict(va: &[VerdictAttribute]) -> Option<Expr> {

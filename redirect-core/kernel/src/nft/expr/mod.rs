@@ -3,7 +3,7 @@
 //! syntax is printed from this form (`text`). Every expression uses register 1.
 //!
 //! Encoding goes through `netlink-packet-netfilter` where it has the expression (meta, payload,
-//! cmp, bitwise, immediate, lookup); ct, redir, tproxy and counter are our own attribute types
+//! cmp, bitwise, immediate, lookup); ct, redir, tproxy, nat and counter are our own attribute types
 //! (`extra`). Attributes are written in libnftnl's order, so every rule is byte-identical to
 //! the one libnftnl builds (the oracle test in `tests/nft_oracle.rs` holds us to it).
 //!
@@ -157,6 +157,10 @@ pub enum Expr {
     Tproxy {
         nfproto: u32,
     },
+    /// Source NAT of one family to the address in reg 1 (`snat ip to A`).
+    Snat {
+        nfproto: u32,
+    },
     Counter,
     Verdict(Verdict),
     /// An expression of a shape we never write (someone else's rule): kept with its raw
@@ -183,6 +187,10 @@ const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
 /// `NF_NAT_RANGE_PROTO_SPECIFIED` (linux/netfilter/nf_nat.h).
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
+/// `NF_NAT_RANGE_MAP_IPS`: the kernel sets it when an address register is given.
+const NF_NAT_RANGE_MAP_IPS: u32 = 1;
+/// `NFT_NAT_SNAT`.
+const NFT_NAT_SNAT: u32 = 0;
 const NFT_LOOKUP_F_INV: u32 = 1;
 
 /// A verdict: an immediate (`NFTA_IMMEDIATE_DREG` 1, `_DATA` 2) into the verdict register.
@@ -252,6 +260,7 @@ impl Expr {
             Expr::Imm(_) | Expr::Verdict(_) => "immediate",
             Expr::Redir => "redir",
             Expr::Tproxy { .. } => "tproxy",
+            Expr::Snat { .. } => "nat",
             Expr::Counter => "counter",
             Expr::Foreign(f) => &f.name,
         }
@@ -316,6 +325,15 @@ impl Expr {
             Expr::Tproxy { nfproto } => {
                 w.u32(1, *nfproto);
                 w.u32(3, NFT_REG_1);
+            }
+            // NFTA_NAT_TYPE 1, _FAMILY 2, _REG_ADDR_MIN 3, _REG_ADDR_MAX 4, _FLAGS 7: as the
+            // kernel dumps it back (nft sends the minimum only; the kernel fills in the rest).
+            Expr::Snat { nfproto } => {
+                w.u32(1, NFT_NAT_SNAT);
+                w.u32(2, *nfproto);
+                w.u32(3, NFT_REG_1);
+                w.u32(4, NFT_REG_1);
+                w.u32(7, NF_NAT_RANGE_MAP_IPS);
             }
             Expr::Counter => {}
             Expr::Foreign(f) => {
@@ -397,6 +415,8 @@ mod tests {
             Expr::Redir,
             Expr::Tproxy { nfproto: 2 },
             Expr::Tproxy { nfproto: 10 },
+            Expr::Snat { nfproto: 2 },
+            Expr::Snat { nfproto: 10 },
             Expr::Counter,
             Expr::Verdict(Verdict::Accept),
             Expr::Verdict(Verdict::Drop),

@@ -9,7 +9,7 @@ use netlink_packet_netfilter::nftables::{
     VerdictAttribute,
 };
 
-use super::super::extra::{self, CtAttr, RedirAttr, TproxyAttr};
+use super::super::extra::{self, CtAttr, NatAttr, RedirAttr, TproxyAttr};
 use super::*;
 
 fn netlink(k: MetaKey) -> NlMetaKey {
@@ -93,6 +93,16 @@ impl Expr {
             Expr::Tproxy { nfproto } => other(
                 "tproxy",
                 &[TproxyAttr::Family(*nfproto), TproxyAttr::RegPort(1)],
+            ),
+            Expr::Snat { nfproto } => other(
+                "nat",
+                &[
+                    NatAttr::Type(NFT_NAT_SNAT),
+                    NatAttr::Family(*nfproto),
+                    NatAttr::RegAddrMin(1),
+                    NatAttr::RegAddrMax(1),
+                    NatAttr::Flags(NF_NAT_RANGE_MAP_IPS),
+                ],
             ),
             Expr::Counter => other::<CtAttr>("counter", &[]),
             Expr::Verdict(v) => verdict(v),

@@ -14,9 +14,10 @@ use redirect_model::{Family, Hook, HookedChains, Ruleset, Stage};
 mod rules;
 mod sets;
 
-use redirect_model::table::{base_chain_name, chain_name};
+use redirect_model::table::{base_chain_name, chain_name, TABLE};
 /// The type of a base chain; the model decides it (`Stage::chain_kind`).
 pub use redirect_model::ChainKind;
+pub use sets::addr_elem;
 
 /// A base chain's hook, kind and priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,10 +57,31 @@ pub struct SetElem {
     pub interval_end: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A table of ours, lowered: its name (ours, [`redirect_model::table::TABLE`], unless a job
+/// for another table of ours says otherwise), chains and sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftTable {
+    pub name: String,
     pub chains: Vec<NftChain>,
     pub sets: Vec<NftSet>,
+}
+
+impl Default for NftTable {
+    /// Our table, empty.
+    fn default() -> Self {
+        NftTable::named(TABLE)
+    }
+}
+
+impl NftTable {
+    /// An empty table of ours named `name`.
+    pub fn named(name: &str) -> Self {
+        NftTable {
+            name: name.into(),
+            chains: Vec::new(),
+            sets: Vec::new(),
+        }
+    }
 }
 
 impl BaseSpec {
@@ -68,7 +90,7 @@ impl BaseSpec {
         BaseSpec {
             hook,
             kind: stage.chain_kind(hook),
-            priority: stage.priority(),
+            priority: stage.priority_at(hook),
         }
     }
 }
@@ -80,9 +102,14 @@ pub fn nfproto(family: Family) -> u8 {
     }
 }
 
-/// Lower a ruleset into table objects.
+/// Lower a ruleset into the objects of our table.
 pub fn lower(rs: &Ruleset) -> NftTable {
-    let mut table = NftTable::default();
+    lower_named(rs, TABLE)
+}
+
+/// Lower a ruleset into the objects of our table named `name`.
+pub fn lower_named(rs: &Ruleset, name: &str) -> NftTable {
+    let mut table = NftTable::named(name);
     let forms = sets::lower_sets(&rs.sets, &mut table.sets);
     // Base dispatch chains, for every (stage, hook) some family uses.
     table

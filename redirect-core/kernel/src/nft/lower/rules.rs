@@ -306,6 +306,13 @@ fn lower_action(
             m.push(Expr::CtSet(CtKey::Zone));
         }
         // ct mark = (ct mark & !mask) ^ value, as nft writes `ct mark set ct mark & X | Y`.
+        // The address into register 1, then source NAT of the chain's family to it.
+        Action::Snat(a) => {
+            m.push(Expr::Imm(addr_bytes(*a)));
+            m.push(Expr::Snat {
+                nfproto: nfproto(family) as u32,
+            });
+        }
         Action::SetCtMarkBits { value, mask } => {
             m.push(Expr::Ct(CtKey::Mark));
             m.push(Expr::Bits {

@@ -3,7 +3,7 @@
 //! `MASKED_MIN_CIDRS`).
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Subnets, Ipv6Subnets};
 
@@ -178,6 +178,20 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
             },
             PortForm::Plain => plain_ports(set, id, ports),
         },
+        // Addresses added and removed one by one at run time: a plain hash set, as Istio's
+        // `type ipv4_addr` sets.
+        SetElements::Addrs(addrs) => {
+            let (key_type, key_len) = addr_key(set);
+            NftSet {
+                name: set.name.clone(),
+                id,
+                key_type,
+                key_len,
+                interval: false,
+                size: None,
+                elements: addrs.iter().map(|a| addr_elem(*a)).collect(),
+            }
+        }
         SetElements::Cidrs(cidrs) => {
             let (key_type, key_len) = addr_key(set);
             NftSet {
@@ -239,6 +253,18 @@ fn interval_elements(ranges: &[(u128, Option<u128>)], key_len: u32) -> Vec<SetEl
     elements
 }
 
+/// One address as a plain set's element (its bytes in network order).
+pub fn addr_elem(a: IpAddr) -> SetElem {
+    let key = match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    SetElem {
+        key,
+        interval_end: false,
+    }
+}
+
 pub(super) fn int_to_key(v: u128, len: u32) -> Vec<u8> {
     match len {
         2 => (v as u16).to_be_bytes().to_vec(),
@@ -252,7 +278,6 @@ mod tests {
     use super::*;
     use ipnet::IpNet;
     use redirect_model::table::{merged_ranges, port_ranges};
-    use std::net::IpAddr;
 
     fn nets(s: &[&str]) -> Vec<IpNet> {
         s.iter().map(|c| c.parse().unwrap()).collect()
