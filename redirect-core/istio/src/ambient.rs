@@ -8,6 +8,9 @@ use redirect_model::{AmbientConfig, Error as ModelError};
 
 use crate::go::parse_bool;
 
+/// kubelet's UID for the host's probe SNAT, from the host's `/proc` (see [`crate::kubelet`]).
+pub use crate::kubelet::{kubelet_uid, KubeletUidError};
+
 /// The label that enrolls a namespace or a pod (`ambient`), or keeps a pod out (`none`).
 pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
 /// The annotation of a sidecar pod: never ambient.

@@ -10,6 +10,8 @@
 //!   is there against a config, resolve what a run may do over rules already there (reconcile),
 //!   clean up.
 //! - Istio's validation ([`validation`]): the probe and, when it fails, why.
+//! - Ambient: which pods are enrolled and what their annotations change ([`ambient`]), and
+//!   kubelet's UID for the host's probe SNAT ([`kubelet`], also `ambient::kubelet_uid`).
 //! - [`Error`] and [`Result`]: the model's and the kernel's errors, and a failed tool.
 
 pub mod ambient;
@@ -18,6 +20,7 @@ pub mod capture;
 pub mod cli;
 mod error;
 pub mod go;
+pub mod kubelet;
 pub mod mesh;
 pub mod pod;
 pub mod pod_facts;
