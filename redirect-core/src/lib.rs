@@ -28,6 +28,12 @@
 //!   `::6` on `lo`), all or nothing, checks a namespace against a config rule by rule
 //!   ([`Mismatch`]), reads our table back ([`TableState`]) and removes it.
 //!
+//! Istio's ambient mode: a [`Namespace`] applies a pod's in-pod rules for ztunnel
+//! ([`AmbientConfig`]: `apply_ambient`, `check_ambient`, `remove_ambient`), and, in the host's
+//! namespace, the SNAT of kubelet's probes ([`HostProbeConfig`]: `apply_host_probe`,
+//! `host_probe_add`, `host_probe_remove`, `host_probe_members`, `remove_host_probe`; kubelet's
+//! UID from `istio::ambient::kubelet_uid`).
+//!
 //! Every failure is an [`Error`] whose message names the value and the fix.
 //!
 //! Beneath this crate are its layers, which Cargo keeps apart and which are re-exported for
@@ -43,6 +49,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod host_probe;
 mod namespace;
 
 pub use error::{Error, Result};
@@ -57,7 +64,7 @@ pub use redirect_kernel::sockopt::original_dst;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
     eval, render, AmbientConfig, CaptureConfig, DnsCapture, Family, GroupRef, GroupResolver,
-    InterceptionMode, NoGroupDatabase, Ruleset, Selection, ValidConfig,
+    HostProbeConfig, InterceptionMode, NoGroupDatabase, Ruleset, Selection, ValidConfig,
 };
 
 /// The address types of the config's CIDR lists.

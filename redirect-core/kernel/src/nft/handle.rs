@@ -118,7 +118,11 @@ impl Nft {
     /// Delete our table. Returns whether there was one.
     pub fn remove(&self) -> Result<bool> {
         let sock = &self.sock;
-        let batch = update::delete_tables(&[self.table.clone()], sock.next_seq(), sock.features());
+        let batch = update::delete_tables(
+            std::slice::from_ref(&self.table),
+            sock.next_seq(),
+            sock.features(),
+        );
         match self.send(&batch, &NftTable::named(&self.table)) {
             // No table (never made, or a concurrent DEL won): gone either way.
             Err(Error::Rejected { errno, .. }) if errno == libc::ENOENT => Ok(false),

@@ -227,34 +227,8 @@ pub fn update(
         flags::ADD_TABLE,
         label,
     );
-    // 1. Empty every chain that changes or goes: their rules hold references.
-    let emptied = ch
-        .refilled_chains
-        .iter()
-        .chain(&ch.recreated_chains)
-        .chain(&ch.deleted_chains);
-    for name in emptied {
-        b.push(
-            message::flush_chain(&t.name, name),
-            flags::DELETE,
-            Label::FlushChain(name.clone()),
-        );
-    }
-    // 2. Delete what goes or changes kind.
-    for name in ch.recreated_chains.iter().chain(&ch.deleted_chains) {
-        b.push(
-            message::del_chain(&t.name, name),
-            flags::DELETE,
-            Label::DeleteChain(name.clone()),
-        );
-    }
-    for name in ch.recreated_sets.iter().chain(&ch.deleted_sets) {
-        b.push(
-            message::del_set(&t.name, name),
-            flags::DELETE,
-            Label::DeleteSet(name.clone()),
-        );
-    }
+    // 1, 2. Empty what changes or goes, delete what goes or changes kind.
+    empty_and_delete(&mut b, &t.name, &ch);
     // 3. Sets: refill the kept ones that changed, add the new and the recreated ones.
     for (si, s) in t.sets.iter().enumerate() {
         if ch.refilled_sets.contains(&s.name) {
@@ -286,6 +260,37 @@ pub fn update(
         }
     }
     Some((b.finish(), ch))
+}
+
+/// Steps 1 and 2 of an update: empty every chain that changes or goes (their rules hold
+/// references), then delete what goes or changes kind.
+fn empty_and_delete(b: &mut Batch, table: &str, ch: &Changes) {
+    let emptied = ch
+        .refilled_chains
+        .iter()
+        .chain(&ch.recreated_chains)
+        .chain(&ch.deleted_chains);
+    for name in emptied {
+        b.push(
+            message::flush_chain(table, name),
+            flags::DELETE,
+            Label::FlushChain(name.clone()),
+        );
+    }
+    for name in ch.recreated_chains.iter().chain(&ch.deleted_chains) {
+        b.push(
+            message::del_chain(table, name),
+            flags::DELETE,
+            Label::DeleteChain(name.clone()),
+        );
+    }
+    for name in ch.recreated_sets.iter().chain(&ch.deleted_sets) {
+        b.push(
+            message::del_set(table, name),
+            flags::DELETE,
+            Label::DeleteSet(name.clone()),
+        );
+    }
 }
 
 /// Elements added to (or, `delete`, removed from) sets of the table `t` that exist already, in

@@ -75,12 +75,34 @@ impl Expr {
                 Lookup::SetId(set_id(set)),
                 Lookup::Flags(if *invert { NFT_LOOKUP_F_INV } else { 0 }),
             ]),
-            Expr::Ct(k) => other("ct", &[CtAttr::Key(k.raw()), CtAttr::Dreg(1)]),
-            Expr::CtSet(k) => other("ct", &[CtAttr::Key(k.raw()), CtAttr::Sreg(1)]),
             Expr::Imm(data) => Expressions::Immediate(vec![
                 Immediate::DestinationRegister(r1),
                 Immediate::Data(DataAttribute::Value(data.clone())),
             ]),
+            Expr::Ct(_)
+            | Expr::CtSet(_)
+            | Expr::Redir
+            | Expr::Tproxy { .. }
+            | Expr::Snat { .. }
+            | Expr::Counter => self.ours(),
+            Expr::Verdict(v) => verdict(v),
+            Expr::Foreign(f) => Expressions::Other {
+                expression_type: f.name.clone(),
+                attributes: f
+                    .attrs
+                    .iter()
+                    .map(|(k, v)| DefaultNla::new(*k, v.clone()))
+                    .collect(),
+            },
+        };
+        ex.into()
+    }
+
+    /// The expressions the crate does not type, from our own attribute types (`extra`).
+    fn ours(&self) -> Expressions {
+        match self {
+            Expr::Ct(k) => other("ct", &[CtAttr::Key(k.raw()), CtAttr::Dreg(1)]),
+            Expr::CtSet(k) => other("ct", &[CtAttr::Key(k.raw()), CtAttr::Sreg(1)]),
             // As the kernel dumps it back: min = max, and "port given".
             Expr::Redir => other(
                 "redir",
@@ -105,17 +127,8 @@ impl Expr {
                 ],
             ),
             Expr::Counter => other::<CtAttr>("counter", &[]),
-            Expr::Verdict(v) => verdict(v),
-            Expr::Foreign(f) => Expressions::Other {
-                expression_type: f.name.clone(),
-                attributes: f
-                    .attrs
-                    .iter()
-                    .map(|(k, v)| DefaultNla::new(*k, v.clone()))
-                    .collect(),
-            },
-        };
-        ex.into()
+            _ => unreachable!("typed by the crate: {self:?}"),
+        }
     }
 }
 
