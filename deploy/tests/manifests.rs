@@ -7,8 +7,8 @@
 //! unknown fields; the two OpenShift/Multus CRDs are checked against their schema's field list),
 //! and the references between the documents of one file (service account, role, ConfigMaps,
 //! selector, volumes, images, the pinned SCC). A file beside a platform's `redirect-cni.yaml`
-//! (the RBAC of one repair mode) may name that file's ServiceAccount, since it is applied after
-//! it. The checker is tested on inline YAML; then what each repair mode needs (docs/repair.md)
+//! (the RBAC of one setting: a repair mode, untaint, ambient mode) may name that file's
+//! ServiceAccount, since it is applied after it. The checker is tested on inline YAML; then what each repair mode needs (docs/repair.md)
 //! is checked in the manifests: RBAC per mode, and the DaemonSet's capabilities and host mounts
 //! for in-place repair, its node name, port, probes and scrape annotations.
 
@@ -1087,11 +1087,13 @@ fn every_manifest_in_deploy_is_valid_kubernetes_yaml() {
         "kubernetes/repair-delete-pods.yaml",
         "kubernetes/repair-label-pods.yaml",
         "kubernetes/untaint-node.yaml",
+        "kubernetes/ambient.yaml",
         "openshift/redirect-cni.yaml",
         "openshift/network-attachment-definition.yaml",
         "openshift/repair-delete-pods.yaml",
         "openshift/repair-label-pods.yaml",
         "openshift/untaint-node.yaml",
+        "openshift/ambient.yaml",
     ] {
         assert!(
             rel.iter().any(|r| r == known),
@@ -1656,25 +1658,34 @@ fn repair_mode_problems(platform: &str) -> Vec<String> {
             )));
         }
     }
-    let modes: [(&str, &str, &[&str]); 3] = [
-        ("repair-delete-pods.yaml", "pods", &["delete"]),
-        ("repair-label-pods.yaml", "pods/status", &["patch"]),
-        ("untaint-node.yaml", "nodes", &["get", "patch"]),
+    // Each file, and what it grants: (resource, verbs) per rule.
+    type Grants = &'static [(&'static str, &'static [&'static str])];
+    let modes: [(&str, Grants); 4] = [
+        ("repair-delete-pods.yaml", &[("pods", &["delete"])]),
+        ("repair-label-pods.yaml", &[("pods/status", &["patch"])]),
+        ("untaint-node.yaml", &[("nodes", &["get", "patch"])]),
+        (
+            "ambient.yaml",
+            &[
+                ("namespaces", &["get", "list", "watch"]),
+                ("pods/status", &["patch"]),
+            ],
+        ),
     ];
-    for (file, resource, verbs) in modes {
-        for verb in verbs {
-            if *verb != "get" && account_may(&main, sa, resource, verb) {
-                out.push(at(&format!(
-                    "the default grants {verb} on {resource}, which only {file} should"
-                )));
-            }
-        }
+    for (file, grants) in modes {
         let docs = load(file, &mut out);
-        for verb in verbs {
-            if !account_may(&docs, sa, resource, verb) {
-                out.push(format!(
-                    "{platform}/{file}: ServiceAccount {sa} may not {verb} {resource}"
-                ));
+        for (resource, verbs) in grants {
+            for verb in verbs.iter() {
+                if *verb != "get" && account_may(&main, sa, resource, verb) {
+                    out.push(at(&format!(
+                        "the default grants {verb} on {resource}, which only {file} should"
+                    )));
+                }
+                if !account_may(&docs, sa, resource, verb) {
+                    out.push(format!(
+                        "{platform}/{file}: ServiceAccount {sa} may not {verb} {resource}"
+                    ));
+                }
             }
         }
     }
@@ -1785,7 +1796,8 @@ fn repair_mode_problems(platform: &str) -> Vec<String> {
 
 /// docs/repair.md's promises about the manifests, per platform: the default ClusterRole lets the
 /// controller list and watch pods and record Events, and no more than that (delete, status
-/// patch and node patch are in their mode's file, each bound to the same account); the
+/// patch, node patch and ambient mode's namespaces list and watch are in their setting's file,
+/// each bound to the same account); the
 /// DaemonSet has what in-place repair needs (SYS_ADMIN, SYS_PTRACE, NET_ADMIN, the host's /proc
 /// read-only at REPAIR_HOST_PROC, /var/run/netns), the node's name from the downward API, the
 /// mode of Istio's chart, and one monitoring port for the probes and the scrape annotations.
