@@ -11,7 +11,10 @@
 //! ClusterRoleBindings' subjects, which the plain files spell `kube-system # SET-ME`, so the
 //! cases render into kube-system. Istio's value names are also read at the top level, as
 //! Istio's chart reads them, the `cni.` one winning as there; settings the chart cannot turn
-//! into a working deployment are refused with a message; and every rendering passes
+//! into a working deployment are refused with a message; ambient mode (`ambient.enabled`,
+//! `profile=ambient`) renders the plain manifests with ambient.yaml, the AMBIENT_* settings,
+//! the plugin's `ambient_enabled` and ztunnel's folder, and without it none of them is there;
+//! and every rendering passes
 //! kubernetes-validate --strict (the Kubernetes OpenAPI schemas of the oldest and newest version
 //! it bundles; only the two CRD kinds, NetworkAttachmentDefinition and
 //! SecurityContextConstraints, may go unchecked).
@@ -235,6 +238,15 @@ fn remove_named(objs: &mut Objects, key: &str, pointer: &str, name: &str) {
         before,
         "{key}: {pointer}: no {name} to remove"
     );
+}
+
+/// Appends `value` to the array at `pointer` of object `key`.
+fn push(objs: &mut Objects, key: &str, pointer: &str, value: Value) {
+    objs.get_mut(key)
+        .and_then(|o| o.pointer_mut(pointer))
+        .and_then(Value::as_array_mut)
+        .unwrap_or_else(|| panic!("{key}: no array at {pointer}"))
+        .push(value);
 }
 
 /// The DaemonSet without what only in-place repair needs: the three capabilities and the two
@@ -519,6 +531,169 @@ const MODES: &[Case] = &[
         edit: |o| {
             let key = "ResourceQuota/redirect-cni-critical-pods";
             set(o, key, "/spec/hard/pods", json!("5000"));
+        },
+    },
+];
+
+const AMB: &str = "kubernetes/ambient.yaml";
+
+/// Ambient mode over the plain manifests (with ambient.yaml's RBAC among the files): the
+/// agent's four AMBIENT_* settings (Istio's defaults), the plugin's `ambient_enabled`, and the
+/// host's /var/run/ztunnel at the same path, where ztunnel's socket is (ZTUNNEL_UDS_ADDRESS's
+/// default). The capabilities and the host's /proc and pins stay, as in-place repair has them.
+fn ambient_on(o: &mut Objects) {
+    for key in [
+        "AMBIENT_ENABLED",
+        "AMBIENT_DNS_CAPTURE",
+        "AMBIENT_IPV6",
+        "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+    ] {
+        set(o, CM, &format!("/data/{key}"), json!("true"));
+    }
+    set(
+        o,
+        CM,
+        "/data/PLUGIN_CONFIG_JSON",
+        json!(r#"{"ambient_enabled":true}"#),
+    );
+    let mount = json!({"name": "ztunnel-dir", "mountPath": "/var/run/ztunnel"});
+    push(o, DS, &format!("{C}/volumeMounts"), mount);
+    let volume = json!({"name": "ztunnel-dir",
+        "hostPath": {"path": "/var/run/ztunnel", "type": "DirectoryOrCreate"}});
+    push(o, DS, &format!("{POD}/spec/volumes"), volume);
+}
+
+/// Istio's ambient values block (its chart's values.yaml, 1.30), under `cni:` as istioctl and
+/// Istio's docs write it.
+const ISTIO_AMBIENT_VALUES: &str = "cni:
+  ambient:
+    enabled: true
+    enablementSelectors:
+    - podSelector:
+        matchLabels: {istio.io/dataplane-mode: ambient}
+    - podSelector:
+        matchExpressions:
+        - { key: istio.io/dataplane-mode, operator: NotIn, values: [none] }
+      namespaceSelector:
+        matchLabels: {istio.io/dataplane-mode: ambient}
+    configDir: \"\"
+    dnsCapture: true
+    ipv6: true
+    reconcileIptablesOnStartup: true
+    shareHostNetworkNamespace: false
+    enableAmbientDetectionRetry: false
+";
+
+/// Ambient mode: Istio's values that turn it on, its switches, and with the other settings.
+const AMBIENT: &[Case] = &[
+    Case {
+        name: "ambient.enabled: the settings, the plugin's field, ambient.yaml's RBAC, ztunnel's folder",
+        args: &["--set", "ambient.enabled=true"],
+        files: &[K8S, AMB],
+        edit: ambient_on,
+    },
+    Case {
+        name: "cni.ambient.enabled",
+        args: &["--set", "cni.ambient.enabled=true"],
+        files: &[K8S, AMB],
+        edit: ambient_on,
+    },
+    Case {
+        name: "profile=ambient (Istio's profile sets cni.ambient.enabled)",
+        args: &["--set", "profile=ambient"],
+        files: &[K8S, AMB],
+        edit: ambient_on,
+    },
+    Case {
+        name: "global.profile=ambient",
+        args: &["--set", "global.profile=ambient"],
+        files: &[K8S, AMB],
+        edit: ambient_on,
+    },
+    Case {
+        name: "profile=ambient with cni.ambient.enabled=false: off, as with Istio's chart",
+        args: &["--set", "profile=ambient,cni.ambient.enabled=false"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "profile=ambient with ambient.enabled=false: on (the profile's cni. value wins, as in Istio's chart)",
+        args: &["--set", "profile=ambient,ambient.enabled=false"],
+        files: &[K8S, AMB],
+        edit: ambient_on,
+    },
+    Case {
+        name: "Istio's ambient values block as written (its default selectors, the ignored names)",
+        args: &[VALUES_YAML, ISTIO_AMBIENT_VALUES],
+        files: &[K8S, AMB],
+        edit: ambient_on,
+    },
+    Case {
+        name: "ambient.dnsCapture, cni.ambient.ipv6, ambient.reconcileIptablesOnStartup off",
+        args: &[
+            "--set",
+            "ambient.enabled=true,ambient.dnsCapture=false,cni.ambient.ipv6=false,\
+             ambient.reconcileIptablesOnStartup=false",
+        ],
+        files: &[K8S, AMB],
+        edit: |o| {
+            ambient_on(o);
+            set(o, CM, "/data/AMBIENT_DNS_CAPTURE", json!("false"));
+            set(o, CM, "/data/AMBIENT_IPV6", json!("false"));
+            let reconcile = "/data/AMBIENT_RECONCILE_POD_RULES_ON_STARTUP";
+            set(o, CM, reconcile, json!("false"));
+        },
+    },
+    Case {
+        name: "ambient with label mode: both roles; the capabilities and host mounts stay",
+        args: &[
+            "--set",
+            "ambient.enabled=true,cni.repair.labelPods=true,cni.repair.repairPods=false",
+        ],
+        files: &[K8S, "kubernetes/repair-label-pods.yaml", AMB],
+        edit: |o| {
+            set(o, CM, "/data/REPAIR_REPAIR_PODS", json!("false"));
+            set(o, CM, "/data/REPAIR_LABEL_PODS", json!("true"));
+            ambient_on(o);
+        },
+    },
+    Case {
+        name: "ambient with repair off: pods list and watch stay (the ambient controller), no Events",
+        args: &["--set", "ambient.enabled=true,cni.repair.enabled=false"],
+        files: &[K8S, AMB],
+        edit: |o| {
+            set(o, CM, "/data/REPAIR_ENABLED", json!("false"));
+            ambient_on(o);
+            let mut rules = repair_off_rules();
+            rules[0]["verbs"] = json!(["get", "list", "watch"]);
+            set(o, ROLE, "/rules", rules);
+        },
+    },
+    Case {
+        name: "ambient with env.PLUGIN_CONFIG_JSON: merged over ambient_enabled, its keys winning",
+        args: &[
+            VALUES_YAML,
+            "ambient:\n  enabled: true\nenv:\n  PLUGIN_CONFIG_JSON: '{\"log_file\": \"/var/run/redirect-cni/plugin.log\"}'\n",
+        ],
+        files: &[K8S, AMB],
+        edit: |o| {
+            ambient_on(o);
+            let merged = r#"{"ambient_enabled":true,"log_file":"/var/run/redirect-cni/plugin.log"}"#;
+            set(o, CM, "/data/PLUGIN_CONFIG_JSON", json!(merged));
+        },
+    },
+    Case {
+        name: "OpenShift standalone with ambient: openshift/ambient.yaml",
+        args: &[
+            "--set",
+            openshift_values!(),
+            "--set",
+            "global.platform=openshift,cni.ambient.enabled=true",
+        ],
+        files: &[OCP, NAD, "openshift/ambient.yaml"],
+        edit: |o| {
+            istio_cni_conf(o);
+            ambient_on(o);
         },
     },
 ];
@@ -997,7 +1172,7 @@ fn helm_lint_passes_for_each_setting() {
     let chart = chart_dir();
     let chart = chart.to_str().expect("a UTF-8 path");
     let mut problems = Vec::new();
-    for case in SETTINGS.iter().chain(MODES).chain(SEEDS) {
+    for case in SETTINGS.iter().chain(MODES).chain(AMBIENT).chain(SEEDS) {
         // lint takes values and the Kubernetes version, not --api-versions.
         let dir = tempfile::tempdir().expect("a temporary folder");
         let given = with_values_files(case.args, dir.path());
@@ -1030,6 +1205,49 @@ fn the_default_and_the_three_settings_render_the_plain_manifests() {
 #[test]
 fn each_repair_mode_gets_its_rbac_and_only_in_place_repair_the_capabilities() {
     assert_no_problems(case_problems(MODES));
+}
+
+#[test]
+fn ambient_mode_gets_its_settings_the_plugins_field_its_rbac_and_ztunnels_folder() {
+    assert_no_problems(case_problems(AMBIENT));
+}
+
+/// Without ambient mode nothing of it is rendered: no AMBIENT_* setting, no `ambient_enabled`,
+/// no ambient role, no rule on namespaces, no ztunnel folder.
+#[test]
+fn without_ambient_mode_none_of_it_is_rendered() {
+    let cases: &[&[&str]] = &[
+        &[],
+        &["--set", "ambient.enabled=false"],
+        &["--set", "profile=ambient,cni.ambient.enabled=false"],
+        &[
+            "--set",
+            "cni.repair.labelPods=true,cni.repair.repairPods=false",
+        ],
+        &["--set", "cni.repair.enabled=false"],
+        &["--set", "profile=openshift", "--set", openshift_values!()],
+        &["--set", "ambient.dnsCapture=false,ambient.ipv6=false"],
+    ];
+    let mut problems = Vec::new();
+    for args in cases {
+        let yaml = template(NS, args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let objects = parse(&yaml, "helm template");
+        for (key, obj) in &objects {
+            let text = obj.to_string();
+            for word in [
+                "AMBIENT_",
+                "ambient_enabled",
+                "ztunnel",
+                "namespaces",
+                "ambient",
+            ] {
+                if text.contains(word) {
+                    problems.push(format!("{args:?}: {key} holds {word:?}"));
+                }
+            }
+        }
+    }
+    assert_no_problems(problems);
 }
 
 #[test]
@@ -1138,6 +1356,10 @@ fn the_names_are_also_read_at_the_top_level() {
                 "cni.excludeNamespaces={a,b},cni.logging.level=debug,cni.hub=h.example,cni.tag=9",
             ],
         ),
+        (
+            &["--set", "ambient.enabled=true,ambient.ipv6=false"],
+            &["--set", "cni.ambient.enabled=true,cni.ambient.ipv6=false"],
+        ),
         // The `cni.` value wins, as in Istio's chart (`a_cni_value_wins_...` below).
         (
             &["--set", "cniNetnsDir=/a,cni.cniNetnsDir=/run/netns"],
@@ -1170,17 +1392,28 @@ fn settings_that_cannot_work_are_refused_with_a_message() {
             &["--set", "cni.provider=multus"],
             "cni.provider=multus needs cni.chained=false",
         ),
+        // Ambient mode enrolls by Istio's default selectors only.
         (
-            &["--set", "ambient.enabled=true"],
-            "ambient mode is not supported",
+            &[
+                "--set",
+                "profile=ambient",
+                "--set-json",
+                r#"cni.ambient.enablementSelectors=[{"podSelector":{"matchLabels":{"mesh":"on"}}}]"#,
+            ],
+            "ambient.enablementSelectors=[{\"podSelector\":{\"matchLabels\":{\"mesh\":\"on\"}}}]: \
+             the node agent enrolls the pods of Istio's default selectors only",
+        ),
+        (&["--set-string", "ambient.enabled=true"], "ambient.enabled"),
+        (
+            &["--set", "cni.ambient.dnsCapture=no"],
+            "cni.ambient.dnsCapture",
         ),
         (
-            &["--set", "cni.ambient.enabled=true"],
-            "ambient mode is not supported",
-        ),
-        (
-            &["--set", "profile=ambient"],
-            "ambient mode is not supported",
+            &[
+                VALUES_YAML,
+                "ambient:\n  enabled: true\nenv:\n  PLUGIN_CONFIG_JSON: '[\"log_file\"]'\n",
+            ],
+            "env.PLUGIN_CONFIG_JSON=[\"log_file\"]: not a JSON object",
         ),
         (
             &["--set", "global.platform=k3s"],
@@ -1379,6 +1612,20 @@ fn a_cni_value_wins_over_the_same_name_at_the_top_level() {
             ]),
         ),
         (&["--set", "env.A=x,cni.env.A=y"], None),
+        (
+            &["--set", "ambient.enabled=false,cni.ambient.enabled=true"],
+            None,
+        ),
+        (
+            &[
+                "--set",
+                "ambient.enabled=true,ambient.dnsCapture=true,cni.ambient.dnsCapture=false",
+            ],
+            Some(&[
+                "--set",
+                "cni.ambient.enabled=true,cni.ambient.dnsCapture=false",
+            ]),
+        ),
     ];
     // The half of the arguments given under `cni.` (`cni`) or at the top level: a `--set`
     // list is split at its commas, a `--set-json` value taken whole.
@@ -1436,8 +1683,8 @@ fn a_cni_value_wins_over_the_same_name_at_the_top_level() {
 // --- what Istio's chart makes of the same values ---------------------------------------------------
 
 /// The settings a rendering gives the node: the ConfigMap's (chained, excluded namespaces, the
-/// config file, the repair flags), the DaemonSet's host folders, and the attachment. The same
-/// names for Istio's chart and this one.
+/// config file, the repair flags, ambient mode and its switches), the DaemonSet's host folders,
+/// and the attachment. The same names for Istio's chart and this one.
 fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
     let objects = parse(yaml, origin);
     let of_kind = |kind: &str| {
@@ -1471,6 +1718,22 @@ fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
             s("REPAIR_LABEL_PODS")
         ),
     );
+    // Istio writes AMBIENT_ENABLED "false"; this chart nothing without ambient mode.
+    let ambient = s("AMBIENT_ENABLED");
+    out.insert(
+        "ambient",
+        if ambient.is_empty() {
+            "false".into()
+        } else {
+            ambient
+        },
+    );
+    out.insert("ambient_dns", s("AMBIENT_DNS_CAPTURE"));
+    out.insert("ambient_ipv6", s("AMBIENT_IPV6"));
+    out.insert(
+        "ambient_reconcile",
+        s("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP"),
+    );
     let ds = of_kind("DaemonSet");
     assert_eq!(ds.len(), 1, "{origin}: one DaemonSet");
     for v in ds[0]["spec"]["template"]["spec"]["volumes"]
@@ -1481,6 +1744,8 @@ fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
             "cni-bin-dir" => "bin_dir",
             "cni-net-dir" => "conf_dir",
             "netns-dir" | "cni-netns-dir" => "netns_dir",
+            "host-proc" | "cni-host-procfs" => "host_proc",
+            "ztunnel-dir" | "cni-ztunnel-sock-dir" => "ztunnel_dir",
             _ => continue,
         };
         let path = v["hostPath"]["path"].as_str().unwrap_or("");
@@ -1662,6 +1927,86 @@ const AS_ISTIO: &[AsIstio] = &[
             ("bin_dir", "/var/lib/cni/bin"),
             ("conf_dir", "/etc/cni/multus/net.d"),
             ("nad", "default/istio-cni"),
+        ],
+    },
+    AsIstio {
+        name: "profile=ambient",
+        args: &["--set", "profile=ambient"],
+        versions: BOTH,
+        istio: &[
+            ("ambient", "true"),
+            ("ambient_ipv6", "true"),
+            ("host_proc", "/proc"),
+            ("ztunnel_dir", "/var/run/ztunnel"),
+        ],
+    },
+    AsIstio {
+        // (Istio 1.24: DNS not captured and no reconcile setting; 1.29 made both true.)
+        name: "profile=ambient: DNS captured, the rules reconciled at start",
+        args: &["--set", "profile=ambient"],
+        versions: &["1.30.3"],
+        istio: &[("ambient_dns", "true"), ("ambient_reconcile", "true")],
+    },
+    AsIstio {
+        // (Istio 1.24 reads the top-level profile only.)
+        name: "global.profile=ambient",
+        args: &["--set", "global.profile=ambient"],
+        versions: &["1.30.3"],
+        istio: &[("ambient", "true"), ("ztunnel_dir", "/var/run/ztunnel")],
+    },
+    AsIstio {
+        name: "profile=ambient, cni.ambient.enabled=false",
+        args: &["--set", "profile=ambient,cni.ambient.enabled=false"],
+        versions: BOTH,
+        istio: &[("ambient", "false"), ("ztunnel_dir", "(none)")],
+    },
+    AsIstio {
+        name: "profile=ambient, ambient.enabled=false: the profile's cni.ambient.enabled wins",
+        args: &["--set", "profile=ambient,ambient.enabled=false"],
+        versions: BOTH,
+        istio: &[("ambient", "true"), ("ztunnel_dir", "/var/run/ztunnel")],
+    },
+    AsIstio {
+        name: "ambient.enabled with label mode: the host's /proc stays",
+        args: &[
+            "--set",
+            "ambient.enabled=true,repair.repairPods=false,repair.labelPods=true",
+        ],
+        versions: BOTH,
+        istio: &[
+            ("ambient", "true"),
+            ("repair", "enabled=true repair=false delete=false label=true"),
+            ("host_proc", "/proc"),
+            ("ztunnel_dir", "/var/run/ztunnel"),
+        ],
+    },
+    AsIstio {
+        name: "ambient's three switches off",
+        args: &[
+            "--set",
+            "cni.ambient.enabled=true,ambient.dnsCapture=false,cni.ambient.ipv6=false",
+            "--set",
+            "ambient.reconcileIptablesOnStartup=false",
+        ],
+        versions: &["1.30.3"],
+        istio: &[
+            ("ambient", "true"),
+            ("ambient_dns", "false"),
+            ("ambient_ipv6", "false"),
+            ("ambient_reconcile", "false"),
+        ],
+    },
+    AsIstio {
+        name: "Istio's ambient values block",
+        args: &[VALUES_YAML, ISTIO_AMBIENT_VALUES],
+        versions: &["1.30.3"],
+        istio: &[
+            ("ambient", "true"),
+            ("ambient_dns", "true"),
+            ("ambient_ipv6", "true"),
+            ("ambient_reconcile", "true"),
+            ("host_proc", "/proc"),
+            ("ztunnel_dir", "/var/run/ztunnel"),
         ],
     },
 ];
@@ -2317,6 +2662,7 @@ fn every_rendering_passes_the_kubernetes_schemas_strictly() {
     for (i, case) in SETTINGS
         .iter()
         .chain(MODES)
+        .chain(AMBIENT)
         .chain(VALUES)
         .chain(SEEDS)
         .enumerate()

@@ -31,6 +31,19 @@ template starts with
 {{- end -}}
 {{- end -}}
 {{- $_ := set $cni "repair" $repair -}}
+{{- /* Ambient mode. Istio's profile=ambient (or global.profile=ambient) sets cni.ambient.enabled
+       under the user's values: on, unless cni.ambient.enabled is given. */ -}}
+{{- $ambient := deepCopy ($cni.ambient | default dict) -}}
+{{- $given := (.Values.cni | default dict).ambient | default dict -}}
+{{- if and (eq (include "redirect-cni.profile" .) "ambient") (kindIs "invalid" $given.enabled) -}}
+{{- $_ := set $ambient "enabled" true -}}
+{{- end -}}
+{{- range $name, $default := dict "enabled" false "dnsCapture" true "ipv6" true "reconcileIptablesOnStartup" true -}}
+{{- if kindIs "invalid" (index $ambient $name) -}}
+{{- $_ := set $ambient $name $default -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $cni "ambient" $ambient -}}
 {{- $resources := dict -}}
 {{- range $key, $r := ($cni.resources | default dict) -}}
 {{- if kindIs "map" $r -}}
@@ -53,13 +66,33 @@ template starts with
 {{- toYaml $cni -}}
 {{- end -}}
 
+{{/* Istio's profile: profile at the top level, else global.profile, as Istio's charts read it. */}}
+{{- define "redirect-cni.profile" -}}
+{{- coalesce .Values.profile .Values.global.profile | default "" -}}
+{{- end -}}
+
+{{/*
+Istio's default ambient.enablementSelectors (its chart's values.yaml, 1.25 and later): the pod
+labelled istio.io/dataplane-mode=ambient, or a pod not labelled none in a namespace so
+labelled. The node agent enrolls by these and no others (docs/ambient.md).
+*/}}
+{{- define "redirect-cni.ambientSelectors" -}}
+- podSelector:
+    matchLabels: {istio.io/dataplane-mode: ambient}
+- podSelector:
+    matchExpressions:
+      - {key: istio.io/dataplane-mode, operator: NotIn, values: [none]}
+  namespaceSelector:
+    matchLabels: {istio.io/dataplane-mode: ambient}
+{{- end -}}
+
 {{/*
 The platform: platform at the top level, else global.platform, as Istio's chart picks its
 platform profile; profile=openshift (Istio's older profile, and OpenShift Service Mesh's) is
 openshift too.
 */}}
 {{- define "redirect-cni.platform" -}}
-{{- $profile := coalesce .Values.profile .Values.global.profile | default "" -}}
+{{- $profile := include "redirect-cni.profile" . -}}
 {{- coalesce .Values.platform .Values.global.platform (ternary "openshift" "" (eq $profile "openshift")) | default "" -}}
 {{- end -}}
 
@@ -101,7 +134,13 @@ its name from CNI_NETWORK_NAME.
 {{- /* Fields of the plugin's entry. */}}
 {{- $_ := set $data "EXCLUDE_NAMESPACES" (join "," $cni.excludeNamespaces) }}
 {{- $_ := set $data "PLUGIN_LOG_LEVEL" $cni.pluginLogLevel }}
-{{- $_ := set $data "PLUGIN_CONFIG_JSON" "{}" }}
+{{- /* More fields of the plugin's entry: in ambient mode the plugin asks the agent at ADD
+       (<run dir>/ambient.sock) to enroll the pod. */}}
+{{- $pluginConfig := dict }}
+{{- if $cni.ambient.enabled }}
+{{- $_ := set $pluginConfig "ambient_enabled" true }}
+{{- end }}
+{{- $_ := set $data "PLUGIN_CONFIG_JSON" (toJson $pluginConfig) }}
 {{- /* On SIGTERM remove exactly what was installed. */}}
 {{- $_ := set $data "CLEANUP_ON_EXIT" "true" }}
 {{- /* The repair controller: the first of the three modes that is "true" acts. */}}
@@ -120,9 +159,29 @@ its name from CNI_NETWORK_NAME.
 {{- end }}
 {{- end }}
 {{- $_ := set $data "UNTAINT_NODE" (toString $cni.untaintNode) }}
-{{- /* Any other installer variable; it wins over the above. */}}
+{{- /* Ambient mode (docs/ambient.md): only when on, so that the default ConfigMap is the plain
+       manifest's. ztunnel's socket stays at the agent's default, ZTUNNEL_UDS_ADDRESS
+       /var/run/ztunnel/ztunnel.sock, in the folder the DaemonSet mounts. */}}
+{{- if $cni.ambient.enabled }}
+{{- $_ := set $data "AMBIENT_ENABLED" "true" }}
+{{- $_ := set $data "AMBIENT_DNS_CAPTURE" (toString $cni.ambient.dnsCapture) }}
+{{- $_ := set $data "AMBIENT_IPV6" (toString $cni.ambient.ipv6) }}
+{{- $_ := set $data "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP" (toString $cni.ambient.reconcileIptablesOnStartup) }}
+{{- end }}
+{{- /* Any other installer variable; it wins over the above. In ambient mode a
+       PLUGIN_CONFIG_JSON of env is merged over {"ambient_enabled": true}, its keys winning, so
+       that adding a field (log_file) does not turn the plugin's side of ambient mode off. */}}
 {{- range $key, $v := $cni.env }}
+{{- if and (eq $key "PLUGIN_CONFIG_JSON") $cni.ambient.enabled }}
+{{- $text := toString $v }}
+{{- $obj := fromJson $text }}
+{{- if and (hasKey $obj "Error") (not (contains "\"Error\"" $text)) }}
+{{- fail (printf "env.PLUGIN_CONFIG_JSON=%s: not a JSON object (%s); with ambient mode on, the chart merges it over {\"ambient_enabled\": true}" $text $obj.Error) }}
+{{- end }}
+{{- $_ := set $data $key (mustMergeOverwrite (dict "ambient_enabled" true) $obj | toJson) }}
+{{- else }}
 {{- $_ := set $data $key (toString $v) }}
+{{- end }}
 {{- end }}
 {{- toYaml $data }}
 {{- end -}}
@@ -164,9 +223,12 @@ into a working deployment.
 {{- if and (eq $cni.provider "multus") $cni.chained -}}
 {{- fail "cni.provider=multus needs cni.chained=false: Multus runs the standalone file the installer writes, which it finds by the name inside (the NetworkAttachmentDefinition's)" -}}
 {{- end -}}
-{{- $ambient := or ($cni.ambient | default dict).enabled (eq (coalesce .Values.profile .Values.global.profile | default "") "ambient") -}}
-{{- if $ambient -}}
-{{- fail "ambient mode is not supported: redirect-cni replaces istio-cni in sidecar mode only (leave ambient.enabled and profile=ambient unset)" -}}
+{{- if $cni.ambient.enabled -}}
+{{- with $cni.ambient.enablementSelectors -}}
+{{- if ne (toJson .) (include "redirect-cni.ambientSelectors" $ | fromYamlArray | toJson) -}}
+{{- fail (printf "ambient.enablementSelectors=%s: the node agent enrolls the pods of Istio's default selectors only (a pod labelled istio.io/dataplane-mode=ambient, or in a namespace so labelled unless the pod says none): leave ambient.enablementSelectors out, or at Istio's default" (toJson .)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- with $cni.psp_cluster_role -}}
 {{- fail (printf "psp_cluster_role=%s: PodSecurityPolicy was removed in Kubernetes 1.25; a RoleBinding to a PodSecurityPolicy role would grant nothing, so this chart makes none: leave psp_cluster_role out. Where Pod Security Admission enforces a level, the release's namespace needs pod-security.kubernetes.io/enforce=privileged (host paths, host network, capabilities). On an older cluster that still enforces PodSecurityPolicy, bind the role yourself: kubectl -n %s create rolebinding redirect-cni-psp --clusterrole=%s --serviceaccount=%s:redirect-cni" . $.Release.Namespace . $.Release.Namespace) -}}
