@@ -3,7 +3,9 @@
 //! --dry-run=server` of the plain manifests as their headers say to apply them (the OpenShift
 //! set with the NetworkAttachmentDefinition CRD, and a stand-in CRD for OpenShift's
 //! SecurityContextConstraints, which a plain API server does not serve), and the chart's
-//! renderings applied for real.
+//! renderings applied for real. Ambient mode's RBAC (ambient.yaml, the chart's
+//! `profile=ambient`) gives the agent's account what the ambient controller does (`kubectl auth
+//! can-i`), which redirect-cni.yaml alone does not.
 
 use std::process::Command;
 use std::time::Duration;
@@ -107,6 +109,44 @@ fn dry_run(cp: &ControlPlane, yaml: &str, namespace: Option<&str>) -> Result<Str
     kubectl_apply(cp, yaml, namespace, true)
 }
 
+/// Whether ServiceAccount `namespace/name` may `verb` `resource` (`kubectl auth can-i`, which
+/// exits 1 for "no"), in any namespace.
+fn account_may(cp: &ControlPlane, namespace: &str, name: &str, verb: &str, resource: &str) -> bool {
+    let who = format!("--as=system:serviceaccount:{namespace}:{name}");
+    let (resource, sub) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s)),
+        None => (resource, None),
+    };
+    let mut args = vec![
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        "--all-namespaces",
+        who.as_str(),
+    ];
+    let sub = sub.map(|s| format!("--subresource={s}"));
+    if let Some(s) = &sub {
+        args.push(s);
+    }
+    let out = cp.kubectl(&args);
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl {args:?}: {answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
+/// What ambient mode's controller does with the API (ambient.yaml's grants).
+const AMBIENT_RIGHTS: [(&str, &str); 4] = [
+    ("get", "namespaces"),
+    ("list", "namespaces"),
+    ("watch", "namespaces"),
+    ("patch", "pods/status"),
+];
+
 #[test]
 fn every_manifest_of_deploy_is_accepted_by_a_real_api_server() {
     if !kernel_tests_enabled() {
@@ -123,6 +163,7 @@ fn every_manifest_of_deploy_is_accepted_by_a_real_api_server() {
         "repair-label-pods.yaml",
         "untaint-node.yaml",
         "resourcequota-critical-pods.yaml",
+        "ambient.yaml",
     ] {
         let yaml = as_written(&format!("kubernetes/{f}"));
         let out =
@@ -135,6 +176,22 @@ fn every_manifest_of_deploy_is_accepted_by_a_real_api_server() {
         dry_run(&cp, &broken, Some(SYSTEM)).expect_err("a misspelled field should be refused");
     assert!(err.contains("hostNetwrok"), "{err}");
 
+    // ambient.yaml, applied for real as its header says, gives the agent's account what the
+    // ambient controller does; redirect-cni.yaml alone does not.
+    for (verb, resource) in AMBIENT_RIGHTS {
+        assert!(
+            !account_may(&cp, SYSTEM, "redirect-cni", verb, resource),
+            "redirect-cni.yaml alone lets the agent {verb} {resource}"
+        );
+    }
+    cp.install("kubernetes/ambient.yaml");
+    eventually("ambient.yaml's rights in force", || {
+        AMBIENT_RIGHTS
+            .iter()
+            .all(|(verb, resource)| account_may(&cp, SYSTEM, "redirect-cni", verb, resource))
+            .then_some(())
+    });
+
     // OpenShift, with Multus' CRD and a stand-in for OpenShift's SCC API.
     openshift_crds(&cp);
     for f in [
@@ -142,6 +199,7 @@ fn every_manifest_of_deploy_is_accepted_by_a_real_api_server() {
         "repair-delete-pods.yaml",
         "repair-label-pods.yaml",
         "untaint-node.yaml",
+        "ambient.yaml",
         "network-attachment-definition.yaml",
     ] {
         let yaml = as_written(&format!("openshift/{f}"));
@@ -194,7 +252,7 @@ fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
     openshift_crds(&cp);
     const OPENSHIFT: &str = "cni.chained=false,cni.provider=multus,cni.cniBinDir=/var/lib/cni/bin,\
         cni.cniConfDir=/etc/cni/multus/net.d,cni.cniConfFileName=istio-cni.conf";
-    let settings: [(&str, &[&str], &str, &str); 5] = [
+    let settings: [(&str, &[&str], &str, &str); 6] = [
         ("helm-default", &[], "/etc/cni/net.d", ""),
         // OpenShift Service Mesh 3's values, as written (issue 31).
         ("helm-ossm", &[OPENSHIFT, "profile=openshift"], "/etc/cni/multus/net.d", "istio-cni.conf"),
@@ -211,6 +269,7 @@ fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
             "/run/multus/cni/net.d",
             "10-calico.conflist",
         ),
+        ("helm-ambient", &["profile=ambient"], "/etc/cni/net.d", ""),
     ];
     for (ns, values, net_dir, conf_name) in settings {
         cp.namespace(ns);
@@ -251,4 +310,18 @@ fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
         "--as=system:serviceaccount:helm-openshift-delete:redirect-cni",
     ]);
     assert_eq!(may.trim(), "yes");
+    // Ambient mode's: its settings, ztunnel's folder and its role. (Without ambient mode the
+    // account lacks these rights: every_manifest_of_deploy_is_accepted_by_a_real_api_server; the
+    // releases here share the cluster-wide binding names, so the other accounts prove nothing.)
+    let cm = cp.get(&["configmap", "redirect-cni-config", "-n", "helm-ambient"]);
+    assert_eq!(cm["data"]["AMBIENT_ENABLED"], "true", "{cm}");
+    let ds = cp.get(&["daemonset", "redirect-cni-node", "-n", "helm-ambient"]);
+    let volumes = ds["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(volumes.contains("/var/run/ztunnel"), "{volumes}");
+    for (verb, resource) in AMBIENT_RIGHTS {
+        assert!(
+            account_may(&cp, "helm-ambient", "redirect-cni", verb, resource),
+            "helm-ambient: the agent may not {verb} {resource}"
+        );
+    }
 }
