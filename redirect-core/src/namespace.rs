@@ -37,6 +37,16 @@ impl Namespace {
         })
     }
 
+    /// A namespace the caller already holds open (found by a scan, or received as a
+    /// descriptor): its netlink sockets are created inside it.
+    pub fn from_netns(netns: Netns) -> Result<Namespace> {
+        let backend = Box::new(Live::open_in(&netns)?);
+        Ok(Namespace {
+            netns: Some(netns),
+            backend,
+        })
+    }
+
     /// The calling thread's own namespace (an init container's, for instance).
     pub fn current() -> Result<Namespace> {
         Ok(Namespace {

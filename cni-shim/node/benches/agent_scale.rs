@@ -20,7 +20,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_testkit::apiserver::{ControlPlane, SYSTEM};
@@ -414,11 +414,9 @@ fn mb(kb: u64) -> String {
     format!("{:.1} MB", kb as f64 / 1024.0)
 }
 
-/// The agent process, as the DaemonSet runs it (standalone install, repair in place).
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
+/// The agent process, as the DaemonSet runs it (standalone install, repair in place):
+/// `cni_testkit::agent`, with what this bench reads of its `/proc` entries.
+struct Agent(cni_testkit::agent::Agent);
 
 impl Agent {
     fn start(
@@ -429,61 +427,33 @@ impl Agent {
         bin: &Path,
         plugin: &Path,
     ) -> Agent {
-        let dir = |d: &str| {
-            let p = node.join(d);
-            fs::create_dir_all(&p).unwrap();
-            p
-        };
-        let log = node.join("agent.log");
-        let child = Command::new(bin)
-            .arg("--chained-cni-plugin=false")
-            .arg("--mounted-cni-net-dir")
-            .arg(dir("net"))
-            .arg("--cni-bin-dir")
-            .arg(dir("bin"))
-            .arg("--cni-agent-run-dir")
-            .arg(dir("run"))
-            .arg("--binary")
-            .arg(plugin)
-            .arg("--monitoring-port=0")
-            .arg("--service-account-dir")
-            .arg(sa)
-            .arg("--repair-host-proc")
-            .arg(proc)
-            .env_clear()
-            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-            .env("KUBERNETES_SERVICE_PORT", cp.port().to_string())
-            .env("NODE_NAME", NODE)
-            .env("POD_NAMESPACE", SYSTEM)
-            .env("REPAIR_NETNS_DIR", "/nonexistent")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Agent { child, log }
+        Agent(cni_testkit::agent::Agent::start(
+            &cni_testkit::agent::AgentSpec {
+                cp,
+                sa,
+                proc,
+                node,
+                node_name: NODE,
+                bin,
+                plugin,
+                extra: &[],
+                api_port: None,
+                netns: None,
+            },
+        ))
     }
 
     fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.log()
     }
 
     /// Waits (30 s at most) for a log line holding every one of `words`.
     fn wait_for(&self, words: &[&str]) -> String {
-        cni_testkit::eventually_or(
-            &format!("an agent line with {words:?}"),
-            Duration::from_secs(30),
-            || self.log(),
-            || {
-                self.log()
-                    .lines()
-                    .find(|l| words.iter().all(|w| l.contains(w)))
-                    .map(str::to_owned)
-            },
-        )
+        self.0.line_with(words)
     }
 
     fn stat(&self) -> Vec<String> {
-        let text = fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let text = fs::read_to_string(format!("/proc/{}/stat", self.0.pid())).unwrap();
         // Fields after the command name, which may hold spaces: state is field 3.
         let rest = &text[text.rfind(')').unwrap() + 2..];
         rest.split_whitespace().map(str::to_owned).collect()
@@ -505,7 +475,7 @@ impl Agent {
 
     /// A `/proc/<pid>/status` value in kB (or a count).
     fn status_kb(&self, key: &str) -> u64 {
-        let text = fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let text = fs::read_to_string(format!("/proc/{}/status", self.0.pid())).unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -529,15 +499,5 @@ impl Agent {
             }
         }
         last - start
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
     }
 }

@@ -115,6 +115,23 @@ pub struct Metrics {
     add_phases: Histograms<PhaseLabels>,
     watch_up: Gauge,
     watch_listed: Gauge<f64, AtomicU64>,
+    ambient: AmbientMetrics,
+}
+
+/// Ambient mode's metrics (registered with [`Metrics::with_ambient`]).
+#[derive(Clone, Default)]
+struct AmbientMetrics {
+    pods: Family<StageLabels, Gauge>,
+    connected: Gauge,
+    connections: Counter,
+    failures: Counter,
+    /// Connections counted so far (the server's count only grows).
+    seen: Arc<AtomicU64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabels {
+    stage: &'static str,
 }
 
 impl Metrics {
@@ -192,7 +209,63 @@ impl Metrics {
             add_phases,
             watch_up,
             watch_listed,
+            ambient: AmbientMetrics::default(),
         }
+    }
+
+    /// Adds ambient mode's metrics (right after [`Metrics::new`], before any clone).
+    pub fn with_ambient(mut self) -> Self {
+        let a = &self.ambient;
+        let Some(registry) = Arc::get_mut(&mut self.registry) else {
+            return self;
+        };
+        registry.register(
+            "redirect_cni_ambient_pods",
+            "Ambient pods in this node's data plane, by stage (enabled: ztunnel acknowledged them; pending: rules in place, ztunnel not yet)",
+            a.pods.clone(),
+        );
+        registry.register(
+            "redirect_cni_ambient_ztunnel_connected",
+            "Whether ztunnel is connected to the agent's ZDS socket (1) or not (0)",
+            a.connected.clone(),
+        );
+        registry.register(
+            "redirect_cni_ambient_ztunnel_connections",
+            "ZDS connections from ztunnel that got their snapshot",
+            a.connections.clone(),
+        );
+        registry.register(
+            "redirect_cni_ambient_failures",
+            "Failed enrollments, releases or annotations of ambient pods (each retried)",
+            a.failures.clone(),
+        );
+        for stage in ["enabled", "pending"] {
+            a.pods.get_or_create(&StageLabels { stage }).set(0);
+        }
+        self
+    }
+
+    /// The data plane as it stands: pods by stage, ztunnel's connection.
+    pub fn set_ambient(&self, enabled: usize, pending: usize, connected: bool, connections: u64) {
+        let a = &self.ambient;
+        a.pods
+            .get_or_create(&StageLabels { stage: "enabled" })
+            .set(enabled as i64);
+        a.pods
+            .get_or_create(&StageLabels { stage: "pending" })
+            .set(pending as i64);
+        a.connected.set(i64::from(connected));
+        let before = a
+            .seen
+            .swap(connections, std::sync::atomic::Ordering::Relaxed);
+        if connections > before {
+            a.connections.inc_by(connections - before);
+        }
+    }
+
+    /// One failed ambient step.
+    pub fn ambient_failed(&self) {
+        self.ambient.failures.inc();
     }
 
     /// The watch works (`true`) or not.

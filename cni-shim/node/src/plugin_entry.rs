@@ -31,6 +31,10 @@ pub fn plugin_entry(s: &Settings) -> Value {
         s.exclude_namespaces.clone().into(),
     );
     m.insert("pod_namespace".into(), s.pod_namespace.clone().into());
+    if s.ambient.enabled {
+        // The plugin asks the agent at each ADD (`cni_plugin::ambient`).
+        m.insert("ambient_enabled".into(), true.into());
+    }
     let mut caps = Map::new();
     caps.insert("io.kubernetes.cri.pod-annotations".into(), true.into());
     m.insert("capabilities".into(), caps.into());

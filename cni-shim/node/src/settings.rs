@@ -13,9 +13,11 @@ use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
 use super::plugin_entry::PLUGIN_TYPE;
+use crate::ambient::AmbientSettings;
 use crate::repair::detect::{Action, Filter};
 use crate::repair::in_place::Places;
 use crate::repair::RepairSettings;
+use redirect_core::AmbientConfig;
 
 /// Where Kubernetes mounts a pod's service-account token and CA.
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -309,6 +311,52 @@ redirect_core::istio::flags! {
             "cni.istio.io/not-ready",
             "The taint --untaint-node removes (every effect of that key)",
         ),
+        AMBIENT_ENABLED = b(
+            "ambient-enabled",
+            "AMBIENT_ENABLED",
+            "false",
+            "Ambient mode: enroll this node's ambient pods (labelled, or in a namespace labelled, \
+             istio.io/dataplane-mode=ambient) and hand them to ztunnel over ZDS",
+        ),
+        AMBIENT_DNS_CAPTURE = b(
+            "ambient-dns-capture",
+            "AMBIENT_DNS_CAPTURE",
+            "true",
+            "Ambient: send enrolled pods' DNS to ztunnel's proxy (15053); a pod's \
+             ambient.istio.io/dns-capture annotation wins",
+        ),
+        AMBIENT_IPV6 = b(
+            "ambient-ipv6",
+            "AMBIENT_IPV6",
+            "true",
+            "Ambient: IPv6 in-pod rules, routes and probe SNAT too",
+        ),
+        AMBIENT_RECONCILE_POD_RULES_ON_STARTUP = b(
+            "ambient-reconcile-pod-rules-on-startup",
+            "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+            "true",
+            "Ambient: at start, program again the in-pod rules of enrolled pods whose rules \
+             differ from this agent's (false: leave them, as an older agent wrote them)",
+        ),
+        ZTUNNEL_UDS_ADDRESS = s(
+            "ztunnel-uds-address",
+            Some("ZTUNNEL_UDS_ADDRESS"),
+            "/var/run/ztunnel/ztunnel.sock",
+            "Ambient: the ZDS socket ztunnel connects to (its folder must not be writable by \
+             group or others)",
+        ),
+        HOST_PROBE_SNAT_IP = s(
+            "host-probe-snat-ip",
+            Some("HOST_PROBE_SNAT_IP"),
+            "169.254.7.127",
+            "Ambient: the source kubelet's probes to enrolled pods are SNATed to (IPv4)",
+        ),
+        HOST_PROBE_SNAT_IPV6 = s(
+            "host-probe-snat-ipv6",
+            Some("HOST_PROBE_SNAT_IPV6"),
+            "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
+            "Ambient: the same for IPv6",
+        ),
         MONITORING_PORT = s(
             "monitoring-port",
             Some("MONITORING_PORT"),
@@ -356,6 +404,8 @@ pub struct Settings {
     pub untaint: Option<String>,
     /// The agent's HTTP port; 0: no endpoints.
     pub monitoring_port: u16,
+    /// Ambient mode (`AMBIENT_ENABLED` and the rest).
+    pub ambient: AmbientSettings,
 }
 
 impl Default for Settings {
@@ -397,6 +447,12 @@ impl Settings {
         }
         if self.untaint.is_some() && self.node_name.is_empty() && self.repair.node_name.is_empty() {
             return Err(needs_node("NODE_NAME", "--untaint-node"));
+        }
+        if self.ambient.enabled && self.node().is_empty() {
+            return Err(needs_node(
+                "NODE_NAME",
+                "ambient mode (AMBIENT_ENABLED=true)",
+            ));
         }
         Ok(())
     }
@@ -553,6 +609,41 @@ fn settings(v: &Values) -> Result<Settings> {
         repair,
         untaint,
         monitoring_port,
+        ambient: ambient(v)?,
+    })
+}
+
+/// Ambient mode's settings: the chart's switches over Istio's in-pod defaults.
+fn ambient(v: &Values) -> Result<AmbientSettings> {
+    let ip = |key: &Flag| -> Result<std::net::IpAddr> {
+        let text = v.string(key);
+        text.trim()
+            .parse()
+            .map_err(|_| v.invalid(key, "expected an IP address".into()))
+    };
+    let mut base = AmbientConfig {
+        dns_capture: v.boolean(&AMBIENT_DNS_CAPTURE)?,
+        ipv6: v.boolean(&AMBIENT_IPV6)?,
+        ..AmbientConfig::default()
+    };
+    match ip(&HOST_PROBE_SNAT_IP)? {
+        std::net::IpAddr::V4(a) => base.probe_snat_v4 = a,
+        _ => return Err(v.invalid(&HOST_PROBE_SNAT_IP, "expected an IPv4 address".into())),
+    }
+    match ip(&HOST_PROBE_SNAT_IPV6)? {
+        std::net::IpAddr::V6(a) => base.probe_snat_v6 = a,
+        _ => return Err(v.invalid(&HOST_PROBE_SNAT_IPV6, "expected an IPv6 address".into())),
+    }
+    let socket = PathBuf::from(v.string(&ZTUNNEL_UDS_ADDRESS).trim());
+    if !socket.is_absolute() {
+        let reason = "expected an absolute path, e.g. /var/run/ztunnel/ztunnel.sock";
+        return Err(v.invalid(&ZTUNNEL_UDS_ADDRESS, reason.into()));
+    }
+    Ok(AmbientSettings {
+        enabled: v.boolean(&AMBIENT_ENABLED)?,
+        base,
+        reconcile_on_startup: v.boolean(&AMBIENT_RECONCILE_POD_RULES_ON_STARTUP)?,
+        ztunnel_socket: socket,
     })
 }
 

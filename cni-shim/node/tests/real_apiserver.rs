@@ -18,10 +18,7 @@
 
 use cni_testkit as common;
 
-use std::fs;
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::apiserver::{ControlPlane, SYSTEM};
@@ -141,72 +138,38 @@ fn has_rules(ns: &TestNetns) -> bool {
         .is_some()
 }
 
-/// `redirect-cni install` (installer and agent) on temporary node folders, against the real
-/// API server with the service account in `sa`; stderr kept for the test.
+/// The agent (`cni_testkit::agent`) on temporary node folders, against the real API server
+/// with the service account in `sa`.
 struct Agent {
-    child: Child,
+    inner: common::agent::Agent,
     _node: tempfile::TempDir,
-    log: std::path::PathBuf,
 }
 
 impl Agent {
     fn start(cp: &ControlPlane, sa: &Path, proc: &Path, extra: &[&str]) -> Agent {
         let node = tempfile::tempdir().unwrap();
-        let log = node.path().join("agent.log");
-        let child = Command::new(node_bin())
-            .args(common::install_args(node.path()))
-            .arg("--monitoring-port=0")
-            .args(["--service-account-dir", sa.to_str().unwrap()])
-            .args(["--repair-host-proc", proc.to_str().unwrap()])
-            .args(extra)
-            .env_clear()
-            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-            .env("KUBERNETES_SERVICE_PORT", cp.port().to_string())
-            .env("NODE_NAME", NODE)
-            .env("POD_NAMESPACE", SYSTEM)
-            .env("REPAIR_NETNS_DIR", "/nonexistent")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Agent {
-            child,
-            _node: node,
-            log,
-        }
+        let inner = common::agent::Agent::start(&common::agent::AgentSpec {
+            cp,
+            sa,
+            proc,
+            node: node.path(),
+            node_name: NODE,
+            bin: Path::new(node_bin()),
+            plugin: Path::new(common::plugin_bin()),
+            extra,
+            api_port: None,
+            netns: None,
+        });
+        Agent { inner, _node: node }
     }
 
     fn log(&self) -> String {
-        let mut s = String::new();
-        fs::File::open(&self.log)
-            .unwrap()
-            .read_to_string(&mut s)
-            .unwrap();
-        s
+        self.inner.log()
     }
 
     /// Waits for a log line holding every one of `words`; returns it.
     fn line_with(&self, words: &[&str]) -> String {
-        eventually_or(
-            &format!("an agent line with {words:?}"),
-            || self.log(),
-            || {
-                self.log()
-                    .lines()
-                    .find(|l| words.iter().all(|w| l.contains(w)))
-                    .map(str::to_owned)
-            },
-        )
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
+        self.inner.line_with(words)
     }
 }
 

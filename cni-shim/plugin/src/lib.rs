@@ -5,10 +5,12 @@
 //! agent is a crate of its own (`cni-node`, `redirect-cni-node`), which uses this one's
 //! config, events and pod conversion; this crate links none of it.
 
+pub mod ambient;
 pub mod cni;
 pub mod events;
 pub mod kube;
 pub mod plugin;
+pub mod seqpacket;
 
 /// The node agent's binary, which `redirect-cni install` runs from beside the plugin.
 pub const NODE_AGENT_BINARY: &str = "redirect-cni-node";

@@ -23,6 +23,7 @@ use redirect_program::logging::{self, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
 
+use crate::ambient;
 use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};
 use crate::cni::result::passthrough;
@@ -254,9 +255,6 @@ fn run_dir_hint(stdin: &[u8]) -> PathBuf {
 }
 
 fn dispatch(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
-    if conf.ambient_enabled {
-        warn!("ambient_enabled is set: ambient mode is not supported by redirect-cni; sidecar pods are handled as usual");
-    }
     if let Some(msg) = &call.inv.env_error {
         return Err(CniError::new(
             code::INVALID_ENV,
@@ -488,10 +486,11 @@ fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let stdout = passthrough(&conf.cni_version, conf.prev_result.as_ref());
     let (cfg, dual_stack) = match handling(call, conf)? {
         Handling::Pass(why) => {
-            return Ok(Answer {
-                stdout,
-                outcome: format!("not captured ({why})"),
-            })
+            let outcome = match ambient_add(call, conf)? {
+                Some(outcome) => outcome,
+                None => format!("not captured ({why})"),
+            };
+            return Ok(Answer { stdout, outcome });
         }
         Handling::Capture(cfg, dual_stack) => (*cfg, dual_stack),
     };
@@ -518,6 +517,64 @@ fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
         stdout,
         outcome: "captured".into(),
     })
+}
+
+/// Ambient mode: a pod without a sidecar is the agent's to judge; it enrolls an ambient pod
+/// (rules in its namespace, ztunnel told) before the runtime starts it. `None`: not asked
+/// (ambient off, not a Kubernetes pod, an excluded namespace).
+fn ambient_add(call: &Call, conf: &NetConf) -> Result<Option<String>, CniError> {
+    let Some((namespace, name)) = call.pod.clone()?.filter(|_| conf.ambient_enabled) else {
+        return Ok(None);
+    };
+    if conf.excluded(&namespace, &name).is_some() {
+        return Ok(None);
+    }
+    let netns = netns_of(call, conf)?;
+    let uid = args::parse(&(call.inv.env)("CNI_ARGS").unwrap_or_default())?.pod_uid;
+    let request = ambient::AddRequest {
+        namespace,
+        name,
+        uid,
+        ips: prev_addresses(conf).unwrap_or_default(),
+        netns: netns.path().display().to_string(),
+    };
+    let socket = conf.run_dir.join(ambient::SOCKET_NAME);
+    let fd = std::os::fd::AsFd::as_fd(&netns);
+    let answer = call
+        .timed(
+            |p| &mut p.apply_us,
+            || ambient::ask(&conf.run_dir, &request, fd, ambient::DEADLINE),
+        )
+        .map_err(|e| {
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "ambient mode: the node agent does not answer at {}: {e}",
+                    socket.display()
+                ),
+                "with ambient_enabled every pod without a sidecar waits for the node agent's \
+                 verdict (is redirect-cni-node running on this node?); the runtime tries again",
+            )
+        })?;
+    match answer {
+        ambient::AddAnswer::Enrolled => {
+            info!(
+                "{}enrolled in ambient mode: {}",
+                call.label(),
+                request.netns
+            );
+            Ok(Some("enrolled in ambient mode".into()))
+        }
+        ambient::AddAnswer::NotAmbient { reason } => {
+            info!("{}not ambient: {reason}", call.label());
+            Ok(Some(format!("not captured (not ambient: {reason})")))
+        }
+        ambient::AddAnswer::Failed { error } => Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("ambient mode: the node agent could not enroll the pod: {error}"),
+            "the runtime tries again; the agent's log says more",
+        )),
+    }
 }
 
 /// DEL: remove ours when the namespace is still there; everything else succeeds. A sandbox

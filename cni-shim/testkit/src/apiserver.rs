@@ -373,6 +373,26 @@ impl ControlPlane {
         d
     }
 
+    /// A port on 127.0.0.1 inside `ns` that leads to the API server (whose port is on the
+    /// test's own loopback): for a process that must run in a namespace of its own, as the
+    /// node agent does where it programs the node's namespace. The forwarding threads live as
+    /// long as the test process.
+    pub fn forward_from(&self, ns: &redirect_testkit::TestNetns) -> u16 {
+        let listener = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        let port = listener.local_addr().unwrap().port();
+        let to = self.port();
+        std::thread::spawn(move || {
+            for inbound in listener.incoming().flatten() {
+                let Ok(outbound) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                pipe(&inbound, &outbound);
+                pipe(&outbound, &inbound);
+            }
+        });
+        port
+    }
+
     /// The port the API server listens on.
     /// A namespace, created (or left as it is).
     pub fn namespace(&self, name: &str) {
@@ -431,4 +451,13 @@ pub fn as_written(rel: &str) -> String {
         "namespace: kube-system # SET-ME",
         &format!("namespace: {SYSTEM}"),
     )
+}
+
+/// Copies `from` to `to` on a thread of its own until either side closes.
+fn pipe(from: &std::net::TcpStream, to: &std::net::TcpStream) {
+    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
 }

@@ -37,6 +37,26 @@ impl FakeProc {
     }
 }
 
+impl FakeProc {
+    /// kubelet, as process `pid` running as `uid` (what ambient's probe SNAT looks for:
+    /// `comm`, an argument naming kubelet, the `Uid:` line of `status`).
+    pub fn add_kubelet(&self, pid: u32, uid: u32) {
+        let dir = self.path().join(pid.to_string());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("comm"), "kubelet\n").unwrap();
+        fs::write(
+            dir.join("cmdline"),
+            "/usr/bin/kubelet\0--config=/var/lib/kubelet/config.yaml\0",
+        )
+        .unwrap();
+        fs::write(
+            dir.join("status"),
+            format!("Name:\tkubelet\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+        )
+        .unwrap();
+    }
+}
+
 /// A cgroupfs-driver path for a pod's container.
 pub fn cgroupfs(uid: &str) -> String {
     format!("/kubepods/besteffort/pod{uid}/0123456789abcdef")

@@ -5,6 +5,7 @@
 //! the stateful one (lists, watches, patches); `apiserver` runs a real one (etcd and
 //! kube-apiserver); `host_proc` stands in for the node's `/proc`. A dev-dependency only.
 
+pub mod agent;
 pub mod apiserver;
 pub mod cluster;
 pub mod host_proc;

@@ -72,6 +72,13 @@ pub struct Netns {
     id: NetnsId,
 }
 
+impl std::os::fd::AsFd for Netns {
+    /// The descriptor held (to hand the namespace to another process).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
 impl Netns {
     /// Opens the namespace file at `path` and checks, on the open descriptor, that it is a
     /// network namespace: [`Error::Open`] when it cannot be opened (missing: the pod is
@@ -127,6 +134,11 @@ impl Netns {
     /// The path it was opened by (for messages: it may name something else by now).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A second descriptor of the same namespace (for another process: ztunnel gets one).
+    pub fn try_clone_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        Ok(self.file.try_clone()?.into())
     }
 
     /// Whether this is the namespace the calling thread is in (the node's, for the plugin).

@@ -17,6 +17,8 @@ use std::thread::JoinHandle;
 
 use tokio::sync::watch as signal;
 
+use crate::ambient::dataplane::Dataplane;
+use crate::ambient::zds::server::ZdsServer;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -45,7 +47,7 @@ impl Agent {
         settings.check_agent()?;
         let listener = bind(settings.monitoring_port)?;
         let plugin = Arc::new(plugin_conf(settings)?);
-        let metrics = Metrics::new(
+        let mut metrics = Metrics::new(
             settings
                 .repair
                 .enabled
@@ -53,6 +55,11 @@ impl Agent {
                 .flatten(),
             settings.repair.enabled,
         );
+        if settings.ambient.enabled {
+            metrics = metrics.with_ambient();
+        }
+        // Before anything is installed: an unsafe socket folder stops the agent here.
+        let zds = zds_server(settings)?;
         // The installer checks it too, later; the status file and the socket need it now.
         crate::run_dir::ensure(&settings.cni_agent_run_dir)?;
         let ready_file = settings.cni_agent_run_dir.join(READY_NAME);
@@ -68,6 +75,7 @@ impl Agent {
             plugin,
             metrics: metrics.clone(),
             listener,
+            zds,
             stop: stop_rx,
             ready: ready_rx,
         };
@@ -212,6 +220,7 @@ struct Parts {
     plugin: Arc<NetConf>,
     metrics: Metrics,
     listener: Option<TcpListener>,
+    zds: Option<ZdsServer>,
     stop: signal::Receiver<bool>,
     ready: signal::Receiver<bool>,
 }
@@ -268,37 +277,14 @@ impl Parts {
                     .display()
             ),
         }
-        let wants_client = s.repair.enabled || s.untaint.is_some();
-        if !s.repair.enabled {
-            tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
-        }
-        if wants_client {
-            match client(s).await {
-                Ok(client) => {
-                    if s.repair.enabled {
-                        let controller = Controller {
-                            client: client.clone(),
-                            settings: s.repair.clone(),
-                            plugin: self.plugin.clone(),
-                            metrics: self.metrics.clone(),
-                            backoff: Backoff::default(),
-                            watch_backoff: crate::repair::watch_health::WATCH_BACKOFF,
-                        };
-                        tasks.spawn(controller.run(self.stop.clone()));
-                    }
-                    if let Some(key) = &s.untaint {
-                        tasks.spawn(untaint::run(
-                            client,
-                            s.node().to_owned(),
-                            key.clone(),
-                            self.ready.clone(),
-                            self.stop.clone(),
-                        ));
-                    }
-                }
-                Err(e) => tracing::error!("{e}; no repair controller and no untaint"),
-            }
-        }
+        let zds = self.zds;
+        let (plugin, metrics, ready, stop) = (
+            self.plugin.clone(),
+            self.metrics.clone(),
+            self.ready.clone(),
+            self.stop.clone(),
+        );
+        with_client(s, zds, plugin, metrics, ready, stop, &mut tasks).await;
         let mut stop = self.stop.clone();
         let _ = stop.wait_for(|s| *s).await;
         // Every task watches `stop`; give them a moment, then drop what is left.
@@ -307,6 +293,145 @@ impl Parts {
         })
         .await;
     }
+}
+
+/// The parts that talk to the API server: the repair controller, ambient mode, the untaint.
+async fn with_client(
+    s: &Settings,
+    zds: Option<ZdsServer>,
+    plugin: Arc<NetConf>,
+    metrics: Metrics,
+    ready: signal::Receiver<bool>,
+    stop: signal::Receiver<bool>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) {
+    if !s.repair.enabled {
+        tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
+    }
+    if !(s.repair.enabled || s.untaint.is_some() || zds.is_some()) {
+        return;
+    }
+    let client = match client(s).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}; no repair controller, no ambient mode and no untaint");
+            return;
+        }
+    };
+    if s.repair.enabled {
+        let controller = Controller {
+            client: client.clone(),
+            settings: s.repair.clone(),
+            plugin,
+            metrics: metrics.clone(),
+            backoff: Backoff::default(),
+            watch_backoff: crate::repair::watch_health::WATCH_BACKOFF,
+        };
+        tasks.spawn(controller.run(stop.clone()));
+    }
+    if let Some(zds) = zds {
+        ambient_start(s, client.clone(), zds, metrics, tasks, stop.clone());
+    }
+    if let Some(key) = &s.untaint {
+        tasks.spawn(untaint::run(
+            client,
+            s.node().to_owned(),
+            key.clone(),
+            ready,
+            stop,
+        ));
+    }
+}
+
+/// The host's probe SNAT for kubelet's UID, found in the host's `/proc`: without it kubelet's
+/// probes to ambient pods are captured like any other connection, so its absence is an error
+/// in the log, not a stop.
+fn host_probe(s: &Settings, mut dp: Dataplane) -> Dataplane {
+    let base = &s.ambient.base;
+    let proc = &s.repair.places.proc;
+    let uid = match redirect_core::istio::ambient::kubelet_uid(proc) {
+        Ok(uid) => uid,
+        Err(e) => {
+            tracing::error!("ambient: no probe SNAT on this node: {e}");
+            return dp;
+        }
+    };
+    let cfg = redirect_core::HostProbeConfig {
+        kubelet_uid: uid,
+        snat_v4: base.probe_snat_v4,
+        snat_v6: base.ipv6.then_some(base.probe_snat_v6),
+    };
+    let (v4, v6) = (cfg.snat_v4, cfg.snat_v6);
+    match dp.set_host_probe(cfg) {
+        Ok(()) => tracing::info!(
+            "ambient: kubelet (UID {uid})'s TCP to enrolled pods is SNATed to {v4}{}",
+            v6.map(|a| format!(" and {a}")).unwrap_or_default()
+        ),
+        Err(e) => tracing::error!("ambient: no probe SNAT on this node: {e}"),
+    }
+    dp
+}
+
+/// The ZDS server, bound but not yet answering (`ambient::controller` lets ztunnel in once
+/// it knows every enrolled pod); `None` without ambient mode.
+fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
+    if !settings.ambient.enabled {
+        return Ok(None);
+    }
+    let path = &settings.ambient.ztunnel_socket;
+    let invalid = |reason: String| Error::InvalidSetting {
+        setting: "ZTUNNEL_UDS_ADDRESS",
+        value: path.display().to_string(),
+        reason,
+    };
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| invalid(format!("cannot create its folder: {e}")))?;
+    }
+    ZdsServer::bind_paused(path, crate::ambient::zds::server::DEADLINE)
+        .map(Some)
+        .map_err(|e| invalid(format!("cannot listen there: {e}")))
+}
+
+/// Ambient mode's parts: the controller, and the plugin's socket feeding it.
+fn ambient_start(
+    s: &Settings,
+    client: kube::Client,
+    zds: ZdsServer,
+    metrics: Metrics,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: signal::Receiver<bool>,
+) {
+    let (to, requests) = tokio::sync::mpsc::channel(64);
+    let listener = match crate::ambient::plugin_requests::listen_in(&s.cni_agent_run_dir, to) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::error!(
+                "ambient: cannot listen for the plugin in {}: {e}; ambient pods are enrolled \
+                 by the watch only, after they start",
+                s.cni_agent_run_dir.display()
+            );
+            None
+        }
+    };
+    let controller = crate::ambient::controller::Controller {
+        client,
+        settings: s.ambient.clone(),
+        node: s.node().to_owned(),
+        excluded: s.exclude_namespaces.clone(),
+        places: s.repair.places.clone(),
+        metrics,
+        dataplane: Arc::new(std::sync::Mutex::new(host_probe(s, Dataplane::new(zds)))),
+        requests,
+    };
+    tasks.spawn(async move {
+        controller.run(stop).await;
+        drop(listener);
+    });
 }
 
 /// The agent's API client, from the same service account and server as the kubeconfig.

@@ -73,6 +73,9 @@ struct Inner {
     state: Mutex<State>,
     deadline: Duration,
     stop: AtomicBool,
+    /// Connections wait in the backlog until the agent knows every enrolled pod: a snapshot
+    /// that missed one would make ztunnel drop it.
+    serving: AtomicBool,
     connections: AtomicU64,
 }
 
@@ -87,6 +90,18 @@ impl ZdsServer {
     /// Listens at `path`: a socket left there by an earlier run is replaced; anything else
     /// there is an error (not removed). `deadline` bounds each read and write.
     pub fn bind(path: &Path, deadline: Duration) -> io::Result<ZdsServer> {
+        let server = ZdsServer::bind_paused(path, deadline)?;
+        server.serve_connections();
+        Ok(server)
+    }
+
+    /// [`ZdsServer::bind`], but ztunnel's connections wait (in the listen backlog) until
+    /// [`ZdsServer::serve_connections`]: the agent first learns which pods are enrolled, so
+    /// that the first snapshot holds them all. The socket's folder must not be writable by
+    /// its group or others, nor owned by another user: whoever can replace the socket can
+    /// receive every pod's namespace.
+    pub fn bind_paused(path: &Path, deadline: Duration) -> io::Result<ZdsServer> {
+        check_folder(path)?;
         match std::fs::symlink_metadata(path) {
             Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
                 std::fs::remove_file(path)?
@@ -122,6 +137,7 @@ impl ZdsServer {
             state: Mutex::new(State::default()),
             deadline,
             stop: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
             connections: AtomicU64::new(0),
         });
         let for_thread = inner.clone();
@@ -133,6 +149,11 @@ impl ZdsServer {
             path: path.to_owned(),
             accept: Some(accept),
         })
+    }
+
+    /// Starts answering ztunnel's connections (see [`ZdsServer::bind_paused`]).
+    pub fn serve_connections(&self) {
+        self.inner.serving.store(true, Ordering::Relaxed);
     }
 
     /// Enrolls a pod with its network namespace and sends it to ztunnel. A nack leaves it out
@@ -283,9 +304,40 @@ fn bad(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("ztunnel sent {what}"))
 }
 
+/// Refuses a socket folder that is not the agent's alone (see [`ZdsServer::bind_paused`]).
+fn check_folder(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let meta = std::fs::metadata(dir)?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.mode() & 0o022 != 0 || meta.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: the ZDS socket's folder is {} (mode {:o}, owner uid {}): whoever may write \
+                 there can put their own socket in the agent's place and receive every pod's \
+                 network namespace; make it the agent's alone (chmod 0755, chown {me})",
+                dir.display(),
+                if meta.mode() & 0o022 != 0 {
+                    "writable by others"
+                } else {
+                    "another user's"
+                },
+                meta.mode() & 0o7777,
+                meta.uid()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn accept_loop(inner: &Inner, listener: OwnedFd) {
     let mut next_id = 1u64;
     while !inner.stop.load(Ordering::Relaxed) {
+        if !inner.serving.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
         let raw = match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
             Ok(raw) => raw,
             Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,

@@ -1,0 +1,547 @@
+//! Ambient mode end to end, against a real API server (kube-apiserver and etcd, with the RBAC
+//! of `deploy/kubernetes/redirect-cni.yaml` and `ambient.yaml` as written), the agent as the
+//! DaemonSet runs it, pods in real network namespaces found through a stand-in of the host's
+//! `/proc`, and a ztunnel of our own (`TestZtunnel`) that speaks ZDS and binds its listeners
+//! inside each pod through the descriptor it receives, as ztunnel does:
+//!
+//! - a namespace labelled `istio.io/dataplane-mode=ambient` enrolls its running pod: the in-pod
+//!   rules, the pod handed to ztunnel, `ambient.istio.io/redirection` pending then enabled, and
+//!   the pod's outbound connection lands on ztunnel's listener bound through the descriptor;
+//! - the agent restarts: the pod stays enrolled, its rules untouched, ztunnel gets it again in
+//!   the new agent's snapshot;
+//! - ztunnel restarts (its listeners gone): the snapshot hands the pod over again, and
+//!   connections land again;
+//! - the plugin's ADD of a new pod: enrolled before ADD answers; deleting the pod releases it;
+//! - the pod labelled `none`: released, its rules gone, ztunnel told, the annotation removed.
+
+use cni_testkit as common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
+use cni_node::ambient::zds::wire;
+use common::agent::{Agent, AgentSpec};
+use common::apiserver::{ControlPlane, SYSTEM};
+use common::host_proc::{cgroupfs, FakeProc};
+use common::{cni_env, node_bin, plugin_in};
+use nix::sys::socket::{
+    connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
+};
+use prost::Message;
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use serde_json::{json, Value};
+
+const NODE: &str = "worker-3";
+/// kubelet's UID in the stand-in of the host's `/proc`.
+const KUBELET_UID: u32 = 4321;
+const WAIT: Duration = Duration::from_secs(30);
+/// ztunnel's in-pod ports.
+const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
+/// An address outside the pod, only for the outbound connection to be redirected.
+const OUTSIDE: &str = "10.99.0.1:80";
+
+fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    common::eventually(what, WAIT, f)
+}
+
+/// A pod served by the test ztunnel: its namespace's identity and the listeners bound in it.
+struct Served {
+    netns: u64,
+    listeners: Vec<TcpListener>,
+}
+
+#[derive(Default)]
+struct ZState {
+    pods: BTreeMap<String, Served>,
+    /// Pods named by the snapshot being received (ztunnel drops the others at its end).
+    in_snapshot: BTreeSet<String>,
+    snapshots: u32,
+    /// Each request, as `add <uid>`, `keep <uid>`, `del <uid>`, `snapshot-sent`.
+    seen: Vec<String>,
+}
+
+/// A ztunnel of our own: connects (again and again, as ztunnel does), says hello, acks every
+/// request, binds listeners on ztunnel's ports inside each pod added, drops them at `del`
+/// and for pods a snapshot leaves out.
+struct TestZtunnel {
+    stop: Arc<AtomicBool>,
+    state: Arc<Mutex<ZState>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestZtunnel {
+    fn start(path: &Path) -> TestZtunnel {
+        let (stop, state) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(Mutex::new(ZState::default())),
+        );
+        let (s, st, path) = (stop.clone(), state.clone(), path.to_owned());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match connect_to(&path) {
+                    Some(sock) => serve(&sock, &s, &st),
+                    None => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        });
+        TestZtunnel {
+            stop,
+            state,
+            thread: Some(thread),
+        }
+    }
+
+    fn serves(&self, uid: &str) -> bool {
+        self.state.lock().unwrap().pods.contains_key(uid)
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.state.lock().unwrap().seen.clone()
+    }
+
+    /// Whether a connection from `pod` to the outside lands on this ztunnel's outbound
+    /// listener of pod `uid`.
+    fn lands(&self, pod: &TestNetns, uid: &str) -> bool {
+        let to: SocketAddr = OUTSIDE.parse().unwrap();
+        let c = pod.run(move || TcpStream::connect_timeout(&to, Duration::from_secs(2)));
+        if c.is_err() {
+            return false;
+        }
+        let state = self.state.lock().unwrap();
+        let Some(served) = state.pods.get(uid) else {
+            return false;
+        };
+        let l = &served.listeners[0];
+        l.set_nonblocking(true).unwrap();
+        (0..50).any(|_| match l.accept() {
+            Ok(_) => true,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                false
+            }
+        })
+    }
+}
+
+impl Drop for TestZtunnel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn connect_to(path: &Path) -> Option<OwnedFd> {
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    connect(sock.as_raw_fd(), &UnixAddr::new(path).ok()?).ok()?;
+    let t = nix::sys::time::TimeVal::new(0, 200_000);
+    setsockopt(&sock, sockopt::ReceiveTimeout, &t).ok()?;
+    wire::send(sock.as_fd(), &ZdsHello { version: 1 }.encode_to_vec(), None).ok()?;
+    Some(sock)
+}
+
+/// Answers the agent until it closes the connection or the test stops this ztunnel.
+fn serve(sock: &OwnedFd, stop: &AtomicBool, state: &Mutex<ZState>) {
+    while !stop.load(Ordering::Relaxed) {
+        let d = match wire::recv(sock.as_fd()) {
+            Ok(d) => d,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        };
+        let r = WorkloadRequest::decode(d.bytes.as_slice()).expect("a WorkloadRequest");
+        handle(&mut state.lock().unwrap(), r, d.fds);
+        let ack = WorkloadResponse::ack().encode_to_vec();
+        if wire::send(sock.as_fd(), &ack, None).is_err() {
+            return;
+        }
+    }
+}
+
+fn handle(z: &mut ZState, r: WorkloadRequest, mut fds: Vec<OwnedFd>) {
+    match r.payload {
+        Some(Payload::Add(a)) => {
+            z.seen.push(format!("add {}", a.uid));
+            let fd = fds.pop().expect("an add carries the pod's namespace");
+            let ino = nix::sys::stat::fstat(&fd).unwrap().st_ino;
+            // The same namespace again (a new agent's snapshot): the listeners stay.
+            if z.pods.get(&a.uid).is_none_or(|s| s.netns != ino) {
+                z.pods.remove(&a.uid);
+                let listeners = listeners_in(fd);
+                z.pods.insert(
+                    a.uid.clone(),
+                    Served {
+                        netns: ino,
+                        listeners,
+                    },
+                );
+            }
+            z.in_snapshot.insert(a.uid);
+        }
+        Some(Payload::Keep(k)) => {
+            z.seen.push(format!("keep {}", k.uid));
+            z.in_snapshot.insert(k.uid);
+        }
+        Some(Payload::Del(d)) => {
+            z.seen.push(format!("del {}", d.uid));
+            z.pods.remove(&d.uid);
+        }
+        Some(Payload::SnapshotSent(_)) => {
+            z.seen.push("snapshot-sent".into());
+            let named = std::mem::take(&mut z.in_snapshot);
+            z.pods.retain(|uid, _| named.contains(uid));
+            z.snapshots += 1;
+        }
+        None => panic!("an empty request"),
+    }
+}
+
+/// ztunnel's listeners, bound inside the namespace of `fd` by a thread that enters it.
+fn listeners_in(fd: OwnedFd) -> Vec<TcpListener> {
+    std::thread::spawn(move || {
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        PORTS
+            .iter()
+            .map(|p| TcpListener::bind(("0.0.0.0", *p)).unwrap())
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+/// A pod's namespace: `ip` on a veth whose peer is in the node's namespace (routed there,
+/// with the node's address `10.77.0.1`, the pod's gateway), loopback up.
+fn pod_netns(node: &TestNetns, ip: &str, peer: &str) -> TestNetns {
+    let ns = TestNetns::with_prefix("rdamb");
+    ns.sh(&format!(
+        "ip link set lo up && ip link add eth0 type veth peer name {peer} netns {node} && \
+         ip addr add {ip}/32 dev eth0 && ip link set eth0 up && \
+         ip route add default via 10.77.0.1 dev eth0 onlink",
+        node = node.name()
+    ));
+    node.sh(&format!(
+        "ip link set {peer} up && ip addr add 10.77.0.1/32 dev {peer} && \
+         ip route add {ip}/32 dev {peer}"
+    ));
+    ns
+}
+
+/// The app's listener on 8080 in `pod`.
+fn app(pod: &TestNetns) -> TcpListener {
+    let l = pod.run(|| TcpListener::bind("0.0.0.0:8080")).unwrap();
+    l.set_nonblocking(true).unwrap();
+    l
+}
+
+/// Connects from the node as `uid` to `ip`:8080: where it landed, as "app from <source>",
+/// "ztunnel's inbound port" or "nowhere".
+fn probe(
+    node: &TestNetns,
+    uid: u32,
+    ip: &str,
+    app: &TcpListener,
+    z: &TestZtunnel,
+    pod: &str,
+) -> String {
+    let to: SocketAddr = format!("{ip}:8080").parse().unwrap();
+    let client = node.run(move || {
+        redirect_testkit::netns::become_ids(uid, uid).unwrap();
+        TcpStream::connect_timeout(&to, Duration::from_secs(2))
+    });
+    if let Err(e) = client {
+        return format!("nowhere (connect: {e})");
+    }
+    for _ in 0..100 {
+        if let Ok((_, from)) = app.accept() {
+            return format!("app from {}", from.ip());
+        }
+        let state = z.state.lock().unwrap();
+        if let Some(l) = state.pods.get(pod).map(|s| &s.listeners[1]) {
+            l.set_nonblocking(true).unwrap();
+            if l.accept().is_ok() {
+                return "ztunnel's inbound port".into();
+            }
+        }
+        drop(state);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    "nowhere".into()
+}
+
+/// The pod addresses in the node's probe SNAT sets.
+fn probe_members(node: &TestNetns) -> Vec<String> {
+    let ns = redirect_core::Namespace::open(node.path()).unwrap();
+    let members = ns.host_probe_members().unwrap().unwrap_or_default();
+    members.iter().map(|a| a.to_string()).collect()
+}
+
+fn has_rules(ns: &TestNetns) -> bool {
+    redirect_testkit::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .is_some()
+}
+
+/// A plain pod (no sidecar) on this node; returns its UID.
+fn create_pod(cp: &ControlPlane, namespace: &str, name: &str) -> String {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"nodeName": NODE, "serviceAccountName": "default",
+                 "containers": [{"name": "app", "image": "app"}]}});
+    let out = cp.kubectl_in(&["create", "-o", "json", "-f", "-"], Some(&pod.to_string()));
+    assert!(
+        out.status.success(),
+        "kubectl create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["metadata"]["uid"].as_str().unwrap().to_owned()
+}
+
+fn running(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
+    cp.set_pod_status(
+        namespace,
+        name,
+        &json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+    );
+}
+
+fn redirection(cp: &ControlPlane, namespace: &str, name: &str) -> Option<String> {
+    let pod = cp.get(&["pod", name, "-n", namespace]);
+    pod["metadata"]["annotations"]["ambient.istio.io/redirection"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A folder only root may write, for ztunnel's socket.
+fn socket_dir() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("ztunnel");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (d, dir.join("ztunnel.sock"))
+}
+
+/// The node: its own network namespace (the agent programs the host's probe SNAT there),
+/// which reaches the API server through a forwarder; the host's `/proc` with kubelet in it.
+struct Node {
+    host: TestNetns,
+    api_port: u16,
+    cp: ControlPlane,
+    sa: tempfile::TempDir,
+    proc: FakeProc,
+    node: tempfile::TempDir,
+    socket: PathBuf,
+    _socket_dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let cp = ControlPlane::start();
+        cp.namespace(SYSTEM);
+        cp.install("kubernetes/redirect-cni.yaml");
+        cp.install("kubernetes/ambient.yaml");
+        let sa = cp.service_account_dir(SYSTEM, "redirect-cni");
+        let (_socket_dir, socket) = socket_dir();
+        let host = TestNetns::with_prefix("rdnode");
+        host.sh("ip link set lo up");
+        let api_port = cp.forward_from(&host);
+        let proc = FakeProc::new();
+        proc.add_kubelet(700, KUBELET_UID);
+        Node {
+            host,
+            api_port,
+            cp,
+            sa,
+            proc,
+            node: tempfile::tempdir().unwrap(),
+            socket,
+            _socket_dir,
+        }
+    }
+
+    fn agent(&self) -> Agent {
+        let address = format!("--ztunnel-uds-address={}", self.socket.display());
+        let agent = Agent::start(&AgentSpec {
+            cp: &self.cp,
+            sa: self.sa.path(),
+            proc: self.proc.path(),
+            node: self.node.path(),
+            node_name: NODE,
+            bin: Path::new(node_bin()),
+            plugin: Path::new(common::plugin_bin()),
+            extra: &["--ambient-enabled", "--repair-enabled=false", &address],
+            api_port: Some(self.api_port),
+            netns: Some(self.host.name()),
+        });
+        agent.line_with(&["ambient:", "enrolled at start; ztunnel may connect"]);
+        agent
+    }
+
+    /// The plugin's ADD of `namespace/name` in `ns`, with the config the agent installed.
+    fn add(&self, ns: &TestNetns, namespace: &str, name: &str, uid: &str) -> common::Out {
+        let conf_path = self.node.path().join("net/redirect-cni.conf");
+        let conf = std::fs::read_to_string(&conf_path).unwrap();
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
+        );
+        // In the node's namespace: the kubeconfig the agent wrote names the forwarder there.
+        plugin_in(
+            &self.host,
+            &cni_env("ADD", ns.path().to_str().unwrap(), &args),
+            &conf,
+        )
+    }
+}
+
+#[test]
+fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releases() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.cp.namespace("shop");
+    let web_uid = create_pod(&n.cp, "shop", "web");
+    let web = pod_netns(&n.host, "10.77.0.2", "vweb");
+    let web_app = app(&web);
+    n.proc.add(4100, &cgroupfs(&web_uid), 100, web.path());
+    running(&n.cp, "shop", "web", "10.77.0.2");
+
+    // The agent first, ztunnel not there yet: the pod is not ambient.
+    let agent = n.agent();
+    assert!(!has_rules(&web), "no label yet, but rules in the pod");
+
+    // The namespace's label enrolls the running pod: rules, then pending (no ztunnel).
+    n.cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        "shop",
+        "istio.io/dataplane-mode=ambient",
+    ]);
+    agent.line_with(&["ambient: pod shop/web enrolled"]);
+    assert!(has_rules(&web), "enrolled without its in-pod rules");
+    assert_eq!(
+        probe_members(&n.host),
+        ["10.77.0.2"],
+        "web not in the probe SNAT set"
+    );
+    eventually("the annotation pending", || {
+        (redirection(&n.cp, "shop", "web").as_deref() == Some("pending")).then_some(())
+    });
+
+    // ztunnel connects: the snapshot hands it the pod, connections land on its listener.
+    let z = TestZtunnel::start(&n.socket);
+    eventually("ztunnel serving web", || z.serves(&web_uid).then_some(()));
+    assert!(
+        z.lands(&web, &web_uid),
+        "web's connection did not land on ztunnel's listener"
+    );
+    // kubelet's probe reaches the app, from the address the rules let through; any other
+    // process of the node is captured to ztunnel's inbound port.
+    let (probed, other) = (
+        probe(&n.host, KUBELET_UID, "10.77.0.2", &web_app, &z, &web_uid),
+        probe(&n.host, 4000, "10.77.0.2", &web_app, &z, &web_uid),
+    );
+    assert_eq!(probed, "app from 169.254.7.127");
+    assert_eq!(other, "ztunnel's inbound port");
+    eventually("the annotation enabled", || {
+        (redirection(&n.cp, "shop", "web").as_deref() == Some("enabled")).then_some(())
+    });
+
+    // The agent restarts: the new one finds the pod's namespace, keeps its rules, and its
+    // snapshot names the pod (ztunnel would drop a pod it leaves out).
+    let before = redirect_testkit::nft_in(web.path()).read().unwrap();
+    drop(agent);
+    let agent = n.agent();
+    eventually("a second snapshot", || {
+        (z.state.lock().unwrap().snapshots >= 2).then_some(())
+    });
+    assert!(
+        z.serves(&web_uid),
+        "the agent's restart lost web: {:?}",
+        z.seen()
+    );
+    assert_eq!(
+        redirect_testkit::nft_in(web.path()).read().unwrap(),
+        before,
+        "the rules were touched"
+    );
+    assert!(z.lands(&web, &web_uid));
+    assert!(!agent.log().contains("leaves the mesh"), "{}", agent.log());
+
+    // ztunnel restarts, its listeners gone: the next snapshot hands the pod over again.
+    drop(z);
+    assert!(!web.run(|| TcpStream::connect_timeout(
+        &OUTSIDE.parse().unwrap(),
+        Duration::from_millis(500)
+    )
+    .is_ok()));
+    let z = TestZtunnel::start(&n.socket);
+    eventually("the new ztunnel serving web", || {
+        z.serves(&web_uid).then_some(())
+    });
+    assert!(z.lands(&web, &web_uid), "after ztunnel's restart");
+
+    // A new pod: the plugin's ADD enrolls it before answering.
+    let api_uid = create_pod(&n.cp, "shop", "api");
+    let api = pod_netns(&n.host, "10.77.0.3", "vapi");
+    let out = n.add(&api, "shop", "api", &api_uid);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    assert!(
+        has_rules(&api) && z.serves(&api_uid),
+        "ADD answered before the pod was enrolled: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(z.lands(&api, &api_uid));
+    eventually("api annotated", || {
+        (redirection(&n.cp, "shop", "api").as_deref() == Some("enabled")).then_some(())
+    });
+    // Deleted: released (ztunnel told).
+    n.cp.kubectl_ok(&["delete", "pod", "api", "-n", "shop", "--wait=false"]);
+    eventually("api released", || (!z.serves(&api_uid)).then_some(()));
+
+    // web labelled none: released, its rules gone, the annotation removed.
+    n.cp.kubectl_ok(&[
+        "label",
+        "pod",
+        "web",
+        "-n",
+        "shop",
+        "istio.io/dataplane-mode=none",
+    ]);
+    eventually("web released", || (!z.serves(&web_uid)).then_some(()));
+    eventually("web's rules removed", || (!has_rules(&web)).then_some(()));
+    assert!(
+        probe_members(&n.host).is_empty(),
+        "web's address left in the probe set"
+    );
+    assert_eq!(
+        probe(&n.host, 4000, "10.77.0.2", &web_app, &z, &web_uid),
+        "app from 10.77.0.1",
+        "released, but still captured"
+    );
+    eventually("the annotation removed", || {
+        redirection(&n.cp, "shop", "web").is_none().then_some(())
+    });
+    assert!(z.seen().contains(&format!("del {web_uid}")));
+}
