@@ -495,6 +495,18 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         Duration::from_millis(500)
     )
     .is_ok()));
+    // Meanwhile a new ambient pod cannot start: its ADD fails and leaves nothing behind.
+    let late_uid = create_pod(&n.cp, "shop", "late");
+    let late = pod_netns(&n.host, "10.77.0.4", "vlate");
+    let out = n.add(&late, "shop", "late", &late_uid);
+    assert_eq!(out.json()["code"], 11, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("ztunnel is not connected"),
+        "{}",
+        out.stdout
+    );
+    assert!(!has_rules(&late), "a failed ADD left rules in the pod");
+    assert_eq!(probe_members(&n.host), ["10.77.0.2"]);
     let z = TestZtunnel::start(&n.socket);
     eventually("the new ztunnel serving web", || {
         z.serves(&web_uid).then_some(())
@@ -544,4 +556,54 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         redirection(&n.cp, "shop", "web").is_none().then_some(())
     });
     assert!(z.seen().contains(&format!("del {web_uid}")));
+}
+
+/// With `ambient_enabled` and no agent listening (none at all, or a socket left by a dead
+/// one), ADD of a pod without a sidecar fails with "try again later", naming the socket, and
+/// leaves the pod's namespace as it was: an ambient pod must not start uncaptured.
+#[test]
+fn without_the_agent_an_ambient_add_fails_naming_the_socket_and_changes_nothing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let run = tempfile::tempdir().unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
+        "ambient_enabled": true, "cni_agent_run_dir": run.path(),
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"app": "web"}}})
+    .to_string();
+    let pod = common::pod_ns();
+    let ruleset = || pod.sh("nft list ruleset; ip rule; ip route show table all");
+    let before = ruleset();
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web;K8S_POD_UID=u1";
+    let env = cni_env("ADD", pod.path().to_str().unwrap(), args);
+    let socket = run.path().join(cni_plugin::ambient::SOCKET_NAME);
+    for left in ["no socket", "a dead agent's socket"] {
+        if left != "no socket" {
+            // Bound, never listened on: connect() is refused.
+            let s = socket_at(&socket);
+            std::mem::forget(s);
+        }
+        let out = common::plugin(&env, &conf);
+        assert_ne!(out.code, 0, "{left}: ADD succeeded: {}", out.stdout);
+        let err = out.json();
+        assert_eq!(err["code"], 11, "{left}: {err}");
+        let msg = err["msg"].as_str().unwrap();
+        assert!(
+            msg.contains(socket.to_str().unwrap()) && msg.contains("node agent"),
+            "{left}: {msg}"
+        );
+        assert_eq!(ruleset(), before, "{left}: the pod's namespace changed");
+    }
+}
+
+fn socket_at(path: &Path) -> OwnedFd {
+    let s = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    nix::sys::socket::bind(s.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
+    s
 }

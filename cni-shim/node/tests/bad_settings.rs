@@ -55,6 +55,36 @@ fn bad_installer_settings() {
             &["kubeconfig-mode", "0660", "0640"],
         ),
         (
+            "ambient switch",
+            &["--ambient-enabled=sometimes"],
+            &[],
+            &["ambient-enabled", "sometimes"],
+        ),
+        (
+            "probe SNAT address not an address",
+            &[],
+            &[("HOST_PROBE_SNAT_IP", "169.254.7")],
+            &["HOST_PROBE_SNAT_IP", "169.254.7", "IP address"],
+        ),
+        (
+            "probe SNAT address of the wrong family",
+            &[],
+            &[("HOST_PROBE_SNAT_IP", "fd00::1")],
+            &["HOST_PROBE_SNAT_IP", "fd00::1", "IPv4"],
+        ),
+        (
+            "IPv6 probe SNAT address of the wrong family",
+            &["--host-probe-snat-ipv6", "10.0.0.1"],
+            &[],
+            &["host-probe-snat-ipv6", "10.0.0.1", "IPv6"],
+        ),
+        (
+            "ztunnel's socket not absolute",
+            &[],
+            &[("ZTUNNEL_UDS_ADDRESS", "run/ztunnel.sock")],
+            &["ZTUNNEL_UDS_ADDRESS", "run/ztunnel.sock", "absolute"],
+        ),
+        (
             "boolean flag value",
             &["--chained-cni-plugin=maybe"],
             &[],

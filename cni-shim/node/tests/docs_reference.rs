@@ -68,7 +68,9 @@ fn every_metric_is_documented_and_exists() {
     use cni_node::metrics::{Install, Metrics};
     use cni_node::repair::detect::Action;
     use cni_plugin::events::Event;
-    let m = Metrics::new(Some(Action::Repair), true);
+    let m = Metrics::new(Some(Action::Repair), true).with_ambient();
+    m.set_ambient(1, 0, true, 1);
+    m.ambient_failed();
     m.set_watch_up(true);
     m.watch_listed();
     m.installed(Install::Success);

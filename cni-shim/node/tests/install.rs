@@ -1620,3 +1620,47 @@ fn sigterm(child: std::process::Child) -> String {
     let out = child.wait_with_output().unwrap();
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// Ambient mode: ztunnel's socket folder must be the agent's alone (whoever may write there
+/// can put a socket of their own in the agent's place and receive every pod's network
+/// namespace): one its group or others may write, or another user's, stops the agent at start
+/// naming the folder, its mode and the fix, and nothing is installed.
+#[test]
+fn binary_refuses_a_ztunnel_socket_folder_others_may_write() {
+    for (mode, owner, needle) in [
+        (0o777, None, "mode 777"),
+        (0o1777, None, "mode 1777"),
+        (0o775, None, "mode 775"),
+        (0o755, Some(4242), "owner uid 4242"),
+    ] {
+        let node = Node::new();
+        node.write("net/10-calico.conflist", CALICO, 0o644);
+        let dir = node.p("ztunnel");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+        if let Some(uid) = owner {
+            nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+        }
+        let socket = dir.join("ztunnel.sock");
+        let env = [
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "6443"),
+            ("REPAIR_ENABLED", "false"),
+            ("MONITORING_PORT", "0"),
+            ("NODE_NAME", "worker-1"),
+            ("AMBIENT_ENABLED", "true"),
+            ("ZTUNNEL_UDS_ADDRESS", socket.to_str().unwrap()),
+        ];
+        let before = node.snapshot();
+        let (code, stderr) = binary_exits(&node, &env);
+        assert_ne!(code, Some(0), "{needle}: {stderr}");
+        assert!(
+            stderr.contains(needle)
+                && stderr.contains("ZTUNNEL_UDS_ADDRESS")
+                && stderr.contains("chmod 0755"),
+            "{needle}: {stderr}"
+        );
+        assert!(changed(&before, &node.snapshot()).is_empty(), "{needle}");
+        assert!(!socket.exists(), "{needle}: a socket was made there");
+    }
+}

@@ -242,8 +242,9 @@ impl Controller {
                 AddAnswer::Enrolled
             }
             Ok((Stage::Pending, refused)) => {
-                // The sandbox is torn down when ADD fails; the runtime tries again.
-                self.release(&uid, true).await;
+                // ADD fails: the namespace as it was (the runtime tears the sandbox down and
+                // tries again).
+                self.release(&uid, false).await;
                 AddAnswer::Failed {
                     error: match refused {
                         Some(e) => e.to_string(),
