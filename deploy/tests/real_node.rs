@@ -780,3 +780,170 @@ fn agent_running(node: &Node) -> bool {
         .iter()
         .any(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
 }
+
+/// ztunnel's stand-in (`testpod ztunnel`), privileged, on the node's `/var/run/ztunnel`.
+fn ztunnel_pod() -> String {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ztunnel", "namespace": "istio-system", "labels": {"app": "ztunnel"}},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "ztunnel", "image": "localhost/testpod:test",
+                "imagePullPolicy": "Never", "args": ["ztunnel", "/var/run/ztunnel/ztunnel.sock"],
+                "securityContext": {"privileged": true},
+                "volumeMounts": [{"name": "zds", "mountPath": "/var/run/ztunnel"}]}],
+            "volumes": [{"name": "zds",
+                "hostPath": {"path": "/var/run/ztunnel", "type": "DirectoryOrCreate"}}]}})
+    .to_string()
+}
+
+/// An ambient pod (no sidecar): the app connecting out every second, and a server on 8080
+/// that kubelet probes (ready only when the probe reaches it: the stand-in does not listen on
+/// 15006, so a probe the rules captured would be refused).
+fn ambient_pod(name: &str) -> String {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "app", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
+             "args": ["connect", "10.96.0.99:80", "--every", "1"]},
+            {"name": "server", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
+             "args": ["listen", "8080"],
+             "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}})
+    .to_string()
+}
+
+fn shop_pod(node: &Node, name: &str) -> Value {
+    node.get(&["pod", "-n", "shop", name])
+        .unwrap_or_else(|| panic!("pod shop/{name} is gone\n{}", pods_summary(node)))
+}
+
+fn log_of(node: &Node, namespace: &str, pod: &str, container: &str) -> String {
+    let out = node.kubectl_output(&["-n", namespace, "logs", pod, "-c", container], None);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// How many of the app's connections landed on ztunnel's outbound listener so far.
+fn landed(node: &Node, pod: &str) -> usize {
+    let log = log_of(node, "shop", pod, "app");
+    log.lines().filter(|l| l.ends_with(CAPTURED)).count()
+}
+
+/// Waits for more captured connections than `before`.
+fn lands_again(node: &Node, pod: &str, before: usize, what: &str) -> usize {
+    eventually(node, what, 60, || {
+        let n = landed(node, pod);
+        (n > before + 1).then_some(n)
+    })
+}
+
+fn ztunnel_log(node: &Node) -> String {
+    log_of(node, "istio-system", "ztunnel", "ztunnel")
+}
+
+/// Ambient mode on a real node, with the chart's `ambient.enabled`: a pod of a namespace
+/// labelled ambient is enrolled at its ADD (its app's connections land on ztunnel's listener,
+/// bound through the descriptor ztunnel got, from the first one; kubelet's readiness probe
+/// reaches it through the host's probe SNAT; `ambient.istio.io/redirection: enabled`); the
+/// agent's restart and ztunnel's restart lose nothing; the pod labelled `none` is released.
+#[test]
+fn ambient_pod_enrolled_by_label_survives_restarts_and_is_released() {
+    let Some((_one, node)) = node("ambient", Options::default()) else {
+        return;
+    };
+    install(&node, &["--set", "ambient.enabled=true"]);
+    node.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "istio-system"}})
+        .to_string(),
+    );
+    node.apply(&ztunnel_pod());
+    eventually(
+        &node,
+        "ztunnel connected and given its snapshot",
+        90,
+        || {
+            ztunnel_log(&node)
+                .contains("snapshot received")
+                .then_some(())
+        },
+    );
+    node.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "shop", "labels": {"istio.io/dataplane-mode": "ambient"}}})
+        .to_string(),
+    );
+    node.apply(&ambient_pod("web"));
+    let web = eventually(&node, "shop/web Running and ready", 90, || {
+        let p = shop_pod(&node, "web");
+        running(&p).then_some(p)
+    });
+    assert_eq!(
+        web["metadata"]["annotations"]["ambient.istio.io/redirection"],
+        "enabled"
+    );
+    let n = lands_again(&node, "web", 0, "web's connections landing on ztunnel");
+    let app = log_of(&node, "shop", "web", "app");
+    assert!(
+        app.lines().all(|l| l.ends_with(CAPTURED)),
+        "not every connection of web's app landed on ztunnel:\n{app}"
+    );
+    assert!(node.metric("redirect_cni_ambient_pods", &["stage=\"enabled\""]) >= 1.0);
+    assert_eq!(
+        node.metric("redirect_cni_ambient_ztunnel_connected", &[]),
+        1.0
+    );
+
+    // The agent restarts (its pod deleted, the DaemonSet makes another).
+    node.kubectl(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "pods",
+        "--all",
+        "--wait=false",
+    ]);
+    std::thread::sleep(Duration::from_secs(2));
+    agent_ready(&node);
+    eventually(&node, "ztunnel's second snapshot", 60, || {
+        let log = ztunnel_log(&node);
+        let snapshots: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("snapshot received"))
+            .collect();
+        (snapshots.len() >= 2 && snapshots.last()?.contains("serving 1 pod")).then_some(())
+    });
+    let n = lands_again(&node, "web", n, "web captured after the agent's restart");
+
+    // ztunnel restarts: the new one gets web with its snapshot.
+    node.kubectl(&["-n", "istio-system", "delete", "pod", "ztunnel"]);
+    node.apply(&ztunnel_pod());
+    eventually(&node, "the new ztunnel serving web", 90, || {
+        ztunnel_log(&node)
+            .contains("snapshot received, serving 1 pod")
+            .then_some(())
+    });
+    lands_again(&node, "web", n, "web captured after ztunnel's restart");
+    assert!(running(&shop_pod(&node, "web")), "web not ready any more");
+
+    // Labelled none: released.
+    node.kubectl(&[
+        "-n",
+        "shop",
+        "label",
+        "pod",
+        "web",
+        "istio.io/dataplane-mode=none",
+    ]);
+    eventually(&node, "web's annotation removed", 30, || {
+        shop_pod(&node, "web")["metadata"]["annotations"]["ambient.istio.io/redirection"]
+            .is_null()
+            .then_some(())
+    });
+    assert!(
+        ztunnel_log(&node).contains("del "),
+        "{}",
+        ztunnel_log(&node)
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let after = landed(&node, "web");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(landed(&node, "web"), after, "released, but still captured");
+}

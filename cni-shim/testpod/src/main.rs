@@ -7,6 +7,9 @@
 //! - `testpod connect ADDR:PORT [--every SECONDS]`: the app. Connects, prints the line it gets
 //!   (or the error), and with `--every` does it again and again; without, exits 0 on an answer.
 //! - `testpod sleep`: nothing, for ever (a container that only holds the pod).
+//! - `testpod ztunnel SOCKET`: ztunnel's stand-in for ambient mode (`ztunnel.rs`).
+
+mod ztunnel;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,11 +23,12 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("listen") if args.len() == 2 => listen(&args[1]),
         Some("connect") => connect(&args[1..]),
+        Some("ztunnel") if args.len() == 2 => ztunnel::run(&args[1]),
         Some("sleep") => loop {
             std::thread::sleep(Duration::from_secs(3600));
         },
         _ => {
-            eprintln!("usage: testpod listen PORT[,PORT...] | connect ADDR:PORT [--every SECONDS] | sleep");
+            eprintln!("usage: testpod listen PORT[,PORT...] | connect ADDR:PORT [--every SECONDS] | sleep | ztunnel SOCKET");
             2
         }
     };
@@ -66,7 +70,7 @@ fn serve(listener: TcpListener, port: u16) {
 }
 
 /// Where the client meant to go, before NAT; `direct` when nothing redirected it.
-fn original(conn: &TcpStream) -> String {
+pub(crate) fn original(conn: &TcpStream) -> String {
     let local = conn.local_addr().ok();
     let v6 = matches!(local, Some(SocketAddr::V6(a)) if a.ip().to_ipv4_mapped().is_none());
     let dst: Option<SocketAddr> = if v6 {

@@ -1,0 +1,170 @@
+//! `testpod ztunnel SOCKET`: a stand-in for ztunnel on the real node. It connects to the node
+//! agent's ZDS socket (again and again, as ztunnel does), says hello, acknowledges every
+//! request, and for each pod added binds listeners inside the pod's network namespace through
+//! the descriptor it received: 15001 (outbound) and 15008 (HBONE), not 15006, so that an
+//! inbound connection the rules capture is refused (kubelet's probes then pass only through
+//! the host's probe SNAT). Each connection is answered and printed as `landed <port> <original
+//! destination>`; `del`, and a snapshot that leaves a pod out, close its listeners.
+//!
+//! The messages and the datagrams are the agent's own code (`proto.rs`, `seqpacket.rs`),
+//! compiled in here.
+
+#[path = "../../node/src/ambient/zds/proto.rs"]
+#[allow(dead_code)]
+mod proto;
+#[path = "../../plugin/src/seqpacket.rs"]
+#[allow(dead_code)]
+mod seqpacket;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+use prost::Message;
+
+use proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
+
+/// ztunnel's limit on a datagram.
+const MAX: usize = 1024;
+/// The ports bound in each pod.
+const PORTS: [u16; 2] = [15001, 15008];
+
+/// A pod served: its namespace's inode and the flag that stops its listeners.
+struct Served {
+    netns: u64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+pub fn run(socket_path: &str) -> i32 {
+    // The pods outlive a connection (the agent restarting): the next snapshot says which stay.
+    let mut pods: BTreeMap<String, Served> = BTreeMap::new();
+    loop {
+        if let Some(sock) = dial(socket_path) {
+            println!("ztunnel: connected to {socket_path}");
+            serve(&sock, &mut pods);
+            println!("ztunnel: the agent closed the connection");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn dial(path: &str) -> Option<OwnedFd> {
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    connect(sock.as_raw_fd(), &UnixAddr::new(path).ok()?).ok()?;
+    seqpacket::send(
+        sock.as_fd(),
+        &ZdsHello { version: 1 }.encode_to_vec(),
+        None,
+        MAX,
+    )
+    .ok()?;
+    Some(sock)
+}
+
+/// Answers the agent until it closes the connection.
+fn serve(sock: &OwnedFd, pods: &mut BTreeMap<String, Served>) {
+    let mut snapshot: Option<BTreeSet<String>> = Some(BTreeSet::new());
+    while let Ok(d) = seqpacket::recv(sock.as_fd(), MAX) {
+        let Ok(r) = WorkloadRequest::decode(d.bytes.as_slice()) else {
+            println!("ztunnel: a datagram that is not a WorkloadRequest");
+            return;
+        };
+        handle(r, d.fds, pods, &mut snapshot);
+        let ack = WorkloadResponse::ack().encode_to_vec();
+        if seqpacket::send(sock.as_fd(), &ack, None, MAX).is_err() {
+            return;
+        }
+    }
+}
+
+fn handle(
+    r: WorkloadRequest,
+    mut fds: Vec<OwnedFd>,
+    pods: &mut BTreeMap<String, Served>,
+    snapshot: &mut Option<BTreeSet<String>>,
+) {
+    let named = |uid: &str, snapshot: &mut Option<BTreeSet<String>>| {
+        if let Some(s) = snapshot.as_mut() {
+            s.insert(uid.to_owned());
+        }
+    };
+    match r.payload {
+        Some(Payload::Add(a)) => {
+            let info = a.workload_info.unwrap_or_default();
+            let who = format!("{}/{}", info.namespace, info.name);
+            println!("ztunnel: add {} {who}", a.uid);
+            named(&a.uid, snapshot);
+            let Some(fd) = fds.pop() else { return };
+            let ino = nix::sys::stat::fstat(&fd).map(|s| s.st_ino).unwrap_or(0);
+            if pods.get(&a.uid).is_some_and(|s| s.netns == ino) {
+                return;
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            bind_in(fd, who, stop.clone());
+            pods.insert(a.uid, Served { netns: ino, stop });
+        }
+        Some(Payload::Keep(k)) => {
+            println!("ztunnel: keep {}", k.uid);
+            named(&k.uid, snapshot);
+        }
+        Some(Payload::Del(d)) => {
+            println!("ztunnel: del {}", d.uid);
+            pods.remove(&d.uid);
+        }
+        Some(Payload::SnapshotSent(_)) => {
+            let named = snapshot.take().unwrap_or_default();
+            pods.retain(|uid, _| named.contains(uid));
+            println!("ztunnel: snapshot received, serving {} pod(s)", pods.len());
+        }
+        None => println!("ztunnel: an empty request"),
+    }
+}
+
+/// Listeners on [`PORTS`] in the namespace of `fd`, on a thread that enters it, until `stop`.
+fn bind_in(fd: OwnedFd, who: String, stop: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        if let Err(e) = nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET) {
+            println!("ztunnel: {who}: cannot enter its namespace: {e}");
+            return;
+        }
+        let listeners: Vec<(u16, TcpListener)> = PORTS
+            .iter()
+            .filter_map(|p| {
+                let l =
+                    TcpListener::bind(("::", *p)).or_else(|_| TcpListener::bind(("0.0.0.0", *p)));
+                l.ok().map(|l| (*p, l))
+            })
+            .collect();
+        for (_, l) in &listeners {
+            let _ = l.set_nonblocking(true);
+        }
+        while !stop.load(Ordering::Relaxed) {
+            for (port, l) in &listeners {
+                if let Ok((mut conn, _)) = l.accept() {
+                    let line = format!("landed {port} {}", crate::original(&conn));
+                    println!("ztunnel: {who} {line}");
+                    let _ = writeln!(conn, "{line}");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!("ztunnel: {who}: listeners closed");
+    });
+}
