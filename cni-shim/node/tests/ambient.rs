@@ -19,27 +19,24 @@ use cni_testkit as common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
 use cni_node::ambient::zds::wire;
-use common::agent::{Agent, AgentSpec};
-use common::apiserver::{ControlPlane, SYSTEM};
-use common::host_proc::{cgroupfs, FakeProc};
-use common::{cni_env, node_bin, plugin_in};
+use common::ambient::{create_pod, pod_netns, running, Node, KUBELET_UID};
+use common::apiserver::ControlPlane;
+use common::cni_env;
+use common::host_proc::cgroupfs;
 use nix::sys::socket::{
     connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
 };
 use prost::Message;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
-use serde_json::{json, Value};
+use serde_json::json;
 
-const NODE: &str = "worker-3";
-/// kubelet's UID in the stand-in of the host's `/proc`.
-const KUBELET_UID: u32 = 4321;
 const WAIT: Duration = Duration::from_secs(30);
 /// ztunnel's in-pod ports.
 const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
@@ -228,23 +225,6 @@ fn listeners_in(fd: OwnedFd) -> Vec<TcpListener> {
     .unwrap()
 }
 
-/// A pod's namespace: `ip` on a veth whose peer is in the node's namespace (routed there,
-/// with the node's address `10.77.0.1`, the pod's gateway), loopback up.
-fn pod_netns(node: &TestNetns, ip: &str, peer: &str) -> TestNetns {
-    let ns = TestNetns::with_prefix("rdamb");
-    ns.sh(&format!(
-        "ip link set lo up && ip link add eth0 type veth peer name {peer} netns {node} && \
-         ip addr add {ip}/32 dev eth0 && ip link set eth0 up && \
-         ip route add default via 10.77.0.1 dev eth0 onlink",
-        node = node.name()
-    ));
-    node.sh(&format!(
-        "ip link set {peer} up && ip addr add 10.77.0.1/32 dev {peer} && \
-         ip route add {ip}/32 dev {peer}"
-    ));
-    ns
-}
-
 /// The app's listener on 8080 in `pod`.
 fn app(pod: &TestNetns) -> TcpListener {
     let l = pod.run(|| TcpListener::bind("0.0.0.0:8080")).unwrap();
@@ -301,116 +281,11 @@ fn has_rules(ns: &TestNetns) -> bool {
         .is_some()
 }
 
-/// A plain pod (no sidecar) on this node; returns its UID.
-fn create_pod(cp: &ControlPlane, namespace: &str, name: &str) -> String {
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"nodeName": NODE, "serviceAccountName": "default",
-                 "containers": [{"name": "app", "image": "app"}]}});
-    let out = cp.kubectl_in(&["create", "-o", "json", "-f", "-"], Some(&pod.to_string()));
-    assert!(
-        out.status.success(),
-        "kubectl create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["metadata"]["uid"].as_str().unwrap().to_owned()
-}
-
-fn running(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
-    cp.set_pod_status(
-        namespace,
-        name,
-        &json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
-    );
-}
-
 fn redirection(cp: &ControlPlane, namespace: &str, name: &str) -> Option<String> {
     let pod = cp.get(&["pod", name, "-n", namespace]);
     pod["metadata"]["annotations"]["ambient.istio.io/redirection"]
         .as_str()
         .map(str::to_owned)
-}
-
-/// A folder only root may write, for ztunnel's socket.
-fn socket_dir() -> (tempfile::TempDir, PathBuf) {
-    let d = tempfile::tempdir().unwrap();
-    let dir = d.path().join("ztunnel");
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    (d, dir.join("ztunnel.sock"))
-}
-
-/// The node: its own network namespace (the agent programs the host's probe SNAT there),
-/// which reaches the API server through a forwarder; the host's `/proc` with kubelet in it.
-struct Node {
-    host: TestNetns,
-    api_port: u16,
-    cp: ControlPlane,
-    sa: tempfile::TempDir,
-    proc: FakeProc,
-    node: tempfile::TempDir,
-    socket: PathBuf,
-    _socket_dir: tempfile::TempDir,
-}
-
-impl Node {
-    fn new() -> Node {
-        let cp = ControlPlane::start();
-        cp.namespace(SYSTEM);
-        cp.install("kubernetes/redirect-cni.yaml");
-        cp.install("kubernetes/ambient.yaml");
-        let sa = cp.service_account_dir(SYSTEM, "redirect-cni");
-        let (_socket_dir, socket) = socket_dir();
-        let host = TestNetns::with_prefix("rdnode");
-        host.sh("ip link set lo up");
-        let api_port = cp.forward_from(&host);
-        let proc = FakeProc::new();
-        proc.add_kubelet(700, KUBELET_UID);
-        Node {
-            host,
-            api_port,
-            cp,
-            sa,
-            proc,
-            node: tempfile::tempdir().unwrap(),
-            socket,
-            _socket_dir,
-        }
-    }
-
-    fn agent(&self) -> Agent {
-        let address = format!("--ztunnel-uds-address={}", self.socket.display());
-        let agent = Agent::start(&AgentSpec {
-            cp: &self.cp,
-            sa: self.sa.path(),
-            proc: self.proc.path(),
-            node: self.node.path(),
-            node_name: NODE,
-            bin: Path::new(node_bin()),
-            plugin: Path::new(common::plugin_bin()),
-            extra: &["--ambient-enabled", "--repair-enabled=false", &address],
-            api_port: Some(self.api_port),
-            netns: Some(self.host.name()),
-        });
-        agent.line_with(&["ambient:", "enrolled at start; ztunnel may connect"]);
-        agent
-    }
-
-    /// The plugin's ADD of `namespace/name` in `ns`, with the config the agent installed.
-    fn add(&self, ns: &TestNetns, namespace: &str, name: &str, uid: &str) -> common::Out {
-        let conf_path = self.node.path().join("net/redirect-cni.conf");
-        let conf = std::fs::read_to_string(&conf_path).unwrap();
-        let args = format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
-        );
-        // In the node's namespace: the kubeconfig the agent wrote names the forwarder there.
-        plugin_in(
-            &self.host,
-            &cni_env("ADD", ns.path().to_str().unwrap(), &args),
-            &conf,
-        )
-    }
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! kube-apiserver); `host_proc` stands in for the node's `/proc`. A dev-dependency only.
 
 pub mod agent;
+pub mod ambient;
 pub mod apiserver;
 pub mod cluster;
 pub mod host_proc;
@@ -26,6 +27,12 @@ use redirect_testkit::{Landings, TestNetns};
 pub fn plugin_bin() -> &'static str {
     static BIN: OnceLock<String> = OnceLock::new();
     BIN.get_or_init(|| built("cni-plugin", "redirect-cni"))
+}
+
+/// The test pods' binary of this build (`target/<profile>/testpod`): ztunnel's stand-in too.
+pub fn testpod_bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| built("testpod", "testpod"))
 }
 
 /// The node agent's binary of this build (`target/<profile>/redirect-cni-node`).

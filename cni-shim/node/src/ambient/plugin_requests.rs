@@ -181,10 +181,17 @@ impl Controller {
         });
         let pod = match cached {
             Some(p) => p.clone(),
-            None => Api::<Pod>::namespaced(self.client.clone(), &add.namespace)
-                .get(&add.name)
-                .await
-                .map_err(|e| format!("reading pod {}/{}: {e}", add.namespace, add.name))?,
+            None => {
+                let pod = Api::<Pod>::namespaced(self.client.clone(), &add.namespace)
+                    .get(&add.name)
+                    .await
+                    .map_err(|e| format!("reading pod {}/{}: {e}", add.namespace, add.name))?;
+                // Known before the watch brings it: the queue must not take it for deleted.
+                if let Some(uid) = pod.metadata.uid.clone() {
+                    state.pods.insert(uid, pod.clone());
+                }
+                pod
+            }
         };
         if !state.namespaces.contains_key(&add.namespace) {
             let ns = Api::<KubeNamespace>::all(self.client.clone())
@@ -231,14 +238,9 @@ impl Controller {
             .await;
         match added {
             Ok((Stage::Enabled, _)) => {
-                if let Err(e) = self.annotate(pod, Some(Stage::Enabled)).await {
-                    tracing::warn!(
-                        "ambient: pod {}/{}: {e} (the watch tries again)",
-                        add.namespace,
-                        add.name
-                    );
-                    state.queue.add(&uid);
-                }
+                // The annotation right after the answer (the queue's next turn): the API's
+                // round trip is not the pod's start's.
+                state.queue.add(&uid);
                 AddAnswer::Enrolled
             }
             Ok((Stage::Pending, refused)) => {
