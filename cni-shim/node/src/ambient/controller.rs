@@ -8,7 +8,7 @@
 //! checked, and programmed again when they differ and `reconcile_on_startup` says so), and
 //! only then lets ztunnel connect: ztunnel drops the pods a snapshot does not name.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -57,6 +57,8 @@ pub(super) struct State {
     listed: (bool, bool),
     started: bool,
     pub(super) queue: Queue,
+    /// The pods of the listing under way (a relist after the watch failed).
+    listing: Option<HashSet<String>>,
 }
 
 impl State {
@@ -65,10 +67,24 @@ impl State {
         self.namespaces.get(ns).cloned().unwrap_or_default()
     }
 
+    /// A pod read from the API at ADD, before the watch brings it: kept (and not taken for
+    /// deleted by a listing under way).
+    pub(super) fn remember(&mut self, pod: &Pod) {
+        if let Some(uid) = pod.metadata.uid.clone() {
+            if let Some(seen) = self.listing.as_mut() {
+                seen.insert(uid.clone());
+            }
+            self.pods.entry(uid).or_insert_with(|| pod.clone());
+        }
+    }
+
     fn on_pod(&mut self, event: Event<Pod>) {
         match event {
             Event::Apply(p) | Event::InitApply(p) => {
                 if let Some(uid) = p.metadata.uid.clone() {
+                    if let Some(seen) = self.listing.as_mut() {
+                        seen.insert(uid.clone());
+                    }
                     self.pods.insert(uid.clone(), p);
                     self.queue.add(&uid);
                 }
@@ -79,8 +95,24 @@ impl State {
                     self.queue.add(uid);
                 }
             }
-            Event::Init => {}
-            Event::InitDone => self.listed.0 = true,
+            Event::Init => self.listing = Some(HashSet::new()),
+            Event::InitDone => {
+                // A pod deleted while the watch was down has no Delete event: the listing
+                // is the truth.
+                if let Some(seen) = self.listing.take() {
+                    let gone: Vec<String> = self
+                        .pods
+                        .keys()
+                        .filter(|u| !seen.contains(*u))
+                        .cloned()
+                        .collect();
+                    for uid in gone {
+                        self.pods.remove(&uid);
+                        self.queue.add(&uid);
+                    }
+                }
+                self.listed.0 = true;
+            }
         }
     }
 
@@ -141,6 +173,7 @@ impl Controller {
             listed: (false, false),
             started: false,
             queue: Queue::new(u32::MAX, Backoff::default()),
+            listing: None,
         };
         let mut retry = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
@@ -431,5 +464,77 @@ async fn sleep_until(due: Option<Instant>) {
     match due {
         Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, ns: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "namespace": ns, "uid": uid}
+        }))
+        .unwrap()
+    }
+
+    fn state() -> State {
+        State {
+            pods: HashMap::new(),
+            namespaces: HashMap::new(),
+            listed: (false, false),
+            started: false,
+            queue: Queue::new(u32::MAX, Backoff::default()),
+            listing: None,
+        }
+    }
+
+    fn drain(s: &mut State) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(u) = s.queue.pop(Instant::now()) {
+            s.queue.forget(&u);
+            out.push(u);
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_relist_drops_the_pods_it_no_longer_names_but_those_read_at_add() {
+        let mut s = state();
+        s.on_pod(Event::Init);
+        s.on_pod(Event::InitApply(pod("a", "shop")));
+        s.on_pod(Event::InitApply(pod("b", "shop")));
+        s.on_pod(Event::InitDone);
+        assert_eq!(drain(&mut s), ["a", "b"]);
+        // The watch failed; b was deleted meanwhile, c read from the API at ADD during the
+        // new listing.
+        s.on_pod(Event::Init);
+        s.remember(&pod("c", "shop"));
+        s.on_pod(Event::InitApply(pod("a", "shop")));
+        s.on_pod(Event::InitDone);
+        assert_eq!(drain(&mut s), ["a", "b"], "b queued to be released");
+        let mut kept: Vec<&String> = s.pods.keys().collect();
+        kept.sort();
+        assert_eq!(kept, ["a", "c"]);
+    }
+
+    #[test]
+    fn a_namespace_label_change_queues_its_pods_only() {
+        let mut s = state();
+        s.on_pod(Event::Apply(pod("a", "shop")));
+        s.on_pod(Event::Apply(pod("b", "other")));
+        drain(&mut s);
+        let ns: KubeNamespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "shop", "labels": {"istio.io/dataplane-mode": "ambient"}}
+        }))
+        .unwrap();
+        s.on_namespace(Event::Apply(ns.clone()));
+        assert_eq!(drain(&mut s), ["a"]);
+        s.on_namespace(Event::Apply(ns));
+        assert!(
+            drain(&mut s).is_empty(),
+            "the same labels again queue nothing"
+        );
     }
 }

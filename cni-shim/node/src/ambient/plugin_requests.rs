@@ -187,9 +187,7 @@ impl Controller {
                     .await
                     .map_err(|e| format!("reading pod {}/{}: {e}", add.namespace, add.name))?;
                 // Known before the watch brings it: the queue must not take it for deleted.
-                if let Some(uid) = pod.metadata.uid.clone() {
-                    state.pods.insert(uid, pod.clone());
-                }
+                state.remember(&pod);
                 pod
             }
         };
