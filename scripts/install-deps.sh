@@ -16,6 +16,16 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The arm64 VM run (scripts/arm64-vm.sh): qemu-system-aarch64 and cpio for its initramfs; the
+# arm64 kernel and busybox it boots are fetched by that script, not installed.
+vmpkgs=()
+command -v qemu-system-aarch64 >/dev/null 2>&1 || vmpkgs+=(qemu-system-arm)
+command -v cpio >/dev/null 2>&1 || vmpkgs+=(cpio)
+if ((${#vmpkgs[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${vmpkgs[@]}" >/dev/null
+fi
 # Kernel modules the capture uses; built in on many kernels, so failures are not fatal.
 for m in nf_tables nft_chain_nat nft_redir nft_tproxy nft_ct nft_nat nf_conntrack nf_tproxy_ipv4 nf_tproxy_ipv6; do
   modprobe "$m" 2>/dev/null || true

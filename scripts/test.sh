@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the static release binaries are built first (x86_64, and aarch64 smoke-tested
-# under qemu-user) and the real node's images from them; then the pure and kernel tests (fresh
+# under qemu-user, then run in an arm64 kernel under qemu-system-aarch64: the capture checks and
+# inspect compared with x86_64's) and the real node's images from them; then the pure and kernel tests (fresh
 # network namespaces, real sockets; root; the empty-root test runs the static binaries; the real
 # node's scenarios run kubelet and containerd with the Helm chart's DaemonSet, about 5 minutes),
 # the doc tests and the docs (no warning allowed), the image (built offline with podman and the
@@ -9,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build-static.sh --aarch64
+bash scripts/arm64-vm.sh # the arm64 binaries in Debian's arm64 kernel under qemu-system-aarch64, ~10 s
 bash scripts/build-node-images.sh target/node-images # deploy/tests/real_node.rs
 cargo test --workspace --all-targets
 cargo test --workspace --doc
