@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
 use cni_node::ambient::zds::wire;
-use common::ambient::{create_pod, pod_netns, running, Node, KUBELET_UID};
+use common::ambient::{add_ipv6, create_pod, pod_netns, running, running_with, Node, KUBELET_UID};
 use common::apiserver::ControlPlane;
 use common::cni_env;
 use common::host_proc::cgroupfs;
@@ -242,7 +242,7 @@ fn probe(
     z: &TestZtunnel,
     pod: &str,
 ) -> String {
-    let to: SocketAddr = format!("{ip}:8080").parse().unwrap();
+    let to = SocketAddr::new(ip.parse().unwrap(), 8080);
     let client = node.run(move || {
         redirect_testkit::netns::become_ids(uid, uid).unwrap();
         TcpStream::connect_timeout(&to, Duration::from_secs(2))
@@ -299,7 +299,11 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
     let web = pod_netns(&n.host, "10.77.0.2", "vweb");
     let web_app = app(&web);
     n.proc.add(4100, &cgroupfs(&web_uid), 100, web.path());
-    running(&n.cp, "shop", "web", "10.77.0.2");
+    // Dual stack: both addresses in the status, as kubelet reports them.
+    add_ipv6(&n.host, &web, "fd77::2", "vweb");
+    let web_app6 = web.run(|| TcpListener::bind("[fd77::2]:8080")).unwrap();
+    web_app6.set_nonblocking(true).unwrap();
+    running_with(&n.cp, "shop", "web", &["10.77.0.2", "fd77::2"]);
 
     // The agent first, ztunnel not there yet: the pod is not ambient.
     let agent = n.agent();
@@ -316,8 +320,8 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
     assert!(has_rules(&web), "enrolled without its in-pod rules");
     assert_eq!(
         probe_members(&n.host),
-        ["10.77.0.2"],
-        "web not in the probe SNAT set"
+        ["10.77.0.2", "fd77::2"],
+        "web's addresses not in the probe SNAT sets"
     );
     eventually("the annotation pending", || {
         (redirection(&n.cp, "shop", "web").as_deref() == Some("pending")).then_some(())
@@ -338,6 +342,11 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
     );
     assert_eq!(probed, "app from 169.254.7.127");
     assert_eq!(other, "ztunnel's inbound port");
+    // IPv6 too: the probe SNATed to Istio's IPv6 probe address, let through by the rules.
+    assert_eq!(
+        probe(&n.host, KUBELET_UID, "fd77::2", &web_app6, &z, &web_uid),
+        "app from fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    );
     eventually("the annotation enabled", || {
         (redirection(&n.cp, "shop", "web").as_deref() == Some("enabled")).then_some(())
     });
@@ -381,7 +390,7 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         out.stdout
     );
     assert!(!has_rules(&late), "a failed ADD left rules in the pod");
-    assert_eq!(probe_members(&n.host), ["10.77.0.2"]);
+    assert_eq!(probe_members(&n.host), ["10.77.0.2", "fd77::2"]);
     let z = TestZtunnel::start(&n.socket);
     eventually("the new ztunnel serving web", || {
         z.serves(&web_uid).then_some(())

@@ -35,6 +35,18 @@ pub fn pod_netns(node: &TestNetns, ip: &str, peer: &str) -> TestNetns {
     ns
 }
 
+/// Gives the pod of [`pod_netns`] (its veth peer `peer` in `node`) the IPv6 address `ip6` too,
+/// routed the same way (the node's `fd77::1` its gateway).
+pub fn add_ipv6(node: &TestNetns, pod: &TestNetns, ip6: &str, peer: &str) {
+    pod.sh(&format!(
+        "ip -6 addr add {ip6}/128 dev eth0 nodad && \
+         ip -6 route add fd77::1/128 dev eth0 && ip -6 route add default via fd77::1 dev eth0"
+    ));
+    node.sh(&format!(
+        "ip -6 addr add fd77::1/128 dev {peer} nodad && ip -6 route add {ip6}/128 dev {peer}"
+    ));
+}
+
 /// A plain pod (no sidecar) on this node; returns its UID.
 pub fn create_pod(cp: &ControlPlane, namespace: &str, name: &str) -> String {
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
@@ -52,10 +64,16 @@ pub fn create_pod(cp: &ControlPlane, namespace: &str, name: &str) -> String {
 }
 
 pub fn running(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
+    running_with(cp, namespace, name, &[ip]);
+}
+
+/// The pod Running with these addresses (the first is `podIP`), as kubelet reports them.
+pub fn running_with(cp: &ControlPlane, namespace: &str, name: &str, ips: &[&str]) {
+    let listed: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
     cp.set_pod_status(
         namespace,
         name,
-        &json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+        &json!({"phase": "Running", "podIP": ips[0], "podIPs": listed}),
     );
 }
 
