@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
 use cni_node::ambient::zds::wire;
-use common::ambient::{add_ipv6, create_pod, pod_netns, running, running_with, Node, KUBELET_UID};
+use common::ambient::{add_ipv6, create_pod, pod_netns, running_with, Node, KUBELET_UID};
 use common::apiserver::ControlPlane;
 use common::cni_env;
 use common::host_proc::cgroupfs;
@@ -490,4 +490,56 @@ fn socket_at(path: &Path) -> OwnedFd {
     .unwrap();
     nix::sys::socket::bind(s.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
     s
+}
+
+/// With no agent listening (stopped, or during its upgrade), the plugin decides from the pod's
+/// and its namespace's labels itself, as Istio's plugin does: a pod that is not ambient starts
+/// (uncaptured, as without ambient mode), an ambient one fails with code 11 and its namespace
+/// unchanged until the agent is back.
+#[test]
+fn without_the_agent_only_ambient_pods_wait() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.cp.namespace("plain");
+    n.cp.namespace("shop");
+    n.cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        "shop",
+        "istio.io/dataplane-mode=ambient",
+    ]);
+    // The agent installs the plugin's config and kubeconfig and stops, leaving them.
+    drop(n.agent_with(&["--cleanup-on-exit=false"]));
+    let socket = n
+        .node
+        .path()
+        .join("run")
+        .join(cni_plugin::ambient::SOCKET_NAME);
+    assert!(!socket.exists(), "the stopped agent left its socket");
+
+    let plain_uid = create_pod(&n.cp, "plain", "app");
+    let plain = pod_netns(&n.host, "10.77.0.5", "vplain");
+    let out = n.add(&plain, "plain", "app", &plain_uid);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("not ambient") && out.stderr.contains("does not answer"),
+        "{}",
+        out.stderr
+    );
+    assert!(!has_rules(&plain));
+
+    let web_uid = create_pod(&n.cp, "shop", "web");
+    let web = pod_netns(&n.host, "10.77.0.6", "vshop");
+    let before = web.sh("nft list ruleset; ip rule");
+    let out = n.add(&web, "shop", "web", &web_uid);
+    let err = out.json();
+    assert_eq!(err["code"], 11, "{err}");
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("the pod is ambient") && msg.contains(socket.to_str().unwrap()),
+        "{msg}"
+    );
+    assert_eq!(web.sh("nft list ruleset; ip rule"), before);
 }

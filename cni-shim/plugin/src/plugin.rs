@@ -540,22 +540,37 @@ fn ambient_add(call: &Call, conf: &NetConf) -> Result<Option<String>, CniError> 
     };
     let socket = conf.run_dir.join(ambient::SOCKET_NAME);
     let fd = std::os::fd::AsFd::as_fd(&netns);
-    let answer = call
-        .timed(
-            |p| &mut p.apply_us,
-            || ambient::ask(&conf.run_dir, &request, fd, ambient::DEADLINE),
-        )
-        .map_err(|e| {
-            CniError::new(
-                code::TRY_AGAIN_LATER,
-                format!(
-                    "ambient mode: the node agent does not answer at {}: {e}",
-                    socket.display()
-                ),
-                "with ambient_enabled every pod without a sidecar waits for the node agent's \
+    let answer = call.timed(
+        |p| &mut p.apply_us,
+        || ambient::ask(&conf.run_dir, &request, fd, ambient::DEADLINE),
+    );
+    let answer = match answer {
+        // No agent listens (stopped, or being upgraded): only an ambient pod must wait for it.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            let why = format!(
+                "the node agent does not answer at {}: {e}",
+                socket.display()
+            );
+            return without_agent(call, conf, &request, &why).map(Some);
+        }
+        other => other,
+    }
+    .map_err(|e| {
+        CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!(
+                "ambient mode: the node agent does not answer at {}: {e}",
+                socket.display()
+            ),
+            "with ambient_enabled every pod without a sidecar waits for the node agent's \
                  verdict (is redirect-cni-node running on this node?); the runtime tries again",
-            )
-        })?;
+        )
+    })?;
     match answer {
         ambient::AddAnswer::Enrolled => {
             info!(
@@ -574,6 +589,58 @@ fn ambient_add(call: &Call, conf: &NetConf) -> Result<Option<String>, CniError> 
             format!("ambient mode: the node agent could not enroll the pod: {error}"),
             "the runtime tries again; the agent's log says more",
         )),
+    }
+}
+
+/// Ambient mode with no agent listening: the plugin reads the pod's and its namespace's labels
+/// itself (as Istio's plugin does); a pod that is not ambient goes on uncaptured, an ambient
+/// one fails (code 11) until the agent is back. A read that fails counts as ambient: nothing
+/// starts uncaptured on a guess.
+fn without_agent(
+    call: &Call,
+    conf: &NetConf,
+    request: &ambient::AddRequest,
+    why: &str,
+) -> Result<String, CniError> {
+    use redirect_core::istio::ambient::{enrollment, Enrollment, PodView};
+    let (ns, name) = (request.namespace.as_str(), request.name.as_str());
+    let fail = |detail: String| {
+        CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("ambient mode: {why}; {detail}"),
+            "an ambient pod waits for the node agent (is redirect-cni-node running on this \
+             node?); the runtime tries again",
+        )
+    };
+    let pod = fetch(
+        call,
+        conf,
+        ns,
+        name,
+        "the node agent does not answer: ambient mode needs the pod's labels",
+    )
+    .map_err(|e| fail(format!("the pod's labels cannot be read ({})", e.msg)))?;
+    let policy = crate::kube::FetchPolicy::default();
+    let ns_labels = crate::kube::fetch_namespace_labels(&conf.kubeconfig, ns, &policy)
+        .map_err(|e| fail(format!("the namespace's labels cannot be read ({e})")))?;
+    let view = PodView {
+        namespace: ns,
+        labels: &pod.labels,
+        annotations: &pod.annotations,
+        host_network: false,
+        namespace_labels: &ns_labels,
+    };
+    match enrollment(&view, &conf.exclude_namespaces) {
+        Enrollment::Ambient => Err(fail("the pod is ambient".into())),
+        Enrollment::Not(reason) => {
+            warn!(
+                "{}{why}; not ambient ({reason}): ADD goes on without it",
+                call.label()
+            );
+            Ok(format!(
+                "not captured (not ambient: {reason}; the node agent was not reachable)"
+            ))
+        }
     }
 }
 

@@ -45,6 +45,15 @@ pub fn add_ipv6(node: &TestNetns, pod: &TestNetns, ip6: &str, peer: &str) {
     node.sh(&format!(
         "ip -6 addr add fd77::1/128 dev {peer} nodad && ip -6 route add {ip6}/128 dev {peer}"
     ));
+    // Neighbour discovery waits for the link-local addresses' duplicate detection to end.
+    crate::eventually(
+        "no tentative IPv6 address left",
+        std::time::Duration::from_secs(10),
+        || {
+            let tentative = |ns: &TestNetns| ns.sh("ip -6 addr show tentative").trim().is_empty();
+            (tentative(pod) && tentative(node)).then_some(())
+        },
+    );
 }
 
 /// A plain pod (no sidecar) on this node; returns its UID.
@@ -134,7 +143,14 @@ impl Node {
     /// The agent with ambient mode on (no repair), in the node's namespace; returned once it
     /// lets ztunnel connect.
     pub fn agent(&self) -> Agent {
+        self.agent_with(&[])
+    }
+
+    /// [`Node::agent`] with more arguments.
+    pub fn agent_with(&self, more: &[&str]) -> Agent {
         let address = format!("--ztunnel-uds-address={}", self.socket.display());
+        let mut extra = vec!["--ambient-enabled", "--repair-enabled=false", &address];
+        extra.extend_from_slice(more);
         let agent = Agent::start(&AgentSpec {
             cp: &self.cp,
             sa: self.sa.path(),
@@ -143,7 +159,7 @@ impl Node {
             node_name: NODE,
             bin: Path::new(node_bin()),
             plugin: Path::new(plugin_bin()),
-            extra: &["--ambient-enabled", "--repair-enabled=false", &address],
+            extra: &extra,
             api_port: Some(self.api_port),
             netns: Some(self.host.name()),
         });

@@ -69,6 +69,34 @@ pub fn fetch_pod(
     result
 }
 
+/// The labels of `namespace`, one GET bounded by `policy`'s request timeout (ambient mode's
+/// decision when the node agent does not answer). Same kubeconfig handling as [`fetch_pod`].
+pub fn fetch_namespace_labels(
+    kubeconfig: &Path,
+    namespace: &str,
+    policy: &FetchPolicy,
+) -> Result<std::collections::BTreeMap<String, String>, KubeError> {
+    let (kc, secrets) = read_kubeconfig(kubeconfig)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| KubeError::Config {
+            path: kubeconfig.to_owned(),
+            reason: format!("could not start an I/O runtime: {e}"),
+        })?;
+    let fetch = Fetch {
+        path: kubeconfig,
+        secrets: &secrets,
+        namespace,
+        name: "",
+        policy,
+    };
+    let result = runtime.block_on(fetch.namespace_labels(kc));
+    runtime.shutdown_background();
+    result
+}
+
 /// Reads and parses the kubeconfig, and collects its secrets.
 fn read_kubeconfig(path: &Path) -> Result<(Kubeconfig, Secrets), KubeError> {
     let config_error = |reason: String| KubeError::Config {
@@ -131,13 +159,43 @@ enum Attempt {
 
 impl Fetch<'_> {
     async fn run(&self, kc: Kubeconfig) -> Result<PodInfo, KubeError> {
-        let (api, server) = self.client(kc).await?;
-        self.get(&api, server).await
+        let (client, server) = self.client(kc).await?;
+        self.get(&Api::namespaced(client, self.namespace), server)
+            .await
+    }
+
+    /// One GET of the namespace, bounded by the request timeout: its labels.
+    async fn namespace_labels(
+        &self,
+        kc: Kubeconfig,
+    ) -> Result<std::collections::BTreeMap<String, String>, KubeError> {
+        let (client, server) = self.client(kc).await?;
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+        let unavailable = |last: String| KubeError::Unavailable {
+            server: server.clone(),
+            attempts: 1,
+            deadline: self.policy.request_timeout,
+            deadline_hit: false,
+            elapsed: Duration::ZERO,
+            last: self.secrets.scrub(last),
+        };
+        match tokio::time::timeout(self.policy.request_timeout, api.get(self.namespace)).await {
+            Ok(Ok(ns)) => Ok(ns.metadata.labels.unwrap_or_default()),
+            Ok(Err(e)) => Err(unavailable(format!(
+                "namespace {}: {}",
+                self.namespace,
+                chain(&e)
+            ))),
+            Err(_) => Err(unavailable(format!(
+                "namespace {}: no answer within {:?}",
+                self.namespace, self.policy.request_timeout
+            ))),
+        }
     }
 
     /// The API client the kubeconfig describes, bounded by the policy's request timeout, and
     /// its server (for messages).
-    async fn client(&self, kc: Kubeconfig) -> Result<(Api<Pod>, String), KubeError> {
+    async fn client(&self, kc: Kubeconfig) -> Result<(Client, String), KubeError> {
         let client_error = |what: &str, e: &(dyn StdError + 'static)| KubeError::Config {
             path: self.path.to_owned(),
             reason: self
@@ -170,7 +228,7 @@ impl Fetch<'_> {
         let server = config.cluster_url.to_string();
         let client = Client::try_from(config)
             .map_err(|e| client_error("cannot make an API client from it", &e))?;
-        Ok((Api::namespaced(client, self.namespace), server))
+        Ok((client, server))
     }
 
     /// GET the pod, retried as the policy says until it comes, a final answer, or the

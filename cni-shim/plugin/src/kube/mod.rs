@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use convert::{pod_info, pod_info_from_json};
-pub use fetch::fetch_pod;
+pub use fetch::{fetch_namespace_labels, fetch_pod};
 
 /// How hard to try to get the pod.
 #[derive(Clone, Debug)]
