@@ -26,13 +26,12 @@ use std::time::Duration;
 
 use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
 use cni_node::ambient::zds::wire;
+use cni_plugin::seqpacket;
 use common::ambient::{add_ipv6, create_pod, pod_netns, running_with, Node, KUBELET_UID};
 use common::apiserver::ControlPlane;
 use common::cni_env;
 use common::host_proc::cgroupfs;
-use nix::sys::socket::{
-    connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
-};
+use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType, UnixAddr};
 use prost::Message;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::json;
@@ -136,16 +135,8 @@ impl Drop for TestZtunnel {
 }
 
 fn connect_to(path: &Path) -> Option<OwnedFd> {
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .ok()?;
-    connect(sock.as_raw_fd(), &UnixAddr::new(path).ok()?).ok()?;
-    let t = nix::sys::time::TimeVal::new(0, 200_000);
-    setsockopt(&sock, sockopt::ReceiveTimeout, &t).ok()?;
+    // Reads wait 200 ms at most, so that the thread sees `stop`.
+    let sock = seqpacket::connect(path, Duration::from_millis(200)).ok()?;
     wire::send(sock.as_fd(), &ZdsHello { version: 1 }.encode_to_vec(), None).ok()?;
     Some(sock)
 }

@@ -16,9 +16,6 @@ use cni_node::ambient::zds::proto::{
 };
 use cni_node::ambient::zds::server::{Delivery, ZdsError, ZdsServer};
 use cni_node::ambient::zds::wire;
-use nix::sys::socket::{
-    connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
-};
 use prost::Message;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -31,20 +28,7 @@ struct FakeZtunnel {
 
 impl FakeZtunnel {
     fn connect(path: &Path) -> FakeZtunnel {
-        let sock = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
-        connect(sock.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
-        setsockopt(
-            &sock,
-            sockopt::ReceiveTimeout,
-            &nix::sys::time::TimeVal::new(10, 0),
-        )
-        .unwrap();
+        let sock = cni_plugin::seqpacket::connect(path, Duration::from_secs(10)).unwrap();
         FakeZtunnel { sock }
     }
 

@@ -8,11 +8,10 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType};
 use serde::{Deserialize, Serialize};
 
 use crate::seqpacket;
@@ -60,18 +59,7 @@ pub fn ask(
     netns: BorrowedFd<'_>,
     deadline: Duration,
 ) -> io::Result<AddAnswer> {
-    let path = run_dir.join(SOCKET_NAME);
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    let t =
-        nix::sys::time::TimeVal::new(deadline.as_secs() as i64, deadline.subsec_micros() as i64);
-    setsockopt(&sock, sockopt::ReceiveTimeout, &t)?;
-    setsockopt(&sock, sockopt::SendTimeout, &t)?;
-    connect(sock.as_raw_fd(), &nix::sys::socket::UnixAddr::new(&path)?)?;
+    let sock = seqpacket::connect(&run_dir.join(SOCKET_NAME), deadline)?;
     let bytes = serde_json::to_vec(request).map_err(io::Error::other)?;
     seqpacket::send(sock.as_fd(), &bytes, Some(netns), MAX_MESSAGE)?;
     let answer = seqpacket::recv(sock.as_fd(), MAX_MESSAGE)?;

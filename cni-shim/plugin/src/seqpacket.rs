@@ -5,7 +5,63 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::socket::{
+    accept4, bind, connect as connect_to, listen as listen_on, recvmsg, sendmsg, setsockopt,
+    socket, sockopt, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType, UnixAddr,
+};
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    Ok(socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?)
+}
+
+/// A socket connected to the listener at `path`, each send and receive (and the connect, when
+/// the listener's backlog is full) bounded by `timeout`.
+pub fn connect(path: &Path, timeout: Duration) -> io::Result<OwnedFd> {
+    let sock = seqpacket()?;
+    set_timeouts(&sock, timeout)?;
+    connect_to(sock.as_raw_fd(), &UnixAddr::new(path)?)?;
+    Ok(sock)
+}
+
+/// A socket listening at `path` (which must be free), whose `accept` waits at most `poll`: the
+/// accepting thread sees its stop flag that often.
+pub fn listen(path: &Path, backlog: i32, poll: Duration) -> io::Result<OwnedFd> {
+    let sock = seqpacket()?;
+    bind(sock.as_raw_fd(), &UnixAddr::new(path)?)?;
+    listen_on(&sock, Backlog::new(backlog)?)?;
+    setsockopt(&sock, sockopt::ReceiveTimeout, &timeval(poll))?;
+    Ok(sock)
+}
+
+/// The next connection; `None` when none came within the listener's wait.
+pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+        // SAFETY: accept4 returned a new descriptor that nothing else owns.
+        Ok(raw) => Ok(Some(unsafe { OwnedFd::from_raw_fd(raw) })),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Bounds each send and receive on `sock` by `t`.
+pub fn set_timeouts(sock: &OwnedFd, t: Duration) -> io::Result<()> {
+    setsockopt(sock, sockopt::ReceiveTimeout, &timeval(t))?;
+    setsockopt(sock, sockopt::SendTimeout, &timeval(t))?;
+    Ok(())
+}
+
+fn timeval(t: Duration) -> nix::sys::time::TimeVal {
+    nix::sys::time::TimeVal::new(t.as_secs() as i64, t.subsec_micros() as i64)
+}
 
 /// One datagram as received: its bytes and the descriptors it carried.
 pub struct Datagram {

@@ -19,12 +19,11 @@ mod seqpacket;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::TcpListener;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 use prost::Message;
 
 use proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
@@ -60,14 +59,8 @@ pub fn run(socket_path: &str) -> i32 {
 }
 
 fn dial(path: &str) -> Option<OwnedFd> {
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .ok()?;
-    connect(sock.as_raw_fd(), &UnixAddr::new(path).ok()?).ok()?;
+    // No deadline: ztunnel waits for the agent's requests for as long as it is connected.
+    let sock = seqpacket::connect(std::path::Path::new(path), Duration::ZERO).ok()?;
     seqpacket::send(
         sock.as_fd(),
         &ZdsHello { version: 1 }.encode_to_vec(),

@@ -25,6 +25,7 @@ use super::pods::{self, Want};
 use super::AmbientSettings;
 use crate::metrics::Metrics;
 use crate::repair::actions::pod_label;
+use crate::repair::controller::sleep_until;
 use crate::repair::in_place::Places;
 use crate::repair::queue::{Backoff, Queue};
 use cni_plugin::ambient::{AddAnswer, AddRequest};
@@ -62,6 +63,18 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Nothing known yet; failed pods retried without end (backoff up to 30 s), as Istio.
+    fn new() -> State {
+        State {
+            pods: HashMap::new(),
+            namespaces: HashMap::new(),
+            listed: (false, false),
+            started: false,
+            queue: Queue::new(u32::MAX, Backoff::default()),
+            listing: None,
+        }
+    }
+
     pub(super) fn namespace_labels(&self, pod: &Pod) -> BTreeMap<String, String> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("");
         self.namespaces.get(ns).cloned().unwrap_or_default()
@@ -167,14 +180,7 @@ impl Controller {
             watcher::Config::default(),
         );
         let (mut pods, mut namespaces) = (std::pin::pin!(pods), std::pin::pin!(namespaces));
-        let mut state = State {
-            pods: HashMap::new(),
-            namespaces: HashMap::new(),
-            listed: (false, false),
-            started: false,
-            queue: Queue::new(u32::MAX, Backoff::default()),
-            listing: None,
-        };
+        let mut state = State::new();
         let mut retry = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             let due = state.queue.next_due();
@@ -460,13 +466,6 @@ async fn watch_failed(what: &str, e: &watcher::Error) {
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 }
 
-async fn sleep_until(due: Option<Instant>) {
-    match due {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,14 +478,7 @@ mod tests {
     }
 
     fn state() -> State {
-        State {
-            pods: HashMap::new(),
-            namespaces: HashMap::new(),
-            listed: (false, false),
-            started: false,
-            queue: Queue::new(u32::MAX, Backoff::default()),
-            listing: None,
-        }
+        State::new()
     }
 
     fn drain(s: &mut State) -> Vec<String> {

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,10 +13,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
 use kube::api::Api;
-use nix::sys::socket::{
-    accept4, bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
-    UnixAddr,
-};
 use redirect_core::istio::ambient::Enrollment;
 use redirect_core::Netns;
 use tokio::sync::{mpsc, oneshot};
@@ -51,19 +47,7 @@ pub fn listen_in(run_dir: &Path, to: mpsc::Sender<PluginRequest>) -> std::io::Re
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    bind(sock.as_raw_fd(), &UnixAddr::new(&path)?)?;
-    listen(&sock, Backlog::new(64)?)?;
-    setsockopt(
-        &sock,
-        sockopt::ReceiveTimeout,
-        &nix::sys::time::TimeVal::new(0, 200_000),
-    )?;
+    let sock = seqpacket::listen(&path, 64, Duration::from_millis(200))?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let thread = std::thread::Builder::new()
@@ -78,17 +62,15 @@ pub fn listen_in(run_dir: &Path, to: mpsc::Sender<PluginRequest>) -> std::io::Re
 
 fn accept_loop(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
     while !stop.load(Ordering::Relaxed) {
-        let raw = match accept4(sock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-            Ok(raw) => raw,
-            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+        let conn = match seqpacket::accept(sock) {
+            Ok(Some(conn)) => conn,
+            Ok(None) => continue,
             Err(e) => {
                 tracing::warn!("ambient: the plugin's socket: accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(200));
                 continue;
             }
         };
-        // SAFETY: accept4 returned a new descriptor that nothing else owns.
-        let conn = unsafe { OwnedFd::from_raw_fd(raw) };
         let to = to.clone();
         // One thread per request: a slow enrollment must not hold the next pod's.
         let _ = std::thread::Builder::new()
@@ -99,9 +81,7 @@ fn accept_loop(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginReques
 
 /// Reads one request, hands it to the controller, writes its answer.
 fn serve(conn: OwnedFd, to: &mpsc::Sender<PluginRequest>) {
-    let t = nix::sys::time::TimeVal::new(10, 0);
-    let _ = setsockopt(&conn, sockopt::ReceiveTimeout, &t);
-    let _ = setsockopt(&conn, sockopt::SendTimeout, &t);
+    let _ = seqpacket::set_timeouts(&conn, Duration::from_secs(10));
     let answer = match read_request(&conn) {
         Ok((add, netns)) => {
             let (tx, rx) = oneshot::channel();

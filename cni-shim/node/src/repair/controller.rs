@@ -342,7 +342,8 @@ impl State {
     }
 }
 
-async fn sleep_until(due: Option<Instant>) {
+/// Waits until `due`, or for ever when there is nothing due (a `select!` branch).
+pub(crate) async fn sleep_until(due: Option<Instant>) {
     match due {
         Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,

@@ -7,16 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::socket::{
-    accept4, bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
-    UnixAddr,
-};
+use cni_plugin::seqpacket;
 use prost::Message;
 
 use super::proto::{
@@ -119,20 +116,8 @@ impl ZdsServer {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let listener = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )?;
-        bind(listener.as_raw_fd(), &UnixAddr::new(path)?)?;
-        listen(&listener, Backlog::new(8)?)?;
         // accept() waits at most this long, so that the thread sees `stop`.
-        setsockopt(
-            &listener,
-            sockopt::ReceiveTimeout,
-            &nix::sys::time::TimeVal::new(0, 200_000),
-        )?;
+        let listener = seqpacket::listen(path, 8, Duration::from_millis(200))?;
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             deadline,
@@ -338,17 +323,15 @@ fn accept_loop(inner: &Inner, listener: OwnedFd) {
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
-        let raw = match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-            Ok(raw) => raw,
-            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+        let sock = match seqpacket::accept(&listener) {
+            Ok(Some(sock)) => sock,
+            Ok(None) => continue,
             Err(e) => {
                 tracing::warn!("ZDS: accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(200));
                 continue;
             }
         };
-        // SAFETY: accept4 returned a new descriptor that nothing else owns.
-        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
         let id = next_id;
         next_id += 1;
         if let Err(e) = serve(inner, id, sock) {
@@ -360,12 +343,7 @@ fn accept_loop(inner: &Inner, listener: OwnedFd) {
 /// A new connection: its hello, then the snapshot under the state's lock, then it becomes the
 /// connection requests go to.
 fn serve(inner: &Inner, id: u64, sock: OwnedFd) -> io::Result<()> {
-    let t = nix::sys::time::TimeVal::new(
-        inner.deadline.as_secs() as i64,
-        inner.deadline.subsec_micros() as i64,
-    );
-    setsockopt(&sock, sockopt::ReceiveTimeout, &t)?;
-    setsockopt(&sock, sockopt::SendTimeout, &t)?;
+    seqpacket::set_timeouts(&sock, inner.deadline)?;
     let hello = wire::recv(sock.as_fd())?;
     let hello = match ZdsHello::decode(hello.bytes.as_slice()) {
         Ok(h) if h.version == VERSION_V1 => h,
