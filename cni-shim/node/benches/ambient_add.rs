@@ -29,13 +29,7 @@ fn main() {
     let quick = !std::env::args().any(|a| a == "--bench");
     let pods: usize = if quick { 3 } else { 20 };
     let n = Node::new();
-    n.cp.namespace("shop");
-    n.cp.kubectl_ok(&[
-        "label",
-        "namespace",
-        "shop",
-        "istio.io/dataplane-mode=ambient",
-    ]);
+    n.ambient_namespace("shop");
     let agent = n.agent();
     let mut ztunnel = Ztunnel::start(&n.socket);
     agent.line_with(&["ZDS connection 1:", "end of the snapshot"]);

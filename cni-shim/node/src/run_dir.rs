@@ -14,35 +14,53 @@ use crate::error::{Error, Result};
 /// Mode bits that let someone other than the owner change what is in the directory.
 const WRITABLE_BY_OTHERS: u32 = 0o022;
 
+/// Why a directory is not the agent's alone.
+#[derive(Debug)]
+pub enum NotOwn {
+    /// Creating or inspecting it failed: the step, and the error.
+    Io(&'static str, std::io::Error),
+    /// It exists, but others could change what is in it: what it is.
+    Unsafe(String),
+}
+
 /// Creates `dir` (mode 0755) when missing, then refuses it unless it is a directory (not a
 /// link to one), owned by root (or the agent's own user), and writable by its owner alone.
-pub fn ensure(dir: &Path) -> Result<()> {
-    match DirBuilder::new().recursive(true).mode(0o755).create(dir) {
-        Ok(()) => {}
-        Err(e) => return Err(Error::io("create", dir, e)),
-    }
-    let meta = fs::symlink_metadata(dir).map_err(|e| Error::io("inspect", dir, e))?;
-    let unsafe_dir = |what: String| Error::UnsafeRunDir {
-        path: dir.to_path_buf(),
-        what,
-    };
+/// Also ztunnel's socket folder: whoever may write there can receive every pod's namespace.
+pub fn own_dir(dir: &Path) -> std::result::Result<(), NotOwn> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| NotOwn::Io("create", e))?;
+    let meta = fs::symlink_metadata(dir).map_err(|e| NotOwn::Io("inspect", e))?;
     if meta.file_type().is_symlink() {
-        return Err(unsafe_dir("a symbolic link".into()));
+        return Err(NotOwn::Unsafe("a symbolic link".into()));
     }
     if !meta.is_dir() {
-        return Err(unsafe_dir("not a directory".into()));
+        return Err(NotOwn::Unsafe("not a directory".into()));
     }
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != 0 && meta.uid() != me {
-        return Err(unsafe_dir(format!("owned by UID {}", meta.uid())));
+        return Err(NotOwn::Unsafe(format!("owned by UID {}", meta.uid())));
     }
     let mode = meta.permissions().mode() & 0o7777;
     if mode & WRITABLE_BY_OTHERS != 0 {
-        return Err(unsafe_dir(format!(
+        return Err(NotOwn::Unsafe(format!(
             "writable by its group or others (mode {mode:04o})"
         )));
     }
     Ok(())
+}
+
+/// [`own_dir`] for the run directory, its refusal as the agent's error.
+pub fn ensure(dir: &Path) -> Result<()> {
+    own_dir(dir).map_err(|e| match e {
+        NotOwn::Io(what, e) => Error::io(what, dir, e),
+        NotOwn::Unsafe(what) => Error::UnsafeRunDir {
+            path: dir.to_path_buf(),
+            what,
+        },
+    })
 }
 
 #[cfg(test)]

@@ -494,13 +494,7 @@ fn without_the_agent_only_ambient_pods_wait() {
     }
     let n = Node::new();
     n.cp.namespace("plain");
-    n.cp.namespace("shop");
-    n.cp.kubectl_ok(&[
-        "label",
-        "namespace",
-        "shop",
-        "istio.io/dataplane-mode=ambient",
-    ]);
+    n.ambient_namespace("shop");
     // The agent installs the plugin's config and kubeconfig and stops, leaving them.
     drop(n.agent_with(&["--cleanup-on-exit=false"]));
     let socket = n

@@ -1628,10 +1628,10 @@ fn sigterm(child: std::process::Child) -> String {
 #[test]
 fn binary_refuses_a_ztunnel_socket_folder_others_may_write() {
     for (mode, owner, needle) in [
-        (0o777, None, "mode 777"),
+        (0o777, None, "mode 0777"),
         (0o1777, None, "mode 1777"),
-        (0o775, None, "mode 775"),
-        (0o755, Some(4242), "owner uid 4242"),
+        (0o775, None, "mode 0775"),
+        (0o755, Some(4242), "owned by UID 4242"),
     ] {
         let node = Node::new();
         node.write("net/10-calico.conflist", CALICO, 0o644);

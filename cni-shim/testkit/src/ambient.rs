@@ -167,6 +167,17 @@ impl Node {
         agent
     }
 
+    /// Namespace `name`, created and labelled `istio.io/dataplane-mode=ambient`.
+    pub fn ambient_namespace(&self, name: &str) {
+        self.cp.namespace(name);
+        self.cp.kubectl_ok(&[
+            "label",
+            "namespace",
+            name,
+            "istio.io/dataplane-mode=ambient",
+        ]);
+    }
+
     /// The plugin's ADD of `namespace/name` in `ns`, with the config the agent installed.
     pub fn add(&self, ns: &TestNetns, namespace: &str, name: &str, uid: &str) -> Out {
         let conf_path = self.node.path().join("net/redirect-cni.conf");

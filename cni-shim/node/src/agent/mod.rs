@@ -384,14 +384,6 @@ fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
         value: path.display().to_string(),
         reason,
     };
-    if let Some(dir) = path.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(|e| invalid(format!("cannot create its folder: {e}")))?;
-    }
     ZdsServer::bind_paused(path, crate::ambient::zds::server::DEADLINE)
         .map(Some)
         .map_err(|e| invalid(format!("cannot listen there: {e}")))

@@ -25,7 +25,7 @@ use super::pods::{self, Want};
 use super::AmbientSettings;
 use crate::metrics::Metrics;
 use crate::repair::actions::pod_label;
-use crate::repair::controller::sleep_until;
+use crate::repair::controller::{not_listed, sleep_until};
 use crate::repair::in_place::Places;
 use crate::repair::queue::{Backoff, Queue};
 use cni_plugin::ambient::{AddAnswer, AddRequest};
@@ -113,13 +113,7 @@ impl State {
                 // A pod deleted while the watch was down has no Delete event: the listing
                 // is the truth.
                 if let Some(seen) = self.listing.take() {
-                    let gone: Vec<String> = self
-                        .pods
-                        .keys()
-                        .filter(|u| !seen.contains(*u))
-                        .cloned()
-                        .collect();
-                    for uid in gone {
+                    for uid in not_listed(self.pods.keys(), &seen) {
                         self.pods.remove(&uid);
                         self.queue.add(&uid);
                     }

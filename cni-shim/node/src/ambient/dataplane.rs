@@ -145,12 +145,7 @@ impl Dataplane {
         let Some(cfg) = &self.probe else {
             return Ok(());
         };
-        let ips: Vec<IpAddr> = pod
-            .ips
-            .iter()
-            .copied()
-            .filter(|ip| ip.is_ipv4() || cfg.snat_v6.is_some())
-            .collect();
+        let ips = probed(cfg, &pod.ips).collect::<Vec<_>>();
         Namespace::current()
             .and_then(|ns| ns.host_probe_add(cfg, &ips))
             .map_err(|source| AddError::Probe {
@@ -163,11 +158,7 @@ impl Dataplane {
     /// address handed to a new pod before the old one was released).
     fn probe_remove(&self, uid: &str, pod: &PodRef) -> Option<String> {
         let cfg = self.probe.as_ref()?;
-        let ips: Vec<IpAddr> = pod
-            .ips
-            .iter()
-            .copied()
-            .filter(|ip| ip.is_ipv4() || cfg.snat_v6.is_some())
+        let ips: Vec<IpAddr> = probed(cfg, &pod.ips)
             .filter(|ip| {
                 !self
                     .pods
@@ -308,6 +299,13 @@ impl Dataplane {
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }
+}
+
+/// The addresses of `ips` the probe SNAT covers: IPv6 ones only with its IPv6 address.
+fn probed<'a>(cfg: &'a HostProbeConfig, ips: &'a [IpAddr]) -> impl Iterator<Item = IpAddr> + 'a {
+    ips.iter()
+        .copied()
+        .filter(|ip| ip.is_ipv4() || cfg.snat_v6.is_some())
 }
 
 /// A `Namespace` on a second descriptor of `netns`.

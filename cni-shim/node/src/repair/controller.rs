@@ -302,13 +302,7 @@ impl State {
             }
             Event::InitDone => {
                 if let Some(seen) = self.listing.take() {
-                    let gone: Vec<String> = self
-                        .pods
-                        .keys()
-                        .filter(|u| !seen.contains(*u))
-                        .cloned()
-                        .collect();
-                    for uid in gone {
+                    for uid in not_listed(self.pods.keys(), &seen) {
                         self.gone(&uid);
                     }
                 }
@@ -340,6 +334,15 @@ impl State {
         self.repaired.remove(uid);
         self.queue.forget(uid);
     }
+}
+
+/// The UIDs known that a listing did not name: pods deleted while the watch was down (no
+/// Delete event comes for them).
+pub(crate) fn not_listed<'a>(
+    known: impl Iterator<Item = &'a String>,
+    listed: &HashSet<String>,
+) -> Vec<String> {
+    known.filter(|u| !listed.contains(*u)).cloned().collect()
 }
 
 /// Waits until `due`, or for ever when there is nothing due (a `select!` branch).

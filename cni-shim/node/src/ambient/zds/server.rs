@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::run_dir::NotOwn;
 use cni_plugin::seqpacket;
 use prost::Message;
 
@@ -94,9 +95,9 @@ impl ZdsServer {
 
     /// [`ZdsServer::bind`], but ztunnel's connections wait (in the listen backlog) until
     /// [`ZdsServer::serve_connections`]: the agent first learns which pods are enrolled, so
-    /// that the first snapshot holds them all. The socket's folder must not be writable by
-    /// its group or others, nor owned by another user: whoever can replace the socket can
-    /// receive every pod's namespace.
+    /// that the first snapshot holds them all. The socket's folder is made 0755 when missing
+    /// and must be the agent's alone as the run directory is (`run_dir::own_dir`): whoever can
+    /// replace the socket can receive every pod's namespace.
     pub fn bind_paused(path: &Path, deadline: Duration) -> io::Result<ZdsServer> {
         check_folder(path)?;
         match std::fs::symlink_metadata(path) {
@@ -291,29 +292,20 @@ fn bad(what: &str) -> io::Error {
 
 /// Refuses a socket folder that is not the agent's alone (see [`ZdsServer::bind_paused`]).
 fn check_folder(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let dir = path.parent().unwrap_or(Path::new("/"));
-    let meta = std::fs::metadata(dir)?;
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.mode() & 0o022 != 0 || meta.uid() != me {
-        return Err(io::Error::new(
+    match crate::run_dir::own_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(NotOwn::Io(_, e)) => Err(e),
+        Err(NotOwn::Unsafe(what)) => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "{}: the ZDS socket's folder is {} (mode {:o}, owner uid {}): whoever may write \
-                 there can put their own socket in the agent's place and receive every pod's \
-                 network namespace; make it the agent's alone (chmod 0755, chown {me})",
-                dir.display(),
-                if meta.mode() & 0o022 != 0 {
-                    "writable by others"
-                } else {
-                    "another user's"
-                },
-                meta.mode() & 0o7777,
-                meta.uid()
+                "{}: the ZDS socket's folder is {what}: whoever may write there can put their \
+                 own socket in the agent's place and receive every pod's network namespace; \
+                 make it the agent's alone (chmod 0755, owned by root)",
+                dir.display()
             ),
-        ));
+        )),
     }
-    Ok(())
 }
 
 fn accept_loop(inner: &Inner, listener: OwnedFd) {
