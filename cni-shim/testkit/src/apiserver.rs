@@ -345,17 +345,27 @@ impl ControlPlane {
     }
 
     /// Merges `status` into the pod's status subresource, as kubelet writes it (a read, then a
-    /// replace of `.../status`: `kubectl patch --subresource` needs 1.24).
+    /// replace of `.../status`: `kubectl patch --subresource` needs 1.24). A replace that lost
+    /// the race with another writer (409 Conflict: the node agent annotating the pod) reads
+    /// again and tries again, as kubelet does.
     pub fn set_pod_status(&self, namespace: &str, name: &str, status: &serde_json::Value) {
-        let mut pod = self.get(&["pod", name, "-n", namespace]);
-        for (k, v) in status.as_object().unwrap() {
-            pod["status"][k] = v.clone();
-        }
         let path = format!("/api/v1/namespaces/{namespace}/pods/{name}/status");
-        let out = self.kubectl_in(
-            &["replace", "--raw", &path, "-f", "-"],
-            Some(&pod.to_string()),
-        );
+        let mut tries = 0;
+        let out = loop {
+            let mut pod = self.get(&["pod", name, "-n", namespace]);
+            for (k, v) in status.as_object().unwrap() {
+                pod["status"][k] = v.clone();
+            }
+            let out = self.kubectl_in(
+                &["replace", "--raw", &path, "-f", "-"],
+                Some(&pod.to_string()),
+            );
+            tries += 1;
+            let conflict = String::from_utf8_lossy(&out.stderr).contains("(Conflict)");
+            if out.status.success() || !conflict || tries == 5 {
+                break out;
+            }
+        };
         assert!(
             out.status.success(),
             "status of {namespace}/{name}: {}",
