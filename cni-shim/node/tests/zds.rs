@@ -189,7 +189,7 @@ fn pods_added_and_released_after_the_snapshot_are_acked_nacked_and_a_hung_ztunne
     });
     assert_eq!(answered, ("uid-a".to_string(), 1));
 
-    // Nacked: the error named, the pod not enrolled.
+    // Nacked: the error named; the pod stays held, unacked, to be sent again.
     std::thread::scope(|s| {
         s.spawn(|| {
             z.next();
@@ -202,8 +202,30 @@ fn pods_added_and_released_after_the_snapshot_are_acked_nacked_and_a_hung_ztunne
         assert!(err.to_string().contains("no such pod in my cache"), "{err}");
         assert!(err.to_string().contains("uid-b"), "{err}");
     });
-    assert_eq!(server.enrolled(), ["uid-a"]);
-
+    assert_eq!(server.enrolled(), ["uid-a", "uid-b"]);
+    let held = server.held("uid-b");
+    assert!(!held.acked, "{held:?}");
+    assert_eq!(held.refused.as_deref(), Some("no such pod in my cache"));
+    assert_eq!(server.unacked(), ["uid-b"]);
+    assert!(server.held("uid-a").acked);
+    // Sent again: acked this time, nothing sent for the one acked already.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let (r, _) = z.next();
+            assert_eq!(uid_of(&r), "uid-b");
+            z.answer(WorkloadResponse::ack());
+        });
+        assert_eq!(server.sync("uid-b").unwrap(), Delivery::Acked);
+    });
+    assert_eq!(server.sync("uid-a").unwrap(), Delivery::Acked);
+    assert!(server.unacked().is_empty());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            z.next();
+            z.answer(WorkloadResponse::ack());
+        });
+        assert_eq!(server.del("uid-b").unwrap(), Delivery::Acked);
+    });
     // Released: del with the UID in field 2.
     std::thread::scope(|s| {
         let t = s.spawn(|| {
@@ -315,4 +337,96 @@ fn the_socket_path_a_stale_socket_is_replaced_anything_else_refused() {
     let err = ZdsServer::bind(&path, QUICK).err().unwrap();
     assert!(err.to_string().contains("is not a socket"), "{err}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
+}
+
+/// A ztunnel refuses a pod in its snapshot: the pod stays held and unacked; a new connection's
+/// snapshot carries it and its ack counts; an ack on an older connection does not.
+#[test]
+fn a_refused_pod_is_unacked_until_a_connection_acks_it() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
+    let ns = TestNetns::with_prefix("rdzds");
+    server.set("uid-1", info("web-1"), Some(netns_fd(&ns)));
+    let first = FakeZtunnel::hello(&socket_path(&dir));
+    let (r, _) = first.next();
+    assert_eq!(uid_of(&r), "uid-1");
+    first.answer(WorkloadResponse::nack("not now"));
+    let (r, _) = first.next();
+    assert!(matches!(r.payload, Some(Payload::SnapshotSent(_))));
+    first.answer(WorkloadResponse::ack());
+    wait_connected(&server, 1);
+    let held = server.held("uid-1");
+    assert_eq!((held.connection, held.acked), (Some(1), false), "{held:?}");
+    assert_eq!(server.unacked(), ["uid-1"]);
+
+    let second = FakeZtunnel::hello(&socket_path(&dir));
+    let snap = second.snapshot();
+    assert_eq!(snap.len(), 1, "the refused pod is in the next snapshot");
+    wait_connected(&server, 2);
+    let held = server.held("uid-1");
+    assert!(held.acked && held.refused.is_none(), "{held:?}");
+    assert_ne!(held.connection, Some(1));
+    assert!(server.unacked().is_empty());
+    // A new namespace for the pod (a new sandbox) must be acked again.
+    server.set("uid-1", info("web-1"), Some(netns_fd(&ns)));
+    assert!(!server.held("uid-1").acked);
+    assert_eq!(server.unacked(), ["uid-1"]);
+}
+
+/// A peer that says hello and then stops answering in the middle of its snapshot holds up no
+/// other: a real ztunnel connecting meanwhile gets its whole snapshot at once.
+#[test]
+fn a_peer_that_stops_answering_holds_up_no_other_handshake() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ZdsServer::bind(&socket_path(&dir), Duration::from_secs(5)).unwrap();
+    let ns = TestNetns::with_prefix("rdzds");
+    server.set("uid-1", info("web-1"), Some(netns_fd(&ns)));
+    let stuck = FakeZtunnel::hello(&socket_path(&dir));
+    let (r, _) = stuck.next();
+    assert_eq!(uid_of(&r), "uid-1", "the stuck peer got its first request");
+    let started = std::time::Instant::now();
+    let real = FakeZtunnel::hello(&socket_path(&dir));
+    assert_eq!(real.snapshot().len(), 1);
+    wait_connected(&server, 1);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the real ztunnel waited {took:?} behind the stuck one"
+    );
+    drop(stuck);
+}
+
+/// ztunnel dies while the connection is idle: noticed without any request, within the
+/// liveness check's period, and whoever asked is told.
+#[test]
+fn a_dead_ztunnel_is_noticed_while_the_connection_is_idle() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
+    let changes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = changes.clone();
+    server.on_change(move || {
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    let z = FakeZtunnel::hello(&socket_path(&dir));
+    assert!(z.snapshot().is_empty());
+    wait_connected(&server, 1);
+    drop(z);
+    cni_testkit::eventually(
+        "the dead connection noticed",
+        Duration::from_secs(3),
+        || (!server.connected()).then_some(()),
+    );
+    assert!(
+        changes.load(std::sync::atomic::Ordering::Relaxed) >= 2,
+        "came and went"
+    );
 }

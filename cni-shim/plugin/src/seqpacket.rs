@@ -42,6 +42,25 @@ pub fn listen(path: &Path, backlog: i32, poll: Duration) -> io::Result<OwnedFd> 
     Ok(sock)
 }
 
+/// A socket listening at `path` (which must be free), its file made mode 0600 before it
+/// listens, whatever the process's umask (no one else may connect, even for an instant), and
+/// non-blocking: [`accept`] returns `None` at once when no connection waits (a poll loop
+/// serves it).
+pub fn listen_private(path: &Path, backlog: i32) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::PermissionsExt;
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    bind(sock.as_raw_fd(), &UnixAddr::new(path)?)?;
+    // Connecting needs write permission on the file; before listen() nobody can connect.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listen_on(&sock, Backlog::new(backlog)?)?;
+    Ok(sock)
+}
+
 /// The next connection; `None` when none came within the listener's wait.
 pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
@@ -105,6 +124,15 @@ pub fn send(
 /// connection is `UnexpectedEof`; a datagram over `max` bytes or with more than two
 /// descriptors is `InvalidData` (its descriptors are closed).
 pub fn recv(sock: BorrowedFd<'_>, max: usize) -> io::Result<Datagram> {
+    recv_with(sock, max, MsgFlags::empty())
+}
+
+/// [`recv`] that does not wait: `WouldBlock` when no datagram is there.
+pub fn try_recv(sock: BorrowedFd<'_>, max: usize) -> io::Result<Datagram> {
+    recv_with(sock, max, MsgFlags::MSG_DONTWAIT)
+}
+
+fn recv_with(sock: BorrowedFd<'_>, max: usize, flags: MsgFlags) -> io::Result<Datagram> {
     let mut buf = vec![0u8; max + 1];
     let mut space = nix::cmsg_space!([RawFd; 2]);
     let (len, flags, fds) = {
@@ -113,7 +141,7 @@ pub fn recv(sock: BorrowedFd<'_>, max: usize) -> io::Result<Datagram> {
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | flags,
         )?;
         let mut fds = Vec::new();
         for c in msg.cmsgs()? {

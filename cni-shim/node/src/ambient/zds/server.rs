@@ -1,20 +1,33 @@
 //! The agent's side of ZDS: it listens on a `SOCK_SEQPACKET` unix socket
-//! (`/var/run/ztunnel/ztunnel.sock`), ztunnel connects and says hello, and the agent sends
-//! every enrolled pod (its network namespace attached) then `SnapshotSent`; after that, each
-//! pod enrolled or released goes to that connection, one request in flight at a time, each
-//! answered by an ack or a nack in order. A newer connection replaces an older one (ztunnel
-//! restarted, or a second one during its rollout): new pods go to the newest.
+//! (`/var/run/ztunnel/ztunnel.sock`, mode 0600 in a folder that must be the agent's alone),
+//! ztunnel connects and says hello, and the agent sends every pod it holds (its network
+//! namespace attached, or `keep` when the agent does not hold it) then `SnapshotSent`; after
+//! that, pods go to that connection one request in flight at a time, each answered by an ack
+//! or a nack in order. A newer connection replaces an older one (ztunnel restarted, or a
+//! second one during its rollout).
+//!
+//! What ztunnel holds is read from its answers, per connection: a pod counts as served only
+//! when the current connection acked its add (of the namespace held now). A nack, or a new
+//! connection that has not acked it, leaves it unacked, and [`ZdsServer::unacked`] says what
+//! to send again; nothing is dropped because ztunnel refused it once.
+//!
+//! Connections are let in by `gate` (silent peers cost no thread and delay no one); each
+//! hello's handshake runs on a thread of its own with its own deadlines, the snapshot sent
+//! without holding the server's lock, so a peer that stops answering delays no other. An idle
+//! connection is watched for ztunnel's hang-up (as Istio probes it), so that its death shows
+//! at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use crate::ambient::gate::{self, Closed, Limits};
 use crate::run_dir::NotOwn;
-use cni_plugin::seqpacket;
+use cni_plugin::seqpacket::{self, Datagram};
 use prost::Message;
 
 use super::proto::{
@@ -24,6 +37,12 @@ use super::wire;
 
 /// ztunnel's deadline for each step; the agent uses the same.
 pub const DEADLINE: Duration = Duration::from_secs(5);
+/// Connections that have not said hello, held at once (the oldest closed past that).
+const WAITING_HELLOS: usize = 8;
+/// Handshakes in flight at once: ztunnel is one process (two during its rollout).
+const HANDSHAKES: usize = 4;
+/// How often an idle connection is looked at for ztunnel's hang-up.
+const LIVENESS: Duration = Duration::from_millis(500);
 
 /// What went wrong delivering a request to ztunnel.
 #[derive(Debug, thiserror::Error)]
@@ -44,37 +63,71 @@ pub enum ZdsError {
 /// Where a request ended up.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Delivery {
-    /// ztunnel acknowledged it.
+    /// ztunnel acknowledged it (now, or earlier on this connection).
     Acked,
-    /// No ztunnel is connected: it goes with the next connection's snapshot.
+    /// No ztunnel is connected (or the pod has no namespace to send): it goes with the next
+    /// connection's snapshot.
     Queued,
 }
 
-/// An enrolled pod: who it is and, while the agent holds it, its network namespace.
+/// What the current connection holds of one pod, as its answers said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The current connection, if any.
+    pub connection: Option<u64>,
+    /// It acked the pod's add (or `keep`) of the namespace held now.
+    pub acked: bool,
+    /// Its last refusal of the pod, if it refused it.
+    pub refused: Option<String>,
+}
+
+/// The connection requests go to, as seen from outside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connection {
+    pub id: u64,
+    pub since: SystemTime,
+}
+
+/// A pod to serve: who it is and, while the agent holds it, its network namespace; `gen`
+/// changes with the namespace, so an ack of an older one does not count.
 struct Workload {
     info: WorkloadInfo,
     netns: Option<OwnedFd>,
+    gen: u64,
 }
 
 struct Conn {
     id: u64,
     sock: OwnedFd,
+    since: SystemTime,
+    /// Pods this connection acked, with the generation acked.
+    acked: HashMap<String, u64>,
+    /// Pods this connection refused, with its error.
+    refused: HashMap<String, String>,
 }
 
 #[derive(Default)]
 struct State {
     pods: BTreeMap<String, Workload>,
     conn: Option<Conn>,
+    gen: u64,
 }
+
+type OnChange = Box<dyn Fn() + Send + Sync>;
 
 struct Inner {
     state: Mutex<State>,
     deadline: Duration,
     stop: AtomicBool,
-    /// Connections wait in the backlog until the agent knows every enrolled pod: a snapshot
-    /// that missed one would make ztunnel drop it.
+    /// Hellos wait until the agent knows every enrolled pod: a snapshot that missed one would
+    /// make ztunnel drop it.
     serving: AtomicBool,
     connections: AtomicU64,
+    next_id: AtomicU64,
+    handshakes: AtomicUsize,
+    /// Called when a connection comes or goes.
+    on_change: Mutex<Option<OnChange>>,
+    closed: Mutex<Closed>,
 }
 
 /// The ZDS server; dropping it stops accepting and closes the connection.
@@ -93,11 +146,11 @@ impl ZdsServer {
         Ok(server)
     }
 
-    /// [`ZdsServer::bind`], but ztunnel's connections wait (in the listen backlog) until
+    /// [`ZdsServer::bind`], but ztunnel's hellos wait until
     /// [`ZdsServer::serve_connections`]: the agent first learns which pods are enrolled, so
     /// that the first snapshot holds them all. The socket's folder is made 0755 when missing
-    /// and must be the agent's alone as the run directory is (`run_dir::own_dir`): whoever can
-    /// replace the socket can receive every pod's namespace.
+    /// and must be the agent's alone, its ancestors too (`run_dir::own_dir`): whoever can
+    /// replace the socket can receive every pod's namespace. The socket is mode 0600.
     pub fn bind_paused(path: &Path, deadline: Duration) -> io::Result<ZdsServer> {
         check_folder(path)?;
         match std::fs::symlink_metadata(path) {
@@ -117,19 +170,22 @@ impl ZdsServer {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        // accept() waits at most this long, so that the thread sees `stop`.
-        let listener = seqpacket::listen(path, 8, Duration::from_millis(200))?;
+        let listener = seqpacket::listen_private(path, 64)?;
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             deadline,
             stop: AtomicBool::new(false),
             serving: AtomicBool::new(false),
             connections: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            handshakes: AtomicUsize::new(0),
+            on_change: Mutex::new(None),
+            closed: Mutex::new(Closed::default()),
         });
         let for_thread = inner.clone();
         let accept = std::thread::Builder::new()
             .name("zds-accept".into())
-            .spawn(move || accept_loop(&for_thread, listener))?;
+            .spawn(move || door(&for_thread, &listener))?;
         Ok(ZdsServer {
             inner,
             path: path.to_owned(),
@@ -137,52 +193,166 @@ impl ZdsServer {
         })
     }
 
-    /// Starts answering ztunnel's connections (see [`ZdsServer::bind_paused`]).
+    /// Starts answering ztunnel's hellos (see [`ZdsServer::bind_paused`]).
     pub fn serve_connections(&self) {
         self.inner.serving.store(true, Ordering::Relaxed);
     }
 
-    /// Enrolls a pod with its network namespace and sends it to ztunnel. A nack leaves it out
-    /// (the caller may try again); a failed connection keeps it for the next snapshot.
-    pub fn add(&self, uid: &str, info: WorkloadInfo, netns: OwnedFd) -> Result<Delivery, ZdsError> {
+    /// `f` runs (on the server's threads) each time a connection comes or goes.
+    pub fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
+        *self
+            .inner
+            .on_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+    }
+
+    /// Holds `uid` with its namespace (`None`: ztunnel is told to keep what it has, in each
+    /// snapshot), without sending anything: [`ZdsServer::sync`] does. A new namespace must be
+    /// acked again.
+    pub fn set(&self, uid: &str, info: WorkloadInfo, netns: Option<OwnedFd>) {
         let mut state = self.inner.lock();
-        let request = WorkloadRequest::add(uid, info.clone());
-        let result = self.inner.send(&mut state, &request, Some(netns.as_fd()));
-        match &result {
-            Err(ZdsError::Nack { .. }) => {
-                state.pods.remove(uid);
-            }
-            _ => {
-                state.pods.insert(
-                    uid.to_owned(),
-                    Workload {
-                        info,
-                        netns: Some(netns),
-                    },
-                );
+        let same = state
+            .pods
+            .get(uid)
+            .is_some_and(|w| w.info == info && w.netns.is_none() && netns.is_none());
+        if same {
+            return;
+        }
+        state.gen += 1;
+        let gen = state.gen;
+        state
+            .pods
+            .insert(uid.to_owned(), Workload { info, netns, gen });
+    }
+
+    /// Sends `uid`'s add to the current connection unless it acked it already. A nack is
+    /// remembered (and the pod stays held, to be sent again); a failed connection is closed.
+    pub fn sync(&self, uid: &str) -> Result<Delivery, ZdsError> {
+        let mut state = self.inner.lock();
+        let Some(w) = state.pods.get(uid) else {
+            return Ok(Delivery::Queued);
+        };
+        let gen = w.gen;
+        let acked = state
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.acked.get(uid) == Some(&gen));
+        if acked {
+            return Ok(Delivery::Acked);
+        }
+        let Some(fd) = w.netns.as_ref().and_then(|f| f.try_clone().ok()) else {
+            return Ok(Delivery::Queued);
+        };
+        let request = WorkloadRequest::add(uid, w.info.clone());
+        let result = self.inner.send(&mut state, &request, Some(fd.as_fd()));
+        if let Some(c) = state.conn.as_mut() {
+            match &result {
+                Ok(Delivery::Acked) => {
+                    c.acked.insert(uid.to_owned(), gen);
+                    c.refused.remove(uid);
+                }
+                Err(ZdsError::Nack { error, .. }) => {
+                    c.acked.remove(uid);
+                    c.refused.insert(uid.to_owned(), error.clone());
+                }
+                _ => {}
             }
         }
         result
     }
 
-    /// Enrolls a pod ztunnel already serves whose namespace the agent does not hold (after the
+    /// [`ZdsServer::set`] then [`ZdsServer::sync`].
+    pub fn add(&self, uid: &str, info: WorkloadInfo, netns: OwnedFd) -> Result<Delivery, ZdsError> {
+        self.set(uid, info, Some(netns));
+        self.sync(uid)
+    }
+
+    /// Holds a pod ztunnel already serves whose namespace the agent does not hold (after the
     /// agent's restart): snapshots carry it as `keep`.
     pub fn keep(&self, uid: &str, info: WorkloadInfo) {
-        let mut state = self.inner.lock();
-        state
-            .pods
-            .insert(uid.to_owned(), Workload { info, netns: None });
+        self.set(uid, info, None);
     }
 
     /// Releases a pod: forgotten here, `del` to ztunnel.
     pub fn del(&self, uid: &str) -> Result<Delivery, ZdsError> {
         let mut state = self.inner.lock();
         state.pods.remove(uid);
-        self.inner
-            .send(&mut state, &WorkloadRequest::del(uid), None)
+        let sent = self
+            .inner
+            .send(&mut state, &WorkloadRequest::del(uid), None);
+        if let Some(c) = state.conn.as_mut() {
+            c.acked.remove(uid);
+            c.refused.remove(uid);
+        }
+        sent
     }
 
-    /// The pods enrolled, by UID.
+    /// What the current connection holds of `uid`.
+    pub fn held(&self, uid: &str) -> Held {
+        let state = self.inner.lock();
+        let gen = state.pods.get(uid).map(|w| w.gen);
+        match &state.conn {
+            None => Held {
+                connection: None,
+                acked: false,
+                refused: None,
+            },
+            Some(c) => Held {
+                connection: Some(c.id),
+                acked: gen.is_some() && c.acked.get(uid).copied() == gen,
+                refused: c.refused.get(uid).cloned(),
+            },
+        }
+    }
+
+    /// The pods held that the current connection has not acked (none without a connection),
+    /// and could be sent (their namespace is held).
+    pub fn unacked(&self) -> Vec<String> {
+        let state = self.inner.lock();
+        let Some(c) = &state.conn else {
+            return Vec::new();
+        };
+        state
+            .pods
+            .iter()
+            .filter(|(uid, w)| w.netns.is_some() && c.acked.get(*uid) != Some(&w.gen))
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
+
+    /// Pods the current connection acked that are no longer held (released during its
+    /// handshake): each gets a `del`.
+    pub fn release_leftovers(&self) -> Vec<(String, Result<Delivery, ZdsError>)> {
+        let left: Vec<String> = {
+            let state = self.inner.lock();
+            match &state.conn {
+                Some(c) => c
+                    .acked
+                    .keys()
+                    .filter(|u| !state.pods.contains_key(*u))
+                    .cloned()
+                    .collect(),
+                None => Vec::new(),
+            }
+        };
+        left.into_iter()
+            .map(|uid| {
+                let sent = self.del(&uid);
+                (uid, sent)
+            })
+            .collect()
+    }
+
+    /// Looks at the idle connection now: closed when ztunnel hung up. Whether one is
+    /// connected.
+    pub fn check_alive(&self) -> bool {
+        let mut state = self.inner.lock();
+        self.inner.drop_if_hung_up(&mut state);
+        state.conn.is_some()
+    }
+
+    /// The pods held, by UID.
     pub fn enrolled(&self) -> Vec<String> {
         self.inner.lock().pods.keys().cloned().collect()
     }
@@ -192,9 +362,22 @@ impl ZdsServer {
         self.inner.lock().conn.is_some()
     }
 
-    /// Connections accepted so far (said hello and got their snapshot).
+    /// The current connection.
+    pub fn connection(&self) -> Option<Connection> {
+        self.inner.lock().conn.as_ref().map(|c| Connection {
+            id: c.id,
+            since: c.since,
+        })
+    }
+
+    /// Connections that got their snapshot so far.
     pub fn connections(&self) -> u64 {
         self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed before they said hello (silent, or too many at once).
+    pub fn closed_silent(&self) -> Closed {
+        *self.inner.closed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn path(&self) -> &Path {
@@ -218,6 +401,17 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn changed(&self) {
+        if let Some(f) = self
+            .on_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            f();
+        }
+    }
+
     /// Sends `request` on the current connection and waits for its answer; on a failure the
     /// connection is closed.
     fn send(
@@ -226,10 +420,7 @@ impl Inner {
         request: &WorkloadRequest,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<Delivery, ZdsError> {
-        if state.conn.as_ref().is_some_and(|c| hung_up(c.sock.as_fd())) {
-            let old = state.conn.take().map_or(0, |c| c.id);
-            tracing::info!("ZDS connection {old}: ztunnel closed it");
-        }
+        self.drop_if_hung_up(state);
         let Some(conn) = &state.conn else {
             return Ok(Delivery::Queued);
         };
@@ -246,12 +437,32 @@ impl Inner {
                     request.describe()
                 );
                 state.conn = None;
+                self.changed();
                 Err(ZdsError::Connection {
                     request: request.describe(),
                     source,
                 })
             }
         }
+    }
+
+    /// Closes the current connection if ztunnel hung up (or sent something unasked, which
+    /// breaks the one-answer-per-request order).
+    fn drop_if_hung_up(&self, state: &mut State) {
+        if state.conn.as_ref().is_some_and(|c| hung_up(c.sock.as_fd())) {
+            let old = state.conn.take().map_or(0, |c| c.id);
+            tracing::warn!("ZDS connection {old}: ztunnel closed it; no ztunnel is connected");
+            self.changed();
+        }
+    }
+
+    /// Run by the door's thread between connections: the idle connection looked at, unless
+    /// a request holds it (that request sees a hang-up itself).
+    fn liveness(&self) {
+        let Ok(mut state) = self.state.try_lock() else {
+            return;
+        };
+        self.drop_if_hung_up(&mut state);
     }
 }
 
@@ -299,46 +510,98 @@ fn check_folder(path: &Path) -> io::Result<()> {
         Err(NotOwn::Unsafe(what)) => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "{}: the ZDS socket's folder is {what}: whoever may write there can put their \
-                 own socket in the agent's place and receive every pod's network namespace; \
-                 make it the agent's alone (chmod 0755, owned by root)",
+                "{}: the ZDS socket's folder is not the agent's alone ({what}): whoever may \
+                 write there can put their own socket in the agent's place and receive every \
+                 pod's network namespace; make it and its parents writable by root alone \
+                 (chmod 0755, owned by root; a shared parent such as /tmp must be sticky)",
                 dir.display()
             ),
         )),
     }
 }
 
-fn accept_loop(inner: &Inner, listener: OwnedFd) {
-    let mut next_id = 1u64;
-    while !inner.stop.load(Ordering::Relaxed) {
-        if !inner.serving.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
-        }
-        let sock = match seqpacket::accept(&listener) {
-            Ok(Some(sock)) => sock,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!("ZDS: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
+/// The listener's thread: hellos let in by the door, each handshake on a thread of its own;
+/// the idle connection watched in between.
+fn door(inner: &Arc<Inner>, listener: &OwnedFd) {
+    let limits = Limits {
+        waiting: WAITING_HELLOS,
+        first_datagram: inner.deadline,
+        max: wire::MAX_DATAGRAM,
+        tick: LIVENESS,
+    };
+    // Hellos that came while the agent was still learning its pods, oldest first.
+    let parked = std::cell::RefCell::new(std::collections::VecDeque::new());
+    let first = |sock: OwnedFd, hello: io::Result<Datagram>| {
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        match hello {
+            Err(e) => tracing::warn!("ZDS connection {id} dropped before its hello: {e}"),
+            Ok(hello) if inner.serving.load(Ordering::Relaxed) => {
+                start_handshake(inner, id, sock, hello)
             }
-        };
-        let id = next_id;
-        next_id += 1;
-        if let Err(e) = serve(inner, id, sock) {
-            tracing::warn!("ZDS connection {id} dropped: {e}");
+            Ok(hello) => {
+                let mut parked = parked.borrow_mut();
+                parked.push_back((id, sock, hello));
+                if parked.len() > HANDSHAKES {
+                    parked.pop_front();
+                }
+            }
         }
+    };
+    let tick = |closed: Closed| {
+        if inner.serving.load(Ordering::Relaxed) {
+            for (id, sock, hello) in parked.borrow_mut().drain(..) {
+                start_handshake(inner, id, sock, hello);
+            }
+        }
+        inner.liveness();
+        let mut seen = inner.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if closed != *seen {
+            tracing::warn!(
+                "ZDS: {} connection(s) closed before their hello ({} to make room, {} at the \
+                 {:?} deadline); a ztunnel says hello as soon as it connects",
+                closed.evicted + closed.timed_out - seen.evicted - seen.timed_out,
+                closed.evicted - seen.evicted,
+                closed.timed_out - seen.timed_out,
+                inner.deadline
+            );
+            *seen = closed;
+        }
+    };
+    gate::serve(listener, limits, &inner.stop, first, tick);
+}
+
+/// Runs the handshake of connection `id` on a thread of its own, unless too many are under
+/// way.
+fn start_handshake(inner: &Arc<Inner>, id: u64, sock: OwnedFd, hello: Datagram) {
+    if inner.handshakes.fetch_add(1, Ordering::AcqRel) >= HANDSHAKES {
+        inner.handshakes.fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!(
+            "ZDS connection {id} dropped: {HANDSHAKES} handshakes are already under way"
+        );
+        return;
+    }
+    let for_thread = inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("zds-hello-{id}"))
+        .spawn(move || {
+            if let Err(e) = handshake(&for_thread, id, sock, &hello) {
+                tracing::warn!("ZDS connection {id} dropped: {e}");
+            }
+            for_thread.handshakes.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        inner.handshakes.fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!("ZDS connection {id} dropped: no thread for its handshake: {e}");
     }
 }
 
-/// A new connection: its hello, then the snapshot under the state's lock, then it becomes the
-/// connection requests go to.
-fn serve(inner: &Inner, id: u64, sock: OwnedFd) -> io::Result<()> {
+/// A connection's hello, then the snapshot: every pod held, sent without the server's lock
+/// (a ztunnel that stops answering holds up no one), then under the lock what changed
+/// meanwhile and `SnapshotSent`; then it becomes the connection requests go to.
+fn handshake(inner: &Inner, id: u64, sock: OwnedFd, hello: &Datagram) -> io::Result<()> {
     seqpacket::set_timeouts(&sock, inner.deadline)?;
-    let hello = wire::recv(sock.as_fd())?;
-    let hello = match ZdsHello::decode(hello.bytes.as_slice()) {
-        Ok(h) if h.version == VERSION_V1 => h,
+    let version = match ZdsHello::decode(hello.bytes.as_slice()) {
+        Ok(h) if h.version == VERSION_V1 => h.version,
         Ok(h) => {
             return Err(bad(&format!(
                 "hello with version {} (this agent speaks 1)",
@@ -351,32 +614,97 @@ fn serve(inner: &Inner, id: u64, sock: OwnedFd) -> io::Result<()> {
             )))
         }
     };
-    let mut state = inner.lock();
-    let mut adds = 0;
-    for (uid, w) in &state.pods {
-        let (request, fd) = match &w.netns {
-            Some(ns) => (WorkloadRequest::add(uid, w.info.clone()), Some(ns.as_fd())),
-            None => (WorkloadRequest::keep(uid), None),
-        };
-        if let Some(error) = exchange(sock.as_fd(), &request, fd)? {
-            // ztunnel keeps serving the rest; the pod stays enrolled for its next snapshot.
-            tracing::warn!(
-                "ZDS connection {id}: ztunnel refused {}: {error}",
-                request.describe()
-            );
-        }
-        adds += 1;
+    let copy: Vec<(String, WorkloadInfo, Option<OwnedFd>, u64)> = {
+        let state = inner.lock();
+        state
+            .pods
+            .iter()
+            .map(|(uid, w)| {
+                let fd = w.netns.as_ref().and_then(|f| f.try_clone().ok());
+                (uid.clone(), w.info.clone(), fd, w.gen)
+            })
+            .collect()
+    };
+    let mut conn = Conn {
+        id,
+        sock,
+        since: SystemTime::now(),
+        acked: HashMap::new(),
+        refused: HashMap::new(),
+    };
+    for (uid, info, fd, gen) in &copy {
+        send_one(&mut conn, uid, info, fd.as_ref(), *gen)?;
     }
-    if let Some(error) = exchange(sock.as_fd(), &WorkloadRequest::snapshot_sent(), None)? {
+    let mut state = inner.lock();
+    // What changed while the snapshot was sent.
+    let sent: HashMap<&String, u64> = copy.iter().map(|(u, _, _, g)| (u, *g)).collect();
+    let changed: Vec<(String, WorkloadInfo, Option<OwnedFd>, u64)> = state
+        .pods
+        .iter()
+        .filter(|(uid, w)| sent.get(uid) != Some(&w.gen))
+        .map(|(uid, w)| {
+            let fd = w.netns.as_ref().and_then(|f| f.try_clone().ok());
+            (uid.clone(), w.info.clone(), fd, w.gen)
+        })
+        .collect();
+    for (uid, info, fd, gen) in &changed {
+        send_one(&mut conn, uid, info, fd.as_ref(), *gen)?;
+    }
+    let gone: Vec<String> = copy
+        .iter()
+        .map(|(u, ..)| u.clone())
+        .filter(|u| !state.pods.contains_key(u))
+        .collect();
+    for uid in gone {
+        exchange(conn.sock.as_fd(), &WorkloadRequest::del(&uid), None)?;
+        conn.acked.remove(&uid);
+    }
+    if let Some(error) = exchange(conn.sock.as_fd(), &WorkloadRequest::snapshot_sent(), None)? {
         return Err(bad(&format!("a nack of snapshot-sent: {error}")));
     }
-    if let Some(old) = state.conn.replace(Conn { id, sock }) {
+    let (held, refused) = (state.pods.len(), conn.refused.len());
+    if let Some(old) = state.conn.replace(conn) {
         tracing::info!("ZDS connection {id} replaces connection {}", old.id);
     }
     inner.connections.fetch_add(1, Ordering::Relaxed);
+    drop(state);
     tracing::info!(
-        "ZDS connection {id}: ztunnel said hello (version {}), sent {adds} pods and the end of the snapshot",
-        hello.version
+        "ZDS connection {id}: ztunnel said hello (version {version}), got {held} pod(s) and \
+         the end of the snapshot{}",
+        match refused {
+            0 => String::new(),
+            n => format!("; it refused {n} (sent again on the next pass)"),
+        }
     );
+    inner.changed();
+    Ok(())
+}
+
+/// One pod of a snapshot: `add` with its namespace, or `keep`; the answer recorded.
+fn send_one(
+    conn: &mut Conn,
+    uid: &str,
+    info: &WorkloadInfo,
+    fd: Option<&OwnedFd>,
+    gen: u64,
+) -> io::Result<()> {
+    let request = match fd {
+        Some(_) => WorkloadRequest::add(uid, info.clone()),
+        None => WorkloadRequest::keep(uid),
+    };
+    match exchange(conn.sock.as_fd(), &request, fd.map(|f| f.as_fd()))? {
+        None => {
+            conn.acked.insert(uid.to_owned(), gen);
+        }
+        Some(error) => {
+            // ztunnel keeps serving the rest; the pod is sent again on the next pass.
+            tracing::warn!(
+                "ZDS connection {}: ztunnel refused {}: {error}",
+                conn.id,
+                request.describe()
+            );
+            conn.refused.insert(uid.to_owned(), error);
+        }
+    }
     Ok(())
 }
