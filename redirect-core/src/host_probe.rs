@@ -25,6 +25,15 @@ impl Namespace {
         Ok(rs)
     }
 
+    /// [`Namespace::apply_host_probe`] with the sets holding `pods`' addresses, all in one
+    /// batch: the table and its members come back together (after a firewall reload flushed
+    /// the ruleset) or not at all. Bad addresses as for [`Namespace::host_probe_add`].
+    pub fn apply_host_probe_with(&self, cfg: &HostProbeConfig, pods: &[IpAddr]) -> Result<Ruleset> {
+        let rs = cfg.plan_with(pods)?;
+        self.host_table()?.apply(&rs)?;
+        Ok(rs)
+    }
+
     /// Add pods' addresses to the sets, in one batch: all or none. An address already there
     /// is fine. An address that cannot be a pod's, or an IPv6 one when `cfg` has IPv6 off, is
     /// an error naming it, and nothing is sent.

@@ -439,6 +439,8 @@ impl Agent {
                 extra: &[],
                 api_port: None,
                 netns: None,
+                env: &[],
+                umask: None,
             },
         ))
     }

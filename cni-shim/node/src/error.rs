@@ -40,7 +40,7 @@ pub enum Error {
     Watch(String),
 
     /// The run directory could let another user change what the plugin and the agent read.
-    #[error("the run directory {path} (CNI_AGENT_RUN_DIR) is {what}: another user could replace the plugin's kubeconfig, the agent's status file or the install record in it; make it a directory owned by root with mode 0755 (chown root:root; chmod 0755) and start the agent again")]
+    #[error("the run directory {path} (CNI_AGENT_RUN_DIR) is {what}: another user could replace the plugin's kubeconfig, the agent's status file or the install record in it; make it a directory owned by root with mode 0755 (chown root:root; chmod 0755), below folders only root may write (or sticky ones, as /tmp), and start the agent again")]
     UnsafeRunDir { path: PathBuf, what: String },
 
     /// Something the agent will not remove sits where it writes its status file.

@@ -14,6 +14,7 @@ pub mod error;
 pub mod install;
 pub mod kube_client;
 pub mod metrics;
+pub mod node_view;
 pub mod plugin_entry;
 pub mod repair;
 pub mod run_dir;

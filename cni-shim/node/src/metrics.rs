@@ -119,14 +119,40 @@ pub struct Metrics {
 }
 
 /// Ambient mode's metrics (registered with [`Metrics::with_ambient`]).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct AmbientMetrics {
     pods: Family<StageLabels, Gauge>,
     connected: Gauge,
     connections: Counter,
     failures: Counter,
+    passes: Counter,
+    pass_seconds: Histogram,
+    repairs: Family<KindLabels, Counter>,
     /// Connections counted so far (the server's count only grows).
     seen: Arc<AtomicU64>,
+}
+
+impl Default for AmbientMetrics {
+    fn default() -> Self {
+        AmbientMetrics {
+            pods: Family::default(),
+            connected: Gauge::default(),
+            connections: Counter::default(),
+            failures: Counter::default(),
+            passes: Counter::default(),
+            // 100 µs to 6.5 s: a pass over a full node's pods is tens of milliseconds.
+            pass_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.0001, 4.0, 9),
+            ),
+            repairs: Family::default(),
+            seen: Arc::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -239,10 +265,48 @@ impl Metrics {
             "Failed enrollments, releases or annotations of ambient pods (each retried)",
             a.failures.clone(),
         );
+        registry.register(
+            "redirect_cni_ambient_reconcile_passes",
+            "Passes of the ambient controller (every AMBIENT_RECONCILE_INTERVAL, and when ztunnel comes or goes): each reads back every enrolled pod's rules, the host's probe table and what ztunnel acked",
+            a.passes.clone(),
+        );
+        registry.register(
+            "redirect_cni_ambient_reconcile_pass_seconds",
+            "How long each pass took",
+            a.pass_seconds.clone(),
+        );
+        registry.register(
+            "redirect_cni_ambient_repairs",
+            "What the passes found differing and put right, by kind (host_table: the host's probe table recreated; host_members: addresses missing from or left in its sets; pod_rules: a pod's in-pod rules programmed again; namespace: a pod's namespace found again or bound anew; resent: a pod the current ztunnel had not acked, sent again)",
+            a.repairs.clone(),
+        );
         for stage in ["enabled", "pending"] {
             a.pods.get_or_create(&StageLabels { stage }).set(0);
         }
+        for kind in [
+            "host_table",
+            "host_members",
+            "pod_rules",
+            "namespace",
+            "resent",
+        ] {
+            let _ = a.repairs.get_or_create(&KindLabels { kind });
+        }
         self
+    }
+
+    /// One pass of the ambient controller, and how long it took.
+    pub fn ambient_pass(&self, took: std::time::Duration) {
+        self.ambient.passes.inc();
+        self.ambient.pass_seconds.observe(took.as_secs_f64());
+    }
+
+    /// One repair of `kind` (`RepairKind::label`).
+    pub fn ambient_repair(&self, kind: &'static str) {
+        self.ambient
+            .repairs
+            .get_or_create(&KindLabels { kind })
+            .inc();
     }
 
     /// The data plane as it stands: pods by stage, ztunnel's connection.

@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 
 /// Mode bits that let someone other than the owner change what is in the directory.
 const WRITABLE_BY_OTHERS: u32 = 0o022;
+/// The sticky bit: only an entry's owner may rename or remove it.
+const STICKY: u32 = 0o1000;
 
 /// Why a directory is not the agent's alone.
 #[derive(Debug)]
@@ -24,8 +26,9 @@ pub enum NotOwn {
 }
 
 /// Creates `dir` (mode 0755) when missing, then refuses it unless it is a directory (not a
-/// link to one), owned by root (or the agent's own user), and writable by its owner alone.
-/// Also ztunnel's socket folder: whoever may write there can receive every pod's namespace.
+/// link to one), owned by root (or the agent's own user), and writable by its owner alone;
+/// and its parents likewise (see [`parents_safe`]). Also ztunnel's socket folder: whoever may
+/// write there can receive every pod's namespace.
 pub fn own_dir(dir: &Path) -> std::result::Result<(), NotOwn> {
     DirBuilder::new()
         .recursive(true)
@@ -48,6 +51,41 @@ pub fn own_dir(dir: &Path) -> std::result::Result<(), NotOwn> {
         return Err(NotOwn::Unsafe(format!(
             "writable by its group or others (mode {mode:04o})"
         )));
+    }
+    parents_safe(dir)
+}
+
+/// Whoever may rename an entry of a parent of `dir` may put a folder of their own in its
+/// place: every directory above it, on the path as given and on the path its links lead to,
+/// must be owned by root (or the agent's user) and not writable by group or others unless
+/// sticky (as `/tmp` is: there only an entry's owner may rename it, and the entry below is
+/// checked to be root's). A link on the way is followed when root (or the agent) owns it.
+pub fn parents_safe(dir: &Path) -> std::result::Result<(), NotOwn> {
+    let me = nix::unistd::geteuid().as_raw();
+    let given = std::path::absolute(dir).map_err(|e| NotOwn::Io("inspect", e))?;
+    let real = fs::canonicalize(dir).map_err(|e| NotOwn::Io("inspect", e))?;
+    for path in [&given, &real] {
+        for parent in path.ancestors().skip(1) {
+            let meta = fs::symlink_metadata(parent).map_err(|e| NotOwn::Io("inspect", e))?;
+            let owner = meta.uid();
+            if owner != 0 && owner != me {
+                return Err(NotOwn::Unsafe(format!(
+                    "below {}, which UID {owner} owns",
+                    parent.display()
+                )));
+            }
+            if meta.file_type().is_symlink() {
+                continue;
+            }
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & WRITABLE_BY_OTHERS != 0 && mode & STICKY == 0 {
+                return Err(NotOwn::Unsafe(format!(
+                    "below {}, which is writable by its group or others and not sticky \
+                     (mode {mode:04o})",
+                    parent.display()
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -95,6 +133,39 @@ mod tests {
         let file = base.join("file");
         fs::write(&file, "").unwrap();
         assert!(ensure(&file).is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_parent_others_may_write_is_refused_unless_sticky() {
+        let base = tempfile_dir().join("parents");
+        let shared = base.join("shared");
+        fs::create_dir_all(&shared).unwrap();
+        let run = shared.join("run");
+        for (mode, refused) in [
+            (0o777, true),
+            (0o775, true),
+            (0o1777, false),
+            (0o755, false),
+        ] {
+            fs::set_permissions(&shared, fs::Permissions::from_mode(mode)).unwrap();
+            let got = ensure(&run);
+            assert_eq!(got.is_err(), refused, "mode {mode:o}: {got:?}");
+            if let Err(e) = got {
+                let e = e.to_string();
+                assert!(
+                    e.contains(shared.to_str().unwrap()) && e.contains("not sticky"),
+                    "{e}"
+                );
+            }
+        }
+        // A link to a folder whose parent others may write: refused on the path it leads to.
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&shared, &link).unwrap();
+        let e = ensure(&link.join("run")).unwrap_err().to_string();
+        assert!(e.contains(shared.to_str().unwrap()), "{e}");
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o755)).unwrap();
         fs::remove_dir_all(&base).unwrap();
     }
 

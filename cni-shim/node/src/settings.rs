@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Command;
 use redirect_core::istio::cli::flag_table::{self, Flag, Table};
@@ -338,6 +339,14 @@ redirect_core::istio::flags! {
             "Ambient: at start, program again the in-pod rules of enrolled pods whose rules \
              differ from this agent's (false: leave them, as an older agent wrote them)",
         ),
+        AMBIENT_RECONCILE_INTERVAL = s(
+            "ambient-reconcile-interval",
+            Some("AMBIENT_RECONCILE_INTERVAL"),
+            "5s",
+            "Ambient: how often the agent reads back every enrolled pod's rules, the host's \
+             probe table and what ztunnel acked, and puts right what differs (besides every \
+             change it sees); 1s to 1h",
+        ),
         ZTUNNEL_UDS_ADDRESS = s(
             "ztunnel-uds-address",
             Some("ZTUNNEL_UDS_ADDRESS"),
@@ -639,10 +648,21 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         let reason = "expected an absolute path, e.g. /var/run/ztunnel/ztunnel.sock";
         return Err(v.invalid(&ZTUNNEL_UDS_ADDRESS, reason.into()));
     }
+    let text = v.string(&AMBIENT_RECONCILE_INTERVAL);
+    let reconcile_interval = humantime::parse_duration(text.trim())
+        .ok()
+        .filter(|d| (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(d))
+        .ok_or_else(|| {
+            v.invalid(
+                &AMBIENT_RECONCILE_INTERVAL,
+                "expected a duration from 1s to 1h, such as 5s or 1m".into(),
+            )
+        })?;
     Ok(AmbientSettings {
         enabled: v.boolean(&AMBIENT_ENABLED)?,
         base,
         reconcile_on_startup: v.boolean(&AMBIENT_RECONCILE_POD_RULES_ON_STARTUP)?,
+        reconcile_interval,
         ztunnel_socket: socket,
     })
 }

@@ -16,204 +16,26 @@
 
 use cni_testkit as common;
 
-use std::collections::{BTreeMap, BTreeSet};
+mod support;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
-use cni_node::ambient::zds::wire;
-use cni_plugin::seqpacket;
 use common::ambient::{add_ipv6, create_pod, pod_netns, running_with, Node, KUBELET_UID};
-use common::apiserver::ControlPlane;
 use common::cni_env;
 use common::host_proc::cgroupfs;
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType, UnixAddr};
-use prost::Message;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::json;
+use support::ztunnel::{TestZtunnel, OUTSIDE};
+use support::{has_rules, probe_members, redirection};
 
 const WAIT: Duration = Duration::from_secs(30);
-/// ztunnel's in-pod ports.
-const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
-/// An address outside the pod, only for the outbound connection to be redirected.
-const OUTSIDE: &str = "10.99.0.1:80";
 
 fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     common::eventually(what, WAIT, f)
-}
-
-/// A pod served by the test ztunnel: its namespace's identity and the listeners bound in it.
-struct Served {
-    netns: u64,
-    listeners: Vec<TcpListener>,
-}
-
-#[derive(Default)]
-struct ZState {
-    pods: BTreeMap<String, Served>,
-    /// Pods named by the snapshot being received (ztunnel drops the others at its end).
-    in_snapshot: BTreeSet<String>,
-    snapshots: u32,
-    /// Each request, as `add <uid>`, `keep <uid>`, `del <uid>`, `snapshot-sent`.
-    seen: Vec<String>,
-}
-
-/// A ztunnel of our own: connects (again and again, as ztunnel does), says hello, acks every
-/// request, binds listeners on ztunnel's ports inside each pod added, drops them at `del`
-/// and for pods a snapshot leaves out.
-struct TestZtunnel {
-    stop: Arc<AtomicBool>,
-    state: Arc<Mutex<ZState>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl TestZtunnel {
-    fn start(path: &Path) -> TestZtunnel {
-        let (stop, state) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(Mutex::new(ZState::default())),
-        );
-        let (s, st, path) = (stop.clone(), state.clone(), path.to_owned());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match connect_to(&path) {
-                    Some(sock) => serve(&sock, &s, &st),
-                    None => std::thread::sleep(Duration::from_millis(100)),
-                }
-            }
-        });
-        TestZtunnel {
-            stop,
-            state,
-            thread: Some(thread),
-        }
-    }
-
-    fn serves(&self, uid: &str) -> bool {
-        self.state.lock().unwrap().pods.contains_key(uid)
-    }
-
-    fn seen(&self) -> Vec<String> {
-        self.state.lock().unwrap().seen.clone()
-    }
-
-    /// Whether a connection from `pod` to the outside lands on this ztunnel's outbound
-    /// listener of pod `uid`.
-    fn lands(&self, pod: &TestNetns, uid: &str) -> bool {
-        let to: SocketAddr = OUTSIDE.parse().unwrap();
-        let c = pod.run(move || TcpStream::connect_timeout(&to, Duration::from_secs(2)));
-        if c.is_err() {
-            return false;
-        }
-        let state = self.state.lock().unwrap();
-        let Some(served) = state.pods.get(uid) else {
-            return false;
-        };
-        let l = &served.listeners[0];
-        l.set_nonblocking(true).unwrap();
-        (0..50).any(|_| match l.accept() {
-            Ok(_) => true,
-            Err(_) => {
-                std::thread::sleep(Duration::from_millis(20));
-                false
-            }
-        })
-    }
-}
-
-impl Drop for TestZtunnel {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn connect_to(path: &Path) -> Option<OwnedFd> {
-    // Reads wait 200 ms at most, so that the thread sees `stop`.
-    let sock = seqpacket::connect(path, Duration::from_millis(200)).ok()?;
-    wire::send(sock.as_fd(), &ZdsHello { version: 1 }.encode_to_vec(), None).ok()?;
-    Some(sock)
-}
-
-/// Answers the agent until it closes the connection or the test stops this ztunnel.
-fn serve(sock: &OwnedFd, stop: &AtomicBool, state: &Mutex<ZState>) {
-    while !stop.load(Ordering::Relaxed) {
-        let d = match wire::recv(sock.as_fd()) {
-            Ok(d) => d,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(_) => return,
-        };
-        let r = WorkloadRequest::decode(d.bytes.as_slice()).expect("a WorkloadRequest");
-        handle(&mut state.lock().unwrap(), r, d.fds);
-        let ack = WorkloadResponse::ack().encode_to_vec();
-        if wire::send(sock.as_fd(), &ack, None).is_err() {
-            return;
-        }
-    }
-}
-
-fn handle(z: &mut ZState, r: WorkloadRequest, mut fds: Vec<OwnedFd>) {
-    match r.payload {
-        Some(Payload::Add(a)) => {
-            z.seen.push(format!("add {}", a.uid));
-            let fd = fds.pop().expect("an add carries the pod's namespace");
-            let ino = nix::sys::stat::fstat(&fd).unwrap().st_ino;
-            // The same namespace again (a new agent's snapshot): the listeners stay.
-            if z.pods.get(&a.uid).is_none_or(|s| s.netns != ino) {
-                z.pods.remove(&a.uid);
-                let listeners = listeners_in(fd);
-                z.pods.insert(
-                    a.uid.clone(),
-                    Served {
-                        netns: ino,
-                        listeners,
-                    },
-                );
-            }
-            z.in_snapshot.insert(a.uid);
-        }
-        Some(Payload::Keep(k)) => {
-            z.seen.push(format!("keep {}", k.uid));
-            z.in_snapshot.insert(k.uid);
-        }
-        Some(Payload::Del(d)) => {
-            z.seen.push(format!("del {}", d.uid));
-            z.pods.remove(&d.uid);
-        }
-        Some(Payload::SnapshotSent(_)) => {
-            z.seen.push("snapshot-sent".into());
-            let named = std::mem::take(&mut z.in_snapshot);
-            z.pods.retain(|uid, _| named.contains(uid));
-            z.snapshots += 1;
-        }
-        None => panic!("an empty request"),
-    }
-}
-
-/// ztunnel's listeners, bound inside the namespace of `fd` by a thread that enters it.
-fn listeners_in(fd: OwnedFd) -> Vec<TcpListener> {
-    std::thread::spawn(move || {
-        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        PORTS
-            .iter()
-            .map(|p| TcpListener::bind(("0.0.0.0", *p)).unwrap())
-            .collect()
-    })
-    .join()
-    .unwrap()
 }
 
 /// The app's listener on 8080 in `pod`.
@@ -256,27 +78,6 @@ fn probe(
         std::thread::sleep(Duration::from_millis(20));
     }
     "nowhere".into()
-}
-
-/// The pod addresses in the node's probe SNAT sets.
-fn probe_members(node: &TestNetns) -> Vec<String> {
-    let ns = redirect_core::Namespace::open(node.path()).unwrap();
-    let members = ns.host_probe_members().unwrap().unwrap_or_default();
-    members.iter().map(|a| a.to_string()).collect()
-}
-
-fn has_rules(ns: &TestNetns) -> bool {
-    redirect_testkit::nft_in(ns.path())
-        .read()
-        .unwrap()
-        .is_some()
-}
-
-fn redirection(cp: &ControlPlane, namespace: &str, name: &str) -> Option<String> {
-    let pod = cp.get(&["pod", name, "-n", namespace]);
-    pod["metadata"]["annotations"]["ambient.istio.io/redirection"]
-        .as_str()
-        .map(str::to_owned)
 }
 
 #[test]

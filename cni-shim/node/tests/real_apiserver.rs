@@ -159,6 +159,8 @@ impl Agent {
             extra,
             api_port: None,
             netns: None,
+            env: &[],
+            umask: None,
         });
         Agent { inner, _node: node }
     }

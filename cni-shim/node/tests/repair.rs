@@ -448,6 +448,7 @@ fn start_controller_with(
                         cap: Duration::from_millis(200),
                     },
                     watch_backoff,
+                    view: Default::default(),
                 };
                 controller.run(rx).await;
             });

@@ -24,9 +24,29 @@ pub const MAX_MESSAGE: usize = 4096;
 /// is 5 s, so the agent's answer may take a little longer.
 pub const DEADLINE: Duration = Duration::from_secs(8);
 
-/// The pod the runtime is setting up.
+/// What the plugin asks of the agent about a pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// ADD: enroll the pod if it is ambient.
+    #[default]
+    Add,
+    /// CHECK: compare an ambient pod's in-pod rules in this namespace with its plan.
+    Check,
+}
+
+impl Command {
+    fn is_add(&self) -> bool {
+        *self == Command::Add
+    }
+}
+
+/// The pod the runtime is setting up (or checking).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddRequest {
+    /// ADD when absent (a plugin older than CHECK's request sends none).
+    #[serde(default, skip_serializing_if = "Command::is_add")]
+    pub command: Command,
     pub namespace: String,
     pub name: String,
     /// `K8S_POD_UID`, when the runtime sends it.
@@ -47,8 +67,13 @@ pub enum AddAnswer {
     Enrolled,
     /// Not an ambient pod: the plugin goes on as without ambient mode.
     NotAmbient { reason: String },
-    /// Ambient, but not enrolled: the ADD fails (the runtime tries again).
+    /// Ambient, but not enrolled: the ADD fails (the runtime tries again). For CHECK: the
+    /// agent could not check.
     Failed { error: String },
+    /// CHECK: the in-pod rules are the pod's plan.
+    Matches,
+    /// CHECK: what differs from the pod's plan.
+    Differs { differences: Vec<String> },
 }
 
 /// Sends `request` with `netns` attached to the agent listening in `run_dir`, and waits up to

@@ -523,56 +523,15 @@ fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
 /// (rules in its namespace, ztunnel told) before the runtime starts it. `None`: not asked
 /// (ambient off, not a Kubernetes pod, an excluded namespace).
 fn ambient_add(call: &Call, conf: &NetConf) -> Result<Option<String>, CniError> {
-    let Some((namespace, name)) = call.pod.clone()?.filter(|_| conf.ambient_enabled) else {
+    let Some((request, answer)) = ambient_ask(call, conf, ambient::Command::Add)? else {
         return Ok(None);
     };
-    if conf.excluded(&namespace, &name).is_some() {
-        return Ok(None);
-    }
-    let netns = netns_of(call, conf)?;
-    let uid = args::parse(&(call.inv.env)("CNI_ARGS").unwrap_or_default())?.pod_uid;
-    let request = ambient::AddRequest {
-        namespace,
-        name,
-        uid,
-        ips: prev_addresses(conf).unwrap_or_default(),
-        netns: netns.path().display().to_string(),
-    };
-    let socket = conf.run_dir.join(ambient::SOCKET_NAME);
-    let fd = std::os::fd::AsFd::as_fd(&netns);
-    let answer = call.timed(
-        |p| &mut p.apply_us,
-        || ambient::ask(&conf.run_dir, &request, fd, ambient::DEADLINE),
-    );
     let answer = match answer {
-        // No agent listens (stopped, or being upgraded): only an ambient pod must wait for it.
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            let why = format!(
-                "the node agent does not answer at {}: {e}",
-                socket.display()
-            );
-            return without_agent(call, conf, &request, &why).map(Some);
-        }
-        other => other,
-    }
-    .map_err(|e| {
-        CniError::new(
-            code::TRY_AGAIN_LATER,
-            format!(
-                "ambient mode: the node agent does not answer at {}: {e}",
-                socket.display()
-            ),
-            "with ambient_enabled every pod without a sidecar waits for the node agent's \
-                 verdict (is redirect-cni-node running on this node?); the runtime tries again",
-        )
-    })?;
+        AgentSaid::Answer(a) => a,
+        AgentSaid::NotListening(why) => return without_agent(call, conf, &request, &why).map(Some),
+    };
     match answer {
-        ambient::AddAnswer::Enrolled => {
+        ambient::AddAnswer::Enrolled | ambient::AddAnswer::Matches => {
             info!(
                 "{}enrolled in ambient mode: {}",
                 call.label(),
@@ -589,7 +548,141 @@ fn ambient_add(call: &Call, conf: &NetConf) -> Result<Option<String>, CniError> 
             format!("ambient mode: the node agent could not enroll the pod: {error}"),
             "the runtime tries again; the agent's log says more",
         )),
+        ambient::AddAnswer::Differs { differences } => Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("ambient mode: the node agent answered ADD with a CHECK's answer: {differences:?}"),
+            "the agent and the plugin are of different releases: the agent installs its own plugin; the runtime tries again",
+        )),
     }
+}
+
+/// Ambient mode's CHECK of a pod without a sidecar: the agent compares an ambient pod's
+/// in-pod rules in this namespace with its plan (it holds the chart's settings and knows the
+/// pod is enrolled). `None`: not asked, as for ADD.
+fn ambient_check(call: &Call, conf: &NetConf) -> Result<Option<String>, CniError> {
+    let Some((request, answer)) = ambient_ask(call, conf, ambient::Command::Check)? else {
+        return Ok(None);
+    };
+    let netns = request.netns.as_str();
+    match answer {
+        AgentSaid::NotListening(why) => check_without_agent(call, conf, &request, &why).map(Some),
+        AgentSaid::Answer(ambient::AddAnswer::Matches | ambient::AddAnswer::Enrolled) => {
+            info!("CHECK: the in-pod rules match the ambient pod's plan");
+            Ok(Some("the in-pod rules match (ambient)".into()))
+        }
+        AgentSaid::Answer(ambient::AddAnswer::NotAmbient { reason }) => {
+            Ok(Some(format!("not captured (not ambient: {reason})")))
+        }
+        AgentSaid::Answer(ambient::AddAnswer::Differs { differences }) => Err(CniError::new(
+            code::RULES_DIFFER,
+            format!(
+                "the in-pod rules in {netns} differ from what the ambient pod's settings ask                  for ({} differences)",
+                differences.len()
+            ),
+            differences.iter().take(20).cloned().collect::<Vec<_>>().join("; "),
+        )),
+        AgentSaid::Answer(ambient::AddAnswer::Failed { error }) => Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("ambient mode: the node agent could not check the pod: {error}"),
+            "the agent's log says more",
+        )),
+    }
+}
+
+/// What the agent said, or that none listens.
+enum AgentSaid {
+    Answer(ambient::AddAnswer),
+    /// No socket, or nobody behind it (stopped, or being upgraded): why, in words.
+    NotListening(String),
+}
+
+/// Asks the agent about this call's pod; `None` when ambient mode does not concern it.
+fn ambient_ask(
+    call: &Call,
+    conf: &NetConf,
+    command: ambient::Command,
+) -> Result<Option<(ambient::AddRequest, AgentSaid)>, CniError> {
+    let Some((namespace, name)) = call.pod.clone()?.filter(|_| conf.ambient_enabled) else {
+        return Ok(None);
+    };
+    if conf.excluded(&namespace, &name).is_some() {
+        return Ok(None);
+    }
+    let netns = netns_of(call, conf)?;
+    let uid = args::parse(&(call.inv.env)("CNI_ARGS").unwrap_or_default())?.pod_uid;
+    let request = ambient::AddRequest {
+        command,
+        namespace,
+        name,
+        uid,
+        ips: prev_addresses(conf).unwrap_or_default(),
+        netns: netns.path().display().to_string(),
+    };
+    let socket = conf.run_dir.join(ambient::SOCKET_NAME);
+    let fd = std::os::fd::AsFd::as_fd(&netns);
+    let slot: fn(&mut Phases) -> &mut Option<u64> = match command {
+        ambient::Command::Add => |p: &mut Phases| &mut p.apply_us,
+        ambient::Command::Check => |p: &mut Phases| &mut p.read_back_us,
+    };
+    let answer = call.timed(slot, || {
+        ambient::ask(&conf.run_dir, &request, fd, ambient::DEADLINE)
+    });
+    let said = match answer {
+        Ok(a) => AgentSaid::Answer(a),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            AgentSaid::NotListening(format!(
+                "the node agent does not answer at {}: {e}",
+                socket.display()
+            ))
+        }
+        Err(e) => {
+            return Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "ambient mode: the node agent does not answer at {}: {e}",
+                    socket.display()
+                ),
+                "with ambient_enabled every pod without a sidecar waits for the node agent's \
+                 verdict (is redirect-cni-node running on this node?); the runtime tries again",
+            ))
+        }
+    };
+    Ok(Some((request, said)))
+}
+
+/// CHECK with no agent listening: a pod the agent annotated `ambient.istio.io/redirection:
+/// enabled` cannot be checked without it (its settings are the agent's); any other pod is
+/// not captured.
+fn check_without_agent(
+    call: &Call,
+    conf: &NetConf,
+    request: &ambient::AddRequest,
+    why: &str,
+) -> Result<String, CniError> {
+    let pod = fetch(
+        call,
+        conf,
+        &request.namespace,
+        &request.name,
+        "the node agent does not answer: CHECK needs the pod's ambient annotation",
+    )?;
+    let annotated = pod
+        .annotations
+        .get(redirect_core::istio::ambient::REDIRECTION)
+        .map(String::as_str);
+    if annotated == Some("enabled") {
+        return Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("ambient mode: {why}; the pod is enrolled in ambient mode and its rules cannot be checked without the agent"),
+            "is redirect-cni-node running on this node? the runtime tries again",
+        ));
+    }
+    Ok("not captured (not ambient; the node agent was not reachable)".into())
 }
 
 /// Ambient mode with no agent listening: the plugin reads the pod's and its namespace's labels
@@ -702,7 +795,12 @@ fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
 /// CHECK: the namespace's rules must be what the pod's annotations ask for.
 fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     let (cfg, dual_stack) = match handling(call, conf)? {
-        Handling::Pass(why) => return Ok(format!("not captured ({why})")),
+        Handling::Pass(why) => {
+            return Ok(match ambient_check(call, conf)? {
+                Some(outcome) => outcome,
+                None => format!("not captured ({why})"),
+            })
+        }
         Handling::Capture(cfg, dual_stack) => (*cfg, dual_stack),
     };
     let netns = netns_of(call, conf)?;

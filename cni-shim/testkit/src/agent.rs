@@ -28,6 +28,10 @@ pub struct AgentSpec<'a> {
     pub api_port: Option<u16>,
     /// The network namespace it runs in (`ip netns exec`), as the node's; `None`: the test's.
     pub netns: Option<&'a str>,
+    /// More environment variables (the settings that have no flag, or a test's).
+    pub env: &'a [(&'a str, &'a str)],
+    /// The umask it starts with (the runtime's default when `None`).
+    pub umask: Option<u32>,
 }
 
 /// A running agent.
@@ -57,6 +61,16 @@ impl Agent {
             }
             None => Command::new(spec.bin),
         };
+        if let Some(mask) = spec.umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask is async-signal-safe and touches nothing but the child's mask.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::umask(mask as libc::mode_t);
+                    Ok(())
+                });
+            }
+        }
         let child = cmd
             .arg("--chained-cni-plugin=false")
             .arg("--mounted-cni-net-dir")
@@ -82,6 +96,7 @@ impl Agent {
             .env("NODE_NAME", spec.node_name)
             .env("POD_NAMESPACE", SYSTEM)
             .env("REPAIR_NETNS_DIR", "/nonexistent")
+            .envs(spec.env.iter().copied())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
             .spawn()

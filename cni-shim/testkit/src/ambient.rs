@@ -13,6 +13,9 @@ use crate::apiserver::{ControlPlane, SYSTEM};
 use crate::host_proc::FakeProc;
 use crate::{cni_env, node_bin, plugin_bin, plugin_in, Out};
 
+/// How long the kit waits for the agent.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The node's name.
 pub const NODE: &str = "worker-3";
 /// kubelet's UID in the stand-in of the host's `/proc`.
@@ -95,6 +98,18 @@ fn socket_dir() -> (tempfile::TempDir, PathBuf) {
     (d, dir.join("ztunnel.sock"))
 }
 
+/// How [`Node::agent_as`] starts the agent.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// More arguments.
+    pub args: &'a [&'a str],
+    /// More environment variables.
+    pub env: &'a [(&'a str, &'a str)],
+    pub umask: Option<u32>,
+    /// Return at once, not when it lets ztunnel connect (an agent expected to stop).
+    pub no_wait: bool,
+}
+
 /// The node: its own network namespace (the agent programs the host's probe SNAT there),
 /// which reaches the API server through a forwarder; the host's `/proc` with kubelet in it.
 pub struct Node {
@@ -148,9 +163,18 @@ impl Node {
 
     /// [`Node::agent`] with more arguments.
     pub fn agent_with(&self, more: &[&str]) -> Agent {
+        self.agent_as(&Launch {
+            args: more,
+            ..Launch::default()
+        })
+    }
+
+    /// The agent launched as `launch` says; returned once it lets ztunnel connect, unless
+    /// `launch.no_wait`.
+    pub fn agent_as(&self, launch: &Launch) -> Agent {
         let address = format!("--ztunnel-uds-address={}", self.socket.display());
         let mut extra = vec!["--ambient-enabled", "--repair-enabled=false", &address];
-        extra.extend_from_slice(more);
+        extra.extend_from_slice(launch.args);
         let agent = Agent::start(&AgentSpec {
             cp: &self.cp,
             sa: self.sa.path(),
@@ -162,9 +186,18 @@ impl Node {
             extra: &extra,
             api_port: Some(self.api_port),
             netns: Some(self.host.name()),
+            env: launch.env,
+            umask: launch.umask,
         });
-        agent.line_with(&["ambient:", "enrolled at start; ztunnel may connect"]);
+        if !launch.no_wait {
+            agent.line_with(&["ambient:", "enrolled at start; ztunnel may connect"]);
+        }
         agent
+    }
+
+    /// The plugin's socket in the agent's run directory.
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.node.path().join("run").join(cni_plugin_socket_name())
     }
 
     /// Namespace `name`, created and labelled `istio.io/dataplane-mode=ambient`.
@@ -180,16 +213,51 @@ impl Node {
 
     /// The plugin's ADD of `namespace/name` in `ns`, with the config the agent installed.
     pub fn add(&self, ns: &TestNetns, namespace: &str, name: &str, uid: &str) -> Out {
+        self.cni("ADD", ns, namespace, name, uid, &[])
+    }
+
+    /// The plugin's `command` (ADD, CHECK, DEL) of `namespace/name` in `ns`, with the config
+    /// the agent installed and, when `ips` are given, a previous plugin's result listing them
+    /// (as a chained plugin gets them).
+    pub fn cni(
+        &self,
+        command: &str,
+        ns: &TestNetns,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        ips: &[&str],
+    ) -> Out {
         let conf_path = self.node.path().join("net/redirect-cni.conf");
-        let conf = std::fs::read_to_string(&conf_path).unwrap();
+        // The installer writes it once the agent is up.
+        let text = crate::eventually("the plugin's config installed", WAIT, || {
+            std::fs::read_to_string(&conf_path).ok()
+        });
+        let mut conf: Value = serde_json::from_str(&text).unwrap();
+        if !ips.is_empty() {
+            let listed: Vec<Value> = ips
+                .iter()
+                .map(|ip| {
+                    let len = if ip.contains(':') { 128 } else { 32 };
+                    json!({"address": format!("{ip}/{len}")})
+                })
+                .collect();
+            conf["prevResult"] = json!({"cniVersion": conf["cniVersion"], "ips": listed});
+        }
         let args = format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
         );
         // In the node's namespace: the kubeconfig the agent wrote names the forwarder there.
         plugin_in(
             &self.host,
-            &cni_env("ADD", ns.path().to_str().unwrap(), &args),
-            &conf,
+            &cni_env(command, ns.path().to_str().unwrap(), &args),
+            &conf.to_string(),
         )
     }
+}
+
+/// The plugin's ambient socket's name (`cni_plugin::ambient::SOCKET_NAME`; the kit does not
+/// link the plugin).
+fn cni_plugin_socket_name() -> &'static str {
+    "ambient.sock"
 }

@@ -339,3 +339,38 @@ pub fn eventually_or<T>(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `GET path` on `127.0.0.1:port` from inside `ns` (an agent's monitoring port): the status
+/// code and the body; `None` when nothing answers.
+pub fn http_get(ns: &TestNetns, port: u16, path: &str) -> Option<(u16, String)> {
+    let path = path.to_owned();
+    ns.run(move || {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let code = text.get(9..12)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+        Some((code, body))
+    })
+}
+
+/// The sum of the samples of metric `name` in `text` (OpenMetrics) whose labels include every
+/// one of `labels` (`a="b"`); 0 when there is none.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name && labels.iter().all(|want| rest.contains(want))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}

@@ -2,7 +2,8 @@
 //! - `/metrics`: every metric (OpenMetrics text);
 //! - `/readyz`: 200 once the plugin is installed on this node (binary, kubeconfig, CNI
 //!   config), 503 with the reason before, or while the config is being put back;
-//! - `/healthz`: 200 while the agent's threads run.
+//! - `/healthz`: 200 while the agent's threads run;
+//! - `/debug/node`: the agent's view of every pod on the node, as JSON (`node_view`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,12 +19,14 @@ use tokio::net::TcpListener;
 use tokio::sync::watch as signal;
 
 use crate::metrics::{self, Metrics};
+use crate::node_view::NodeView;
 
 /// What the endpoints report.
 #[derive(Clone)]
 pub struct Status {
     pub metrics: Metrics,
     pub ready: signal::Receiver<bool>,
+    pub view: NodeView,
 }
 
 /// Serves `listener` until `stop` turns true.
@@ -81,10 +84,11 @@ fn answer(req: &Request<Incoming>, status: &Status) -> Response<Full<Bytes>> {
                 .into(),
         ),
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
+        "/debug/node" => reply(StatusCode::OK, "application/json", status.view.to_json()),
         _ => reply(
             StatusCode::NOT_FOUND,
             TEXT,
-            "not found: /metrics, /readyz and /healthz are served\n".into(),
+            "not found: /metrics, /readyz, /healthz and /debug/node are served\n".into(),
         ),
     }
 }

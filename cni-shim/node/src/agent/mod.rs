@@ -22,6 +22,7 @@ use crate::ambient::zds::server::ZdsServer;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::node_view::NodeView;
 use crate::plugin_entry::standalone_conf;
 use crate::repair::controller::Controller;
 use crate::repair::queue::Backoff;
@@ -76,6 +77,7 @@ impl Agent {
             metrics: metrics.clone(),
             listener,
             zds,
+            view: NodeView::new(settings.node()),
             stop: stop_rx,
             ready: ready_rx,
         };
@@ -221,6 +223,7 @@ struct Parts {
     metrics: Metrics,
     listener: Option<TcpListener>,
     zds: Option<ZdsServer>,
+    view: NodeView,
     stop: signal::Receiver<bool>,
     ready: signal::Receiver<bool>,
 }
@@ -255,6 +258,7 @@ impl Parts {
                     let status = http::Status {
                         metrics: self.metrics.clone(),
                         ready: self.ready.clone(),
+                        view: self.view.clone(),
                     };
                     tasks.spawn(http::serve(l, status, self.stop.clone()));
                 }
@@ -278,13 +282,20 @@ impl Parts {
             ),
         }
         let zds = self.zds;
-        let (plugin, metrics, ready, stop) = (
-            self.plugin.clone(),
-            self.metrics.clone(),
+        let shared = Shared {
+            plugin: self.plugin.clone(),
+            metrics: self.metrics.clone(),
+            view: self.view.clone(),
+        };
+        with_client(
+            s,
+            zds,
+            shared,
             self.ready.clone(),
             self.stop.clone(),
-        );
-        with_client(s, zds, plugin, metrics, ready, stop, &mut tasks).await;
+            &mut tasks,
+        )
+        .await;
         let mut stop = self.stop.clone();
         let _ = stop.wait_for(|s| *s).await;
         // Every task watches `stop`; give them a moment, then drop what is left.
@@ -295,12 +306,18 @@ impl Parts {
     }
 }
 
+/// What the controllers share: the plugin's entry, the metrics, the node view.
+struct Shared {
+    plugin: Arc<NetConf>,
+    metrics: Metrics,
+    view: NodeView,
+}
+
 /// The parts that talk to the API server: the repair controller, ambient mode, the untaint.
 async fn with_client(
     s: &Settings,
     zds: Option<ZdsServer>,
-    plugin: Arc<NetConf>,
-    metrics: Metrics,
+    shared: Shared,
     ready: signal::Receiver<bool>,
     stop: signal::Receiver<bool>,
     tasks: &mut tokio::task::JoinSet<()>,
@@ -318,19 +335,25 @@ async fn with_client(
             return;
         }
     };
+    let Shared {
+        plugin,
+        metrics,
+        view,
+    } = shared;
     if s.repair.enabled {
         let controller = Controller {
             client: client.clone(),
             settings: s.repair.clone(),
             plugin,
             metrics: metrics.clone(),
+            view: view.clone(),
             backoff: Backoff::default(),
             watch_backoff: crate::repair::watch_health::WATCH_BACKOFF,
         };
         tasks.spawn(controller.run(stop.clone()));
     }
     if let Some(zds) = zds {
-        ambient_start(s, client.clone(), zds, metrics, tasks, stop.clone());
+        ambient_start(s, client.clone(), zds, (metrics, view), tasks, stop.clone());
     }
     if let Some(key) = &s.untaint {
         tasks.spawn(untaint::run(
@@ -394,7 +417,7 @@ fn ambient_start(
     s: &Settings,
     client: kube::Client,
     zds: ZdsServer,
-    metrics: Metrics,
+    (metrics, view): (Metrics, NodeView),
     tasks: &mut tokio::task::JoinSet<()>,
     stop: signal::Receiver<bool>,
 ) {
@@ -419,6 +442,7 @@ fn ambient_start(
         metrics,
         dataplane: Arc::new(std::sync::Mutex::new(host_probe(s, Dataplane::new(zds)))),
         requests,
+        view,
     };
     tasks.spawn(async move {
         controller.run(stop).await;

@@ -1,16 +1,21 @@
-//! The ambient controller: it watches this node's pods and every namespace's labels, enrolls
-//! the pods Istio's selectors pick (a label change enrolls or releases a running pod), answers
-//! the plugin's requests at ADD, and sets each pod's `ambient.istio.io/redirection`
-//! annotation once the data plane holds it (`enabled`, or `pending` while ztunnel has not
-//! acknowledged it).
+//! The ambient controller, level-triggered: the desired state comes from the API (this node's
+//! pods, every namespace's labels, Istio's selectors), the actual state is read back (each
+//! enrolled pod's table, the host's probe table and its sets, what the current ztunnel
+//! connection acked), and the difference is converged: on each change it sees, on each of the
+//! plugin's requests, and in a pass every `AMBIENT_RECONCILE_INTERVAL` (and at once when
+//! ztunnel comes or goes). A pod's `ambient.istio.io/redirection` annotation says what was
+//! read back: `enabled` only when the current connection acked the pod, `pending` when a
+//! connected ztunnel has not; with no ztunnel connected it is left as it is (nobody to ask),
+//! so a restart of either side writes nothing to a pod that did not change.
 //!
-//! At start it learns every pod first and enrolls the ones already annotated (their rules
-//! checked, and programmed again when they differ and `reconcile_on_startup` says so), and
+//! At start it learns every pod first and enrolls the ones already annotated (a pod without
+//! an address yet is found by its cgroup, or kept in ztunnel when it cannot be found), and
 //! only then lets ztunnel connect: ztunnel drops the pods a snapshot does not name.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
@@ -18,25 +23,19 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::Client;
 use tokio::sync::watch as signal;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, Notify};
 
-use super::dataplane::{Dataplane, Rules, Stage};
+use super::dataplane::{Dataplane, PassReport, Rules, Stage};
+use super::identity::Binding;
+use super::plugin_requests::PluginRequest;
 use super::pods::{self, Want};
 use super::AmbientSettings;
 use crate::metrics::Metrics;
-use crate::repair::actions::pod_label;
+use crate::node_view::{AmbientPart, Kind, NodeView, PassState, PodEntry, ZtunnelState};
 use crate::repair::controller::{not_listed, sleep_until};
 use crate::repair::in_place::Places;
 use crate::repair::queue::{Backoff, Queue};
-use cni_plugin::ambient::{AddAnswer, AddRequest};
 use redirect_core::istio::ambient::REDIRECTION;
-
-/// The plugin's request at ADD, with the pod's namespace and where to answer.
-pub struct PluginRequest {
-    pub add: AddRequest,
-    pub netns: std::os::fd::OwnedFd,
-    pub answer: oneshot::Sender<AddAnswer>,
-}
 
 /// Everything the controller needs.
 pub struct Controller {
@@ -48,6 +47,7 @@ pub struct Controller {
     pub metrics: Metrics,
     pub dataplane: Arc<Mutex<Dataplane>>,
     pub requests: mpsc::Receiver<PluginRequest>,
+    pub view: NodeView,
 }
 
 /// The controller's memory of the cluster.
@@ -60,6 +60,7 @@ pub(super) struct State {
     pub(super) queue: Queue,
     /// The pods of the listing under way (a relist after the watch failed).
     listing: Option<HashSet<String>>,
+    passes: PassState,
 }
 
 impl State {
@@ -72,12 +73,23 @@ impl State {
             started: false,
             queue: Queue::new(u32::MAX, Backoff::default()),
             listing: None,
+            passes: PassState::default(),
         }
     }
 
     pub(super) fn namespace_labels(&self, pod: &Pod) -> BTreeMap<String, String> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("");
         self.namespaces.get(ns).cloned().unwrap_or_default()
+    }
+
+    /// The addresses other live pods of the node (than `uid`) list in their status, with whose
+    /// they are: a namespace holding one of them is not `uid`'s.
+    pub(super) fn address_owners(&self, uid: &str) -> HashMap<IpAddr, String> {
+        self.pods
+            .iter()
+            .filter(|(u, p)| *u != uid && pods::live(p))
+            .flat_map(|(_, p)| pods::ips(p).into_iter().map(|ip| (ip, pods::label(p))))
+            .collect()
     }
 
     /// A pod read from the API at ADD, before the watch brings it: kept (and not taken for
@@ -155,14 +167,25 @@ impl State {
     }
 }
 
+/// The annotation a pod should carry at `stage`, given what it carries: with no ztunnel to
+/// ask, what it carries stays.
+fn annotation_for(stage: Stage, carried: Option<&str>) -> &'static str {
+    match (stage, carried) {
+        (Stage::Enabled, _) => "enabled",
+        (Stage::Disconnected, Some("enabled")) => "enabled",
+        (Stage::Pending | Stage::Disconnected, _) => "pending",
+    }
+}
+
 impl Controller {
     /// Watches and acts until `stop` turns true.
     pub async fn run(mut self, mut stop: signal::Receiver<bool>) {
         tracing::info!(
             "starting the ambient controller: pods on node {} (istio.io/dataplane-mode=ambient \
-             on the pod or its namespace), ztunnel's socket {}",
+             on the pod or its namespace), ztunnel's socket {}, a pass every {:?}",
             self.node,
-            self.settings.ztunnel_socket.display()
+            self.settings.ztunnel_socket.display(),
+            self.settings.reconcile_interval
         );
         let fields = format!("spec.nodeName={}", self.node);
         let pods = watcher::watcher(
@@ -175,9 +198,22 @@ impl Controller {
         );
         let (mut pods, mut namespaces) = (std::pin::pin!(pods), std::pin::pin!(namespaces));
         let mut state = State::new();
-        let mut retry = tokio::time::interval(std::time::Duration::from_secs(1));
+        state.passes.interval_s = self.settings.reconcile_interval.as_secs_f64();
+        // ztunnel came or went: a pass at once (the gauge, the annotations, what to resend).
+        let wake = Arc::new(Notify::new());
+        {
+            let w = wake.clone();
+            self.dataplane
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .zds()
+                .on_change(move || w.notify_one());
+        }
+        let mut pass_timer = tokio::time::interval(self.settings.reconcile_interval);
+        pass_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let due = state.queue.next_due();
+            let mut pass_due = false;
             tokio::select! {
                 _ = stop.changed() => break,
                 Some(e) = pods.next() => match e {
@@ -189,7 +225,8 @@ impl Controller {
                     Err(e) => watch_failed("namespaces", &e).await,
                 },
                 Some(r) = self.requests.recv() => self.plugin_request(&mut state, r).await,
-                _ = retry.tick() => self.pending_again(&mut state),
+                _ = pass_timer.tick() => pass_due = true,
+                _ = wake.notified() => pass_due = true,
                 _ = sleep_until(due), if due.is_some() => {}
             }
             if *stop.borrow() {
@@ -197,6 +234,10 @@ impl Controller {
             }
             if state.listed == (true, true) {
                 self.work(&mut state).await;
+                if pass_due && state.started {
+                    self.pass(&mut state).await;
+                    self.work(&mut state).await;
+                }
             }
         }
         tracing::info!("the ambient controller stopped");
@@ -228,18 +269,89 @@ impl Controller {
         self.update_metrics();
     }
 
-    /// Pending pods are sent to ztunnel again (after a nack; a new connection's snapshot
-    /// carries the others).
-    fn pending_again(&self, state: &mut State) {
-        let dp = self.dataplane.lock().unwrap_or_else(|p| p.into_inner());
-        for uid in dp.enrolled() {
-            let annotated = state
+    /// One pass: the data plane read back and converged, the kept pods looked for, the
+    /// annotations that differ from what was read queued, the view and metrics published.
+    async fn pass(&self, state: &mut State) {
+        let report = self.with_dataplane(|dp| dp.pass()).await;
+        self.report(state, &report);
+        self.find_kept(state).await;
+        let stages: Vec<(String, Option<Stage>)> = self
+            .with_dataplane(|dp| {
+                dp.enrolled()
+                    .into_iter()
+                    .map(|u| {
+                        let s = dp.stage(&u);
+                        (u, s)
+                    })
+                    .collect()
+            })
+            .await;
+        for (uid, stage) in stages {
+            let Some(pod) = state.pods.get(&uid) else {
+                continue;
+            };
+            let carried = pods::redirection(pod);
+            if let Some(stage) = stage {
+                if carried != Some(annotation_for(stage, carried)) {
+                    state.queue.add(&uid);
+                }
+            }
+        }
+        state.passes.passes += 1;
+        state.passes.last = Some(rfc3339(SystemTime::now()));
+        state.passes.took_ms = report.took.as_secs_f64() * 1000.0;
+        self.metrics.ambient_pass(report.took);
+        self.publish(state).await;
+    }
+
+    /// Logs and counts what a pass repaired and what it could not.
+    fn report(&self, state: &mut State, report: &PassReport) {
+        for (who, r) in &report.repairs {
+            let what = if who == "host" {
+                "the host's probe table".to_string()
+            } else {
+                format!("pod {who}")
+            };
+            tracing::warn!("ambient: {what} repaired ({}): {}", r.kind.label(), r.why);
+            self.metrics.ambient_repair(r.kind.label());
+            *state
+                .passes
+                .repairs
+                .entry(r.kind.label().to_string())
+                .or_default() += 1;
+        }
+        for p in &report.problems {
+            tracing::warn!("ambient: {p}; trying again on the next pass");
+        }
+    }
+
+    /// The pods ztunnel keeps whose namespace the agent did not find: looked for again.
+    async fn find_kept(&self, state: &mut State) {
+        let kept = self.with_dataplane(|dp| dp.kept()).await;
+        for pod in kept {
+            let ip = state
                 .pods
-                .get(&uid)
-                .and_then(pods::redirection)
-                .map(str::to_owned);
-            if annotated.as_deref() != Some("enabled") {
-                state.queue.add(&uid);
+                .get(&pod.uid)
+                .and_then(|p| pods::ips(p).first().copied());
+            let Ok(netns) = self.search(&pod.uid, ip).await else {
+                continue;
+            };
+            let uid = pod.uid.clone();
+            match self
+                .with_dataplane(move |dp| dp.adopt(&uid, netns, Binding::Search))
+                .await
+            {
+                Ok(r) => {
+                    tracing::warn!(
+                        "ambient: pod {} repaired ({}): {}",
+                        pod.label(),
+                        r.kind.label(),
+                        r.why
+                    );
+                    self.metrics.ambient_repair(r.kind.label());
+                    state.queue.add(&pod.uid);
+                }
+                Err(e) => tracing::warn!("ambient: pod {}: {e}", pod.label()),
             }
         }
     }
@@ -254,79 +366,94 @@ impl Controller {
             }
             return Ok(());
         };
+        let annotated = pods::redirection(&pod).is_some();
         match (
             pods::want(&pod, &state.namespace_labels(&pod), &self.excluded),
             enrolled,
         ) {
-            (Want::In(ip), None) => {
-                let rules = match (first, pods::redirection(&pod).is_some()) {
+            // Not enrolled, no address yet, never enrolled: the plugin's ADD enrolls it.
+            (Want::NoAddressYet, None) if !annotated => Ok(()),
+            (Want::In(_) | Want::NoAddressYet, None) => {
+                let rules = match (first, annotated) {
                     (true, true) if !self.settings.reconcile_on_startup => Rules::Leave,
                     (_, true) => Rules::KeepIfSame,
                     (_, false) => Rules::Apply,
                 };
-                let stage = self.enroll_found(&pod, ip, rules).await?;
-                self.annotate(&pod, Some(stage)).await
+                let stage = self.enroll_found(&pod, rules).await?;
+                self.annotate(&pod, stage).await
             }
-            (Want::In(_) | Want::NoAddressYet, Some(stage)) => {
-                let (id, ips) = (uid.to_owned(), pods::ips(&pod));
-                self.with_dataplane(move |dp| dp.refresh_ips(&id, &ips))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let stage = match stage {
-                    Stage::Pending => self.resend(uid).await.unwrap_or(stage),
-                    Stage::Enabled => stage,
-                };
-                self.annotate(&pod, Some(stage)).await
+            (Want::In(_) | Want::NoAddressYet, Some(_)) => {
+                self.confirm(state, &pod).await?;
+                let id = uid.to_owned();
+                match self.with_dataplane(move |dp| dp.stage(&id)).await {
+                    Some(stage) => self.annotate(&pod, stage).await,
+                    None => Ok(()),
+                }
             }
-            (Want::NoAddressYet, None) => Ok(()),
             (Want::Out { why, deleting }, Some(_)) => {
-                tracing::info!("ambient: pod {} leaves the mesh: {why}", pod_label(&pod));
+                tracing::info!("ambient: pod {} leaves the mesh: {why}", pods::label(&pod));
                 self.release(uid, deleting).await;
                 if deleting {
                     return Ok(());
                 }
-                self.annotate(&pod, None).await
+                self.unannotate(&pod).await
             }
             (Want::Out { why, deleting }, None) => {
-                if deleting || pods::redirection(&pod).is_none() {
+                if deleting || !annotated {
                     return Ok(());
                 }
                 // Annotated by an earlier agent, out since: its rules go too.
-                tracing::info!("ambient: pod {} leaves the mesh: {why}", pod_label(&pod));
+                tracing::info!("ambient: pod {} leaves the mesh: {why}", pods::label(&pod));
                 self.remove_left_rules(&pod).await;
-                self.annotate(&pod, None).await
+                self.unannotate(&pod).await
             }
         }
     }
 
-    /// Finds the pod's namespace on the node and enrolls it there.
-    async fn enroll_found(
-        &self,
-        pod: &Pod,
-        ip: std::net::IpAddr,
-        rules: Rules,
-    ) -> Result<Stage, String> {
-        let (who, places) = (pod_label(pod), self.places.clone());
+    /// The API's addresses of an enrolled pod checked against its namespace; a namespace that
+    /// does not hold them is not the pod's: released, and the pod enrolled again in the one
+    /// the agent's own search finds.
+    async fn confirm(&self, state: &mut State, pod: &Pod) -> Result<(), String> {
+        let (uid, api) = (pod.metadata.uid.clone().unwrap_or_default(), pods::ips(pod));
+        let id = uid.clone();
+        let confirmed = self.with_dataplane(move |dp| dp.confirm(&id, &api)).await;
+        let Err(why) = confirmed else {
+            return Ok(());
+        };
+        tracing::warn!(
+            "ambient: pod {}: {why}: released from it, its namespace searched for",
+            pods::label(pod)
+        );
+        self.metrics.ambient_repair("namespace");
+        *state.passes.repairs.entry("namespace".into()).or_default() += 1;
+        self.release(&uid, false).await;
+        self.enroll_found(pod, Rules::Apply).await.map(|_| ())
+    }
+
+    /// Finds the pod's namespace on the node (by its cgroup, and its address when it has one)
+    /// and enrolls it there; a pod an earlier agent enrolled whose namespace cannot be found
+    /// is kept in ztunnel as it is.
+    async fn enroll_found(&self, pod: &Pod, rules: Rules) -> Result<Stage, String> {
+        let who = pods::label(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let netns = tokio::task::spawn_blocking(move || {
-            crate::repair::pod_netns::find(&places.proc, &places.pins, &uid, ip)
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        let netns = match netns {
+        let ip = pods::ips(pod).first().copied();
+        let netns = match self.search(&uid, ip).await {
             Ok(n) => n,
             Err(e) if rules == Rules::Leave || rules == Rules::KeepIfSame => {
                 // Enrolled before: ztunnel keeps serving it as it is.
                 tracing::warn!("ambient: pod {who}: {e}; ztunnel is told to keep it");
-                let r = pods::pod_ref(pod, &[]);
-                self.with_dataplane(move |dp| dp.keep(&r)).await;
-                return Ok(Stage::Pending);
+                let (r, cfg) = (pods::pod_ref(pod), self.pod_config(pod)?);
+                return self
+                    .with_dataplane(move |dp| dp.enroll(&r, None, &cfg, rules))
+                    .await
+                    .map(|(stage, _)| stage)
+                    .map_err(|e| e.to_string());
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         };
-        let (r, cfg) = (pods::pod_ref(pod, &[]), self.pod_config(pod)?);
+        let (r, cfg) = (pods::pod_ref(pod), self.pod_config(pod)?);
         let (stage, refused) = self
-            .with_dataplane(move |dp| dp.add(&r, netns, &cfg, rules))
+            .with_dataplane(move |dp| dp.enroll(&r, Some((netns, Binding::Search)), &cfg, rules))
             .await
             .map_err(|e| e.to_string())?;
         if let Some(e) = refused {
@@ -336,23 +463,26 @@ impl Controller {
         Ok(stage)
     }
 
+    /// The agent's own search for pod `uid`'s namespace under the host's `/proc`.
+    async fn search(&self, uid: &str, ip: Option<IpAddr>) -> Result<redirect_core::Netns, String> {
+        let (places, uid) = (self.places.clone(), uid.to_owned());
+        tokio::task::spawn_blocking(move || match ip {
+            Some(ip) => crate::repair::pod_netns::find(&places.proc, &places.pins, &uid, ip),
+            None => crate::repair::pod_netns::find_by_uid(&places.proc, &uid),
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+    }
+
     pub(super) fn pod_config(&self, pod: &Pod) -> Result<redirect_core::AmbientConfig, String> {
         let (cfg, warnings) =
             redirect_core::istio::ambient::pod_config(&pods::annotations(pod), &self.settings.base)
                 .map_err(|e| e.to_string())?;
         for w in warnings {
-            tracing::warn!("ambient: pod {}: {w}", pod_label(pod));
+            tracing::warn!("ambient: pod {}: {w}", pods::label(pod));
         }
         Ok(cfg)
-    }
-
-    async fn resend(&self, uid: &str) -> Option<Stage> {
-        let uid = uid.to_owned();
-        let sent = self.with_dataplane(move |dp| dp.resend(&uid)).await?;
-        if let (_, Some(e)) = &sent {
-            tracing::warn!("ambient: {e}");
-        }
-        Some(sent.0)
     }
 
     pub(super) async fn release(&self, uid: &str, deleting: bool) {
@@ -378,35 +508,45 @@ impl Controller {
 
     /// Rules an earlier agent left in a pod that is no longer ambient.
     async fn remove_left_rules(&self, pod: &Pod) {
-        let Some(ip) = pods::ips(pod).first().copied() else {
-            return;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ip = pods::ips(pod).first().copied();
+        let who = pods::label(pod);
+        let netns = match self.search(&uid, ip).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("ambient: pod {who}: its in-pod rules could not be removed: {e}");
+                return;
+            }
         };
-        let (places, uid, who) = (
-            self.places.clone(),
-            pod.metadata.uid.clone().unwrap_or_default(),
-            pod_label(pod),
-        );
-        let done = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let netns = crate::repair::pod_netns::find(&places.proc, &places.pins, &uid, ip)
-                .map_err(|e| e.to_string())?;
-            let ns = redirect_core::Namespace::from_netns(netns).map_err(|e| e.to_string())?;
-            ns.remove_ambient().map_err(|e| e.to_string())
+        let done = tokio::task::spawn_blocking(move || {
+            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.remove_ambient())
         })
         .await;
-        if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) {
+        if let Ok(Err(e)) = done {
             tracing::warn!("ambient: pod {who}: its in-pod rules could not be removed: {e}");
         }
     }
 
-    /// Sets (or removes, with `None`) the pod's `ambient.istio.io/redirection`.
-    pub(super) async fn annotate(&self, pod: &Pod, stage: Option<Stage>) -> Result<(), String> {
-        let value = stage.map(|s| match s {
-            Stage::Enabled => "enabled",
-            Stage::Pending => "pending",
-        });
-        if pods::redirection(pod) == value {
+    /// Sets the pod's `ambient.istio.io/redirection` to what `stage` says (nothing is written
+    /// when it says so already).
+    async fn annotate(&self, pod: &Pod, stage: Stage) -> Result<(), String> {
+        let carried = pods::redirection(pod);
+        let value = annotation_for(stage, carried);
+        if carried == Some(value) {
             return Ok(());
         }
+        self.patch_annotation(pod, Some(value)).await
+    }
+
+    /// Removes the pod's `ambient.istio.io/redirection`.
+    async fn unannotate(&self, pod: &Pod) -> Result<(), String> {
+        if pods::redirection(pod).is_none() {
+            return Ok(());
+        }
+        self.patch_annotation(pod, None).await
+    }
+
+    async fn patch_annotation(&self, pod: &Pod, value: Option<&str>) -> Result<(), String> {
         let patch = serde_json::json!({"metadata": {"annotations": {REDIRECTION: value}}});
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
@@ -419,7 +559,7 @@ impl Controller {
             .map_err(|e| format!("annotating {REDIRECTION}={value:?}: {e}"))?;
         tracing::info!(
             "ambient: pod {} annotated {REDIRECTION}={}",
-            pod_label(pod),
+            pods::label(pod),
             value.unwrap_or("(removed)")
         );
         Ok(())
@@ -440,7 +580,7 @@ impl Controller {
     }
 
     pub(super) fn update_metrics(&self) {
-        let mut dp = self.dataplane.lock().unwrap_or_else(|p| p.into_inner());
+        let dp = self.dataplane.lock().unwrap_or_else(|p| p.into_inner());
         let uids = dp.enrolled();
         let enabled = uids
             .iter()
@@ -453,6 +593,96 @@ impl Controller {
             dp.zds().connections(),
         );
     }
+
+    /// The node view's ambient part, from what the pass read.
+    async fn publish(&self, state: &State) {
+        let passes = state.passes.clone();
+        let socket = self.settings.ztunnel_socket.display().to_string();
+        let (mut part, kept) = self
+            .with_dataplane(move |dp| {
+                let conn = dp.zds().connection();
+                let closed = dp.zds().closed_silent();
+                let part = AmbientPart {
+                    ztunnel: ZtunnelState {
+                        socket,
+                        connected: conn.is_some(),
+                        connection: conn.as_ref().map(|c| c.id),
+                        connected_since: conn.map(|c| rfc3339(c.since)),
+                        connections: dp.zds().connections(),
+                        closed_silent: closed.evicted + closed.timed_out,
+                    },
+                    host_probe: dp.host(),
+                    pass: passes,
+                    pods: Vec::new(),
+                };
+                (part, dp.states())
+            })
+            .await;
+        let connected = part.ztunnel.connected;
+        part.pods = kept
+            .into_iter()
+            .map(|p| {
+                let carried = state.pods.get(&p.uid).and_then(pods::redirection);
+                let (word, attention) = pod_state(&p, connected, carried);
+                PodEntry {
+                    namespace: p.namespace,
+                    name: p.name,
+                    uid: p.uid,
+                    kind: Kind::Ambient,
+                    state: word.into(),
+                    attention,
+                    ips: p.ips,
+                    netns: p.netns,
+                    binding: p.binding,
+                    rules: p.rules,
+                    last_repair: p.repair,
+                    ztunnel: Some(p.ztunnel),
+                }
+            })
+            .collect();
+        self.view.set_ambient(part);
+    }
+}
+
+/// An ambient pod's state in one word, and what needs attention.
+fn pod_state(
+    p: &super::dataplane::PodState,
+    connected: bool,
+    carried: Option<&str>,
+) -> (&'static str, Option<String>) {
+    let unequal = p.rules.as_ref().is_some_and(|r| !r.differences.is_empty());
+    if p.netns.is_none() {
+        return (
+            "kept",
+            Some("its namespace was not found: ztunnel keeps it as it had it".into()),
+        );
+    }
+    if !connected {
+        return ("disconnected", Some("no ztunnel is connected".into()));
+    }
+    if let Some(e) = &p.ztunnel.refused {
+        return ("pending", Some(format!("ztunnel refused it: {e}")));
+    }
+    if !p.ztunnel.acked {
+        return (
+            "pending",
+            Some("the current ztunnel connection has not acked it".into()),
+        );
+    }
+    if unequal {
+        return (
+            "enabled",
+            Some("its rules differed at the last read (repaired)".into()),
+        );
+    }
+    if carried != Some("enabled") {
+        return ("enabled", Some("its annotation is not written yet".into()));
+    }
+    ("enabled", None)
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 async fn watch_failed(what: &str, e: &watcher::Error) {
@@ -521,6 +751,49 @@ mod tests {
         assert!(
             drain(&mut s).is_empty(),
             "the same labels again queue nothing"
+        );
+    }
+
+    #[test]
+    fn the_annotation_says_what_the_current_connection_acked_and_stays_without_one() {
+        assert_eq!(annotation_for(Stage::Enabled, None), "enabled");
+        assert_eq!(annotation_for(Stage::Pending, Some("enabled")), "pending");
+        assert_eq!(
+            annotation_for(Stage::Disconnected, Some("enabled")),
+            "enabled"
+        );
+        assert_eq!(
+            annotation_for(Stage::Disconnected, Some("pending")),
+            "pending"
+        );
+        assert_eq!(annotation_for(Stage::Disconnected, None), "pending");
+    }
+
+    #[test]
+    fn the_addresses_of_other_live_pods_have_owners() {
+        let mut s = state();
+        let with_ip = |uid: &str, ip: &str, phase: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": uid, "namespace": "shop", "uid": uid},
+                "status": {"phase": phase, "podIP": ip}
+            }))
+            .unwrap()
+        };
+        s.on_pod(Event::Apply(with_ip("a", "10.0.0.1", "Running")));
+        s.on_pod(Event::Apply(with_ip("b", "10.0.0.2", "Running")));
+        s.on_pod(Event::Apply(with_ip("c", "10.0.0.3", "Succeeded")));
+        let owners = s.address_owners("a");
+        assert_eq!(
+            owners.get(&"10.0.0.2".parse().unwrap()).map(String::as_str),
+            Some("shop/b")
+        );
+        assert!(
+            !owners.contains_key(&"10.0.0.1".parse().unwrap()),
+            "its own"
+        );
+        assert!(
+            !owners.contains_key(&"10.0.0.3".parse().unwrap()),
+            "an ended pod's"
         );
     }
 }

@@ -1,20 +1,30 @@
-//! One node's ambient data plane, whatever asked for the change (the pod watch or the plugin's
-//! ADD): each enrolled pod's namespace held open, its in-pod rules, and ztunnel told over ZDS.
-//! The order is Istio's: rules in the pod, then ztunnel's ack; removal the other way round
-//! (rules left alone in a pod being deleted: its namespace goes with it).
+//! One node's ambient data plane, whatever asked for the change (the pod watch, the plugin's
+//! ADD, the periodic pass): each enrolled pod's namespace held open, its in-pod rules, the
+//! host's probe SNAT sets, and ztunnel told over ZDS. The order is Istio's: rules in the pod,
+//! then ztunnel's ack; removal the other way round (rules left alone in a pod being deleted:
+//! its namespace goes with it).
+//!
+//! What it reports is read back, never remembered: a pod's stage is what the current ZDS
+//! connection acked, its rules are what the last read found, the host table is what the
+//! kernel holds. [`Dataplane::pass`] reads everything back and converges the difference (a
+//! deleted table recreated, a pod's rules reprogrammed, what ztunnel has not acked sent
+//! again), each repair returned for the log and the metrics.
 //!
 //! Everything here blocks (netlink, ZDS's 5 s deadlines): the controller calls it from a
 //! blocking task, one change at a time.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::time::{Instant, SystemTime};
 
 use redirect_core::{AmbientConfig, HostProbeConfig, Namespace, Netns};
 
+use super::identity::Binding;
 use super::zds::proto::WorkloadInfo;
-use super::zds::server::{Delivery, ZdsError, ZdsServer};
+use super::zds::server::{Delivery, Held, ZdsError, ZdsServer};
 
-/// Who a pod is, for ztunnel and the logs.
+/// Who a pod is, for ztunnel and the logs; `ips` are the addresses checked to be its
+/// namespace's (those in the host's probe sets).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRef {
     pub uid: String,
@@ -38,14 +48,15 @@ impl PodRef {
     }
 }
 
-/// Where an enrolled pod stands.
+/// Where an enrolled pod stands with ztunnel, as the current connection's answers say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
-    /// Rules in place, ztunnel acknowledged it: `ambient.istio.io/redirection: enabled`.
+    /// The current connection acked it: `ambient.istio.io/redirection: enabled`.
     Enabled,
-    /// Rules in place, ztunnel not connected (it gets the pod with its snapshot) or it
-    /// refused: `pending`.
+    /// A ztunnel is connected and has not acked it (refused, or not sent yet): `pending`.
     Pending,
+    /// No ztunnel is connected: nobody to ask (the annotation is left as it is).
+    Disconnected,
 }
 
 /// What to do with rules already in the pod's namespace.
@@ -55,7 +66,8 @@ pub enum Rules {
     Apply,
     /// Program them only if they differ (a pod enrolled before the agent started).
     KeepIfSame,
-    /// Leave them as they are (`AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false`).
+    /// Leave them as they are (`AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false`); a table
+    /// someone deletes later is still put back.
     Leave,
 }
 
@@ -85,15 +97,111 @@ pub enum AddError {
     },
 }
 
+/// What a repair put right.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairKind {
+    /// The host's probe table was gone: recreated with every enrolled pod's addresses.
+    HostTable,
+    /// Addresses missing from (or left in) the host's probe sets.
+    HostMembers,
+    /// A pod's in-pod rules differed from its plan (or were gone): programmed again.
+    PodRules,
+    /// A pod's namespace found again (after a `keep`), or bound anew.
+    Namespace,
+    /// A pod the current ztunnel had not acked, sent again.
+    Resent,
+}
+
+impl RepairKind {
+    /// The `kind` label of `redirect_cni_ambient_repairs_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            RepairKind::HostTable => "host_table",
+            RepairKind::HostMembers => "host_members",
+            RepairKind::PodRules => "pod_rules",
+            RepairKind::Namespace => "namespace",
+            RepairKind::Resent => "resent",
+        }
+    }
+}
+
+/// One repair: when, what, and why (what was read back).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Repair {
+    #[serde(with = "rfc3339")]
+    pub at: SystemTime,
+    pub kind: RepairKind,
+    pub why: String,
+}
+
+/// A pod's rules as last read back.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ReadBack {
+    #[serde(with = "rfc3339")]
+    pub at: SystemTime,
+    /// What differed from the plan (empty: equal), or why it could not be read.
+    pub differences: Vec<String>,
+}
+
 /// What the data plane holds of an enrolled pod.
 struct Enrolled {
     pod: PodRef,
-    /// The namespace held open (a `Namespace`'s netlink sockets are made for each change:
-    /// they are not to be shared between threads).
-    netns: Netns,
-    stage: Stage,
-    /// `zds.connections()` when it went pending: a later connection's snapshot carried it.
-    pending_since: u64,
+    /// The namespace held open; `None`: not found (ztunnel is told to keep the pod).
+    netns: Option<Netns>,
+    binding: Option<Binding>,
+    cfg: AmbientConfig,
+    /// The rules were left as found at start: only a missing table is put back.
+    leave: bool,
+    rules: Option<ReadBack>,
+    repair: Option<Repair>,
+}
+
+/// The host table as last read back.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct HostView {
+    /// Whether the probe SNAT is configured (kubelet was found).
+    pub configured: bool,
+    /// The addresses in its sets at the last read; `None`: the table was not there.
+    pub members: Option<Vec<IpAddr>>,
+    #[serde(with = "rfc3339_opt")]
+    pub checked_at: Option<SystemTime>,
+    pub repair: Option<Repair>,
+}
+
+/// One pod as the data plane holds it, for the node view.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PodState {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub ips: Vec<IpAddr>,
+    /// The namespace held (where it was found), `None` while ztunnel keeps the pod unseen.
+    pub netns: Option<String>,
+    pub binding: Option<Binding>,
+    pub rules: Option<ReadBack>,
+    pub repair: Option<Repair>,
+    pub ztunnel: ZtunnelView,
+}
+
+/// What the current ZDS connection holds of a pod.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ZtunnelView {
+    pub connection: Option<u64>,
+    pub acked: bool,
+    pub refused: Option<String>,
+}
+
+/// What one pass read and put right.
+#[derive(Debug, Default)]
+pub struct PassReport {
+    /// Each repair, with the pod's label (or `host`).
+    pub repairs: Vec<(String, Repair)>,
+    /// What could not be read or put right (tried again on the next pass).
+    pub problems: Vec<String>,
+    /// Pods whose rules were read back.
+    pub checked: usize,
+    pub took: std::time::Duration,
 }
 
 /// The node's enrolled pods, the ZDS server that hands them to ztunnel, and the host's probe
@@ -104,6 +212,10 @@ pub struct Dataplane {
     pods: BTreeMap<String, Enrolled>,
     /// `None`: kubelet was not found; probes reach the pods unchanged (and are captured).
     probe: Option<HostProbeConfig>,
+    host: HostView,
+    /// Repairs made between passes (an ADD that found the host table gone), reported by the
+    /// next pass.
+    between: Vec<(String, Repair)>,
 }
 
 impl Dataplane {
@@ -112,6 +224,8 @@ impl Dataplane {
             zds,
             pods: BTreeMap::new(),
             probe: None,
+            host: HostView::default(),
+            between: Vec::new(),
         }
     }
 
@@ -120,45 +234,179 @@ impl Dataplane {
     pub fn set_host_probe(&mut self, cfg: HostProbeConfig) -> redirect_core::Result<()> {
         Namespace::current()?.apply_host_probe(&cfg)?;
         self.probe = Some(cfg);
+        self.host.configured = true;
+        self.host.members = Some(Vec::new());
+        self.host.checked_at = Some(SystemTime::now());
         Ok(())
     }
 
-    /// The pod's addresses as its status lists them now: new ones go into the probe sets.
-    pub fn refresh_ips(&mut self, uid: &str, ips: &[IpAddr]) -> Result<(), AddError> {
-        let Some(e) = self.pods.get(uid) else {
-            return Ok(());
+    pub fn zds(&self) -> &ZdsServer {
+        &self.zds
+    }
+
+    /// Enrolls `pod` in `netns` (checked to be its, as `binding` says) with `cfg`: its
+    /// addresses into the probe sets, the rules as `rules` says, then ztunnel. With no
+    /// namespace (not found after the agent's restart), ztunnel is told to keep the pod. A pod
+    /// already enrolled is enrolled again in the namespace given (a new sandbox of the same
+    /// pod). Returns the stage reached and ztunnel's refusal if it refused.
+    pub fn enroll(
+        &mut self,
+        pod: &PodRef,
+        netns: Option<(Netns, Binding)>,
+        cfg: &AmbientConfig,
+        rules: Rules,
+    ) -> Result<(Stage, Option<ZdsError>), AddError> {
+        let Some((netns, binding)) = netns else {
+            self.zds.keep(&pod.uid, pod.info());
+            self.pods.insert(
+                pod.uid.clone(),
+                Enrolled {
+                    pod: pod.clone(),
+                    netns: None,
+                    binding: None,
+                    cfg: cfg.clone(),
+                    leave: rules == Rules::Leave,
+                    rules: None,
+                    repair: None,
+                },
+            );
+            return Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), None));
         };
-        if ips.is_empty() || e.pod.ips == ips {
-            return Ok(());
+        let where_ = netns.path().display().to_string();
+        let fd = netns
+            .try_clone_fd()
+            .map_err(|source| AddError::Descriptor {
+                netns: where_.clone(),
+                source,
+            })?;
+        let failed = |source| AddError::Rules {
+            netns: where_.clone(),
+            source,
+        };
+        let ns = namespace(&netns).map_err(failed)?;
+        self.probe_add(&pod.ips)?;
+        let differences = match rules {
+            Rules::Apply => vec!["a new pod".to_string()],
+            Rules::KeepIfSame => differences(&ns, cfg),
+            Rules::Leave => Vec::new(),
+        };
+        if !differences.is_empty() {
+            ns.apply_ambient(cfg).map_err(failed)?;
         }
-        let mut pod = e.pod.clone();
-        pod.ips = ips.to_vec();
-        self.probe_add(&pod)?;
-        if let Some(e) = self.pods.get_mut(uid) {
-            e.pod.ips = pod.ips;
-        }
-        Ok(())
+        self.pods.insert(
+            pod.uid.clone(),
+            Enrolled {
+                pod: pod.clone(),
+                netns: Some(netns),
+                binding: Some(binding),
+                cfg: cfg.clone(),
+                leave: rules == Rules::Leave,
+                rules: Some(ReadBack {
+                    at: SystemTime::now(),
+                    differences: Vec::new(),
+                }),
+                repair: None,
+            },
+        );
+        self.zds.set(&pod.uid, pod.info(), Some(fd));
+        let refused = self.sync(&pod.uid);
+        Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), refused))
     }
 
-    /// The pod's addresses into the host's probe sets (before its rules, as Istio).
-    fn probe_add(&self, pod: &PodRef) -> Result<(), AddError> {
+    /// Sends the pod to ztunnel unless the current connection acked it; its refusal.
+    fn sync(&self, uid: &str) -> Option<ZdsError> {
+        self.zds.sync(uid).err()
+    }
+
+    /// The pod's addresses into the host's probe sets (before its rules, as Istio). When the
+    /// table is gone (a firewall reload), it comes back with every enrolled pod's addresses
+    /// and these, in one batch.
+    fn probe_add(&mut self, ips: &[IpAddr]) -> Result<(), AddError> {
         let Some(cfg) = &self.probe else {
             return Ok(());
         };
-        let ips = probed(cfg, &pod.ips).collect::<Vec<_>>();
-        Namespace::current()
-            .and_then(|ns| ns.host_probe_add(cfg, &ips))
-            .map_err(|source| AddError::Probe {
+        let ips: Vec<IpAddr> = probed(cfg, ips).collect();
+        let added = Namespace::current().and_then(|ns| ns.host_probe_add(cfg, &ips));
+        if added.is_ok() {
+            return Ok(());
+        }
+        match self.converge_host(&ips) {
+            Ok(repair) => {
+                self.between.extend(repair.map(|r| ("host".to_string(), r)));
+                Ok(())
+            }
+            Err(source) => Err(AddError::Probe {
                 ips: format!("{ips:?}"),
                 source,
-            })
+            }),
+        }
+    }
+
+    /// Reads the host table back and brings it to every enrolled pod's addresses (with
+    /// `extra`): recreated whole when it is gone, the missing addresses added and those of no
+    /// enrolled pod removed otherwise. Returns the repair made, if one was needed.
+    fn converge_host(&mut self, extra: &[IpAddr]) -> redirect_core::Result<Option<Repair>> {
+        let Some(cfg) = self.probe.clone() else {
+            return Ok(None);
+        };
+        let mut want: Vec<IpAddr> = self
+            .pods
+            .values()
+            .flat_map(|e| probed(&cfg, &e.pod.ips))
+            .chain(probed(&cfg, extra))
+            .collect();
+        want.sort();
+        want.dedup();
+        let ns = Namespace::current()?;
+        let repair = match ns.host_probe_members()? {
+            None => {
+                ns.apply_host_probe_with(&cfg, &want)?;
+                Some(Repair {
+                    at: SystemTime::now(),
+                    kind: RepairKind::HostTable,
+                    why: format!(
+                        "the host's probe table was gone (a firewall reload?): recreated with \
+                         {} address(es)",
+                        want.len()
+                    ),
+                })
+            }
+            Some(held) => {
+                let missing: Vec<IpAddr> = want
+                    .iter()
+                    .copied()
+                    .filter(|ip| !held.contains(ip))
+                    .collect();
+                let stale: Vec<IpAddr> = held
+                    .iter()
+                    .copied()
+                    .filter(|ip| !want.contains(ip))
+                    .collect();
+                ns.host_probe_add(&cfg, &missing)?;
+                ns.host_probe_remove(&cfg, &stale)?;
+                (!missing.is_empty() || !stale.is_empty()).then(|| Repair {
+                    at: SystemTime::now(),
+                    kind: RepairKind::HostMembers,
+                    why: format!(
+                        "the host's probe sets lacked {missing:?} and held {stale:?} of no \
+                         enrolled pod"
+                    ),
+                })
+            }
+        };
+        self.host.members = Some(want);
+        self.host.checked_at = Some(SystemTime::now());
+        if repair.is_some() {
+            self.host.repair.clone_from(&repair);
+        }
+        Ok(repair)
     }
 
     /// The pod's addresses out of the probe sets, but those another enrolled pod holds (an
     /// address handed to a new pod before the old one was released).
-    fn probe_remove(&self, uid: &str, pod: &PodRef) -> Option<String> {
+    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Option<String> {
         let cfg = self.probe.as_ref()?;
-        let ips: Vec<IpAddr> = probed(cfg, &pod.ips)
+        let ips: Vec<IpAddr> = probed(cfg, ips)
             .filter(|ip| {
                 !self
                     .pods
@@ -172,90 +420,88 @@ impl Dataplane {
             .map(|e| format!("removing {ips:?} from the host's probe sets: {e}"))
     }
 
-    pub fn zds(&self) -> &ZdsServer {
-        &self.zds
-    }
-
-    /// Enrolls `pod` in `netns` with `cfg`: the rules as `rules` says, then ztunnel. A pod already enrolled is enrolled again in the namespace
-    /// given (a new sandbox of the same pod). Returns the stage reached; a refused ZDS request
-    /// leaves the pod `Pending`, to be sent again with the next snapshot.
-    pub fn add(
-        &mut self,
-        pod: &PodRef,
-        netns: Netns,
-        cfg: &AmbientConfig,
-        rules: Rules,
-    ) -> Result<(Stage, Option<ZdsError>), AddError> {
-        let where_ = netns.path().display().to_string();
-        let fd = netns
-            .try_clone_fd()
-            .map_err(|source| AddError::Descriptor {
-                netns: where_.clone(),
-                source,
-            })?;
-        let failed = |source| AddError::Rules {
-            netns: where_.clone(),
-            source,
+    /// The addresses the API lists for an enrolled pod, once it lists them: checked against
+    /// the namespace held, then they replace the checked ones (in the probe sets too).
+    /// `Err` when the namespace does not hold them: it is not the pod's, and the caller
+    /// releases it.
+    pub fn confirm(&mut self, uid: &str, api: &[IpAddr]) -> Result<bool, String> {
+        let Some(e) = self.pods.get(uid) else {
+            return Ok(false);
         };
-        let ns = namespace(&netns).map_err(failed)?;
-        self.probe_add(pod)?;
-        let program = match rules {
-            Rules::Apply => true,
-            Rules::KeepIfSame => !ns.check_ambient(cfg).is_ok_and(|d| d.is_empty()),
-            Rules::Leave => false,
-        };
-        if program {
-            ns.apply_ambient(cfg).map_err(failed)?;
-        }
-        let (stage, refused) = self.send(pod, fd);
-        let pending_since = self.zds.connections();
-        self.pods.insert(
-            pod.uid.clone(),
-            Enrolled {
-                pod: pod.clone(),
-                netns,
-                stage,
-                pending_since,
-            },
+        let unconfirmed = matches!(
+            e.binding,
+            Some(Binding::RequestAddresses | Binding::NamespaceAddresses)
         );
-        Ok((stage, refused))
-    }
-
-    /// Sends a pending pod to ztunnel again (after a nack, or a failed connection).
-    pub fn resend(&mut self, uid: &str) -> Option<(Stage, Option<ZdsError>)> {
-        let e = self.pods.get(uid)?;
-        let fd = e.netns.try_clone_fd().ok()?;
-        let pod = e.pod.clone();
-        let (stage, refused) = self.send(&pod, fd);
-        let connections = self.zds.connections();
-        let e = self.pods.get_mut(uid)?;
-        e.stage = stage;
-        e.pending_since = connections;
-        Some((stage, refused))
-    }
-
-    fn send(&self, pod: &PodRef, fd: std::os::fd::OwnedFd) -> (Stage, Option<ZdsError>) {
-        match self.zds.add(&pod.uid, pod.info(), fd) {
-            Ok(Delivery::Acked) => (Stage::Enabled, None),
-            Ok(Delivery::Queued) => (Stage::Pending, None),
-            Err(e) => (Stage::Pending, Some(e)),
+        if api.is_empty() || (e.pod.ips == api && !unconfirmed) {
+            return Ok(false);
         }
+        let Some(netns) = &e.netns else {
+            return Ok(false);
+        };
+        match super::identity::holds(netns, api) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "the namespace bound to it ({}) does not hold the addresses the API lists \
+                     for it ({api:?})",
+                    netns.path().display()
+                ))
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        let old = e.pod.ips.clone();
+        if let Some(e) = self.pods.get_mut(uid) {
+            e.pod.ips = api.to_vec();
+            e.binding = Some(Binding::ApiAddresses);
+        }
+        if old != api {
+            self.probe_add(api).map_err(|e| e.to_string())?;
+            let gone: Vec<IpAddr> = old.into_iter().filter(|ip| !api.contains(ip)).collect();
+            if let Some(p) = self.probe_remove(uid, &gone) {
+                return Err(p);
+            }
+        }
+        Ok(true)
     }
 
-    /// Tells ztunnel to keep serving a pod whose namespace the agent cannot find (after a
-    /// restart): its next snapshot says `keep`.
-    pub fn keep(&self, pod: &PodRef) {
-        self.zds.keep(&pod.uid, pod.info());
+    /// The namespace of a pod ztunnel was told to keep, found at last: its rules checked (and
+    /// programmed when they differ), then sent to ztunnel.
+    pub fn adopt(&mut self, uid: &str, netns: Netns, binding: Binding) -> Result<Repair, AddError> {
+        let Some(e) = self.pods.get(uid) else {
+            return Ok(Repair {
+                at: SystemTime::now(),
+                kind: RepairKind::Namespace,
+                why: "released meanwhile".into(),
+            });
+        };
+        let (pod, cfg) = (e.pod.clone(), e.cfg.clone());
+        let rules = if e.leave {
+            Rules::Leave
+        } else {
+            Rules::KeepIfSame
+        };
+        let at = netns.path().display().to_string();
+        self.enroll(&pod, Some((netns, binding)), &cfg, rules)?;
+        let repair = Repair {
+            at: SystemTime::now(),
+            kind: RepairKind::Namespace,
+            why: format!("its namespace found at {at}; handed to ztunnel"),
+        };
+        if let Some(e) = self.pods.get_mut(uid) {
+            e.repair = Some(repair.clone());
+        }
+        Ok(repair)
     }
 
-    /// Releases the pod `uid`: its addresses out of the probe sets, ztunnel told, then (unless the pod is being deleted) its rules
-    /// removed. Returns the pod as it was enrolled, or `None` if it was not.
+    /// Releases the pod `uid`: its addresses out of the probe sets, ztunnel told, then
+    /// (unless the pod is being deleted) its rules removed. Returns the pod as it was
+    /// enrolled, or `None` if it was not.
     pub fn remove(&mut self, uid: &str, deleting: bool) -> Option<(PodRef, Vec<String>)> {
         let mut problems = Vec::new();
         if let Some(p) = self
             .pods
             .get(uid)
-            .and_then(|e| self.probe_remove(uid, &e.pod))
+            .and_then(|e| self.probe_remove(uid, &e.pod.ips))
         {
             problems.push(p);
         }
@@ -264,22 +510,129 @@ impl Dataplane {
         }
         let enrolled = self.pods.remove(uid)?;
         if !deleting {
-            if let Err(e) = namespace(&enrolled.netns).and_then(|ns| ns.remove_ambient()) {
-                problems.push(format!("removing the in-pod rules: {e}"));
+            if let Some(netns) = &enrolled.netns {
+                if let Err(e) = namespace(netns).and_then(|ns| ns.remove_ambient()) {
+                    problems.push(format!("removing the in-pod rules: {e}"));
+                }
             }
         }
         Some((enrolled.pod, problems))
     }
 
-    /// The stage of an enrolled pod; a pending pod turns `Enabled` once a ztunnel that
-    /// connected after it went pending got it in its snapshot.
-    pub fn stage(&mut self, uid: &str) -> Option<Stage> {
-        let (connected, connections) = (self.zds.connected(), self.zds.connections());
-        let e = self.pods.get_mut(uid)?;
-        if e.stage == Stage::Pending && connected && connections > e.pending_since {
-            e.stage = Stage::Enabled;
+    /// One pass: the host table, every pod's rules and what the current ztunnel acked, read
+    /// back; every difference put right.
+    pub fn pass(&mut self) -> PassReport {
+        let started = Instant::now();
+        let mut report = PassReport {
+            repairs: std::mem::take(&mut self.between),
+            ..PassReport::default()
+        };
+        match self.converge_host(&[]) {
+            Ok(Some(r)) => report.repairs.push(("host".into(), r)),
+            Ok(None) => {}
+            Err(e) => report.problems.push(format!("the host's probe table: {e}")),
         }
-        Some(e.stage)
+        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        for uid in &uids {
+            if let Some(r) = self.converge_rules(uid, &mut report) {
+                report.repairs.push(r);
+            }
+        }
+        self.zds.check_alive();
+        for uid in self.zds.unacked() {
+            let Some(label) = self.pods.get(&uid).map(|e| e.pod.label()) else {
+                continue;
+            };
+            let held_before = self.zds.held(&uid);
+            match self.zds.sync(&uid) {
+                Ok(Delivery::Acked) => {
+                    let repair = Repair {
+                        at: SystemTime::now(),
+                        kind: RepairKind::Resent,
+                        why: match held_before.refused {
+                            Some(e) => format!("ztunnel had refused it ({e}); it acked it now"),
+                            None => "ztunnel's connection had not acked it; it acked it now".into(),
+                        },
+                    };
+                    if let Some(e) = self.pods.get_mut(&uid) {
+                        e.repair = Some(repair.clone());
+                    }
+                    report.repairs.push((label, repair));
+                }
+                Ok(Delivery::Queued) => {}
+                Err(e) => report.problems.push(format!("pod {label}: {e}")),
+            }
+        }
+        for (uid, sent) in self.zds.release_leftovers() {
+            if let Err(e) = sent {
+                report.problems.push(format!("released pod {uid}: {e}"));
+            }
+        }
+        report.took = started.elapsed();
+        report
+    }
+
+    /// Reads pod `uid`'s rules back and programs them again when they differ (or, for rules
+    /// left as found at start, when the table is gone).
+    fn converge_rules(&mut self, uid: &str, report: &mut PassReport) -> Option<(String, Repair)> {
+        let e = self.pods.get(uid)?;
+        let netns = e.netns.as_ref()?;
+        let label = e.pod.label();
+        let ns = match namespace(netns) {
+            Ok(ns) => ns,
+            Err(err) => {
+                report.problems.push(format!("pod {label}: {err}"));
+                return None;
+            }
+        };
+        report.checked += 1;
+        let found = if e.leave {
+            match ns.read() {
+                Ok(Some(_)) => Vec::new(),
+                Ok(None) => vec!["our table is gone".to_string()],
+                Err(err) => vec![format!("cannot read the table: {err}")],
+            }
+        } else {
+            differences(&ns, &e.cfg)
+        };
+        let now = SystemTime::now();
+        let repair = if found.is_empty() {
+            None
+        } else {
+            match ns.apply_ambient(&e.cfg) {
+                Ok(_) => Some(Repair {
+                    at: now,
+                    kind: RepairKind::PodRules,
+                    why: summary(&found),
+                }),
+                Err(err) => {
+                    report
+                        .problems
+                        .push(format!("pod {label}: reprogramming its rules: {err}"));
+                    None
+                }
+            }
+        };
+        let e = self.pods.get_mut(uid)?;
+        e.rules = Some(ReadBack {
+            at: now,
+            differences: found,
+        });
+        if let Some(r) = &repair {
+            e.repair = Some(r.clone());
+        }
+        repair.map(|r| (label, r))
+    }
+
+    /// The stage of an enrolled pod, from what the current ZDS connection acked.
+    pub fn stage(&self, uid: &str) -> Option<Stage> {
+        self.pods.get(uid)?;
+        let held = self.zds.held(uid);
+        Some(match (held.connection, held.acked) {
+            (None, _) => Stage::Disconnected,
+            (Some(_), true) => Stage::Enabled,
+            (Some(_), false) => Stage::Pending,
+        })
     }
 
     /// The enrolled pods' UIDs.
@@ -287,9 +640,69 @@ impl Dataplane {
         self.pods.keys().cloned().collect()
     }
 
+    /// The pods ztunnel is told to keep, whose namespace the agent does not hold.
+    pub fn kept(&self) -> Vec<PodRef> {
+        self.pods
+            .values()
+            .filter(|e| e.netns.is_none())
+            .map(|e| e.pod.clone())
+            .collect()
+    }
+
     /// The pod enrolled under `uid`.
     pub fn pod(&self, uid: &str) -> Option<&PodRef> {
         self.pods.get(uid).map(|e| &e.pod)
+    }
+
+    /// The enrolled pod (other than `except`) bound to namespace `id`.
+    pub fn bound_to(
+        &self,
+        id: redirect_core::kernel::netns::NetnsId,
+        except: &str,
+    ) -> Option<String> {
+        self.pods
+            .iter()
+            .find(|(u, e)| *u != except && e.netns.as_ref().is_some_and(|n| n.id() == id))
+            .map(|(_, e)| e.pod.label())
+    }
+
+    /// The enrolled pod `uid`'s namespace identity.
+    pub fn netns_id(&self, uid: &str) -> Option<redirect_core::kernel::netns::NetnsId> {
+        self.pods.get(uid)?.netns.as_ref().map(|n| n.id())
+    }
+
+    /// Every enrolled pod as held and last read back, for the node view.
+    pub fn states(&self) -> Vec<PodState> {
+        self.pods
+            .values()
+            .map(|e| {
+                let Held {
+                    connection,
+                    acked,
+                    refused,
+                } = self.zds.held(&e.pod.uid);
+                PodState {
+                    uid: e.pod.uid.clone(),
+                    namespace: e.pod.namespace.clone(),
+                    name: e.pod.name.clone(),
+                    ips: e.pod.ips.clone(),
+                    netns: e.netns.as_ref().map(|n| n.path().display().to_string()),
+                    binding: e.binding,
+                    rules: e.rules.clone(),
+                    repair: e.repair.clone(),
+                    ztunnel: ZtunnelView {
+                        connection,
+                        acked,
+                        refused,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// The host table as last read back.
+    pub fn host(&self) -> HostView {
+        self.host.clone()
     }
 
     pub fn len(&self) -> usize {
@@ -299,6 +712,24 @@ impl Dataplane {
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }
+}
+
+/// How `ns`'s ambient rules differ from `cfg`'s plan, in words (empty: equal); a read that
+/// fails is a difference too.
+fn differences(ns: &Namespace, cfg: &AmbientConfig) -> Vec<String> {
+    match ns.check_ambient(cfg) {
+        Ok(d) => d.iter().map(|m| m.to_string()).collect(),
+        Err(e) => vec![format!("cannot read the rules back: {e}")],
+    }
+}
+
+/// The first differences, for a log line.
+fn summary(found: &[String]) -> String {
+    let mut s = found.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+    if found.len() > 3 {
+        s.push_str(&format!("; and {} more", found.len() - 3));
+    }
+    s
 }
 
 /// The addresses of `ips` the probe SNAT covers: IPv6 ones only with its IPv6 address.
@@ -318,4 +749,26 @@ fn namespace(netns: &Netns) -> redirect_core::Result<Namespace> {
         })?;
     let copy = Netns::from_file(std::fs::File::from(fd), netns.path())?;
     Namespace::from_netns(copy)
+}
+
+/// Times in the node view: RFC 3339, as the API's.
+mod rfc3339 {
+    pub fn serialize<S: serde::Serializer>(
+        t: &std::time::SystemTime,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string())
+    }
+}
+
+mod rfc3339_opt {
+    pub fn serialize<S: serde::Serializer>(
+        t: &Option<std::time::SystemTime>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string()),
+            None => s.serialize_none(),
+        }
+    }
 }

@@ -1,14 +1,19 @@
 //! Ambient mode (Istio's ztunnel data plane): the agent enrolls this node's ambient pods
-//! (`controller`: the pod and namespace watch, and the plugin's requests at ADD), puts the
-//! in-pod rules in each and hands ztunnel its namespace (`dataplane`, over `zds`).
+//! (`controller`: the pod and namespace watch, the plugin's requests at ADD and CHECK, and a
+//! pass every few seconds that reads everything back), binds each to the namespace that holds
+//! its addresses (`identity`), puts the in-pod rules in it and hands ztunnel its namespace
+//! (`dataplane`, over `zds`). Both sockets are let in by `gate`.
 
 pub mod controller;
 pub mod dataplane;
+pub mod gate;
+pub mod identity;
 pub mod plugin_requests;
 pub mod pods;
 pub mod zds;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use redirect_core::AmbientConfig;
 
@@ -20,6 +25,8 @@ pub struct AmbientSettings {
     pub base: AmbientConfig,
     /// At start, program again the rules of enrolled pods that differ.
     pub reconcile_on_startup: bool,
+    /// How often the pass reads everything back (`AMBIENT_RECONCILE_INTERVAL`).
+    pub reconcile_interval: Duration,
     /// The ZDS socket ztunnel connects to.
     pub ztunnel_socket: PathBuf,
 }

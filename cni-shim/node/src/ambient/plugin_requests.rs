@@ -1,13 +1,15 @@
-//! The plugin's requests at ADD (`cni_plugin::ambient`): a `SOCK_SEQPACKET` socket in the
-//! run directory (root's, mode 0755: only root on the node may connect), one request and one
-//! answer per connection. A thread accepts and reads them; the controller decides and enrolls,
-//! in its own order with the watch's work.
+//! The plugin's requests at ADD and CHECK (`cni_plugin::ambient`): a `SOCK_SEQPACKET` socket
+//! in the run directory (mode 0600, root's: only root on the node may connect), one request
+//! and one answer per connection. `gate` lets the requests in on one thread (a connection
+//! that says nothing within [`FIRST_REQUEST`] is closed, and at most [`WAITING`] are held);
+//! at most [`IN_FLIGHT`] requests wait for the controller at once, the rest answered "busy"
+//! at once. The controller decides and answers in its own order with the watch's work.
 
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,13 +17,55 @@ use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
 use kube::api::Api;
 use redirect_core::istio::ambient::Enrollment;
 use redirect_core::Netns;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::controller::{Controller, PluginRequest, State};
+use super::controller::{Controller, State};
 use super::dataplane::{Rules, Stage};
+use super::gate::{self, Closed, Limits};
+use super::identity::{self, Claim};
 use super::pods;
-use cni_plugin::ambient::{AddAnswer, AddRequest, MAX_MESSAGE, SOCKET_NAME};
-use cni_plugin::seqpacket;
+use cni_plugin::ambient::{AddAnswer, AddRequest, Command, MAX_MESSAGE, SOCKET_NAME};
+use cni_plugin::seqpacket::{self, Datagram};
+
+/// How long a connection may take to send its request (the plugin sends it as it connects).
+pub const FIRST_REQUEST: Duration = Duration::from_secs(1);
+/// Connections held while they have said nothing.
+pub const WAITING: usize = 32;
+/// Requests waiting for the controller at once.
+pub const IN_FLIGHT: usize = 64;
+
+/// The plugin's request, with the pod's namespace and where to answer.
+pub struct PluginRequest {
+    pub add: AddRequest,
+    pub netns: OwnedFd,
+    pub reply: Reply,
+}
+
+/// The connection a request came on; answering (or dropping it) frees its place.
+pub struct Reply {
+    conn: OwnedFd,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Reply {
+    pub fn send(self, answer: &AddAnswer) {
+        answer_on(&self.conn, answer);
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn answer_on(conn: &OwnedFd, answer: &AddAnswer) {
+    if let Ok(bytes) = serde_json::to_vec(answer) {
+        if let Err(e) = seqpacket::send(conn.as_fd(), &bytes, None, MAX_MESSAGE) {
+            tracing::warn!("ambient: could not answer the plugin: {e}");
+        }
+    }
+}
 
 /// The listening socket's thread; dropping it stops the thread and removes the socket.
 pub struct Listener {
@@ -47,12 +91,12 @@ pub fn listen_in(run_dir: &Path, to: mpsc::Sender<PluginRequest>) -> std::io::Re
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let sock = seqpacket::listen(&path, 64, Duration::from_millis(200))?;
+    let sock = seqpacket::listen_private(&path, 128)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let thread = std::thread::Builder::new()
         .name("ambient-plugin".into())
-        .spawn(move || accept_loop(&sock, &flag, &to))?;
+        .spawn(move || door(&sock, &flag, &to))?;
     Ok(Listener {
         path,
         stop,
@@ -60,58 +104,72 @@ pub fn listen_in(run_dir: &Path, to: mpsc::Sender<PluginRequest>) -> std::io::Re
     })
 }
 
-fn accept_loop(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
-    while !stop.load(Ordering::Relaxed) {
-        let conn = match seqpacket::accept(sock) {
-            Ok(Some(conn)) => conn,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!("ambient: the plugin's socket: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
-            }
-        };
-        let to = to.clone();
-        // One thread per request: a slow enrollment must not hold the next pod's.
-        let _ = std::thread::Builder::new()
-            .name("ambient-add".into())
-            .spawn(move || serve(conn, &to));
-    }
-}
-
-/// Reads one request, hands it to the controller, writes its answer.
-fn serve(conn: OwnedFd, to: &mpsc::Sender<PluginRequest>) {
-    let _ = seqpacket::set_timeouts(&conn, Duration::from_secs(10));
-    let answer = match read_request(&conn) {
-        Ok((add, netns)) => {
-            let (tx, rx) = oneshot::channel();
-            let who = format!("{}/{}", add.namespace, add.name);
-            let request = PluginRequest {
-                add,
-                netns,
-                answer: tx,
-            };
-            match to.blocking_send(request) {
-                Ok(()) => rx.blocking_recv().unwrap_or_else(|_| AddAnswer::Failed {
-                    error: format!("the agent dropped the request for {who} (stopping?)"),
-                }),
-                Err(_) => AddAnswer::Failed {
-                    error: "the ambient controller is not running".into(),
-                },
-            }
-        }
-        Err(error) => AddAnswer::Failed { error },
+fn door(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
+    let limits = Limits {
+        waiting: WAITING,
+        first_datagram: FIRST_REQUEST,
+        max: MAX_MESSAGE,
+        tick: Duration::from_secs(1),
     };
-    if let Ok(bytes) = serde_json::to_vec(&answer) {
-        if let Err(e) = seqpacket::send(conn.as_fd(), &bytes, None, MAX_MESSAGE) {
-            tracing::warn!("ambient: could not answer the plugin: {e}");
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut seen = Closed::default();
+    let first = |conn: OwnedFd, got: std::io::Result<Datagram>| {
+        let _ = seqpacket::set_timeouts(&conn, Duration::from_secs(1));
+        let (add, netns) = match got
+            .map_err(|e| format!("reading the request: {e}"))
+            .and_then(read_request)
+        {
+            Ok(r) => r,
+            Err(error) => return answer_on(&conn, &AddAnswer::Failed { error }),
+        };
+        if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            let error = format!(
+                "the agent is busy ({IN_FLIGHT} requests waiting); the runtime tries again"
+            );
+            tracing::warn!(
+                "ambient: the plugin's request for {}/{} refused: {error}",
+                add.namespace,
+                add.name
+            );
+            return answer_on(&conn, &AddAnswer::Failed { error });
         }
-    }
+        let reply = Reply {
+            conn,
+            in_flight: in_flight.clone(),
+        };
+        let request = PluginRequest { add, netns, reply };
+        if let Err(e) = to.try_send(request) {
+            let (error, r) = match e {
+                mpsc::error::TrySendError::Full(r) => {
+                    ("the agent is busy; the runtime tries again", r)
+                }
+                mpsc::error::TrySendError::Closed(r) => {
+                    ("the ambient controller is not running", r)
+                }
+            };
+            r.reply.send(&AddAnswer::Failed {
+                error: error.into(),
+            });
+        }
+    };
+    let tick = |closed: Closed| {
+        if closed != seen {
+            tracing::warn!(
+                "ambient: {} connection(s) on {SOCKET_NAME} closed before their request ({} \
+                 to make room, {} at the {FIRST_REQUEST:?} deadline); the plugin sends its \
+                 request as soon as it connects",
+                closed.evicted + closed.timed_out - seen.evicted - seen.timed_out,
+                closed.evicted - seen.evicted,
+                closed.timed_out - seen.timed_out,
+            );
+            seen = closed;
+        }
+    };
+    gate::serve(sock, limits, stop, first, tick);
 }
 
-fn read_request(conn: &OwnedFd) -> Result<(AddRequest, OwnedFd), String> {
-    let d = seqpacket::recv(conn.as_fd(), MAX_MESSAGE)
-        .map_err(|e| format!("reading the request: {e}"))?;
+fn read_request(d: Datagram) -> Result<(AddRequest, OwnedFd), String> {
     let add: AddRequest = serde_json::from_slice(&d.bytes)
         .map_err(|e| format!("a request the agent cannot read: {e}"))?;
     let mut fds = d.fds.into_iter();
@@ -122,26 +180,39 @@ fn read_request(conn: &OwnedFd) -> Result<(AddRequest, OwnedFd), String> {
 }
 
 impl Controller {
-    /// The plugin's ADD: the pod decided from the watch's memory (or the API when the watch
-    /// has not seen it yet), enrolled in the namespace the plugin handed over.
+    /// The plugin's ADD or CHECK: the pod decided from the watch's memory (or the API when
+    /// the watch has not seen it yet).
     pub(super) async fn plugin_request(&self, state: &mut State, r: PluginRequest) {
         let who = format!("{}/{}", r.add.namespace, r.add.name);
+        let command = r.add.command;
         let answer = match self.decide_for_plugin(state, &r.add).await {
             Err(error) => AddAnswer::Failed { error },
             Ok(Err(reason)) => AddAnswer::NotAmbient { reason },
-            Ok(Ok(pod)) => self.enroll_for_plugin(state, &pod, r.add, r.netns).await,
+            Ok(Ok(pod)) => match command {
+                Command::Add => self.enroll_for_plugin(state, &pod, r.add, r.netns).await,
+                Command::Check => self.check_for_plugin(&pod, r.netns).await,
+            },
+        };
+        let verb = match command {
+            Command::Add => "ADD",
+            Command::Check => "CHECK",
         };
         match &answer {
             AddAnswer::Enrolled => tracing::info!("ambient: pod {who} enrolled at ADD"),
+            AddAnswer::Matches => tracing::debug!("ambient: pod {who} at CHECK: its rules match"),
+            AddAnswer::Differs { differences } => tracing::warn!(
+                "ambient: pod {who} at CHECK: its rules differ: {}",
+                differences.join("; ")
+            ),
             AddAnswer::NotAmbient { reason } => {
-                tracing::debug!("ambient: pod {who} at ADD: not ambient ({reason})")
+                tracing::debug!("ambient: pod {who} at {verb}: not ambient ({reason})")
             }
             AddAnswer::Failed { error } => {
                 self.metrics.ambient_failed();
-                tracing::warn!("ambient: pod {who} at ADD: {error}")
+                tracing::warn!("ambient: pod {who} at {verb}: {error}")
             }
         }
-        let _ = r.answer.send(answer);
+        r.reply.send(&answer);
         self.update_metrics();
     }
 
@@ -189,6 +260,8 @@ impl Controller {
         )
     }
 
+    /// ADD: the namespace handed over is checked to be the pod's (`identity`), then the pod is
+    /// enrolled in it. A namespace that fails the check changes nothing, whatever was enrolled.
     async fn enroll_for_plugin(
         &self,
         state: &mut State,
@@ -208,11 +281,41 @@ impl Controller {
             Ok(c) => c,
             Err(error) => return AddAnswer::Failed { error },
         };
-        let ips: Vec<IpAddr> = add.ips.clone();
-        let r = pods::pod_ref(pod, &ips);
-        let uid = r.uid.clone();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let api = pods::ips(pod);
+        let request: Vec<IpAddr> = add.ips.clone();
+        let owners = state.address_owners(&uid);
+        let (id, except) = (netns.id(), uid.clone());
+        let bound = self
+            .with_dataplane(move |dp| dp.bound_to(id, &except))
+            .await;
+        let claim = Claim {
+            api: &api,
+            request: &request,
+            owner_of: &|ip| owners.get(&ip).cloned(),
+            bound_to: &|_| bound.clone(),
+        };
+        let (ips, binding) = match identity::check(&netns, &claim) {
+            Ok(checked) => checked,
+            Err(refused) => {
+                tracing::warn!(
+                    "ambient: pod {}: the namespace handed over at ADD ({}) is refused: {refused}",
+                    pods::label(pod),
+                    add.netns
+                );
+                return AddAnswer::Failed {
+                    error: refused.to_string(),
+                };
+            }
+        };
+        let mut r = pods::pod_ref(pod);
+        r.ips = ips;
+        let was_enrolled = {
+            let id = uid.clone();
+            self.with_dataplane(move |dp| dp.pod(&id).is_some()).await
+        };
         let added = self
-            .with_dataplane(move |dp| dp.add(&r, netns, &cfg, Rules::Apply))
+            .with_dataplane(move |dp| dp.enroll(&r, Some((netns, binding)), &cfg, Rules::Apply))
             .await;
         match added {
             Ok((Stage::Enabled, _)) => {
@@ -221,10 +324,13 @@ impl Controller {
                 state.queue.add(&uid);
                 AddAnswer::Enrolled
             }
-            Ok((Stage::Pending, refused)) => {
+            Ok((_, refused)) => {
                 // ADD fails: the namespace as it was (the runtime tears the sandbox down and
                 // tries again).
                 self.release(&uid, false).await;
+                if was_enrolled {
+                    state.queue.add(&uid);
+                }
                 AddAnswer::Failed {
                     error: match refused {
                         Some(e) => e.to_string(),
@@ -235,6 +341,52 @@ impl Controller {
                     },
                 }
             }
+            Err(e) => AddAnswer::Failed {
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// CHECK: the pod's in-pod rules in the namespace handed over, against its plan; the
+    /// namespace must be the one the pod is enrolled in.
+    async fn check_for_plugin(&self, pod: &Pod, fd: OwnedFd) -> AddAnswer {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let netns = match Netns::from_file(File::from(fd), Path::new("CNI_NETNS")) {
+            Ok(n) => n,
+            Err(e) => {
+                return AddAnswer::Failed {
+                    error: e.to_string(),
+                }
+            }
+        };
+        let cfg = match self.pod_config(pod) {
+            Ok(c) => c,
+            Err(error) => return AddAnswer::Failed { error },
+        };
+        let id = uid.clone();
+        let bound = self.with_dataplane(move |dp| dp.netns_id(&id)).await;
+        if bound != Some(netns.id()) {
+            return AddAnswer::Differs {
+                differences: vec![match bound {
+                    None => "the pod is ambient but the agent holds no namespace for it (not \
+                             enrolled yet, or its namespace was not found)"
+                        .into(),
+                    Some(_) => "the namespace checked is not the one the pod is enrolled in".into(),
+                }],
+            };
+        }
+        let checked = tokio::task::spawn_blocking(move || {
+            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.check_ambient(&cfg))
+        })
+        .await;
+        match checked {
+            Ok(Ok(d)) if d.is_empty() => AddAnswer::Matches,
+            Ok(Ok(d)) => AddAnswer::Differs {
+                differences: d.iter().map(|m| m.to_string()).collect(),
+            },
+            Ok(Err(e)) => AddAnswer::Failed {
+                error: format!("reading the in-pod rules back: {e}"),
+            },
             Err(e) => AddAnswer::Failed {
                 error: e.to_string(),
             },

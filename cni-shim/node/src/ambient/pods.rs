@@ -87,8 +87,9 @@ pub fn ips(pod: &Pod) -> Vec<IpAddr> {
         .collect()
 }
 
-/// Who the pod is, for ztunnel; `ips` when the caller knows better (the plugin's result).
-pub fn pod_ref(pod: &Pod, ips_known: &[IpAddr]) -> PodRef {
+/// Who the pod is, for ztunnel, with the addresses its status lists (the caller replaces them
+/// with those it checked).
+pub fn pod_ref(pod: &Pod) -> PodRef {
     PodRef {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -98,12 +99,23 @@ pub fn pod_ref(pod: &Pod, ips_known: &[IpAddr]) -> PodRef {
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_else(|| "default".into()),
-        ips: if ips_known.is_empty() {
-            ips(pod)
-        } else {
-            ips_known.to_vec()
-        },
+        ips: ips(pod),
     }
+}
+
+/// `namespace/name`, for logs.
+pub fn label(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Whether the pod's sandbox may still hold its addresses (not ended).
+pub fn live(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// The pod's `ambient.istio.io/redirection` annotation.
@@ -146,7 +158,7 @@ mod tests {
         }));
         let ns = labels(&[("istio.io/dataplane-mode", "ambient")]);
         assert_eq!(want(&p, &ns, &[]), Want::In("10.0.0.9".parse().unwrap()));
-        let r = pod_ref(&p, &[]);
+        let r = pod_ref(&p);
         assert_eq!((r.service_account.as_str(), r.ips.len()), ("web", 2));
         assert!(matches!(
             want(&p, &labels(&[]), &[]),

@@ -25,7 +25,9 @@ use super::in_place::{self, Outcome};
 use super::queue::{Backoff, Queue, Retry};
 use super::watch_health::WatchHealth;
 use super::RepairSettings;
+use crate::ambient::dataplane::{ReadBack, Repair, RepairKind};
 use crate::metrics::{Metrics, Result as Counted};
+use crate::node_view::{Kind, NodeView, PodEntry};
 use cni_plugin::cni::conf::NetConf;
 
 /// Everything the controller needs.
@@ -40,6 +42,8 @@ pub struct Controller {
     pub backoff: Backoff,
     /// The retries of a failed watch (`watch_health::WATCH_BACKOFF`).
     pub watch_backoff: Backoff,
+    /// Where the sidecar pods are shown (`/debug/node`).
+    pub view: NodeView,
 }
 
 /// What one attempt at a pod came to.
@@ -90,7 +94,15 @@ impl Controller {
                             Event::InitDone => health.listed(),
                             _ => health.answered(),
                         }
+                        let touched = touched(&event);
+                        let relisted = matches!(event, Event::InitDone);
                         state.observe(event, &self.settings);
+                        if relisted {
+                            self.view.keep_sidecars(|u| state.pods.contains_key(u));
+                        }
+                        for uid in touched {
+                            self.publish(&state, &uid);
+                        }
                     }
                     Some(Err(e)) => resume = Some(Instant::now() + health.failed(&e)),
                 },
@@ -102,6 +114,7 @@ impl Controller {
             }
             while let Some(uid) = state.queue.pop(Instant::now()) {
                 self.work(&mut state, &uid).await;
+                self.publish(&state, &uid);
                 if *stop.borrow() {
                     break;
                 }
@@ -186,6 +199,19 @@ impl Controller {
         match result {
             Ok(Ok(Outcome::Repaired { netns })) => {
                 state.repaired.insert(uid.to_owned());
+                state.last_repair.insert(
+                    uid.to_owned(),
+                    Repair {
+                        at: std::time::SystemTime::now(),
+                        kind: RepairKind::PodRules,
+                        why: format!(
+                            "its validation exited {}: capture programmed in {} and read back \
+                             equal",
+                            self.settings.filter.exit_code,
+                            netns.display()
+                        ),
+                    },
+                );
                 self.metrics.count(Action::Repair, Counted::Success);
                 tracing::info!(
                     "pod {who} repaired: its capture is in {} and reads back as the plugin's \
@@ -272,11 +298,72 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// Shows sidecar pod `uid` in the node view as the controller knows it (or drops it).
+    fn publish(&self, state: &State, uid: &str) {
+        let sidecar = |p: &Pod| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("sidecar.istio.io/status"))
+        };
+        let Some(pod) = state.pods.get(uid).filter(|p| sidecar(p)) else {
+            self.view.forget_sidecar(uid);
+            return;
+        };
+        let repair = state.last_repair.get(uid).cloned();
+        let action = self.settings.action.unwrap_or(Action::Repair);
+        let (word, attention) = if state.repaired.contains(uid) {
+            ("repaired", None)
+        } else if is_broken(pod, &self.settings.filter, action) {
+            (
+                "broken",
+                Some(format!(
+                    "its validation exited {}: started without capture (repair mode {})",
+                    self.settings.filter.exit_code,
+                    self.settings.mode()
+                )),
+            )
+        } else {
+            ("ok", None)
+        };
+        self.view.set_sidecar(PodEntry {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_owned(),
+            kind: Kind::Sidecar,
+            state: word.into(),
+            attention,
+            ips: crate::ambient::pods::ips(pod),
+            netns: None,
+            binding: None,
+            rules: repair.as_ref().map(|r| ReadBack {
+                at: r.at,
+                differences: Vec::new(),
+            }),
+            last_repair: repair,
+            ztunnel: None,
+        });
+    }
+}
+
+/// The pods an event names.
+fn touched(event: &Event<Pod>) -> Vec<String> {
+    match event {
+        Event::Apply(p) | Event::InitApply(p) | Event::Delete(p) => {
+            p.metadata.uid.iter().cloned().collect()
+        }
+        Event::Init | Event::InitDone => Vec::new(),
+    }
+}
+
 /// The controller's memory: the latest pods, the queue, the pods repaired.
 struct State {
     pods: HashMap<String, Pod>,
     queue: Queue,
     repaired: HashSet<String>,
+    /// When and how each repaired pod was repaired (the node view's).
+    last_repair: HashMap<String, Repair>,
     /// UIDs seen in the current initial listing (to drop pods gone while the watch was down).
     listing: Option<HashSet<String>>,
 }
@@ -287,6 +374,7 @@ impl State {
             pods: HashMap::new(),
             queue: Queue::new(s.max_attempts, backoff),
             repaired: HashSet::new(),
+            last_repair: HashMap::new(),
             listing: None,
         }
     }
@@ -332,6 +420,7 @@ impl State {
     fn gone(&mut self, uid: &str) {
         self.pods.remove(uid);
         self.repaired.remove(uid);
+        self.last_repair.remove(uid);
         self.queue.forget(uid);
     }
 }

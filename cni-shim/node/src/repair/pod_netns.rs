@@ -43,6 +43,16 @@ pub enum FindError {
         pin_dir: PathBuf,
         pins: usize,
     },
+    #[error(
+        "no process of pod {uid} under {proc} is in a network namespace of its own \
+         ({processes} found by their cgroup): the runtime may keep no process in the pod, or \
+         the agent cannot see the host's processes (mount the host's /proc)"
+    )]
+    NoProcess {
+        uid: String,
+        proc: PathBuf,
+        processes: usize,
+    },
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
 }
@@ -82,6 +92,32 @@ pub fn find(proc: &Path, pins: &Path, uid: &str, ip: IpAddr) -> Result<PodNetns,
         processes,
         pin_dir: pins.to_owned(),
         pins: pinned,
+    })
+}
+
+/// Finds the network namespace of the pod with `uid` by its processes alone (their cgroup names
+/// the pod), for a pod whose status has no address yet: the oldest process's namespace that is
+/// not the agent's own. Without such a process (the runtime keeps none, or the sandbox is
+/// gone) it is an error naming what was looked at.
+pub fn find_by_uid(proc: &Path, uid: &str) -> Result<PodNetns, FindError> {
+    let own = netns::current_netns_id().map_err(|source| FindError::Read {
+        path: "/proc/thread-self/ns/net".into(),
+        source,
+    })?;
+    let mut candidates = pod_processes(proc, uid)?;
+    let processes = candidates.len();
+    candidates.sort_by_key(|c| c.start);
+    for c in candidates {
+        if let Ok(ns) = Netns::open(&c.netns) {
+            if ns.id() != own {
+                return Ok(ns);
+            }
+        }
+    }
+    Err(FindError::NoProcess {
+        uid: uid.to_owned(),
+        proc: proc.to_owned(),
+        processes,
     })
 }
 

@@ -1,0 +1,543 @@
+//! Ambient mode between events: what the agent says must be what ztunnel and the kernel hold,
+//! through the faults an operator's node sees. Each test reproduces one behaviour the agent
+//! had when it trusted what it did instead of reading back what is there (issue 39's list),
+//! against a real API server, the agent as the DaemonSet runs it, pods in real network
+//! namespaces and ztunnel's stand-in (`support::ztunnel`):
+//!
+//! 1. a pod enrolled at ADD before kubelet wrote its address survives the agent's restart;
+//! 2. a pod ztunnel refused is `pending` until a connection acks it, then `enabled`;
+//! 3. the host's probe table and a pod's table, deleted under the running agent, come back
+//!    within one pass, and ADDs go on meanwhile;
+//! 4. a request on `ambient.sock` naming an enrolled pod with another namespace is refused and
+//!    changes nothing in either namespace;
+//! 5. silent connections on either socket hold up no other and cost no thread;
+//! 6. the sockets are the agent's alone whatever the umask, and a socket folder below a folder
+//!    others may write is refused;
+//! 7. ztunnel's death shows on the connected gauge within seconds;
+//! 8. CHECK of an ambient pod whose rules differ fails, naming the difference;
+//! 9. a restart writes nothing to a pod that did not change.
+
+use cni_testkit as common;
+
+mod support;
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
+
+use cni_plugin::ambient::{ask, AddAnswer, AddRequest, Command};
+use common::ambient::{create_pod, pod_netns, running, Launch, Node};
+use common::host_proc::cgroupfs;
+use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use support::ztunnel::TestZtunnel;
+use support::{has_rules, probe_members, redirection, resource_version, threads_and_fds};
+
+const WAIT: Duration = Duration::from_secs(30);
+/// The agent's monitoring port in the node's namespace.
+const PORT: u16 = 15014;
+const MONITORED: &[&str] = &["--monitoring-port=15014"];
+
+fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    common::eventually(what, WAIT, f)
+}
+
+/// A pod of namespace `shop` on the node: created, its namespace with `ip`, a process of it in
+/// the host's `/proc` (pid `pid`); running with its address when `status`.
+struct TestPod {
+    uid: String,
+    name: String,
+    ip: String,
+    netns: TestNetns,
+}
+
+fn pod(n: &Node, name: &str, ip: &str, pid: u32, status: bool) -> TestPod {
+    let uid = create_pod(&n.cp, "shop", name);
+    let netns = pod_netns(&n.host, ip, &format!("v{name}"));
+    n.proc.add(pid, &cgroupfs(&uid), 100, netns.path());
+    if status {
+        running(&n.cp, "shop", name, ip);
+    }
+    TestPod {
+        uid,
+        name: name.into(),
+        ip: ip.into(),
+        netns,
+    }
+}
+
+impl TestPod {
+    fn annotation(&self, n: &Node) -> Option<String> {
+        redirection(&n.cp, "shop", &self.name)
+    }
+
+    fn add(&self, n: &Node) -> common::Out {
+        n.cni(
+            "ADD",
+            &self.netns,
+            "shop",
+            &self.name,
+            &self.uid,
+            &[self.ip.as_str()],
+        )
+    }
+}
+
+fn wait_enabled(n: &Node, p: &TestPod, z: &TestZtunnel) {
+    eventually(&format!("{} enabled and served", p.name), || {
+        (p.annotation(n).as_deref() == Some("enabled") && z.serves(&p.uid)).then_some(())
+    });
+}
+
+fn metrics(n: &Node) -> String {
+    common::http_get(&n.host, PORT, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+fn our_table(ns: &TestNetns) -> Option<redirect_core::kernel::nft::TableState> {
+    redirect_testkit::nft_in(ns.path()).read().unwrap()
+}
+
+/// Item 1: kubelet writes a pod's address after the sandbox (an image pull is enough): a pod the
+/// plugin enrolled at ADD has none in its status when the agent restarts. The new agent must
+/// still name it in ztunnel's snapshot (found by its cgroup, or `keep` when its namespace
+/// cannot be found), else ztunnel drains it and its connections are refused.
+#[test]
+fn a_pod_enrolled_before_its_address_is_kept_across_the_agents_restart() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let agent = n.agent();
+    let z = TestZtunnel::start(&n.socket);
+    eventually("ztunnel connected", || (z.snapshots() >= 1).then_some(()));
+    let web = pod(&n, "web", "10.77.0.2", 4100, false);
+    let out = web.add(&n);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    wait_enabled(&n, &web, &z);
+    let rules = our_table(&web.netns);
+
+    drop(agent);
+    let agent = n.agent();
+    eventually("the new agent's snapshot", || {
+        (z.snapshots() >= 2).then_some(())
+    });
+    assert!(
+        z.serves(&web.uid),
+        "the restarted agent left web out of its snapshot (ztunnel drained it): {:?}\n{}",
+        z.seen(),
+        agent.log()
+    );
+    assert!(
+        z.lands(&web.netns, &web.uid),
+        "web's connections not served"
+    );
+    assert_eq!(our_table(&web.netns), rules, "the rules were touched");
+    // kubelet writes the status at last: its address goes into the probe set.
+    running(&n.cp, "shop", "web", "10.77.0.2");
+    eventually("web's address in the probe set", || {
+        (probe_members(&n.host) == ["10.77.0.2"]).then_some(())
+    });
+    assert_eq!(web.annotation(&n).as_deref(), Some("enabled"));
+}
+
+/// Item 2: ztunnel refuses a pod; a second ztunnel connects (a rollout) and acks everything its
+/// snapshot holds. The pod must be `pending` while refused and `enabled` only once a
+/// connection acked it: never annotated enabled while no ztunnel serves it.
+#[test]
+fn a_refused_pod_is_pending_until_a_connection_acks_it() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let _agent = n.agent();
+    let first = TestZtunnel::nacking(&n.socket, &[&web.uid]);
+    eventually("ztunnel refused web", || {
+        first
+            .seen()
+            .contains(&format!("add {}", web.uid))
+            .then_some(())
+    });
+    eventually("web pending", || {
+        (web.annotation(&n).as_deref() == Some("pending")).then_some(())
+    });
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_ne!(
+            web.annotation(&n).as_deref(),
+            Some("enabled"),
+            "enabled while ztunnel refuses it"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    first.stop_reconnecting();
+    let second = TestZtunnel::start(&n.socket);
+    eventually("the second ztunnel serving web, annotated enabled", || {
+        (second.serves(&web.uid) && web.annotation(&n).as_deref() == Some("enabled")).then_some(())
+    });
+}
+
+/// Item 3: A node firewall reload that flushes the ruleset deletes the host's probe table; someone
+/// deletes a pod's table. Both come back within one pass (the host table with every enrolled
+/// pod's address), ADDs go on meanwhile, and each repair is logged and counted.
+#[test]
+fn deleted_tables_come_back_within_a_pass_and_adds_go_on_meanwhile() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let agent = n.agent_with(MONITORED);
+    let z = TestZtunnel::start(&n.socket);
+    wait_enabled(&n, &web, &z);
+
+    n.host.sh("nft delete table inet redirect_ambient_host");
+    let api = pod(&n, "api", "10.77.0.3", 4200, false);
+    let out = api.add(&n);
+    assert_eq!(
+        out.code, 0,
+        "ADD failed while the host table was gone: {}{}",
+        out.stdout, out.stderr
+    );
+    eventually("the host table back with both pods", || {
+        (probe_members(&n.host) == ["10.77.0.2", "10.77.0.3"]).then_some(())
+    });
+
+    let rules = our_table(&web.netns);
+    assert!(rules.is_some());
+    web.netns.sh("nft delete table inet redirect_capture");
+    eventually("web's table back", || {
+        (our_table(&web.netns) == rules).then_some(())
+    });
+    agent.line_with(&["ambient:", "shop/web", "repaired"]);
+    let m = metrics(&n);
+    for kind in ["host_table", "pod_rules"] {
+        let label = format!("kind=\"{kind}\"");
+        assert!(
+            common::metric(&m, "redirect_cni_ambient_repairs_total", &[&label]) >= 1.0,
+            "{kind} not counted:\n{m}"
+        );
+    }
+    assert!(common::metric(&m, "redirect_cni_ambient_reconcile_passes_total", &[]) >= 1.0);
+}
+
+/// Item 4: A process that can reach `ambient.sock` names an enrolled pod with another namespace
+/// (its own, or a running pod's that is not ambient): refused, and nothing changes in either
+/// namespace, in ztunnel or in the probe set.
+#[test]
+fn a_forged_request_with_another_namespace_is_refused_and_changes_nothing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    n.cp.namespace("plain");
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    // A running pod that is not ambient, and a namespace of the caller's own.
+    let other_uid = create_pod(&n.cp, "plain", "other");
+    let other = pod_netns(&n.host, "10.77.0.3", "vother");
+    running(&n.cp, "plain", "other", "10.77.0.3");
+    let rogue = TestNetns::with_prefix("rdrogue");
+    rogue.sh(
+        "ip link set lo up && ip link add d0 type veth peer name d1 && \
+         ip addr add 10.77.0.9/32 dev d0",
+    );
+    let late = pod(&n, "late", "10.77.0.4", 4300, false);
+
+    let _agent = n.agent();
+    let z = TestZtunnel::start(&n.socket);
+    wait_enabled(&n, &web, &z);
+    let (rules, served) = (our_table(&web.netns), z.netns_of(&web.uid));
+    let before = |ns: &TestNetns| ns.sh("nft list ruleset; ip rule; ip route show table all");
+    let (other_before, rogue_before) = (before(&other), before(&rogue));
+
+    let forged = [
+        ("web", &web.uid, &rogue, vec!["10.77.0.9"]),
+        ("web", &web.uid, &rogue, vec![]),
+        ("web", &web.uid, &other, vec!["10.77.0.3"]),
+        ("web", &web.uid, &other, vec!["10.77.0.2"]),
+        // A pod without an address yet, with a running pod's address and namespace.
+        ("late", &late.uid, &other, vec!["10.77.0.3"]),
+    ];
+    for (name, uid, ns, ips) in forged {
+        let request = AddRequest {
+            command: Command::Add,
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: Some(uid.clone()),
+            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            netns: "/proc/self/ns/net".into(),
+        };
+        let fd: OwnedFd = File::open(ns.path()).unwrap().into();
+        let answer = ask(
+            n.plugin_socket().parent().unwrap(),
+            &request,
+            fd.as_fd(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let what = format!("{name} with {} and {ips:?}", ns.name());
+        match answer {
+            AddAnswer::Failed { error } => assert!(
+                error.contains("namespace") && error.contains("hold"),
+                "{what}: {error}"
+            ),
+            other => panic!("{what}: answered {other:?}"),
+        }
+        assert_eq!(
+            before(&other),
+            other_before,
+            "{what}: the other pod changed"
+        );
+        assert_eq!(
+            before(&rogue),
+            rogue_before,
+            "{what}: the caller's namespace changed"
+        );
+        assert_eq!(our_table(&web.netns), rules, "{what}: web's rules changed");
+        assert_eq!(
+            z.netns_of(&web.uid),
+            served,
+            "{what}: ztunnel got another namespace"
+        );
+        assert!(!z.serves(&late.uid), "{what}: late handed to ztunnel");
+        assert_eq!(
+            probe_members(&n.host),
+            ["10.77.0.2"],
+            "{what}: the probe set changed"
+        );
+    }
+    assert!(!has_rules(&other) && !has_rules(&rogue));
+    drop(other_uid);
+}
+
+/// Item 5: Connections that say nothing: 300 on the plugin's socket and 300 on ztunnel's. The
+/// agent's threads and descriptors stay flat, a pod's ADD is served, and a ztunnel that
+/// connects meanwhile gets its snapshot at once.
+#[test]
+fn silent_connections_on_either_socket_hold_up_nothing() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let agent = n.agent();
+    let z = TestZtunnel::start(&n.socket);
+    eventually("ztunnel connected", || (z.snapshots() >= 1).then_some(()));
+    std::thread::sleep(Duration::from_millis(500));
+    let (threads, fds) = threads_and_fds(agent.pid());
+
+    let mut silent = Vec::new();
+    for path in [n.plugin_socket(), n.socket.clone()] {
+        let before = silent.len();
+        for _ in 0..300 {
+            if let Ok(s) = cni_plugin::seqpacket::connect(&path, Duration::from_millis(200)) {
+                silent.push(s);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let (threads_now, fds_now) = threads_and_fds(agent.pid());
+        let opened = silent.len() - before;
+        assert!(
+            threads_now <= threads + 4,
+            "{opened} silent connections to {}: {threads} threads before, {threads_now} now",
+            path.display()
+        );
+        assert!(
+            fds_now <= fds + 64,
+            "{opened} silent connections to {}: {fds} descriptors before, {fds_now} now",
+            path.display()
+        );
+    }
+
+    let web = pod(&n, "web", "10.77.0.2", 4100, false);
+    let started = Instant::now();
+    let out = web.add(&n);
+    let took = started.elapsed();
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    assert!(took < Duration::from_secs(2), "ADD took {took:?}");
+
+    z.stop_reconnecting();
+    drop(z);
+    let started = Instant::now();
+    let z = TestZtunnel::start(&n.socket);
+    common::eventually(
+        "the new ztunnel's snapshot",
+        Duration::from_secs(60),
+        || (z.snapshots() >= 1).then_some(()),
+    );
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "ztunnel waited {took:?} for its snapshot"
+    );
+    assert!(z.serves(&web.uid));
+    let (threads_end, _) = threads_and_fds(agent.pid());
+    assert!(
+        threads_end <= threads + 4,
+        "{threads} threads before, {threads_end} at the end"
+    );
+    drop(silent);
+}
+
+/// Item 6: Started with umask 000, the sockets are still the agent's alone; a ZDS socket folder
+/// whose parent anyone may write (not sticky) is refused before anything is installed.
+#[test]
+fn sockets_are_the_agents_alone_whatever_the_umask() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    let _agent = n.agent_as(&Launch {
+        umask: Some(0),
+        ..Launch::default()
+    });
+    let events = n.plugin_socket().with_file_name("plugin-events.sock");
+    for socket in [n.plugin_socket(), n.socket.clone(), events] {
+        let m = std::fs::symlink_metadata(&socket).unwrap();
+        let dir = std::fs::metadata(socket.parent().unwrap()).unwrap();
+        let private = m.mode() & 0o077 == 0 || dir.mode() & 0o077 == 0;
+        assert!(
+            private && m.uid() == 0,
+            "{}: mode {:o} in a folder of mode {:o}",
+            socket.display(),
+            m.mode() & 0o7777,
+            dir.mode() & 0o7777
+        );
+    }
+
+    let open = tempfile::tempdir().unwrap();
+    let parent = open.path().join("shared");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let folder = parent.join("ztunnel");
+    std::fs::create_dir(&folder).unwrap();
+    let address = format!(
+        "--ztunnel-uds-address={}",
+        folder.join("ztunnel.sock").display()
+    );
+    let mut agent = n.agent_as(&Launch {
+        args: &[&address],
+        no_wait: true,
+        ..Launch::default()
+    });
+    let status = eventually("the agent stopped", || agent.exited());
+    assert!(!status.success(), "{}", agent.log());
+    let log = agent.log();
+    assert!(
+        log.contains(parent.to_str().unwrap()) && log.contains("writable"),
+        "{log}"
+    );
+    assert!(!folder.join("ztunnel.sock").exists());
+}
+
+/// Item 7: ztunnel killed: the connected gauge falls within seconds, as an alert needs.
+#[test]
+fn a_dead_ztunnel_shows_on_the_gauge_within_seconds() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    let _agent = n.agent_with(MONITORED);
+    let z = TestZtunnel::start(&n.socket);
+    let gauge = || common::metric(&metrics(&n), "redirect_cni_ambient_ztunnel_connected", &[]);
+    eventually("the gauge at 1", || (gauge() == 1.0).then_some(()));
+    z.stop_reconnecting();
+    drop(z);
+    let killed = Instant::now();
+    common::eventually("the gauge at 0", Duration::from_secs(10), || {
+        (gauge() == 0.0).then_some(())
+    });
+    eprintln!(
+        "the gauge fell {:?} after ztunnel's death",
+        killed.elapsed()
+    );
+}
+
+/// Item 8: CHECK of an ambient pod compares its in-pod rules: equal, exit 0; its table deleted,
+/// code 100 naming what differs (the agent's pass would repair it; its interval is long here).
+#[test]
+fn check_of_an_ambient_pod_fails_when_its_rules_differ() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let _agent = n.agent_as(&Launch {
+        env: &[("AMBIENT_RECONCILE_INTERVAL", "1h")],
+        ..Launch::default()
+    });
+    let z = TestZtunnel::start(&n.socket);
+    let web = pod(&n, "web", "10.77.0.2", 4100, false);
+    let out = web.add(&n);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    wait_enabled(&n, &web, &z);
+    let check = || n.cni("CHECK", &web.netns, "shop", "web", &web.uid, &["10.77.0.2"]);
+    let out = check();
+    assert_eq!(out.code, 0, "CHECK: {}{}", out.stdout, out.stderr);
+
+    web.netns.sh("nft delete table inet redirect_capture");
+    let out = check();
+    assert_ne!(
+        out.code, 0,
+        "CHECK passed without the table: {}",
+        out.stderr
+    );
+    let err = out.json();
+    assert_eq!(err["code"], 100, "{err}");
+    let text = format!("{} {}", err["msg"], err["details"]);
+    assert!(text.contains("redirect_capture"), "{text}");
+}
+
+/// Item 9: The agent restarts and nothing changed: no pod's status is written (no `pending` and
+/// back), ztunnel keeps serving every pod.
+#[test]
+fn a_restart_writes_nothing_to_unchanged_pods() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let pods: Vec<TestPod> = (0..3)
+        .map(|i| {
+            pod(
+                &n,
+                &format!("p{i}"),
+                &format!("10.77.0.{}", 2 + i),
+                4100 + i,
+                true,
+            )
+        })
+        .collect();
+    let agent = n.agent();
+    let z = TestZtunnel::start(&n.socket);
+    for p in &pods {
+        wait_enabled(&n, p, &z);
+    }
+    let versions: Vec<String> = pods
+        .iter()
+        .map(|p| resource_version(&n.cp, "shop", &p.name))
+        .collect();
+    drop(agent);
+    let agent = n.agent();
+    eventually("the new agent's snapshot", || {
+        (z.snapshots() >= 2).then_some(())
+    });
+    // Two passes at least.
+    std::thread::sleep(Duration::from_secs(6));
+    for (p, v) in pods.iter().zip(&versions) {
+        assert!(z.serves(&p.uid), "{} not served", p.name);
+        assert_eq!(
+            &resource_version(&n.cp, "shop", &p.name),
+            v,
+            "{} was written to:\n{}",
+            p.name,
+            agent.log()
+        );
+    }
+}

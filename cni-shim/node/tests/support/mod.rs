@@ -1,0 +1,49 @@
+//! What the agent's end-to-end ambient tests share: ztunnel's stand-in, and what they read of
+//! the node, the pods and the API.
+#![allow(dead_code)]
+
+pub mod ztunnel;
+
+use cni_testkit::apiserver::ControlPlane;
+use redirect_testkit::TestNetns;
+
+/// The pod addresses in the node's probe SNAT sets.
+pub fn probe_members(node: &TestNetns) -> Vec<String> {
+    let ns = redirect_core::Namespace::open(node.path()).unwrap();
+    let members = ns.host_probe_members().unwrap().unwrap_or_default();
+    members.iter().map(|a| a.to_string()).collect()
+}
+
+/// Whether our table is in `ns`.
+pub fn has_rules(ns: &TestNetns) -> bool {
+    redirect_testkit::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .is_some()
+}
+
+/// The pod's `ambient.istio.io/redirection` annotation.
+pub fn redirection(cp: &ControlPlane, namespace: &str, name: &str) -> Option<String> {
+    let pod = cp.get(&["pod", name, "-n", namespace]);
+    pod["metadata"]["annotations"]["ambient.istio.io/redirection"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The pod's `metadata.resourceVersion`: it changes with every write.
+pub fn resource_version(cp: &ControlPlane, namespace: &str, name: &str) -> String {
+    let pod = cp.get(&["pod", name, "-n", namespace]);
+    pod["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The process's threads and open descriptors.
+pub fn threads_and_fds(pid: u32) -> (usize, usize) {
+    let count = |d: String| std::fs::read_dir(d).map(|d| d.count()).unwrap_or(0);
+    (
+        count(format!("/proc/{pid}/task")),
+        count(format!("/proc/{pid}/fd")),
+    )
+}

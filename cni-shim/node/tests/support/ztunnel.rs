@@ -1,0 +1,230 @@
+//! A ztunnel of our own for the agent's end-to-end tests: it connects to the agent's ZDS socket
+//! (again and again, as ztunnel does), says hello, answers every request (an ack, or a nack for
+//! the pods the test names), binds listeners on ztunnel's in-pod ports inside each pod added
+//! (through the descriptor it received) and drops them at `del` and for the pods a snapshot
+//! leaves out, as ztunnel does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
+use cni_node::ambient::zds::wire;
+use cni_plugin::seqpacket;
+use prost::Message;
+use redirect_testkit::TestNetns;
+
+/// ztunnel's in-pod ports.
+pub const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
+/// An address outside the pod, only for the outbound connection to be redirected.
+pub const OUTSIDE: &str = "10.99.0.1:80";
+
+/// A pod served: its namespace's identity (inode) and the listeners bound in it.
+pub struct Served {
+    pub netns: u64,
+    pub listeners: Vec<TcpListener>,
+}
+
+#[derive(Default)]
+pub struct ZState {
+    pub pods: BTreeMap<String, Served>,
+    /// Pods named by the snapshot being received (ztunnel drops the others at its end).
+    in_snapshot: BTreeSet<String>,
+    pub snapshots: u32,
+    /// Each request, as `add <uid>`, `keep <uid>`, `del <uid>`, `snapshot-sent`.
+    pub seen: Vec<String>,
+    /// Adds of these pods are refused (a nack naming them).
+    pub nack: BTreeSet<String>,
+}
+
+/// The stand-in; dropping it closes its connection (as a killed ztunnel's is).
+pub struct TestZtunnel {
+    stop: Arc<AtomicBool>,
+    reconnect: Arc<AtomicBool>,
+    pub state: Arc<Mutex<ZState>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestZtunnel {
+    pub fn start(path: &Path) -> TestZtunnel {
+        TestZtunnel::nacking(path, &[])
+    }
+
+    /// A ztunnel that refuses the adds of `uids`.
+    pub fn nacking(path: &Path, uids: &[&str]) -> TestZtunnel {
+        let state = ZState {
+            nack: uids.iter().map(|u| u.to_string()).collect(),
+            ..ZState::default()
+        };
+        let (stop, state) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(Mutex::new(state)),
+        );
+        let reconnect = Arc::new(AtomicBool::new(true));
+        let (s, r, st, path) = (
+            stop.clone(),
+            reconnect.clone(),
+            state.clone(),
+            path.to_owned(),
+        );
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) && r.load(Ordering::Relaxed) {
+                match connect_to(&path) {
+                    Some(sock) => serve(&sock, &s, &st),
+                    None => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        });
+        TestZtunnel {
+            stop,
+            reconnect,
+            state,
+            thread: Some(thread),
+        }
+    }
+
+    /// Once its connection is closed (replaced by a newer one's), it does not connect again.
+    pub fn stop_reconnecting(&self) {
+        self.reconnect.store(false, Ordering::Relaxed);
+    }
+
+    pub fn serves(&self, uid: &str) -> bool {
+        self.state.lock().unwrap().pods.contains_key(uid)
+    }
+
+    /// The inode of the namespace it serves `uid` in.
+    pub fn netns_of(&self, uid: &str) -> Option<u64> {
+        self.state.lock().unwrap().pods.get(uid).map(|s| s.netns)
+    }
+
+    pub fn seen(&self) -> Vec<String> {
+        self.state.lock().unwrap().seen.clone()
+    }
+
+    pub fn snapshots(&self) -> u32 {
+        self.state.lock().unwrap().snapshots
+    }
+
+    /// Whether a connection from `pod` to the outside lands on this ztunnel's outbound
+    /// listener of pod `uid`.
+    pub fn lands(&self, pod: &TestNetns, uid: &str) -> bool {
+        let to: SocketAddr = OUTSIDE.parse().unwrap();
+        let c = pod.run(move || TcpStream::connect_timeout(&to, Duration::from_secs(2)));
+        if c.is_err() {
+            return false;
+        }
+        let state = self.state.lock().unwrap();
+        let Some(served) = state.pods.get(uid) else {
+            return false;
+        };
+        let l = &served.listeners[0];
+        l.set_nonblocking(true).unwrap();
+        (0..50).any(|_| match l.accept() {
+            Ok(_) => true,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                false
+            }
+        })
+    }
+}
+
+impl Drop for TestZtunnel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn connect_to(path: &Path) -> Option<OwnedFd> {
+    // Reads wait 200 ms at most, so that the thread sees `stop`.
+    let sock = seqpacket::connect(path, Duration::from_millis(200)).ok()?;
+    wire::send(sock.as_fd(), &ZdsHello { version: 1 }.encode_to_vec(), None).ok()?;
+    Some(sock)
+}
+
+/// Answers the agent until it closes the connection or the test stops this ztunnel.
+fn serve(sock: &OwnedFd, stop: &AtomicBool, state: &Mutex<ZState>) {
+    // A new connection's snapshot names the pods to keep: none named yet.
+    state.lock().unwrap().in_snapshot.clear();
+    while !stop.load(Ordering::Relaxed) {
+        let d = match wire::recv(sock.as_fd()) {
+            Ok(d) => d,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        };
+        let r = WorkloadRequest::decode(d.bytes.as_slice()).expect("a WorkloadRequest");
+        let answer = handle(&mut state.lock().unwrap(), r, d.fds);
+        if wire::send(sock.as_fd(), &answer.encode_to_vec(), None).is_err() {
+            return;
+        }
+    }
+}
+
+fn handle(z: &mut ZState, r: WorkloadRequest, mut fds: Vec<OwnedFd>) -> WorkloadResponse {
+    match r.payload {
+        Some(Payload::Add(a)) => {
+            z.seen.push(format!("add {}", a.uid));
+            if z.nack.contains(&a.uid) {
+                return WorkloadResponse::nack(&format!("pod {} refused by the test", a.uid));
+            }
+            let fd = fds.pop().expect("an add carries the pod's namespace");
+            let ino = nix::sys::stat::fstat(&fd).unwrap().st_ino;
+            // The same namespace again (a new agent's snapshot): the listeners stay.
+            if z.pods.get(&a.uid).is_none_or(|s| s.netns != ino) {
+                z.pods.remove(&a.uid);
+                let listeners = listeners_in(fd);
+                z.pods.insert(
+                    a.uid.clone(),
+                    Served {
+                        netns: ino,
+                        listeners,
+                    },
+                );
+            }
+            z.in_snapshot.insert(a.uid);
+        }
+        Some(Payload::Keep(k)) => {
+            z.seen.push(format!("keep {}", k.uid));
+            z.in_snapshot.insert(k.uid);
+        }
+        Some(Payload::Del(d)) => {
+            z.seen.push(format!("del {}", d.uid));
+            z.pods.remove(&d.uid);
+        }
+        Some(Payload::SnapshotSent(_)) => {
+            z.seen.push("snapshot-sent".into());
+            let named = std::mem::take(&mut z.in_snapshot);
+            z.pods.retain(|uid, _| named.contains(uid));
+            z.snapshots += 1;
+        }
+        None => panic!("an empty request"),
+    }
+    WorkloadResponse::ack()
+}
+
+/// ztunnel's listeners, bound inside the namespace of `fd` by a thread that enters it.
+fn listeners_in(fd: OwnedFd) -> Vec<TcpListener> {
+    std::thread::spawn(move || {
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        PORTS
+            .iter()
+            .map(|p| TcpListener::bind(("0.0.0.0", *p)).unwrap())
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
