@@ -1,6 +1,7 @@
-//! redirect-validate: Istio's `istio-validation` probe (the default mode, same flags), and two
+//! redirect-validate: Istio's `istio-validation` probe (the default mode, same flags), and
 //! tools for people debugging a pod: `inspect` (the rules a namespace holds, against what it
-//! should hold) and `explain` (where a flow goes, and why). Thin: the probe, the diagnosis, the
+//! should hold), `explain` (where a flow goes, and why) and `node` (the node agent's view of
+//! every pod on its node). Thin: the probe, the diagnosis, the
 //! evaluator and the read-back live in the library crates (redirect-model, redirect-kernel, redirect-istio).
 
 mod args;
@@ -8,6 +9,7 @@ mod error;
 mod explain;
 mod inspect;
 mod istio_validation;
+pub mod node;
 mod pod_file;
 
 use std::ffi::OsString;
@@ -26,6 +28,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
     match args.get(1).and_then(|a| a.to_str()) {
         Some("inspect") => inspect::main(without_word(args), env),
         Some("explain") => explain::main(without_word(args), env),
+        Some("node") => node::main(without_word(args)),
         _ => istio_validation::main(args, env),
     }
 }
