@@ -11,13 +11,11 @@
 //! `cargo bench -p cni-node --bench ambient_add` (root; `cargo test` runs it with 3 pods).
 //! Prints medians and the 90th percentiles in ms.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cni_testkit::ambient::{create_pod, pod_netns, running, Node};
+use cni_testkit::ambient::{create_pod, pod_netns, running, Node, ZtunnelProcess};
 use cni_testkit::host_proc::cgroupfs;
-use cni_testkit::{cni_env, plugin_in, testpod_bin};
+use cni_testkit::{cni_env, plugin_in};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use serde_json::{json, Value};
 
@@ -31,7 +29,7 @@ fn main() {
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent();
-    let mut ztunnel = Ztunnel::start(&n.socket);
+    let mut ztunnel = ZtunnelProcess::start(&n.socket);
     agent.line_with(&["ZDS connection 1:", "end of the snapshot"]);
 
     let mut ambient = Vec::new();
@@ -67,7 +65,7 @@ fn main() {
     let t = Instant::now();
     let agent = n.agent();
     let started = t.elapsed();
-    agent.line_with(&[&format!("sent {pods} pods and the end of the snapshot")]);
+    agent.line_with(&[&format!("got {pods} pod(s) and the end of the snapshot")]);
     println!(
         "agent restart, {pods} pods: {} ms to let ztunnel in, {} ms to ztunnel's snapshot acked",
         started.as_millis(),
@@ -77,39 +75,13 @@ fn main() {
     // ztunnel restarts.
     ztunnel.stop();
     let t = Instant::now();
-    let _ztunnel = Ztunnel::start(&n.socket);
-    agent.line_with(&["ZDS connection 2:", &format!("sent {pods} pods")]);
+    let _ztunnel = ZtunnelProcess::start(&n.socket);
+    agent.line_with(&["ZDS connection 2:", &format!("got {pods} pod(s)")]);
     println!(
         "ztunnel restart, {pods} pods: {} ms to its snapshot acked",
         t.elapsed().as_millis()
     );
     drop(netns);
-}
-
-/// `testpod ztunnel`, as on the real node.
-struct Ztunnel(Child);
-
-impl Ztunnel {
-    fn start(socket: &Path) -> Ztunnel {
-        let child = Command::new(testpod_bin())
-            .arg("ztunnel")
-            .arg(socket)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        Ztunnel(child)
-    }
-
-    fn stop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Ztunnel {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// The config the agent installed, with the pod's annotations as the runtime passes them

@@ -118,9 +118,16 @@ fn a_pod_enrolled_before_its_address_is_kept_across_the_agents_restart() {
     assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
     wait_enabled(&n, &web, &z);
     let rules = our_table(&web.netns);
+    // A second pod whose runtime keeps no process in it (CRI-O's drop_infra_ctr): the agent's
+    // search cannot find its namespace after the restart.
+    let api_uid = create_pod(&n.cp, "shop", "api");
+    let api_ns = pod_netns(&n.host, "10.77.0.3", "vapi");
+    let out = n.cni("ADD", &api_ns, "shop", "api", &api_uid, &["10.77.0.3"]);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    eventually("api served", || z.serves(&api_uid).then_some(()));
 
     drop(agent);
-    let agent = n.agent();
+    let agent = n.agent_with(MONITORED);
     eventually("the new agent's snapshot", || {
         (z.snapshots() >= 2).then_some(())
     });
@@ -135,10 +142,29 @@ fn a_pod_enrolled_before_its_address_is_kept_across_the_agents_restart() {
         "web's connections not served"
     );
     assert_eq!(our_table(&web.netns), rules, "the rules were touched");
+    assert!(
+        z.seen().contains(&format!("keep {api_uid}")) && z.serves(&api_uid),
+        "api not kept: {:?}",
+        z.seen()
+    );
+    // Its process shows up: the next pass finds its namespace and hands it to ztunnel.
+    n.proc.add(4200, &cgroupfs(&api_uid), 100, api_ns.path());
+    eventually("api's namespace found again", || {
+        let m = metrics(&n);
+        let found = common::metric(
+            &m,
+            "redirect_cni_ambient_repairs_total",
+            &["kind=\"namespace\""],
+        );
+        (found >= 1.0).then_some(())
+    });
+    assert!(z.lands(&api_ns, &api_uid), "api's connections not served");
     // kubelet writes the status at last: its address goes into the probe set.
     running(&n.cp, "shop", "web", "10.77.0.2");
     eventually("web's address in the probe set", || {
-        (probe_members(&n.host) == ["10.77.0.2"]).then_some(())
+        probe_members(&n.host)
+            .contains(&"10.77.0.2".to_string())
+            .then_some(())
     });
     assert_eq!(web.annotation(&n).as_deref(), Some("enabled"));
 }
@@ -224,6 +250,47 @@ fn deleted_tables_come_back_within_a_pass_and_adds_go_on_meanwhile() {
         );
     }
     assert!(common::metric(&m, "redirect_cni_ambient_reconcile_passes_total", &[]) >= 1.0);
+
+    // What the pass knows, an operator sees: the agent's view, and redirect-validate's table.
+    let view: serde_json::Value = eventually("the view after the repair", || {
+        let (code, body) = common::http_get(&n.host, PORT, "/debug/node")?;
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let web = v["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["name"] == "web")?
+            .clone();
+        (web["last_repair"]["kind"] == "pod_rules").then_some(v)
+    });
+    let pods = view["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2, "{view:#}");
+    for p in pods {
+        assert_eq!(p["kind"], "ambient", "{p}");
+        assert_eq!(p["ztunnel"]["acked"], true, "{p}");
+        assert!(p["rules"]["at"].is_string(), "{p}");
+    }
+    assert_eq!(view["ambient"]["ztunnel"]["connected"], true, "{view:#}");
+    assert!(view["ambient"]["pass"]["repairs"]["host_table"].as_u64() >= Some(1));
+    let out = n.host.run(|| {
+        std::process::Command::new(common::validate_bin())
+            .args(["node", "--agent", "http://127.0.0.1:15014"])
+            .output()
+            .unwrap()
+    });
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(table.contains("ztunnel: connected"), "{table}");
+    let web = table.lines().find(|l| l.contains("shop/web")).unwrap_or("");
+    assert!(
+        web.contains("enabled") && web.contains("pod_rules"),
+        "{table}"
+    );
 }
 
 /// Item 4: A process that can reach `ambient.sock` names an enrolled pod with another namespace

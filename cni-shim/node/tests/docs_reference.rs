@@ -38,6 +38,90 @@ fn installer_settings_table_documents_every_flag_and_variable() {
     fail_if_any(missing, &format!("flags and variables of `redirect-cni-node --help` without a row in the Settings table of {DEPLOY}"));
 }
 
+/// Each row's default is the one `--help` shows: a flag whose help gives a default in words
+/// (`(default: redirect-cni beside this executable)`) has those words in its row, and one
+/// with a value (`[default: "5s"]`) has that value.
+#[test]
+fn each_settings_default_is_the_one_help_shows() {
+    let doc = read(DEPLOY);
+    let text = std::process::Command::new(node_bin())
+        .arg("--help")
+        .output()
+        .unwrap()
+        .stdout;
+    let text = String::from_utf8_lossy(&text);
+    let rows = table_rows(&doc, &["variable"]);
+    let mut wrong = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(flag) = line.trim().strip_prefix("--") else {
+            continue;
+        };
+        let flag = flag.split([' ', '[', '<']).next().unwrap_or("");
+        let Some(help) = lines.peek().map(|l| l.trim().to_string()) else {
+            break;
+        };
+        let Some(row) = rows
+            .iter()
+            .find(|r| in_backticks(&r[1], &format!("--{flag}")))
+        else {
+            continue;
+        };
+        let cell = row[2].replace('`', "");
+        if let Some(value) = help
+            .rsplit_once("[default: \"")
+            .and_then(|(_, v)| v.strip_suffix("\"]"))
+            .filter(|v| !v.is_empty())
+        {
+            if !cell.contains(value) {
+                wrong.push(format!(
+                    "--{flag}: the page says {cell:?}, --help {value:?}"
+                ));
+            }
+        }
+        if flag == "binary" {
+            // Issue 39: the page said "this executable"; the agent copies the plugin beside it.
+            let words = help
+                .split_once("(default: ")
+                .and_then(|(_, w)| w.split_once(')'))
+                .map(|(w, _)| w.to_string())
+                .unwrap_or_default();
+            if words.is_empty() || !cell.contains(&words) {
+                wrong.push(format!(
+                    "--binary: the page says {cell:?}, --help {words:?}"
+                ));
+            }
+        }
+    }
+    fail_if_any(
+        wrong,
+        &format!("defaults in {DEPLOY} that differ from --help"),
+    );
+}
+
+/// The ambient section's step for ztunnel's folder gives the snippet to copy (the plain
+/// manifests have no such mount), with the path ztunnel looks at.
+#[test]
+fn the_ambient_steps_give_the_ztunnel_mount_to_copy() {
+    let doc = read(DEPLOY);
+    let ambient = section(&doc, "## Ambient mode");
+    for needle in [
+        "mountPath: /var/run/ztunnel",
+        "path: /var/run/ztunnel",
+        "type: DirectoryOrCreate",
+    ] {
+        assert!(
+            ambient.contains(needle),
+            "{DEPLOY}'s ambient section lacks {needle:?}"
+        );
+    }
+    let manifest = read("deploy/kubernetes/redirect-cni.yaml");
+    assert!(
+        !manifest.contains("/var/run/ztunnel"),
+        "the plain manifest mounts ztunnel's folder now: the step should say so"
+    );
+}
+
 #[test]
 fn every_installer_flag_and_variable_the_page_names_exists() {
     let doc = read(DEPLOY);
@@ -71,6 +155,8 @@ fn every_metric_is_documented_and_exists() {
     let m = Metrics::new(Some(Action::Repair), true).with_ambient();
     m.set_ambient(1, 0, true, 1);
     m.ambient_failed();
+    m.ambient_pass(std::time::Duration::from_millis(2));
+    m.ambient_repair("pod_rules");
     m.set_watch_up(true);
     m.watch_listed();
     m.installed(Install::Success);

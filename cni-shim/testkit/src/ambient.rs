@@ -261,3 +261,30 @@ impl Node {
 fn cni_plugin_socket_name() -> &'static str {
     "ambient.sock"
 }
+
+/// `testpod ztunnel`, ztunnel's stand-in as on the real node (a process of its own), on the
+/// agent's ZDS socket; killed when dropped.
+pub struct ZtunnelProcess(std::process::Child);
+
+impl ZtunnelProcess {
+    pub fn start(socket: &Path) -> ZtunnelProcess {
+        let child = std::process::Command::new(crate::testpod_bin())
+            .arg("ztunnel")
+            .arg(socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        ZtunnelProcess(child)
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ZtunnelProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

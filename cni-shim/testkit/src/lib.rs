@@ -41,6 +41,13 @@ pub fn node_bin() -> &'static str {
     BIN.get_or_init(|| built("cni-node", "redirect-cni-node"))
 }
 
+/// The validator's binary of this build (`target/<profile>/redirect-validate`): its `node`
+/// reads the agent's view.
+pub fn validate_bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| built("validator", "redirect-validate"))
+}
+
 /// `bin` of `package` in the profile folder of the test running: `cargo test` of the workspace
 /// builds every binary first; a test of one package builds the other package's binary here.
 fn built(package: &str, bin: &str) -> String {

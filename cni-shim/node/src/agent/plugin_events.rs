@@ -2,7 +2,7 @@
 //! the agent stops, each event counted in the metrics. The socket is the agent's alone (mode
 //! 0600: the plugin runs as root, as the runtime does), and goes when the agent stops.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixDatagram;
@@ -18,9 +18,21 @@ pub fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let sock = UnixDatagram::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok((sock, path))
+    // Bound in a folder of mode 0700, made 0600 there, then moved into place: whatever the
+    // umask, no one else can send to it even for an instant (a datagram socket takes datagrams
+    // as soon as it is bound).
+    let private = run_dir.join(format!(".{SOCKET_NAME}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+    let staged = private.join(SOCKET_NAME);
+    let bound = UnixDatagram::bind(&staged).and_then(|sock| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&staged, &path)?;
+        Ok(sock)
+    });
+    let _ = std::fs::remove_dir_all(&private);
+    Ok((bound?, path))
 }
 
 /// Counts every event until `stop`; then removes the socket.

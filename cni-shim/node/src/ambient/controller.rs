@@ -672,7 +672,10 @@ fn pod_state(
     if unequal {
         return (
             "enabled",
-            Some("its rules differed at the last read (repaired)".into()),
+            Some(
+                "its rules differ from its plan and could not be programmed again (see the log)"
+                    .into(),
+            ),
         );
     }
     if carried != Some("enabled") {

@@ -135,7 +135,7 @@ pub struct Repair {
     pub why: String,
 }
 
-/// A pod's rules as last read back.
+/// A pod's rules as they stand after the last read (and the repair it led to).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ReadBack {
     #[serde(with = "rfc3339")]
@@ -284,6 +284,12 @@ impl Dataplane {
             source,
         };
         let ns = namespace(&netns).map_err(failed)?;
+        let mut pod = pod.clone();
+        if pod.ips.is_empty() && binding == Binding::Search {
+            // Found by its cgroup before kubelet wrote its status: its own addresses.
+            pod.ips = super::identity::own_addresses(&netns).unwrap_or_default();
+        }
+        let pod = &pod;
         self.probe_add(&pod.ips)?;
         let differences = match rules {
             Rules::Apply => vec!["a new pod".to_string()],
@@ -377,9 +383,13 @@ impl Dataplane {
                     .copied()
                     .filter(|ip| !held.contains(ip))
                     .collect();
+                // A pod whose addresses the agent does not know (kept in ztunnel unseen) may
+                // own any member: none is taken for stale then.
+                let unknown = self.pods.values().any(|e| e.pod.ips.is_empty());
                 let stale: Vec<IpAddr> = held
                     .iter()
                     .copied()
+                    .filter(|_| !unknown)
                     .filter(|ip| !want.contains(ip))
                     .collect();
                 ns.host_probe_add(&cfg, &missing)?;
@@ -614,9 +624,11 @@ impl Dataplane {
             }
         };
         let e = self.pods.get_mut(uid)?;
+        // Programmed again (all or nothing, the kernel acked it): what is there now is the
+        // plan; what was found is the repair's why.
         e.rules = Some(ReadBack {
             at: now,
-            differences: found,
+            differences: if repair.is_some() { Vec::new() } else { found },
         });
         if let Some(r) = &repair {
             e.repair = Some(r.clone());

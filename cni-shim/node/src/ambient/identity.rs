@@ -104,6 +104,15 @@ pub fn check(netns: &Netns, claim: &Claim) -> Result<(Vec<IpAddr>, Binding), Ref
     Ok((wanted.to_vec(), binding))
 }
 
+/// The global addresses `netns` holds (those a pod is known by), for a namespace the agent's
+/// own search found for a pod whose status lists none yet.
+pub fn own_addresses(netns: &Netns) -> Result<Vec<IpAddr>, Refused> {
+    Ok(held_by(netns)?
+        .into_iter()
+        .filter(|ip| global(*ip))
+        .collect())
+}
+
 /// Whether `netns` holds every one of `ips` (an enrolled pod's, once the API lists them).
 pub fn holds(netns: &Netns, ips: &[IpAddr]) -> Result<bool, Refused> {
     let held = held_by(netns)?;

@@ -1,0 +1,166 @@
+//! What the ambient controller's pass costs at a full node, and what a restart writes, whole
+//! processes against a real API server (`cni_testkit::ambient`), ztunnel's stand-in
+//! (`testpod ztunnel`) acking every pod:
+//!
+//! - `PODS` pods enrolled (each its own namespace, in the host's `/proc` by its cgroup);
+//! - with a pass every second, over a window: the agent's CPU time per pass (its `/proc` stat,
+//!   all threads), the pass's own duration (`redirect_cni_ambient_reconcile_pass_seconds`), and
+//!   the API server's requests per pass for pods and namespaces other than the watches
+//!   (`apiserver_request_total`: the pass reads the watch's cache, never the server);
+//! - the agent restarted with every pod enrolled and nothing changed: the status writes
+//!   (`PATCH pods/status`) the API server counts from its stop to two passes after ztunnel's
+//!   snapshot.
+//!
+//! `cargo bench -p cni-node --bench ambient_pass` (root; `cargo test` runs it with 3 pods and
+//! a short window).
+
+use std::time::{Duration, Instant};
+
+use cni_testkit::ambient::{create_pod, pod_netns, running, Launch, Node, ZtunnelProcess};
+use cni_testkit::host_proc::cgroupfs;
+use redirect_testkit::kernel_tests_enabled;
+
+const PORT: u16 = 15014;
+
+fn main() {
+    if !kernel_tests_enabled() {
+        eprintln!("ambient_pass: needs root and network namespaces; skipped");
+        return;
+    }
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let (pods, window) = if quick {
+        (3, Duration::from_secs(4))
+    } else {
+        (110, Duration::from_secs(60))
+    };
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let mut netns = Vec::new();
+    for i in 0..pods {
+        let name = format!("web-{i}");
+        let uid = create_pod(&n.cp, "shop", &name);
+        let ip = format!("10.77.{}.{}", 1 + i / 200, 2 + i % 200);
+        let ns = pod_netns(&n.host, &ip, &format!("vp{i}"));
+        n.proc.add(5000 + i as u32, &cgroupfs(&uid), 100, ns.path());
+        running(&n.cp, "shop", &name, &ip);
+        netns.push(ns);
+    }
+    let launch = Launch {
+        args: &["--monitoring-port=15014"],
+        env: &[("AMBIENT_RECONCILE_INTERVAL", "1s")],
+        ..Launch::default()
+    };
+    let agent = n.agent_as(&launch);
+    let _ztunnel = ZtunnelProcess::start(&n.socket);
+    let enrolled = Instant::now();
+    cni_testkit::eventually("every pod enabled", Duration::from_secs(300), || {
+        (metric(&n, "redirect_cni_ambient_pods", &["stage=\"enabled\""]) == pods as f64)
+            .then_some(())
+    });
+    println!(
+        "{pods} pods enrolled and acked {} ms after the agent let ztunnel in",
+        enrolled.elapsed().as_millis()
+    );
+
+    // The pass, over the window.
+    let before = Sample::take(&n, agent.pid());
+    std::thread::sleep(window);
+    let after = Sample::take(&n, agent.pid());
+    let passes = after.passes - before.passes;
+    assert!(passes > 0.0, "no pass in {window:?}");
+    println!(
+        "pass over {pods} enrolled pods ({passes} passes in {} s): {:.2} ms of the agent's CPU \
+         per pass ({:.2}% of a core at one pass every 5 s), {:.2} ms per pass (wall), {:.1} \
+         API requests per pass for pods and namespaces besides the watches",
+        window.as_secs(),
+        (after.cpu_ms - before.cpu_ms) / passes,
+        (after.cpu_ms - before.cpu_ms) / passes / 5000.0 * 100.0,
+        (after.pass_seconds - before.pass_seconds) / passes * 1000.0,
+        (after.api_reads - before.api_reads) / passes,
+    );
+
+    // The restart, nothing changed.
+    let writes = status_writes(&n);
+    drop(agent);
+    let t = Instant::now();
+    let agent = n.agent_as(&launch);
+    agent.line_with(&[&format!("got {pods} pod(s) and the end of the snapshot")]);
+    let snapshot = t.elapsed();
+    let passes = metric(&n, "redirect_cni_ambient_reconcile_passes_total", &[]);
+    cni_testkit::eventually(
+        "two passes after the snapshot",
+        Duration::from_secs(30),
+        || {
+            (metric(&n, "redirect_cni_ambient_reconcile_passes_total", &[]) >= passes + 2.0)
+                .then_some(())
+        },
+    );
+    println!(
+        "agent restart with {pods} unchanged pods: snapshot acked after {} ms; {} pod status \
+         write(s) (PATCH pods/status) from its stop to two passes later",
+        snapshot.as_millis(),
+        status_writes(&n) - writes
+    );
+    drop(netns);
+}
+
+/// What is read at each end of the window.
+struct Sample {
+    cpu_ms: f64,
+    passes: f64,
+    pass_seconds: f64,
+    api_reads: f64,
+}
+
+impl Sample {
+    fn take(n: &Node, pid: u32) -> Sample {
+        Sample {
+            cpu_ms: cpu_ms(pid),
+            passes: metric(n, "redirect_cni_ambient_reconcile_passes_total", &[]),
+            pass_seconds: metric(n, "redirect_cni_ambient_reconcile_pass_seconds_sum", &[]),
+            api_reads: api_requests(n, |series| {
+                (series.contains("resource=\"pods\"") || series.contains("resource=\"namespaces\""))
+                    && !series.contains("verb=\"WATCH\"")
+            }),
+        }
+    }
+}
+
+/// The process's user and system time, all threads, in ms (`/proc/PID/stat` fields 14, 15).
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks * 1000.0 / hz
+}
+
+fn metric(n: &Node, name: &str, labels: &[&str]) -> f64 {
+    let body = cni_testkit::http_get(&n.host, PORT, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    cni_testkit::metric(&body, name, labels)
+}
+
+/// The API server's `apiserver_request_total` summed over the series `keep` takes.
+fn api_requests(n: &Node, keep: impl Fn(&str) -> bool) -> f64 {
+    let text = n.cp.kubectl_ok(&["get", "--raw", "/metrics"]);
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| keep(series))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
+fn status_writes(n: &Node) -> f64 {
+    api_requests(n, |s| {
+        s.contains("resource=\"pods\"")
+            && s.contains("subresource=\"status\"")
+            && s.contains("verb=\"PATCH\"")
+    })
+}
