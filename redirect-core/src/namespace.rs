@@ -94,6 +94,26 @@ impl Namespace {
         Ok(capture::ambient::check(self.backend(), cfg, &rs)?)
     }
 
+    /// [`Namespace::check_ambient`] for a caller that checks again and again (the node
+    /// agent's pass over every enrolled pod): the table's dump is skipped while the ruleset's
+    /// generation is still `seen`, the one the last call returned (nothing was committed in
+    /// the namespace since the table read back equal); the reply routing is read each time.
+    /// Returns the differences and the generation to pass next time (`None` when the table
+    /// differed).
+    pub fn check_ambient_since(
+        &self,
+        cfg: &AmbientConfig,
+        seen: Option<u32>,
+    ) -> Result<(Vec<Mismatch>, Option<u32>)> {
+        let rs = cfg.plan()?;
+        Ok(capture::ambient::check_since(
+            self.backend(),
+            cfg,
+            &rs,
+            seen,
+        )?)
+    }
+
     /// Remove ambient capture: our table and the reply routing.
     pub fn remove_ambient(&self) -> Result<()> {
         Ok(capture::ambient::remove(self.backend())?)

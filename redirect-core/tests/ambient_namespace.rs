@@ -148,3 +148,46 @@ fn ipv4_only_adds_no_ipv6_routing() {
     assert!(!topo.pod.sh("ip -6 rule show").contains("lookup 100"));
     pod.remove_ambient().unwrap();
 }
+
+/// `check_ambient_since` trusts the generation only while nothing was committed: the table
+/// read back equal returns a generation; passed back, the dump is skipped and the answer is
+/// the same; a commit anywhere in the namespace (another table) moves it and the table is
+/// read again; a deleted table and deleted reply routing are each found (the routing is read
+/// every time, whatever the generation says).
+#[test]
+fn check_since_skips_the_dump_only_while_nothing_was_committed() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let pod = redirect_testkit::TestNetns::with_prefix("rdambsince");
+    pod.sh("ip link set lo up");
+    let ns = Namespace::open(pod.path()).unwrap();
+    let cfg = AmbientConfig::default();
+    ns.apply_ambient(&cfg).unwrap();
+    let (d, seen) = ns.check_ambient_since(&cfg, None).unwrap();
+    assert!(d.is_empty(), "{d:?}");
+    let seen = seen.expect("a generation for a table that read back equal");
+    assert_eq!(ns.check_ambient_since(&cfg, Some(seen)).unwrap(), (vec![], Some(seen)));
+
+    // Another tool's table: the generation moves, the table is read again (still equal).
+    pod.sh("nft add table inet someone_else");
+    let (d, again) = ns.check_ambient_since(&cfg, Some(seen)).unwrap();
+    assert!(d.is_empty(), "{d:?}");
+    assert_ne!(again, Some(seen), "the generation moved");
+
+    // The reply routing deleted: no nf_tables commit, found all the same.
+    pod.sh("ip rule del fwmark 0x111/0xfff table 100");
+    let (d, _) = ns.check_ambient_since(&cfg, again).unwrap();
+    assert!(
+        d.contains(&Mismatch::TproxyRouting(Family::V4)),
+        "the deleted routing not seen: {d:?}"
+    );
+
+    // Our table deleted: found although a generation is passed.
+    ns.apply_ambient(&cfg).unwrap();
+    let (_, seen) = ns.check_ambient_since(&cfg, None).unwrap();
+    pod.sh("nft delete table inet redirect_capture");
+    let (d, gone) = ns.check_ambient_since(&cfg, seen).unwrap();
+    assert!(!d.is_empty(), "the deleted table not seen");
+    assert_eq!(gone, None, "no generation for a table that differs");
+}

@@ -61,6 +61,13 @@ fn main() {
         "{pods} pods enrolled and acked {} ms after the agent let ztunnel in",
         enrolled.elapsed().as_millis()
     );
+    // Their annotations written (pending at enrollment, before ztunnel connected, then
+    // enabled), so that the window sees the passes alone.
+    cni_testkit::eventually(
+        "every pod annotated enabled",
+        Duration::from_secs(300),
+        || (annotated_enabled(&n) == pods).then_some(()),
+    );
 
     // The pass, over the window.
     let before = Sample::take(&n, agent.pid());
@@ -155,6 +162,22 @@ fn api_requests(n: &Node, keep: impl Fn(&str) -> bool) -> f64 {
         .filter(|(series, _)| keep(series))
         .filter_map(|(_, v)| v.parse::<f64>().ok())
         .sum()
+}
+
+/// The pods of `shop` the API shows with `ambient.istio.io/redirection: enabled`.
+fn annotated_enabled(n: &Node) -> usize {
+    let list = n.cp.get(&["pods", "-n", "shop"]);
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|p| {
+                    p["metadata"]["annotations"]["ambient.istio.io/redirection"] == "enabled"
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 fn status_writes(n: &Node) -> f64 {

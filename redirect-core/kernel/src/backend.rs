@@ -13,10 +13,21 @@ use crate::netns::Netns;
 use crate::nft::{Applied, Nft, TableState};
 use crate::routes::{Routes, TproxyRouting, TproxyState};
 
-/// One network namespace, as capture reads and writes it.
-pub trait Backend {
+/// One network namespace, as capture reads and writes it. `Send`: a program may keep one open
+/// (the node agent keeps each enrolled pod's) and use it from one thread at a time.
+pub trait Backend: Send {
     /// Our table, one state of it; `None` when there is none.
     fn read_table(&self) -> Result<Option<TableState>>;
+    /// [`Backend::read_table`] with the ruleset generation it was read at, when the backend
+    /// has generations (the kernel's nf_tables does).
+    fn read_table_at(&self) -> Result<(Option<u32>, Option<TableState>)> {
+        Ok((None, self.read_table()?))
+    }
+    /// The ruleset's generation now: any commit in the namespace moves it, so a table read at
+    /// generation `g` is unchanged while it is still `g`. `None` without generations.
+    fn generation(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
     /// Create our table, or update it in place to `rs`, atomically.
     fn apply(&self, rs: &Ruleset) -> Result<Applied>;
     /// Delete our table; whether there was one.
@@ -68,6 +79,13 @@ impl Live {
 }
 
 impl Backend for Live {
+    fn read_table_at(&self) -> Result<(Option<u32>, Option<TableState>)> {
+        let (generation, table) = self.nft.read_at()?;
+        Ok((Some(generation), table))
+    }
+    fn generation(&self) -> Result<Option<u32>> {
+        Ok(Some(self.nft.generation()?))
+    }
     fn read_table(&self) -> Result<Option<TableState>> {
         Ok(self.nft.read()?)
     }

@@ -6,10 +6,9 @@
 //! count the batches a run sent. Clones share one state, so a test keeps a clone to look at
 //! what the code under test did with the other. Feature `testing`.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redirect_model::eval::{evaluate, Evaluation, Flow};
 use redirect_model::{Family, Ruleset};
@@ -43,37 +42,42 @@ pub struct FakeState {
 /// A namespace in memory. See the module's comment.
 #[derive(Clone, Debug, Default)]
 pub struct Fake {
-    state: Rc<RefCell<FakeState>>,
+    state: Arc<Mutex<FakeState>>,
 }
 
 impl Fake {
     /// An empty namespace whose interfaces have `addresses`.
     pub fn with_addresses(addresses: &[IpAddr]) -> Fake {
         let fake = Fake::default();
-        fake.state.borrow_mut().addresses = addresses.to_vec();
+        fake.lock().addresses = addresses.to_vec();
         fake
     }
 
     /// What it holds now (a copy).
     pub fn state(&self) -> FakeState {
-        self.state.borrow().clone()
+        self.lock().clone()
     }
 
     /// Change what it holds (tamper with the table, add routes, deny writes).
     pub fn update(&self, f: impl FnOnce(&mut FakeState)) {
-        f(&mut self.state.borrow_mut())
+        f(&mut self.lock())
     }
 
     /// Where `flow` ends with the rules the table holds; `None` when there is no table, or
     /// when it is no longer what its ruleset planned (a test tampered with it).
     pub fn evaluate(&self, flow: &Flow) -> Option<Evaluation> {
-        let st = self.state.borrow();
+        let st = self.lock();
         let rs = st.ruleset.as_ref()?;
         (st.table.as_ref() == Some(&nft::expected(rs))).then(|| evaluate(rs, flow))
     }
 
-    fn write(&self) -> Result<std::cell::RefMut<'_, FakeState>> {
-        let st = self.state.borrow_mut();
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        // A test that panicked while holding it leaves the state as it was.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> Result<MutexGuard<'_, FakeState>> {
+        let st = self.lock();
         if st.deny_writes {
             return Err(Error::from(nft::Error::Rejected {
                 what: "a write to the fake namespace".into(),
@@ -88,7 +92,7 @@ impl Fake {
 
 impl Backend for Fake {
     fn read_table(&self) -> Result<Option<TableState>> {
-        Ok(self.state.borrow().table.clone())
+        Ok(self.lock().table.clone())
     }
 
     fn apply(&self, rs: &Ruleset) -> Result<Applied> {
@@ -120,7 +124,7 @@ impl Backend for Fake {
     }
 
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
-        let st = self.state.borrow();
+        let st = self.lock();
         Ok(st
             .tproxy
             .get(&(r.mark, r.table, family))
@@ -149,7 +153,7 @@ impl Backend for Fake {
     }
 
     fn has_lo_v6(&self) -> Result<bool> {
-        Ok(self.state.borrow().lo_v6)
+        Ok(self.lock().lo_v6)
     }
 
     fn ensure_lo_v6(&self) -> Result<()> {
@@ -163,7 +167,7 @@ impl Backend for Fake {
     }
 
     fn addresses(&self) -> Result<Vec<IpAddr>> {
-        Ok(self.state.borrow().addresses.clone())
+        Ok(self.lock().addresses.clone())
     }
 }
 

@@ -149,6 +149,10 @@ struct Enrolled {
     pod: PodRef,
     /// The namespace held open; `None`: not found (ztunnel is told to keep the pod).
     netns: Option<Netns>,
+    /// Its netlink sockets, kept open for the passes (opened at the first one).
+    kernel: Option<Namespace>,
+    /// The ruleset generation at which its table last read back equal.
+    seen: Option<u32>,
     binding: Option<Binding>,
     cfg: AmbientConfig,
     /// The rules were left as found at start: only a missing table is put back.
@@ -263,6 +267,8 @@ impl Dataplane {
                 Enrolled {
                     pod: pod.clone(),
                     netns: None,
+                    kernel: None,
+                    seen: None,
                     binding: None,
                     cfg: cfg.clone(),
                     leave: rules == Rules::Leave,
@@ -304,6 +310,8 @@ impl Dataplane {
             Enrolled {
                 pod: pod.clone(),
                 netns: Some(netns),
+                kernel: Some(ns),
+                seen: None,
                 binding: Some(binding),
                 cfg: cfg.clone(),
                 leave: rules == Rules::Leave,
@@ -585,16 +593,18 @@ impl Dataplane {
     /// Reads pod `uid`'s rules back and programs them again when they differ (or, for rules
     /// left as found at start, when the table is gone).
     fn converge_rules(&mut self, uid: &str, report: &mut PassReport) -> Option<(String, Repair)> {
-        let e = self.pods.get(uid)?;
-        let netns = e.netns.as_ref()?;
+        let e = self.pods.get_mut(uid)?;
         let label = e.pod.label();
-        let ns = match namespace(netns) {
-            Ok(ns) => ns,
-            Err(err) => {
-                report.problems.push(format!("pod {label}: {err}"));
-                return None;
+        if e.kernel.is_none() {
+            match e.netns.as_ref().map(namespace)? {
+                Ok(ns) => e.kernel = Some(ns),
+                Err(err) => {
+                    report.problems.push(format!("pod {label}: {err}"));
+                    return None;
+                }
             }
-        };
+        }
+        let ns = e.kernel.as_ref()?;
         report.checked += 1;
         let found = if e.leave {
             match ns.read() {
@@ -603,32 +613,36 @@ impl Dataplane {
                 Err(err) => vec![format!("cannot read the table: {err}")],
             }
         } else {
-            differences(&ns, &e.cfg)
+            // The table's dump only when something was committed in the namespace since it
+            // last read back equal (the generation moved); the reply routing every time.
+            let (found, seen) = since(ns, &e.cfg, e.seen);
+            e.seen = seen;
+            found
         };
         let now = SystemTime::now();
-        let repair = if found.is_empty() {
-            None
-        } else {
+        let mut repair = None;
+        let mut left = found.clone();
+        if !found.is_empty() {
             match ns.apply_ambient(&e.cfg) {
-                Ok(_) => Some(Repair {
-                    at: now,
-                    kind: RepairKind::PodRules,
-                    why: summary(&found),
-                }),
-                Err(err) => {
-                    report
-                        .problems
-                        .push(format!("pod {label}: reprogramming its rules: {err}"));
-                    None
+                Ok(_) => {
+                    // Read back once more: what is there now, and the generation to trust.
+                    let (after, seen) = since(ns, &e.cfg, None);
+                    e.seen = seen;
+                    left = after;
+                    repair = Some(Repair {
+                        at: now,
+                        kind: RepairKind::PodRules,
+                        why: summary(&found),
+                    });
                 }
+                Err(err) => report
+                    .problems
+                    .push(format!("pod {label}: reprogramming its rules: {err}")),
             }
-        };
-        let e = self.pods.get_mut(uid)?;
-        // Programmed again (all or nothing, the kernel acked it): what is there now is the
-        // plan; what was found is the repair's why.
+        }
         e.rules = Some(ReadBack {
             at: now,
-            differences: if repair.is_some() { Vec::new() } else { found },
+            differences: left,
         });
         if let Some(r) = &repair {
             e.repair = Some(r.clone());
@@ -732,6 +746,14 @@ fn differences(ns: &Namespace, cfg: &AmbientConfig) -> Vec<String> {
     match ns.check_ambient(cfg) {
         Ok(d) => d.iter().map(|m| m.to_string()).collect(),
         Err(e) => vec![format!("cannot read the rules back: {e}")],
+    }
+}
+
+/// [`Namespace::check_ambient_since`], a read that fails counting as a difference.
+fn since(ns: &Namespace, cfg: &AmbientConfig, seen: Option<u32>) -> (Vec<String>, Option<u32>) {
+    match ns.check_ambient_since(cfg, seen) {
+        Ok((d, seen)) => (d.iter().map(|m| m.to_string()).collect(), seen),
+        Err(e) => (vec![format!("cannot read the rules back: {e}")], None),
     }
 }
 

@@ -57,6 +57,39 @@ pub fn check(k: &dyn Backend, cfg: &AmbientConfig, rs: &Ruleset) -> Result<Vec<M
     Ok(out)
 }
 
+/// [`check`], skipping the table's dump when the ruleset's generation is still `seen` (the
+/// generation of an earlier read that found the table equal: nothing committed since). Returns
+/// the differences and the generation at which the table read back equal (`None` when it
+/// differed, or the backend has no generations): pass it back next time.
+pub fn check_since(
+    k: &dyn Backend,
+    cfg: &AmbientConfig,
+    rs: &Ruleset,
+    seen: Option<u32>,
+) -> Result<(Vec<Mismatch>, Option<u32>)> {
+    let unchanged = match (seen, k.generation()?) {
+        (Some(seen), Some(now)) => seen == now,
+        _ => false,
+    };
+    let (mut out, equal_at) = if unchanged {
+        (Vec::new(), seen)
+    } else {
+        let (generation, table) = k.read_table_at()?;
+        let out: Vec<Mismatch> = nft::compare(rs, table.as_ref())
+            .into_iter()
+            .map(Mismatch::Rules)
+            .collect();
+        let equal_at = if out.is_empty() { generation } else { None };
+        (out, equal_at)
+    };
+    for family in families(cfg) {
+        if !k.read_tproxy(&AMBIENT_ROUTING, family)?.is_complete() {
+            out.push(Mismatch::TproxyRouting(family));
+        }
+    }
+    Ok((out, equal_at))
+}
+
 /// Remove our table and the reply routing of both families.
 pub fn remove(k: &dyn Backend) -> Result<()> {
     k.remove_table()?;

@@ -170,6 +170,11 @@ impl Nft {
         Ok(state::compare(&super::expected(rs), self.read()?.as_ref()))
     }
 
+    /// Our table with the ruleset generation it was read at (one state of it, as [`Nft::read`]).
+    pub fn read_at(&self) -> Result<(u32, Option<TableState>)> {
+        dump::table_at(&self.sock, &self.table)
+    }
+
     /// The ruleset's generation.
     pub fn generation(&self) -> Result<u32> {
         dump::generation(&self.sock)
