@@ -167,7 +167,10 @@ fn check_since_skips_the_dump_only_while_nothing_was_committed() {
     let (d, seen) = ns.check_ambient_since(&cfg, None).unwrap();
     assert!(d.is_empty(), "{d:?}");
     let seen = seen.expect("a generation for a table that read back equal");
-    assert_eq!(ns.check_ambient_since(&cfg, Some(seen)).unwrap(), (vec![], Some(seen)));
+    assert_eq!(
+        ns.check_ambient_since(&cfg, Some(seen)).unwrap(),
+        (vec![], Some(seen))
+    );
 
     // Another tool's table: the generation moves, the table is read again (still equal).
     pod.sh("nft add table inet someone_else");

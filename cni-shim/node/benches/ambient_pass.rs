@@ -5,8 +5,9 @@
 //! - `PODS` pods enrolled (each its own namespace, in the host's `/proc` by its cgroup);
 //! - with a pass every second, over a window: the agent's CPU time per pass (its `/proc` stat,
 //!   all threads), the pass's own duration (`redirect_cni_ambient_reconcile_pass_seconds`), and
-//!   the API server's requests per pass for pods and namespaces other than the watches
-//!   (`apiserver_request_total`: the pass reads the watch's cache, never the server);
+//!   the API server's requests per pass for pods and namespaces other than the watches, from
+//!   JSON clients (`apiserver_request_total`; kube-apiserver's own loops speak protobuf): the
+//!   pass reads the watch's cache, never the server;
 //! - the agent restarted with every pod enrolled and nothing changed: the status writes
 //!   (`PATCH pods/status`) the API server counts from its stop to two passes after ztunnel's
 //!   snapshot.
@@ -125,8 +126,11 @@ impl Sample {
             cpu_ms: cpu_ms(pid),
             passes: metric(n, "redirect_cni_ambient_reconcile_passes_total", &[]),
             pass_seconds: metric(n, "redirect_cni_ambient_reconcile_pass_seconds_sum", &[]),
+            // JSON: the agent's client (kube-apiserver's own loops, which GET namespaces and
+            // services every few seconds, speak protobuf).
             api_reads: api_requests(n, |series| {
                 (series.contains("resource=\"pods\"") || series.contains("resource=\"namespaces\""))
+                    && series.contains("contentType=\"application/json\"")
                     && !series.contains("verb=\"WATCH\"")
             }),
         }

@@ -421,7 +421,7 @@ fn ambient_start(
     tasks: &mut tokio::task::JoinSet<()>,
     stop: signal::Receiver<bool>,
 ) {
-    let (to, requests) = tokio::sync::mpsc::channel(64);
+    let (to, requests) = tokio::sync::mpsc::channel(crate::ambient::plugin_requests::IN_FLIGHT);
     let listener = match crate::ambient::plugin_requests::listen_in(&s.cni_agent_run_dir, to) {
         Ok(l) => Some(l),
         Err(e) => {

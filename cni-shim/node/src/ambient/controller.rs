@@ -60,6 +60,9 @@ pub(super) struct State {
     pub(super) queue: Queue,
     /// The pods of the listing under way (a relist after the watch failed).
     listing: Option<HashSet<String>>,
+    /// The resourceVersion of the agent's last write to each pod whose watch event has not
+    /// come yet.
+    written: HashMap<String, String>,
     passes: PassState,
 }
 
@@ -73,6 +76,7 @@ impl State {
             started: false,
             queue: Queue::new(u32::MAX, Backoff::default()),
             listing: None,
+            written: HashMap::new(),
             passes: PassState::default(),
         }
     }
@@ -92,6 +96,16 @@ impl State {
             .collect()
     }
 
+    /// Whether the watch's `pod` came before the agent's last write to it (whose answer the
+    /// cache holds already): events come in order, so until the one of that write arrives,
+    /// each is older. A listing replaces everything (its objects are the latest).
+    fn older_than_written(&self, pod: &Pod) -> bool {
+        let (Some(uid), Some(rv)) = (&pod.metadata.uid, &pod.metadata.resource_version) else {
+            return false;
+        };
+        self.written.get(uid).is_some_and(|w| w != rv)
+    }
+
     /// A pod read from the API at ADD, before the watch brings it: kept (and not taken for
     /// deleted by a listing under way).
     pub(super) fn remember(&mut self, pod: &Pod) {
@@ -105,8 +119,10 @@ impl State {
 
     fn on_pod(&mut self, event: Event<Pod>) {
         match event {
+            Event::Apply(p) if self.older_than_written(&p) => {}
             Event::Apply(p) | Event::InitApply(p) => {
                 if let Some(uid) = p.metadata.uid.clone() {
+                    self.written.remove(&uid);
                     if let Some(seen) = self.listing.as_mut() {
                         seen.insert(uid.clone());
                     }
@@ -120,7 +136,10 @@ impl State {
                     self.queue.add(uid);
                 }
             }
-            Event::Init => self.listing = Some(HashSet::new()),
+            Event::Init => {
+                self.listing = Some(HashSet::new());
+                self.written.clear();
+            }
             Event::InitDone => {
                 // A pod deleted while the watch was down has no Delete event: the listing
                 // is the truth.
@@ -380,13 +399,13 @@ impl Controller {
                     (_, false) => Rules::Apply,
                 };
                 let stage = self.enroll_found(&pod, rules).await?;
-                self.annotate(&pod, stage).await
+                self.annotate(state, &pod, stage).await
             }
             (Want::In(_) | Want::NoAddressYet, Some(_)) => {
                 self.confirm(state, &pod).await?;
                 let id = uid.to_owned();
                 match self.with_dataplane(move |dp| dp.stage(&id)).await {
-                    Some(stage) => self.annotate(&pod, stage).await,
+                    Some(stage) => self.annotate(state, &pod, stage).await,
                     None => Ok(()),
                 }
             }
@@ -396,7 +415,7 @@ impl Controller {
                 if deleting {
                     return Ok(());
                 }
-                self.unannotate(&pod).await
+                self.unannotate(state, &pod).await
             }
             (Want::Out { why, deleting }, None) => {
                 if deleting || !annotated {
@@ -405,7 +424,7 @@ impl Controller {
                 // Annotated by an earlier agent, out since: its rules go too.
                 tracing::info!("ambient: pod {} leaves the mesh: {why}", pods::label(&pod));
                 self.remove_left_rules(&pod).await;
-                self.unannotate(&pod).await
+                self.unannotate(state, &pod).await
             }
         }
     }
@@ -529,34 +548,51 @@ impl Controller {
 
     /// Sets the pod's `ambient.istio.io/redirection` to what `stage` says (nothing is written
     /// when it says so already).
-    async fn annotate(&self, pod: &Pod, stage: Stage) -> Result<(), String> {
+    async fn annotate(&self, state: &mut State, pod: &Pod, stage: Stage) -> Result<(), String> {
         let carried = pods::redirection(pod);
         let value = annotation_for(stage, carried);
         if carried == Some(value) {
             return Ok(());
         }
-        self.patch_annotation(pod, Some(value)).await
+        self.patch_annotation(state, pod, Some(value)).await
     }
 
     /// Removes the pod's `ambient.istio.io/redirection`.
-    async fn unannotate(&self, pod: &Pod) -> Result<(), String> {
+    async fn unannotate(&self, state: &mut State, pod: &Pod) -> Result<(), String> {
         if pods::redirection(pod).is_none() {
             return Ok(());
         }
-        self.patch_annotation(pod, None).await
+        self.patch_annotation(state, pod, None).await
     }
 
-    async fn patch_annotation(&self, pod: &Pod, value: Option<&str>) -> Result<(), String> {
+    /// Writes the annotation; the pod the API server answers with (its state after the write)
+    /// replaces the watch's copy, so that a pass before the watch's event does not write
+    /// again.
+    async fn patch_annotation(
+        &self,
+        state: &mut State,
+        pod: &Pod,
+        value: Option<&str>,
+    ) -> Result<(), String> {
         let patch = serde_json::json!({"metadata": {"annotations": {REDIRECTION: value}}});
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or("default"),
         );
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        let written = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(|_| ())
             .map_err(|e| format!("annotating {REDIRECTION}={value:?}: {e}"))?;
+        if let (Some(uid), Some(rv)) = (
+            written.metadata.uid.clone(),
+            written.metadata.resource_version.clone(),
+        ) {
+            if state.pods.contains_key(&uid) {
+                state.written.insert(uid.clone(), rv);
+                state.pods.insert(uid, written);
+            }
+        }
         tracing::info!(
             "ambient: pod {} annotated {REDIRECTION}={}",
             pods::label(pod),
@@ -770,6 +806,39 @@ mod tests {
             "pending"
         );
         assert_eq!(annotation_for(Stage::Disconnected, None), "pending");
+    }
+
+    #[test]
+    fn the_watchs_events_older_than_the_agents_write_are_skipped() {
+        let mut s = state();
+        let at = |rv: &str, value: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "a", "namespace": "shop", "uid": "a", "resourceVersion": rv,
+                             "annotations": {"ambient.istio.io/redirection": value}}
+            }))
+            .unwrap()
+        };
+        s.on_pod(Event::Apply(at("1", "pending")));
+        // The agent wrote enabled (the server answered with version 3).
+        s.written.insert("a".into(), "3".into());
+        s.pods.insert("a".into(), at("3", "enabled"));
+        // The watch brings version 2 (pending) late: skipped; then 3, the write: taken.
+        s.on_pod(Event::Apply(at("2", "pending")));
+        assert_eq!(pods::redirection(&s.pods["a"]), Some("enabled"));
+        s.on_pod(Event::Apply(at("3", "enabled")));
+        assert!(s.written.is_empty());
+        s.on_pod(Event::Apply(at("4", "pending")));
+        assert_eq!(
+            pods::redirection(&s.pods["a"]),
+            Some("pending"),
+            "a later write is taken"
+        );
+        // A relist takes everything.
+        s.written.insert("a".into(), "9".into());
+        s.on_pod(Event::Init);
+        s.on_pod(Event::InitApply(at("5", "enabled")));
+        s.on_pod(Event::InitDone);
+        assert_eq!(s.pods["a"].metadata.resource_version.as_deref(), Some("5"));
     }
 
     #[test]

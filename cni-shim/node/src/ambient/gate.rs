@@ -85,8 +85,15 @@ pub fn serve(
             while let Ok(Some(conn)) = seqpacket::accept(listener) {
                 waiting.push_back((conn, Instant::now() + limits.first_datagram));
                 while waiting.len() > limits.waiting {
-                    waiting.pop_front();
-                    closed.evicted += 1;
+                    // The oldest makes room, unless it spoke meanwhile (a burst of real peers
+                    // accepted at once): then it is served.
+                    let Some((oldest, _)) = waiting.pop_front() else {
+                        break;
+                    };
+                    match seqpacket::try_recv(oldest.as_fd(), limits.max) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => closed.evicted += 1,
+                        got => first(oldest, got),
+                    }
                 }
             }
         }
@@ -176,6 +183,57 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         t.join().unwrap();
         drop(silent);
+    }
+
+    #[test]
+    fn a_burst_of_real_peers_is_served_whole_however_few_may_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gate.sock");
+        let listener = seqpacket::listen_private(&path, 128).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let got = Arc::new(Mutex::new(0usize));
+        let closed = Arc::new(Mutex::new(Closed::default()));
+        // The peers connect and speak before the door looks: all 100 wait in the backlog.
+        let peers: Vec<OwnedFd> = (0..100)
+            .map(|_| {
+                let p = seqpacket::connect(&path, Duration::from_secs(2)).unwrap();
+                seqpacket::send(p.as_fd(), b"req", None, 64).unwrap();
+                p
+            })
+            .collect();
+        let (s, g, c) = (stop.clone(), got.clone(), closed.clone());
+        let t = std::thread::spawn(move || {
+            let limits = Limits {
+                waiting: 4,
+                first_datagram: Duration::from_secs(30),
+                max: 64,
+                tick: Duration::from_millis(20),
+            };
+            serve(
+                &listener,
+                limits,
+                &s,
+                |_, d| {
+                    assert_eq!(d.unwrap().bytes, b"req");
+                    *g.lock().unwrap() += 1
+                },
+                |n| *c.lock().unwrap() = n,
+            )
+        });
+        let start = Instant::now();
+        while *got.lock().unwrap() < 100 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{} served",
+                got.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(closed.lock().unwrap().evicted, 0);
+        stop.store(true, Ordering::Relaxed);
+        t.join().unwrap();
+        drop(peers);
     }
 
     #[test]

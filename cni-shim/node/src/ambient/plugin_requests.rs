@@ -31,8 +31,8 @@ use cni_plugin::seqpacket::{self, Datagram};
 pub const FIRST_REQUEST: Duration = Duration::from_secs(1);
 /// Connections held while they have said nothing.
 pub const WAITING: usize = 32;
-/// Requests waiting for the controller at once.
-pub const IN_FLIGHT: usize = 64;
+/// Requests waiting for the controller at once (a node's burst of pod starts, with room).
+pub const IN_FLIGHT: usize = 256;
 
 /// The plugin's request, with the pod's namespace and where to answer.
 pub struct PluginRequest {
