@@ -41,8 +41,9 @@ pub const DEADLINE: Duration = Duration::from_secs(5);
 const WAITING_HELLOS: usize = 8;
 /// Handshakes in flight at once: ztunnel is one process (two during its rollout).
 const HANDSHAKES: usize = 4;
-/// How often an idle connection is looked at for ztunnel's hang-up.
-const LIVENESS: Duration = Duration::from_millis(500);
+/// How often an idle connection is looked at for ztunnel's hang-up (and hellos that came while
+/// the agent was starting are let in).
+const LIVENESS: Duration = Duration::from_millis(100);
 
 /// What went wrong delivering a request to ztunnel.
 #[derive(Debug, thiserror::Error)]
