@@ -183,120 +183,13 @@ fn s(v: &Value) -> String {
 /// The view as text: ztunnel and the host table, then one row a pod (those that need
 /// attention first, as the agent sorts them), then why each needs it.
 fn table(doc: &Value) -> String {
-    let mut out = String::new();
-    let node = s(&doc["node"]);
-    out.push_str(&format!("node {node}, read at {}\n", s(&doc["at"])));
-    let a = &doc["ambient"];
-    if !a.is_null() {
-        let z = &a["ztunnel"];
-        let conn = if z["connected"].as_bool() == Some(true) {
-            format!(
-                "connected (connection {} since {})",
-                s(&z["connection"]),
-                s(&z["connected_since"])
-            )
-        } else {
-            "NOT CONNECTED".into()
-        };
-        out.push_str(&format!(
-            "ztunnel: {conn}; {} connection(s) since the agent started, {} closed before their hello\n",
-            s(&z["connections"]),
-            s(&z["closed_silent"])
-        ));
-        let h = &a["host_probe"];
-        let members = match h["members"].as_array() {
-            Some(m) => format!("{} address(es)", m.len()),
-            None if h["configured"].as_bool() == Some(true) => "TABLE MISSING".into(),
-            None => "not configured (kubelet not found)".into(),
-        };
-        out.push_str(&format!(
-            "host probe table: {members}, read at {}{}\n",
-            s(&h["checked_at"]),
-            repair_text(&h["repair"])
-                .map(|r| format!("; last repair {r}"))
-                .unwrap_or_default()
-        ));
-        let p = &a["pass"];
-        let repairs = p["repairs"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| "none".into());
-        out.push_str(&format!(
-            "passes: {} (every {} s, the last at {} took {:.1} ms); repairs: {repairs}\n",
-            s(&p["passes"]),
-            s(&p["interval_s"]),
-            s(&p["last"]),
-            p["took_ms"].as_f64().unwrap_or(0.0)
-        ));
+    let mut out = format!("node {}, read at {}\n", s(&doc["node"]), s(&doc["at"]));
+    if !doc["ambient"].is_null() {
+        out.push_str(&ambient_lines(&doc["ambient"]));
     }
     out.push('\n');
-    let rows: Vec<[String; 7]> = pods(doc)
-        .iter()
-        .map(|p| {
-            let rules = match p["rules"]["differences"].as_array() {
-                None => "-".to_string(),
-                Some(d) if d.is_empty() => format!("equal at {}", short_time(&p["rules"]["at"])),
-                Some(d) => format!("{} diff at {}", d.len(), short_time(&p["rules"]["at"])),
-            };
-            let ztunnel = match &p["ztunnel"] {
-                Value::Null => "-".to_string(),
-                z if z["acked"].as_bool() == Some(true) => {
-                    format!("acked on {}", s(&z["connection"]))
-                }
-                z if !z["refused"].is_null() => "refused".to_string(),
-                z if z["connection"].is_null() => "no connection".to_string(),
-                _ => "not acked".to_string(),
-            };
-            let repair = repair_text(&p["last_repair"]).unwrap_or_else(|| "-".into());
-            [
-                if p["attention"].is_null() { " " } else { "!" }.to_string(),
-                format!("{}/{}", s(&p["namespace"]), s(&p["name"])),
-                s(&p["kind"]),
-                s(&p["state"]),
-                rules,
-                ztunnel,
-                repair,
-            ]
-        })
-        .collect();
-    let header = [
-        "",
-        "POD",
-        "CAPTURE",
-        "STATE",
-        "RULES (READ BACK)",
-        "ZTUNNEL",
-        "LAST REPAIR",
-    ]
-    .map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    for r in std::iter::once(&header).chain(&rows) {
-        let line: Vec<String> = r
-            .iter()
-            .zip(widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i + 1 == r.len() {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}")
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let rows: Vec<[String; 7]> = pods(doc).iter().map(|p| row(p)).collect();
+    out.push_str(&columns(&rows));
     if rows.is_empty() {
         out.push_str("(no pod of the mesh on this node)\n");
     }
@@ -315,6 +208,116 @@ fn table(doc: &Value) -> String {
     if !needing.is_empty() {
         out.push('\n');
         out.push_str(&needing.join("\n"));
+        out.push('\n');
+    }
+    out
+}
+
+/// ztunnel's connection, the host's probe table and the passes, a line each.
+fn ambient_lines(a: &Value) -> String {
+    let z = &a["ztunnel"];
+    let conn = if z["connected"].as_bool() == Some(true) {
+        format!(
+            "connected (connection {} since {})",
+            s(&z["connection"]),
+            s(&z["connected_since"])
+        )
+    } else {
+        "NOT CONNECTED".into()
+    };
+    let h = &a["host_probe"];
+    let members = match h["members"].as_array() {
+        Some(m) => format!("{} address(es)", m.len()),
+        None if h["configured"].as_bool() == Some(true) => "TABLE MISSING".into(),
+        None => "not configured (kubelet not found)".into(),
+    };
+    let p = &a["pass"];
+    let repairs = p["repairs"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "none".into());
+    format!(
+        "ztunnel: {conn}; {} connection(s) since the agent started, {} closed before their \
+         hello\nhost probe table: {members}, read at {}{}\npasses: {} (every {} s, the last at \
+         {} took {:.1} ms); repairs: {repairs}\n",
+        s(&z["connections"]),
+        s(&z["closed_silent"]),
+        s(&h["checked_at"]),
+        repair_text(&h["repair"])
+            .map(|r| format!("; last repair {r}"))
+            .unwrap_or_default(),
+        s(&p["passes"]),
+        s(&p["interval_s"]),
+        s(&p["last"]),
+        p["took_ms"].as_f64().unwrap_or(0.0)
+    )
+}
+
+/// One pod's row: attention mark, pod, capture, state, rules, ztunnel, last repair.
+fn row(p: &Value) -> [String; 7] {
+    let rules = match p["rules"]["differences"].as_array() {
+        None => "-".to_string(),
+        Some(d) if d.is_empty() => format!("equal at {}", short_time(&p["rules"]["at"])),
+        Some(d) => format!("{} diff at {}", d.len(), short_time(&p["rules"]["at"])),
+    };
+    let ztunnel = match &p["ztunnel"] {
+        Value::Null => "-".to_string(),
+        z if z["acked"].as_bool() == Some(true) => format!("acked on {}", s(&z["connection"])),
+        z if !z["refused"].is_null() => "refused".to_string(),
+        z if z["connection"].is_null() => "no connection".to_string(),
+        _ => "not acked".to_string(),
+    };
+    [
+        if p["attention"].is_null() { " " } else { "!" }.to_string(),
+        format!("{}/{}", s(&p["namespace"]), s(&p["name"])),
+        s(&p["kind"]),
+        s(&p["state"]),
+        rules,
+        ztunnel,
+        repair_text(&p["last_repair"]).unwrap_or_else(|| "-".into()),
+    ]
+}
+
+/// The rows under their header, each column as wide as its widest cell.
+fn columns(rows: &[[String; 7]]) -> String {
+    let header = [
+        "",
+        "POD",
+        "CAPTURE",
+        "STATE",
+        "RULES (READ BACK)",
+        "ZTUNNEL",
+        "LAST REPAIR",
+    ]
+    .map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in std::iter::once(&header).chain(rows) {
+        let last = r.len() - 1;
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == last {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
     out

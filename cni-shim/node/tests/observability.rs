@@ -7,7 +7,7 @@
 use cni_testkit as common;
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -51,18 +51,7 @@ fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
 
 /// `GET /metrics` in the agent's namespace.
 fn scrape(node: &TestNetns) -> Option<String> {
-    node.run(|| {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", PORT)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-    })
+    cni_testkit::http_get(node, PORT, "/metrics").map(|(_, body)| body)
 }
 
 /// The value of the sample `name` (with its labels, as exposed), 0 when absent.

@@ -789,26 +789,8 @@ fn free_port(ns: &TestNetns) -> u16 {
 
 /// `GET path` on the agent's port from inside `ns`: status code and body.
 fn http_get(ns: &TestNetns, port: u16, path: &str) -> (u16, String) {
-    try_http_get(ns, port, path).unwrap_or_else(|| panic!("GET {path} on port {port} failed"))
-}
-
-fn try_http_get(ns: &TestNetns, port: u16, path: &str) -> Option<(u16, String)> {
-    let path = path.to_owned();
-    ns.run(move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let code = text.get(9..12)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-        Some((code, body))
-    })
+    cni_testkit::http_get(ns, port, path)
+        .unwrap_or_else(|| panic!("GET {path} on port {port} failed"))
 }
 
 /// The agent's settings as `redirect-cni install` parses them, for the stand-in's API server
@@ -999,7 +981,7 @@ fn the_installer_binary_runs_the_agent_until_sigterm() {
     });
     let pid = child.id();
     eventually("/readyz 200", WAIT, || {
-        (try_http_get(&home.ns, port, "/readyz").map(|r| r.0) == Some(200)).then_some(())
+        (cni_testkit::http_get(&home.ns, port, "/readyz").map(|r| r.0) == Some(200)).then_some(())
     });
     assert!(node.path().join("net/redirect-cni.conf").is_file());
     // The pod's validation fails once the agent runs: from that status update to the rules.

@@ -135,133 +135,128 @@ fn ready_now(listener: &OwnedFd, waiting: &VecDeque<(OwnedFd, Instant)>, wait: D
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    #[test]
-    fn silent_peers_are_evicted_oldest_first_and_a_speaking_peer_is_served() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("gate.sock");
-        let listener = seqpacket::listen_private(&path, 128).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let got = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
-        let closed = Arc::new(Mutex::new(Closed::default()));
-        let (s, g, c) = (stop.clone(), got.clone(), closed.clone());
-        let t = std::thread::spawn(move || {
-            let limits = Limits {
-                waiting: 4,
-                first_datagram: Duration::from_secs(30),
-                max: 64,
-                tick: Duration::from_millis(20),
-            };
-            serve(
-                &listener,
-                limits,
-                &s,
-                |_, d| {
+    /// A door on a socket of its own, on a thread, recording what it hands over and closes.
+    struct Door {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+        listener: Option<OwnedFd>,
+        stop: Arc<AtomicBool>,
+        got: Arc<Mutex<Vec<Vec<u8>>>>,
+        closed: Arc<Mutex<Closed>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Door {
+        /// The socket, listening; [`Door::open`] starts serving it.
+        fn new() -> Door {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gate.sock");
+            let listener = seqpacket::listen_private(&path, 128).unwrap();
+            Door {
+                _dir: dir,
+                path,
+                listener: Some(listener),
+                stop: Arc::default(),
+                got: Arc::default(),
+                closed: Arc::default(),
+                thread: None,
+            }
+        }
+
+        fn open(mut self, waiting: usize, first_datagram: Duration) -> Door {
+            let listener = self.listener.take().unwrap();
+            let (s, g, c) = (self.stop.clone(), self.got.clone(), self.closed.clone());
+            self.thread = Some(std::thread::spawn(move || {
+                let limits = Limits {
+                    waiting,
+                    first_datagram,
+                    max: 64,
+                    tick: Duration::from_millis(20),
+                };
+                let first = |_, d: io::Result<Datagram>| {
                     g.lock()
                         .unwrap()
                         .push(d.map(|d| d.bytes).unwrap_or_default())
-                },
-                |n| *c.lock().unwrap() = n,
-            )
-        });
-        let silent: Vec<OwnedFd> = (0..50)
-            .map(|_| seqpacket::connect(&path, Duration::from_secs(2)).unwrap())
-            .collect();
-        let real = seqpacket::connect(&path, Duration::from_secs(2)).unwrap();
-        seqpacket::send(real.as_fd(), b"hello", None, 64).unwrap();
-        let start = Instant::now();
-        while got.lock().unwrap().is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(5), "never served");
-            std::thread::sleep(Duration::from_millis(5));
+                };
+                serve(&listener, limits, &s, first, |n| *c.lock().unwrap() = n)
+            }));
+            self
         }
-        assert_eq!(got.lock().unwrap()[0], b"hello");
-        std::thread::sleep(Duration::from_millis(50));
+
+        fn peer(&self, says: Option<&[u8]>) -> OwnedFd {
+            let p = seqpacket::connect(&self.path, Duration::from_secs(2)).unwrap();
+            if let Some(bytes) = says {
+                seqpacket::send(p.as_fd(), bytes, None, 64).unwrap();
+            }
+            p
+        }
+
+        fn wait_for(&self, n: usize) {
+            let start = Instant::now();
+            while self.got.lock().unwrap().len() < n {
+                let got = self.got.lock().unwrap().len();
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "{got} of {n} served"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // A tick, for `closed`.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+
+        fn closed(&self) -> Closed {
+            *self.closed.lock().unwrap()
+        }
+    }
+
+    impl Drop for Door {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            if let Some(t) = self.thread.take() {
+                t.join().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn silent_peers_are_evicted_oldest_first_and_a_speaking_peer_is_served() {
+        let door = Door::new().open(4, Duration::from_secs(30));
+        let silent: Vec<OwnedFd> = (0..50).map(|_| door.peer(None)).collect();
+        let _real = door.peer(Some(b"hello"));
+        door.wait_for(1);
+        assert_eq!(door.got.lock().unwrap()[0], b"hello");
         // 51 accepted, 4 held at most: the 47 oldest silent ones closed, the real one never.
-        assert_eq!(closed.lock().unwrap().evicted, 47);
-        stop.store(true, Ordering::Relaxed);
-        t.join().unwrap();
+        assert_eq!(door.closed().evicted, 47);
         drop(silent);
     }
 
     #[test]
     fn a_burst_of_real_peers_is_served_whole_however_few_may_wait() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("gate.sock");
-        let listener = seqpacket::listen_private(&path, 128).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let got = Arc::new(Mutex::new(0usize));
-        let closed = Arc::new(Mutex::new(Closed::default()));
         // The peers connect and speak before the door looks: all 100 wait in the backlog.
-        let peers: Vec<OwnedFd> = (0..100)
-            .map(|_| {
-                let p = seqpacket::connect(&path, Duration::from_secs(2)).unwrap();
-                seqpacket::send(p.as_fd(), b"req", None, 64).unwrap();
-                p
-            })
-            .collect();
-        let (s, g, c) = (stop.clone(), got.clone(), closed.clone());
-        let t = std::thread::spawn(move || {
-            let limits = Limits {
-                waiting: 4,
-                first_datagram: Duration::from_secs(30),
-                max: 64,
-                tick: Duration::from_millis(20),
-            };
-            serve(
-                &listener,
-                limits,
-                &s,
-                |_, d| {
-                    assert_eq!(d.unwrap().bytes, b"req");
-                    *g.lock().unwrap() += 1
-                },
-                |n| *c.lock().unwrap() = n,
-            )
-        });
-        let start = Instant::now();
-        while *got.lock().unwrap() < 100 {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "{} served",
-                got.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(closed.lock().unwrap().evicted, 0);
-        stop.store(true, Ordering::Relaxed);
-        t.join().unwrap();
+        let door = Door::new();
+        let peers: Vec<OwnedFd> = (0..100).map(|_| door.peer(Some(b"req"))).collect();
+        let door = door.open(4, Duration::from_secs(30));
+        door.wait_for(100);
+        assert!(door.got.lock().unwrap().iter().all(|b| b == b"req"));
+        assert_eq!(door.closed().evicted, 0);
         drop(peers);
     }
 
     #[test]
     fn a_silent_peer_is_closed_at_its_deadline() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("gate.sock");
-        let listener = seqpacket::listen_private(&path, 8).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let closed = Arc::new(Mutex::new(Closed::default()));
-        let (s, c) = (stop.clone(), closed.clone());
-        let t = std::thread::spawn(move || {
-            let limits = Limits {
-                waiting: 4,
-                first_datagram: Duration::from_millis(100),
-                max: 64,
-                tick: Duration::from_millis(20),
-            };
-            serve(&listener, limits, &s, |_, _| {}, |n| *c.lock().unwrap() = n)
-        });
-        let peer = seqpacket::connect(&path, Duration::from_secs(2)).unwrap();
+        let door = Door::new().open(4, Duration::from_millis(100));
+        let peer = door.peer(None);
         let got = seqpacket::recv(peer.as_fd(), 64);
         assert!(
             matches!(&got, Err(e) if e.kind() == io::ErrorKind::UnexpectedEof),
             "the silent peer was not closed"
         );
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(closed.lock().unwrap().timed_out, 1);
-        stop.store(true, Ordering::Relaxed);
-        t.join().unwrap();
+        assert_eq!(door.closed().timed_out, 1);
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::controller::{Controller, State};
 use super::dataplane::{Rules, Stage};
 use super::gate::{self, Closed, Limits};
-use super::identity::{self, Claim};
+use super::identity::{self, Binding, Claim};
 use super::pods;
 use cni_plugin::ambient::{AddAnswer, AddRequest, Command, MAX_MESSAGE, SOCKET_NAME};
 use cni_plugin::seqpacket::{self, Datagram};
@@ -190,7 +190,7 @@ impl Controller {
             Ok(Err(reason)) => AddAnswer::NotAmbient { reason },
             Ok(Ok(pod)) => match command {
                 Command::Add => self.enroll_for_plugin(state, &pod, r.add, r.netns).await,
-                Command::Check => self.check_for_plugin(&pod, r.netns).await,
+                Command::Check => self.check_for_plugin(&pod, r.netns, &r.add.netns).await,
             },
         };
         let verb = match command {
@@ -269,45 +269,15 @@ impl Controller {
         add: AddRequest,
         fd: OwnedFd,
     ) -> AddAnswer {
-        let netns = match Netns::from_file(File::from(fd), Path::new(&add.netns)) {
-            Ok(n) => n,
-            Err(e) => {
-                return AddAnswer::Failed {
-                    error: e.to_string(),
-                }
-            }
+        let (netns, cfg) = match self.handed_over(pod, fd, &add.netns) {
+            Ok(got) => got,
+            Err(answer) => return answer,
         };
-        let cfg = match self.pod_config(pod) {
-            Ok(c) => c,
-            Err(error) => return AddAnswer::Failed { error },
+        let (ips, binding) = match self.bind(state, pod, &netns, &add).await {
+            Ok(checked) => checked,
+            Err(answer) => return answer,
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let api = pods::ips(pod);
-        let request: Vec<IpAddr> = add.ips.clone();
-        let owners = state.address_owners(&uid);
-        let (id, except) = (netns.id(), uid.clone());
-        let bound = self
-            .with_dataplane(move |dp| dp.bound_to(id, &except))
-            .await;
-        let claim = Claim {
-            api: &api,
-            request: &request,
-            owner_of: &|ip| owners.get(&ip).cloned(),
-            bound_to: &|_| bound.clone(),
-        };
-        let (ips, binding) = match identity::check(&netns, &claim) {
-            Ok(checked) => checked,
-            Err(refused) => {
-                tracing::warn!(
-                    "ambient: pod {}: the namespace handed over at ADD ({}) is refused: {refused}",
-                    pods::label(pod),
-                    add.netns
-                );
-                return AddAnswer::Failed {
-                    error: refused.to_string(),
-                };
-            }
-        };
         let mut r = pods::pod_ref(pod);
         r.ips = ips;
         let was_enrolled = {
@@ -347,21 +317,61 @@ impl Controller {
         }
     }
 
+    /// The namespace a request handed over (judged: a network namespace) and the pod's
+    /// in-pod settings; the answer to give when either cannot be had.
+    fn handed_over(
+        &self,
+        pod: &Pod,
+        fd: OwnedFd,
+        path: &str,
+    ) -> Result<(Netns, redirect_core::AmbientConfig), AddAnswer> {
+        let failed = |error: String| AddAnswer::Failed { error };
+        let netns =
+            Netns::from_file(File::from(fd), Path::new(path)).map_err(|e| failed(e.to_string()))?;
+        let cfg = self.pod_config(pod).map_err(failed)?;
+        Ok((netns, cfg))
+    }
+
+    /// Whether `netns` may be the pod's (`identity::check`, with what the watch and the data
+    /// plane know): the addresses checked and how, or the refusal to answer with.
+    async fn bind(
+        &self,
+        state: &State,
+        pod: &Pod,
+        netns: &Netns,
+        add: &AddRequest,
+    ) -> Result<(Vec<IpAddr>, Binding), AddAnswer> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let owners = state.address_owners(&uid);
+        let (id, except) = (netns.id(), uid);
+        let bound = self
+            .with_dataplane(move |dp| dp.bound_to(id, &except))
+            .await;
+        let claim = Claim {
+            api: &pods::ips(pod),
+            request: &add.ips,
+            owner_of: &|ip| owners.get(&ip).cloned(),
+            bound_to: &|_| bound.clone(),
+        };
+        identity::check(netns, &claim).map_err(|refused| {
+            tracing::warn!(
+                "ambient: pod {}: the namespace handed over at ADD ({}) is refused: {refused}",
+                pods::label(pod),
+                add.netns
+            );
+            AddAnswer::Failed {
+                error: refused.to_string(),
+            }
+        })
+    }
+
     /// CHECK: the pod's in-pod rules in the namespace handed over, against its plan; the
     /// namespace must be the one the pod is enrolled in.
-    async fn check_for_plugin(&self, pod: &Pod, fd: OwnedFd) -> AddAnswer {
+    async fn check_for_plugin(&self, pod: &Pod, fd: OwnedFd, path: &str) -> AddAnswer {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let netns = match Netns::from_file(File::from(fd), Path::new("CNI_NETNS")) {
-            Ok(n) => n,
-            Err(e) => {
-                return AddAnswer::Failed {
-                    error: e.to_string(),
-                }
-            }
-        };
-        let cfg = match self.pod_config(pod) {
-            Ok(c) => c,
-            Err(error) => return AddAnswer::Failed { error },
+        let (netns, cfg) = match self.handed_over(pod, fd, path) {
+            Ok(got) => got,
+            Err(answer) => return answer,
         };
         let id = uid.clone();
         let bound = self.with_dataplane(move |dp| dp.netns_id(&id)).await;

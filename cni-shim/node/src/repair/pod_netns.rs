@@ -61,13 +61,8 @@ pub enum FindError {
 /// `proc` is the host's `/proc` as the agent sees it (e.g. `/host/proc`); `pins` the folder of
 /// pinned namespaces (e.g. `/var/run/netns`; a missing folder holds none).
 pub fn find(proc: &Path, pins: &Path, uid: &str, ip: IpAddr) -> Result<PodNetns, FindError> {
-    let own = netns::current_netns_id().map_err(|source| FindError::Read {
-        path: "/proc/thread-self/ns/net".into(),
-        source,
-    })?;
-    let mut candidates = pod_processes(proc, uid)?;
+    let (own, candidates) = oldest_first(proc, uid)?;
     let processes = candidates.len();
-    candidates.sort_by_key(|c| c.start);
     let mut seen: Vec<NetnsId> = vec![own];
     for c in candidates {
         if let Some(found) = holding(&c.netns, ip, &mut seen) {
@@ -100,13 +95,8 @@ pub fn find(proc: &Path, pins: &Path, uid: &str, ip: IpAddr) -> Result<PodNetns,
 /// not the agent's own. Without such a process (the runtime keeps none, or the sandbox is
 /// gone) it is an error naming what was looked at.
 pub fn find_by_uid(proc: &Path, uid: &str) -> Result<PodNetns, FindError> {
-    let own = netns::current_netns_id().map_err(|source| FindError::Read {
-        path: "/proc/thread-self/ns/net".into(),
-        source,
-    })?;
-    let mut candidates = pod_processes(proc, uid)?;
+    let (own, candidates) = oldest_first(proc, uid)?;
     let processes = candidates.len();
-    candidates.sort_by_key(|c| c.start);
     for c in candidates {
         if let Ok(ns) = Netns::open(&c.netns) {
             if ns.id() != own {
@@ -119,6 +109,17 @@ pub fn find_by_uid(proc: &Path, uid: &str) -> Result<PodNetns, FindError> {
         proc: proc.to_owned(),
         processes,
     })
+}
+
+/// The agent's own namespace, and the pod's processes, the oldest first.
+fn oldest_first(proc: &Path, uid: &str) -> Result<(NetnsId, Vec<PodProcess>), FindError> {
+    let own = netns::current_netns_id().map_err(|source| FindError::Read {
+        path: "/proc/thread-self/ns/net".into(),
+        source,
+    })?;
+    let mut candidates = pod_processes(proc, uid)?;
+    candidates.sort_by_key(|c| c.start);
+    Ok((own, candidates))
 }
 
 /// A process of the pod: its namespace file and its start time (clock ticks after boot).

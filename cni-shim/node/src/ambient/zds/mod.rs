@@ -4,6 +4,7 @@
 //! socket, the namespace as `SCM_RIGHTS`; `server`: the listening side, its snapshot on each
 //! connection and its one-request-at-a-time exchange.
 
+mod handshake;
 pub mod proto;
 pub mod server;
 pub mod wire;

@@ -25,25 +25,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::ambient::gate::{self, Closed, Limits};
+use crate::ambient::gate::Closed;
 use crate::run_dir::NotOwn;
-use cni_plugin::seqpacket::{self, Datagram};
+use cni_plugin::seqpacket;
 use prost::Message;
 
-use super::proto::{
-    ResponsePayload, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello, VERSION_V1,
-};
+use super::proto::{ResponsePayload, WorkloadInfo, WorkloadRequest, WorkloadResponse};
 use super::wire;
 
 /// ztunnel's deadline for each step; the agent uses the same.
 pub const DEADLINE: Duration = Duration::from_secs(5);
-/// Connections that have not said hello, held at once (the oldest closed past that).
-const WAITING_HELLOS: usize = 8;
-/// Handshakes in flight at once: ztunnel is one process (two during its rollout).
-const HANDSHAKES: usize = 4;
-/// How often an idle connection is looked at for ztunnel's hang-up (and hellos that came while
-/// the agent was starting are let in).
-const LIVENESS: Duration = Duration::from_millis(100);
 
 /// What went wrong delivering a request to ztunnel.
 #[derive(Debug, thiserror::Error)]
@@ -91,44 +82,44 @@ pub struct Connection {
 
 /// A pod to serve: who it is and, while the agent holds it, its network namespace; `gen`
 /// changes with the namespace, so an ack of an older one does not count.
-struct Workload {
-    info: WorkloadInfo,
-    netns: Option<OwnedFd>,
-    gen: u64,
+pub(super) struct Workload {
+    pub(super) info: WorkloadInfo,
+    pub(super) netns: Option<OwnedFd>,
+    pub(super) gen: u64,
 }
 
-struct Conn {
-    id: u64,
-    sock: OwnedFd,
-    since: SystemTime,
+pub(super) struct Conn {
+    pub(super) id: u64,
+    pub(super) sock: OwnedFd,
+    pub(super) since: SystemTime,
     /// Pods this connection acked, with the generation acked.
-    acked: HashMap<String, u64>,
+    pub(super) acked: HashMap<String, u64>,
     /// Pods this connection refused, with its error.
-    refused: HashMap<String, String>,
+    pub(super) refused: HashMap<String, String>,
 }
 
 #[derive(Default)]
-struct State {
-    pods: BTreeMap<String, Workload>,
-    conn: Option<Conn>,
-    gen: u64,
+pub(super) struct State {
+    pub(super) pods: BTreeMap<String, Workload>,
+    pub(super) conn: Option<Conn>,
+    pub(super) gen: u64,
 }
 
 type OnChange = Box<dyn Fn() + Send + Sync>;
 
-struct Inner {
+pub(super) struct Inner {
     state: Mutex<State>,
-    deadline: Duration,
-    stop: AtomicBool,
+    pub(super) deadline: Duration,
+    pub(super) stop: AtomicBool,
     /// Hellos wait until the agent knows every enrolled pod: a snapshot that missed one would
     /// make ztunnel drop it.
-    serving: AtomicBool,
-    connections: AtomicU64,
-    next_id: AtomicU64,
-    handshakes: AtomicUsize,
+    pub(super) serving: AtomicBool,
+    pub(super) connections: AtomicU64,
+    pub(super) next_id: AtomicU64,
+    pub(super) handshakes: AtomicUsize,
     /// Called when a connection comes or goes.
     on_change: Mutex<Option<OnChange>>,
-    closed: Mutex<Closed>,
+    pub(super) closed: Mutex<Closed>,
 }
 
 /// The ZDS server; dropping it stops accepting and closes the connection.
@@ -186,7 +177,7 @@ impl ZdsServer {
         let for_thread = inner.clone();
         let accept = std::thread::Builder::new()
             .name("zds-accept".into())
-            .spawn(move || door(&for_thread, &listener))?;
+            .spawn(move || super::handshake::door(&for_thread, &listener))?;
         Ok(ZdsServer {
             inner,
             path: path.to_owned(),
@@ -397,12 +388,12 @@ impl Drop for ZdsServer {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding it leaves the map as it was between two requests.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn changed(&self) {
+    pub(super) fn changed(&self) {
         if let Some(f) = self
             .on_change
             .lock()
@@ -459,7 +450,7 @@ impl Inner {
 
     /// Run by the door's thread between connections: the idle connection looked at, unless
     /// a request holds it (that request sees a hang-up itself).
-    fn liveness(&self) {
+    pub(super) fn liveness(&self) {
         let Ok(mut state) = self.state.try_lock() else {
             return;
         };
@@ -479,7 +470,7 @@ fn hung_up(sock: BorrowedFd<'_>) -> bool {
 }
 
 /// One request and its answer: `None` for an ack, the error of a nack.
-fn exchange(
+pub(super) fn exchange(
     sock: BorrowedFd<'_>,
     request: &WorkloadRequest,
     fd: Option<BorrowedFd<'_>>,
@@ -498,7 +489,7 @@ fn exchange(
     }
 }
 
-fn bad(what: &str) -> io::Error {
+pub(super) fn bad(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("ztunnel sent {what}"))
 }
 
@@ -519,193 +510,4 @@ fn check_folder(path: &Path) -> io::Result<()> {
             ),
         )),
     }
-}
-
-/// The listener's thread: hellos let in by the door, each handshake on a thread of its own;
-/// the idle connection watched in between.
-fn door(inner: &Arc<Inner>, listener: &OwnedFd) {
-    let limits = Limits {
-        waiting: WAITING_HELLOS,
-        first_datagram: inner.deadline,
-        max: wire::MAX_DATAGRAM,
-        tick: LIVENESS,
-    };
-    // Hellos that came while the agent was still learning its pods, oldest first.
-    let parked = std::cell::RefCell::new(std::collections::VecDeque::new());
-    let first = |sock: OwnedFd, hello: io::Result<Datagram>| {
-        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        match hello {
-            Err(e) => tracing::warn!("ZDS connection {id} dropped before its hello: {e}"),
-            Ok(hello) if inner.serving.load(Ordering::Relaxed) => {
-                start_handshake(inner, id, sock, hello)
-            }
-            Ok(hello) => {
-                let mut parked = parked.borrow_mut();
-                parked.push_back((id, sock, hello));
-                if parked.len() > HANDSHAKES {
-                    parked.pop_front();
-                }
-            }
-        }
-    };
-    let tick = |closed: Closed| {
-        if inner.serving.load(Ordering::Relaxed) {
-            for (id, sock, hello) in parked.borrow_mut().drain(..) {
-                start_handshake(inner, id, sock, hello);
-            }
-        }
-        inner.liveness();
-        let mut seen = inner.closed.lock().unwrap_or_else(|p| p.into_inner());
-        if closed != *seen {
-            tracing::warn!(
-                "ZDS: {} connection(s) closed before their hello ({} to make room, {} at the \
-                 {:?} deadline); a ztunnel says hello as soon as it connects",
-                closed.evicted + closed.timed_out - seen.evicted - seen.timed_out,
-                closed.evicted - seen.evicted,
-                closed.timed_out - seen.timed_out,
-                inner.deadline
-            );
-            *seen = closed;
-        }
-    };
-    gate::serve(listener, limits, &inner.stop, first, tick);
-}
-
-/// Runs the handshake of connection `id` on a thread of its own, unless too many are under
-/// way.
-fn start_handshake(inner: &Arc<Inner>, id: u64, sock: OwnedFd, hello: Datagram) {
-    if inner.handshakes.fetch_add(1, Ordering::AcqRel) >= HANDSHAKES {
-        inner.handshakes.fetch_sub(1, Ordering::AcqRel);
-        tracing::warn!(
-            "ZDS connection {id} dropped: {HANDSHAKES} handshakes are already under way"
-        );
-        return;
-    }
-    let for_thread = inner.clone();
-    let spawned = std::thread::Builder::new()
-        .name(format!("zds-hello-{id}"))
-        .spawn(move || {
-            if let Err(e) = handshake(&for_thread, id, sock, &hello) {
-                tracing::warn!("ZDS connection {id} dropped: {e}");
-            }
-            for_thread.handshakes.fetch_sub(1, Ordering::AcqRel);
-        });
-    if let Err(e) = spawned {
-        inner.handshakes.fetch_sub(1, Ordering::AcqRel);
-        tracing::warn!("ZDS connection {id} dropped: no thread for its handshake: {e}");
-    }
-}
-
-/// A connection's hello, then the snapshot: every pod held, sent without the server's lock
-/// (a ztunnel that stops answering holds up no one), then under the lock what changed
-/// meanwhile and `SnapshotSent`; then it becomes the connection requests go to.
-fn handshake(inner: &Inner, id: u64, sock: OwnedFd, hello: &Datagram) -> io::Result<()> {
-    seqpacket::set_timeouts(&sock, inner.deadline)?;
-    let version = match ZdsHello::decode(hello.bytes.as_slice()) {
-        Ok(h) if h.version == VERSION_V1 => h.version,
-        Ok(h) => {
-            return Err(bad(&format!(
-                "hello with version {} (this agent speaks 1)",
-                h.version
-            )))
-        }
-        Err(e) => {
-            return Err(bad(&format!(
-                "a first datagram that is not a ZdsHello ({e})"
-            )))
-        }
-    };
-    let copy: Vec<(String, WorkloadInfo, Option<OwnedFd>, u64)> = {
-        let state = inner.lock();
-        state
-            .pods
-            .iter()
-            .map(|(uid, w)| {
-                let fd = w.netns.as_ref().and_then(|f| f.try_clone().ok());
-                (uid.clone(), w.info.clone(), fd, w.gen)
-            })
-            .collect()
-    };
-    let mut conn = Conn {
-        id,
-        sock,
-        since: SystemTime::now(),
-        acked: HashMap::new(),
-        refused: HashMap::new(),
-    };
-    for (uid, info, fd, gen) in &copy {
-        send_one(&mut conn, uid, info, fd.as_ref(), *gen)?;
-    }
-    let mut state = inner.lock();
-    // What changed while the snapshot was sent.
-    let sent: HashMap<&String, u64> = copy.iter().map(|(u, _, _, g)| (u, *g)).collect();
-    let changed: Vec<(String, WorkloadInfo, Option<OwnedFd>, u64)> = state
-        .pods
-        .iter()
-        .filter(|(uid, w)| sent.get(uid) != Some(&w.gen))
-        .map(|(uid, w)| {
-            let fd = w.netns.as_ref().and_then(|f| f.try_clone().ok());
-            (uid.clone(), w.info.clone(), fd, w.gen)
-        })
-        .collect();
-    for (uid, info, fd, gen) in &changed {
-        send_one(&mut conn, uid, info, fd.as_ref(), *gen)?;
-    }
-    let gone: Vec<String> = copy
-        .iter()
-        .map(|(u, ..)| u.clone())
-        .filter(|u| !state.pods.contains_key(u))
-        .collect();
-    for uid in gone {
-        exchange(conn.sock.as_fd(), &WorkloadRequest::del(&uid), None)?;
-        conn.acked.remove(&uid);
-    }
-    if let Some(error) = exchange(conn.sock.as_fd(), &WorkloadRequest::snapshot_sent(), None)? {
-        return Err(bad(&format!("a nack of snapshot-sent: {error}")));
-    }
-    let (held, refused) = (state.pods.len(), conn.refused.len());
-    if let Some(old) = state.conn.replace(conn) {
-        tracing::info!("ZDS connection {id} replaces connection {}", old.id);
-    }
-    inner.connections.fetch_add(1, Ordering::Relaxed);
-    drop(state);
-    tracing::info!(
-        "ZDS connection {id}: ztunnel said hello (version {version}), got {held} pod(s) and \
-         the end of the snapshot{}",
-        match refused {
-            0 => String::new(),
-            n => format!("; it refused {n} (sent again on the next pass)"),
-        }
-    );
-    inner.changed();
-    Ok(())
-}
-
-/// One pod of a snapshot: `add` with its namespace, or `keep`; the answer recorded.
-fn send_one(
-    conn: &mut Conn,
-    uid: &str,
-    info: &WorkloadInfo,
-    fd: Option<&OwnedFd>,
-    gen: u64,
-) -> io::Result<()> {
-    let request = match fd {
-        Some(_) => WorkloadRequest::add(uid, info.clone()),
-        None => WorkloadRequest::keep(uid),
-    };
-    match exchange(conn.sock.as_fd(), &request, fd.map(|f| f.as_fd()))? {
-        None => {
-            conn.acked.insert(uid.to_owned(), gen);
-        }
-        Some(error) => {
-            // ztunnel keeps serving the rest; the pod is sent again on the next pass.
-            tracing::warn!(
-                "ZDS connection {}: ztunnel refused {}: {error}",
-                conn.id,
-                request.describe()
-            );
-            conn.refused.insert(uid.to_owned(), error);
-        }
-    }
-    Ok(())
 }
