@@ -1,7 +1,8 @@
 //! One error type for a user of the library. Each variant holds the error of the part that
-//! failed, which names the value and the fix; `Display` is that message, unchanged, and
-//! `source()` returns the part's own error, to match on (`downcast_ref`) when a caller needs
-//! more than the message.
+//! failed, which names the value and the fix, and is transparent: `Display` is that message and
+//! `source()` is that error's own source, so a chain reporter (anyhow's `{:#}`, a program's own)
+//! prints each message once. Match on the variant (and its error) when a caller needs more than
+//! the message.
 
 use redirect_kernel::{netns, nft, routes};
 
@@ -13,21 +14,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A config value that cannot be planned: the field, the value, and what is accepted.
-    #[error("{0}")]
-    Config(#[source] redirect_model::Error),
+    #[error(transparent)]
+    Config(redirect_model::Error),
 
     /// The namespace could not be opened, is not a network namespace, or could not be entered.
-    #[error("{0}")]
-    Namespace(#[source] netns::Error),
+    #[error(transparent)]
+    Namespace(netns::Error),
 
     /// nftables refused our table, or a read of it did not settle.
-    #[error("{0}")]
-    Rules(#[source] nft::Error),
+    #[error(transparent)]
+    Rules(nft::Error),
 
     /// The routes beside the rules (TPROXY policy routing, `::6` on `lo`) or the interfaces'
     /// addresses could not be read or written.
-    #[error("{0}")]
-    Routes(#[source] routes::Error),
+    #[error(transparent)]
+    Routes(routes::Error),
 
     /// An external tool failed: the iptables backend's `iptables-restore`, which only the
     /// Istio layer runs.

@@ -101,7 +101,10 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     // Opened once: both reads below enter this descriptor, whatever the path names later.
     let ns = netns::Netns::open(&path).map_err(|e| match e {
-        netns::Error::Open { path, source } => Error::Netns { path, source },
+        netns::Error::Open { path, cause } => Error::Netns {
+            path,
+            source: cause,
+        },
         other => other.into(),
     })?;
     let mut settings = args::settings(r)?;

@@ -751,7 +751,7 @@ fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
     let what = "removing the pod's capture";
     let ns = match Netns::open(Path::new(&netns)) {
         Ok(ns) => ns,
-        Err(netns::Error::Open { source, .. })
+        Err(netns::Error::Open { cause: source, .. })
             if matches!(
                 source.raw_os_error(),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR)

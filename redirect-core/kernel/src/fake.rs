@@ -82,7 +82,7 @@ impl Fake {
             return Err(Error::from(nft::Error::Rejected {
                 what: "a write to the fake namespace".into(),
                 errno: libc::EPERM,
-                source: std::io::Error::from_raw_os_error(libc::EPERM),
+                cause: std::io::Error::from_raw_os_error(libc::EPERM),
                 hint: crate::errno_hint(libc::EPERM),
             }));
         }

@@ -31,8 +31,12 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The namespace file could not be opened.
-    #[error("cannot open network namespace {path}: {source}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
-    Open { path: PathBuf, source: io::Error },
+    #[error("cannot open network namespace {path}: {cause}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
+    Open {
+        path: PathBuf,
+        /// The open's error (in the message, not a `source()`).
+        cause: io::Error,
+    },
 
     /// The path opened, but what it names is not a network namespace (a regular file such as
     /// the mount point a namespace left behind, a directory, another kind of namespace).
@@ -41,10 +45,14 @@ pub enum Error {
 
     /// `setns` into the namespace failed.
     #[error(
-        "cannot enter network namespace {path}: {source}; {}",
-        enter_hint(source)
+        "cannot enter network namespace {path}: {cause}; {}",
+        enter_hint(cause)
     )]
-    Enter { path: PathBuf, source: io::Error },
+    Enter {
+        path: PathBuf,
+        /// `setns`'s error (in the message, not a `source()`).
+        cause: io::Error,
+    },
 
     /// The thread that ran inside the namespace panicked or could not start.
     #[error("worker thread for network namespace {path} failed: {reason}")]
@@ -85,9 +93,9 @@ impl Netns {
     /// gone), [`Error::NotNetns`] when it is something else (the empty mount point a namespace
     /// leaves when it is unmounted, a directory, another kind of namespace).
     pub fn open(path: &Path) -> Result<Netns> {
-        let file = File::open(path).map_err(|source| Error::Open {
+        let file = File::open(path).map_err(|cause| Error::Open {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
         Netns::from_file(file, path)
     }
@@ -98,9 +106,9 @@ impl Netns {
             path: path.to_owned(),
             found,
         };
-        let io = |source: io::Error| Error::Open {
+        let io = |cause: io::Error| Error::Open {
             path: path.to_owned(),
-            source,
+            cause,
         };
         let meta = file.metadata().map_err(io)?;
         let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| io(e.into()))?;
@@ -191,7 +199,7 @@ fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -
             .spawn_scoped(scope, || -> Result<T> {
                 setns(ns, CloneFlags::CLONE_NEWNET).map_err(|errno| Error::Enter {
                     path: path.to_owned(),
-                    source: io::Error::from(errno),
+                    cause: io::Error::from(errno),
                 })?;
                 Ok(f())
             })

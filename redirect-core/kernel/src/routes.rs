@@ -50,29 +50,32 @@ pub enum Error {
     },
 
     /// A routing (rtnetlink) request failed.
-    #[error("{what} ({family}) failed: {source} (errno {errno}){hint}")]
+    #[error("{what} ({family}) failed: {cause} (errno {errno}){hint}")]
     Route {
         what: String,
         family: Family,
         errno: i32,
-        source: io::Error,
+        /// The errno as an error (in the message, not a `source()`).
+        cause: io::Error,
         hint: &'static str,
     },
 
     /// A request about a network interface (rtnetlink link) failed.
-    #[error("{what} failed: {source} (errno {errno}){hint}")]
+    #[error("{what} failed: {cause} (errno {errno}){hint}")]
     Link {
         what: String,
         errno: i32,
-        source: io::Error,
+        /// The errno as an error (in the message, not a `source()`).
+        cause: io::Error,
         hint: &'static str,
     },
 
     /// A netlink socket operation failed before the kernel answered.
-    #[error("netlink {op} failed: {source}{hint}")]
+    #[error("netlink {op} failed: {cause}{hint}")]
     Netlink {
         op: &'static str,
-        source: io::Error,
+        /// The socket's error (in the message, not a `source()`).
+        cause: io::Error,
         hint: &'static str,
     },
 }
@@ -542,7 +545,7 @@ fn route_error(what: String, family: Family, errno: i32) -> Error {
         what,
         family,
         errno,
-        source: io::Error::from_raw_os_error(errno),
+        cause: io::Error::from_raw_os_error(errno),
         hint: route_hint(errno),
     }
 }
@@ -551,15 +554,15 @@ fn link_error(what: String, errno: i32) -> Error {
     Error::Link {
         what,
         errno,
-        source: io::Error::from_raw_os_error(errno),
+        cause: io::Error::from_raw_os_error(errno),
         hint: route_hint(errno),
     }
 }
 
 fn netlink_error(op: &'static str) -> impl FnOnce(io::Error) -> Error {
-    move |source| Error::Netlink {
+    move |cause| Error::Netlink {
         op,
-        source,
+        cause,
         hint: "",
     }
 }

@@ -211,7 +211,10 @@ fn run_in_on_a_missing_path_is_netns_open_naming_the_path() {
         .and_then(|ns| ns.run(|| ran.store(true, Ordering::SeqCst)))
         .unwrap_err();
     match &err {
-        redirect_kernel::netns::Error::Open { path: p, source } => {
+        redirect_kernel::netns::Error::Open {
+            path: p,
+            cause: source,
+        } => {
             assert_eq!(p, &path);
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         }

@@ -26,6 +26,7 @@ use tokio::sync::watch as signal;
 use tokio::sync::{mpsc, Notify};
 
 use super::dataplane::{Dataplane, PassReport, Rules, Stage};
+use super::error::AmbientError;
 use super::identity::Binding;
 use super::plugin_requests::PluginRequest;
 use super::pods::{self, Want};
@@ -376,7 +377,12 @@ impl Controller {
     }
 
     /// Brings pod `uid` where it should be: enrolled, released, annotated.
-    async fn reconcile(&self, state: &mut State, uid: &str, first: bool) -> Result<(), String> {
+    async fn reconcile(
+        &self,
+        state: &mut State,
+        uid: &str,
+        first: bool,
+    ) -> Result<(), AmbientError> {
         let id = uid.to_owned();
         let enrolled = self.with_dataplane(move |dp| dp.stage(&id)).await;
         let Some(pod) = state.pods.get(uid).cloned() else {
@@ -432,12 +438,13 @@ impl Controller {
     /// The API's addresses of an enrolled pod checked against its namespace; a namespace that
     /// does not hold them is not the pod's: released, and the pod enrolled again in the one
     /// the agent's own search finds.
-    async fn confirm(&self, state: &mut State, pod: &Pod) -> Result<(), String> {
+    async fn confirm(&self, state: &mut State, pod: &Pod) -> Result<(), AmbientError> {
         let (uid, api) = (pod.metadata.uid.clone().unwrap_or_default(), pods::ips(pod));
         let id = uid.clone();
-        let confirmed = self.with_dataplane(move |dp| dp.confirm(&id, &api)).await;
-        let Err(why) = confirmed else {
-            return Ok(());
+        let why = match self.with_dataplane(move |dp| dp.confirm(&id, &api)).await {
+            Ok(_) => return Ok(()),
+            Err(why @ AmbientError::NotItsNamespace { .. }) => why,
+            Err(other) => return Err(other),
         };
         tracing::warn!(
             "ambient: pod {}: {why}: released from it, its namespace searched for",
@@ -452,7 +459,7 @@ impl Controller {
     /// Finds the pod's namespace on the node (by its cgroup, and its address when it has one)
     /// and enrolls it there; a pod an earlier agent enrolled whose namespace cannot be found
     /// is kept in ztunnel as it is.
-    async fn enroll_found(&self, pod: &Pod, rules: Rules) -> Result<Stage, String> {
+    async fn enroll_found(&self, pod: &Pod, rules: Rules) -> Result<Stage, AmbientError> {
         let who = pods::label(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let ip = pods::ips(pod).first().copied();
@@ -462,19 +469,17 @@ impl Controller {
                 // Enrolled before: ztunnel keeps serving it as it is.
                 tracing::warn!("ambient: pod {who}: {e}; ztunnel is told to keep it");
                 let (r, cfg) = (pods::pod_ref(pod), self.pod_config(pod)?);
-                return self
+                return Ok(self
                     .with_dataplane(move |dp| dp.enroll(&r, None, &cfg, rules))
-                    .await
-                    .map(|(stage, _)| stage)
-                    .map_err(|e| e.to_string());
+                    .await?
+                    .0);
             }
             Err(e) => return Err(e),
         };
         let (r, cfg) = (pods::pod_ref(pod), self.pod_config(pod)?);
         let (stage, refused) = self
             .with_dataplane(move |dp| dp.enroll(&r, Some((netns, Binding::Search)), &cfg, rules))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if let Some(e) = refused {
             tracing::warn!("ambient: pod {who}: {e}");
         }
@@ -483,21 +488,27 @@ impl Controller {
     }
 
     /// The agent's own search for pod `uid`'s namespace under the host's `/proc`.
-    async fn search(&self, uid: &str, ip: Option<IpAddr>) -> Result<redirect_core::Netns, String> {
+    async fn search(
+        &self,
+        uid: &str,
+        ip: Option<IpAddr>,
+    ) -> Result<redirect_core::Netns, AmbientError> {
         let (places, uid) = (self.places.clone(), uid.to_owned());
-        tokio::task::spawn_blocking(move || match ip {
+        let found = tokio::task::spawn_blocking(move || match ip {
             Some(ip) => crate::repair::pod_netns::find(&places.proc, &places.pins, &uid, ip),
             None => crate::repair::pod_netns::find_by_uid(&places.proc, &uid),
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+        .await?;
+        Ok(found?)
     }
 
-    pub(super) fn pod_config(&self, pod: &Pod) -> Result<redirect_core::AmbientConfig, String> {
+    pub(super) fn pod_config(
+        &self,
+        pod: &Pod,
+    ) -> Result<redirect_core::AmbientConfig, AmbientError> {
         let (cfg, warnings) =
             redirect_core::istio::ambient::pod_config(&pods::annotations(pod), &self.settings.base)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| AmbientError::Annotations { error: e.into() })?;
         for w in warnings {
             tracing::warn!("ambient: pod {}: {w}", pods::label(pod));
         }
@@ -548,7 +559,12 @@ impl Controller {
 
     /// Sets the pod's `ambient.istio.io/redirection` to what `stage` says (nothing is written
     /// when it says so already).
-    async fn annotate(&self, state: &mut State, pod: &Pod, stage: Stage) -> Result<(), String> {
+    async fn annotate(
+        &self,
+        state: &mut State,
+        pod: &Pod,
+        stage: Stage,
+    ) -> Result<(), AmbientError> {
         let carried = pods::redirection(pod);
         let value = annotation_for(stage, carried);
         if carried == Some(value) {
@@ -558,7 +574,7 @@ impl Controller {
     }
 
     /// Removes the pod's `ambient.istio.io/redirection`.
-    async fn unannotate(&self, state: &mut State, pod: &Pod) -> Result<(), String> {
+    async fn unannotate(&self, state: &mut State, pod: &Pod) -> Result<(), AmbientError> {
         if pods::redirection(pod).is_none() {
             return Ok(());
         }
@@ -573,7 +589,7 @@ impl Controller {
         state: &mut State,
         pod: &Pod,
         value: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AmbientError> {
         let patch = serde_json::json!({"metadata": {"annotations": {REDIRECTION: value}}});
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
@@ -583,7 +599,11 @@ impl Controller {
         let written = api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| format!("annotating {REDIRECTION}={value:?}: {e}"))?;
+            .map_err(|error| AmbientError::Annotate {
+                key: REDIRECTION,
+                value: value.map(str::to_owned),
+                error: Box::new(error),
+            })?;
         if let (Some(uid), Some(rv)) = (
             written.metadata.uid.clone(),
             written.metadata.resource_version.clone(),

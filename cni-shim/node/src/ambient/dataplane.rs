@@ -19,6 +19,7 @@ use std::time::{Instant, SystemTime};
 
 use redirect_core::{AmbientConfig, HostProbeConfig, Namespace, Netns};
 
+use super::error::AmbientError;
 use super::identity::Binding;
 use super::zds::proto::WorkloadInfo;
 use super::zds::server::{Delivery, Held, ZdsError, ZdsServer};
@@ -75,25 +76,22 @@ pub enum Rules {
 #[derive(Debug, thiserror::Error)]
 pub enum AddError {
     /// The in-pod rules could not be programmed: nothing of ours is left in the pod.
-    #[error("cannot program the in-pod rules in {netns}: {source}")]
+    #[error("cannot program the in-pod rules in {netns}: {error}")]
     Rules {
         netns: String,
-        #[source]
-        source: redirect_core::Error,
+        error: redirect_core::Error,
     },
     /// The pod's addresses could not be put in the host's probe sets.
-    #[error("cannot add {ips} to the host's probe SNAT sets: {source}")]
+    #[error("cannot add {ips} to the host's probe SNAT sets: {error}")]
     Probe {
         ips: String,
-        #[source]
-        source: redirect_core::Error,
+        error: redirect_core::Error,
     },
     /// The namespace's descriptor could not be duplicated for ztunnel.
-    #[error("cannot hand {netns} to ztunnel: {source}")]
+    #[error("cannot hand {netns} to ztunnel: {error}")]
     Descriptor {
         netns: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -279,15 +277,13 @@ impl Dataplane {
             return Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), None));
         };
         let where_ = netns.path().display().to_string();
-        let fd = netns
-            .try_clone_fd()
-            .map_err(|source| AddError::Descriptor {
-                netns: where_.clone(),
-                source,
-            })?;
-        let failed = |source| AddError::Rules {
+        let fd = netns.try_clone_fd().map_err(|error| AddError::Descriptor {
             netns: where_.clone(),
-            source,
+            error,
+        })?;
+        let failed = |error| AddError::Rules {
+            netns: where_.clone(),
+            error,
         };
         let ns = namespace(&netns).map_err(failed)?;
         let mut pod = pod.clone();
@@ -349,9 +345,9 @@ impl Dataplane {
                 self.between.extend(repair.map(|r| ("host".to_string(), r)));
                 Ok(())
             }
-            Err(source) => Err(AddError::Probe {
+            Err(error) => Err(AddError::Probe {
                 ips: format!("{ips:?}"),
-                source,
+                error,
             }),
         }
     }
@@ -422,7 +418,7 @@ impl Dataplane {
 
     /// The pod's addresses out of the probe sets, but those another enrolled pod holds (an
     /// address handed to a new pod before the old one was released).
-    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Option<String> {
+    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Option<AmbientError> {
         let cfg = self.probe.as_ref()?;
         let ips: Vec<IpAddr> = probed(cfg, ips)
             .filter(|ip| {
@@ -435,14 +431,14 @@ impl Dataplane {
         let removed = Namespace::current().and_then(|ns| ns.host_probe_remove(cfg, &ips));
         removed
             .err()
-            .map(|e| format!("removing {ips:?} from the host's probe sets: {e}"))
+            .map(|error| AmbientError::ProbeRemove { ips, error })
     }
 
     /// The addresses the API lists for an enrolled pod, once it lists them: checked against
     /// the namespace held, then they replace the checked ones (in the probe sets too).
-    /// `Err` when the namespace does not hold them: it is not the pod's, and the caller
-    /// releases it.
-    pub fn confirm(&mut self, uid: &str, api: &[IpAddr]) -> Result<bool, String> {
+    /// [`AmbientError::NotItsNamespace`] when the namespace does not hold them: it is not the
+    /// pod's, and the caller releases it.
+    pub fn confirm(&mut self, uid: &str, api: &[IpAddr]) -> Result<bool, AmbientError> {
         let Some(e) = self.pods.get(uid) else {
             return Ok(false);
         };
@@ -456,16 +452,11 @@ impl Dataplane {
         let Some(netns) = &e.netns else {
             return Ok(false);
         };
-        match super::identity::holds(netns, api) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(format!(
-                    "the namespace bound to it ({}) does not hold the addresses the API lists \
-                     for it ({api:?})",
-                    netns.path().display()
-                ))
-            }
-            Err(e) => return Err(e.to_string()),
+        if !super::identity::holds(netns, api)? {
+            return Err(AmbientError::NotItsNamespace {
+                netns: netns.path().to_owned(),
+                api: api.to_vec(),
+            });
         }
         let old = e.pod.ips.clone();
         if let Some(e) = self.pods.get_mut(uid) {
@@ -473,7 +464,7 @@ impl Dataplane {
             e.binding = Some(Binding::ApiAddresses);
         }
         if old != api {
-            self.probe_add(api).map_err(|e| e.to_string())?;
+            self.probe_add(api)?;
             let gone: Vec<IpAddr> = old.into_iter().filter(|ip| !api.contains(ip)).collect();
             if let Some(p) = self.probe_remove(uid, &gone) {
                 return Err(p);
@@ -521,7 +512,7 @@ impl Dataplane {
             .get(uid)
             .and_then(|e| self.probe_remove(uid, &e.pod.ips))
         {
-            problems.push(p);
+            problems.push(p.to_string());
         }
         if let Err(e) = self.zds.del(uid) {
             problems.push(e.to_string());
@@ -777,9 +768,9 @@ fn probed<'a>(cfg: &'a HostProbeConfig, ips: &'a [IpAddr]) -> impl Iterator<Item
 fn namespace(netns: &Netns) -> redirect_core::Result<Namespace> {
     let fd = netns
         .try_clone_fd()
-        .map_err(|source| redirect_core::kernel::netns::Error::Open {
+        .map_err(|cause| redirect_core::kernel::netns::Error::Open {
             path: netns.path().to_owned(),
-            source,
+            cause,
         })?;
     let copy = Netns::from_file(std::fs::File::from(fd), netns.path())?;
     Namespace::from_netns(copy)

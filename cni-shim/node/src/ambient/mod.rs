@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod dataplane;
+pub mod error;
 pub mod gate;
 pub mod identity;
 pub mod plugin_requests;

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use super::controller::{Controller, State};
 use super::dataplane::{Rules, Stage};
+use super::error::AmbientError;
 use super::gate::{self, Closed, Limits};
 use super::identity::{self, Binding, Claim};
 use super::pods;
@@ -115,12 +116,13 @@ fn door(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
     let mut seen = Closed::default();
     let first = |conn: OwnedFd, got: std::io::Result<Datagram>| {
         let _ = seqpacket::set_timeouts(&conn, Duration::from_secs(1));
-        let (add, netns) = match got
-            .map_err(|e| format!("reading the request: {e}"))
-            .and_then(read_request)
-        {
+        let read = got.map_err(|error| AmbientError::Unreadable { error });
+        let (add, netns) = match read.and_then(read_request) {
             Ok(r) => r,
-            Err(error) => return answer_on(&conn, &AddAnswer::Failed { error }),
+            Err(e) => {
+                let error = e.to_string();
+                return answer_on(&conn, &AddAnswer::Failed { error });
+            }
         };
         if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT {
             in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -169,13 +171,13 @@ fn door(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
     gate::serve(sock, limits, stop, first, tick);
 }
 
-fn read_request(d: Datagram) -> Result<(AddRequest, OwnedFd), String> {
-    let add: AddRequest = serde_json::from_slice(&d.bytes)
-        .map_err(|e| format!("a request the agent cannot read: {e}"))?;
+fn read_request(d: Datagram) -> Result<(AddRequest, OwnedFd), AmbientError> {
+    let add: AddRequest =
+        serde_json::from_slice(&d.bytes).map_err(|error| AmbientError::BadRequest { error })?;
     let mut fds = d.fds.into_iter();
     match (fds.next(), fds.next()) {
         (Some(fd), None) => Ok((add, fd)),
-        _ => Err("a request must carry exactly one descriptor, the pod's network namespace".into()),
+        _ => Err(AmbientError::Descriptors),
     }
 }
 
@@ -186,7 +188,9 @@ impl Controller {
         let who = format!("{}/{}", r.add.namespace, r.add.name);
         let command = r.add.command;
         let answer = match self.decide_for_plugin(state, &r.add).await {
-            Err(error) => AddAnswer::Failed { error },
+            Err(e) => AddAnswer::Failed {
+                error: e.to_string(),
+            },
             Ok(Err(reason)) => AddAnswer::NotAmbient { reason },
             Ok(Ok(pod)) => match command {
                 Command::Add => self.enroll_for_plugin(state, &pod, r.add, r.netns).await,
@@ -221,7 +225,7 @@ impl Controller {
         &self,
         state: &mut State,
         add: &AddRequest,
-    ) -> Result<Result<Pod, String>, String> {
+    ) -> Result<Result<Pod, String>, AmbientError> {
         let cached = state.pods.values().find(|p| {
             p.metadata.namespace.as_deref() == Some(&add.namespace)
                 && p.metadata.name.as_deref() == Some(&add.name)
@@ -236,7 +240,10 @@ impl Controller {
                 let pod = Api::<Pod>::namespaced(self.client.clone(), &add.namespace)
                     .get(&add.name)
                     .await
-                    .map_err(|e| format!("reading pod {}/{}: {e}", add.namespace, add.name))?;
+                    .map_err(|error| AmbientError::Read {
+                        what: format!("pod {}/{}", add.namespace, add.name),
+                        error: Box::new(error),
+                    })?;
                 // Known before the watch brings it: the queue must not take it for deleted.
                 state.remember(&pod);
                 pod
@@ -246,7 +253,10 @@ impl Controller {
             let ns = Api::<KubeNamespace>::all(self.client.clone())
                 .get(&add.namespace)
                 .await
-                .map_err(|e| format!("reading namespace {}: {e}", add.namespace))?;
+                .map_err(|error| AmbientError::Read {
+                    what: format!("namespace {}", add.namespace),
+                    error: Box::new(error),
+                })?;
             state.namespaces.insert(
                 add.namespace.clone(),
                 ns.metadata.labels.unwrap_or_default(),
@@ -328,7 +338,7 @@ impl Controller {
         let failed = |error: String| AddAnswer::Failed { error };
         let netns =
             Netns::from_file(File::from(fd), Path::new(path)).map_err(|e| failed(e.to_string()))?;
-        let cfg = self.pod_config(pod).map_err(failed)?;
+        let cfg = self.pod_config(pod).map_err(|e| failed(e.to_string()))?;
         Ok((netns, cfg))
     }
 

@@ -37,7 +37,7 @@ pub fn generation(sock: &Socket) -> Result<u32> {
     }
     Err(Error::Netlink {
         op: "read the nf_tables generation",
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "no generation id"),
+        cause: std::io::Error::new(std::io::ErrorKind::InvalidData, "no generation id"),
         hint: "",
     })
 }
@@ -158,7 +158,7 @@ fn table_once(sock: &Socket, name: &str) -> Result<Option<TableState>> {
 fn bad(what: &'static str, e: DecodeError) -> Error {
     Error::Netlink {
         op: what,
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        cause: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
         hint: "",
     }
 }

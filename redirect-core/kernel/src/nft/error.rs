@@ -8,10 +8,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A netlink socket operation failed before the kernel answered.
-    #[error("netlink {op} failed: {source}{hint}")]
+    #[error("netlink {op} failed: {cause}{hint}")]
     Netlink {
         op: &'static str,
-        source: io::Error,
+        /// The socket's error (in the message: not a `source()`, so that a chain reporter
+        /// prints it once).
+        cause: io::Error,
         hint: &'static str,
     },
 
@@ -21,11 +23,12 @@ pub enum Error {
     ReadUnsettled { tries: usize },
 
     /// The kernel rejected an nf_tables message.
-    #[error("the kernel rejected {what}: {source} (errno {errno}){hint}")]
+    #[error("the kernel rejected {what}: {cause} (errno {errno}){hint}")]
     Rejected {
         what: String,
         errno: i32,
-        source: io::Error,
+        /// The errno as an error (in the message, not a `source()`).
+        cause: io::Error,
         hint: &'static str,
     },
 }

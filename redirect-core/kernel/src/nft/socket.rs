@@ -42,7 +42,7 @@ fn netlink_err(op: &'static str) -> impl Fn(io::Error) -> Error {
     move |e| Error::Netlink {
         op,
         hint: errno_hint(e.raw_os_error().unwrap_or(0)),
-        source: e,
+        cause: e,
     }
 }
 
@@ -50,7 +50,7 @@ fn rejected(what: String, errno: i32) -> Error {
     Error::Rejected {
         what,
         errno,
-        source: io::Error::from_raw_os_error(errno),
+        cause: io::Error::from_raw_os_error(errno),
         hint: errno_hint(errno),
     }
 }
@@ -58,7 +58,7 @@ fn rejected(what: String, errno: i32) -> Error {
 fn decode_err(op: &'static str, e: impl std::fmt::Display) -> Error {
     Error::Netlink {
         op,
-        source: io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+        cause: io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
         hint: "",
     }
 }

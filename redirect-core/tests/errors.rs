@@ -1,0 +1,85 @@
+//! One error, printed once: for each kind of `redirect_core::Error`, walking its chain
+//! (`Display`, then each `source()`) finds no message twice, neither equal to another nor
+//! standing inside the one before it, so a chain reporter (anyhow's `{:#}`, `eyre`, a
+//! program's own) prints each thing once; and the first message still names the value.
+
+use std::error::Error as _;
+use std::io;
+
+use redirect_core::kernel::{nft, routes};
+use redirect_core::{CaptureConfig, Error, Family, Namespace};
+
+/// The messages of `e`'s chain, outermost first.
+fn chain(e: &Error) -> Vec<String> {
+    let mut out = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push(s.to_string());
+        next = s.source();
+    }
+    out
+}
+
+fn assert_once(kind: &str, e: &Error, names: &str) {
+    let msgs = chain(e);
+    for (i, outer) in msgs.iter().enumerate() {
+        for inner in &msgs[i + 1..] {
+            assert!(
+                !outer.contains(inner.as_str()),
+                "{kind}: a chain reporter would print {inner:?} twice: {msgs:#?}"
+            );
+        }
+    }
+    assert!(
+        msgs[0].contains(names),
+        "{kind}: {:?} does not name {names:?}",
+        msgs[0]
+    );
+}
+
+#[test]
+fn each_kind_prints_each_message_once() {
+    let mut bad = CaptureConfig::istio_sidecar_default();
+    bad.envoy_port = 0;
+    let config: Error = bad.validated().unwrap_err().into();
+    assert!(matches!(config, Error::Config(_)));
+    assert_once("Config", &config, "0");
+
+    let namespace = Namespace::open("/nonexistent/redirect-errors-test")
+        .err()
+        .unwrap();
+    assert!(matches!(namespace, Error::Namespace(_)));
+    assert_once("Namespace", &namespace, "/nonexistent/redirect-errors-test");
+
+    let rules: Error = nft::Error::Rejected {
+        what: "our table".into(),
+        errno: libc::EPERM,
+        cause: io::Error::from_raw_os_error(libc::EPERM),
+        hint: "",
+    }
+    .into();
+    assert!(matches!(rules, Error::Rules(_)));
+    assert_once("Rules", &rules, "our table");
+
+    let routes: Error = routes::Error::Route {
+        what: "adding the TPROXY rule".into(),
+        family: Family::V6,
+        errno: libc::EACCES,
+        cause: io::Error::from_raw_os_error(libc::EACCES),
+        hint: "",
+    }
+    .into();
+    assert!(matches!(routes, Error::Routes(_)));
+    assert_once("Routes", &routes, "TPROXY rule");
+
+    let tool = Error::Tool {
+        tool: "iptables-restore".into(),
+        detail: "exit 2".into(),
+    };
+    assert_once("Tool", &tool, "iptables-restore");
+
+    // Through the Istio layer's error, as the programs get them.
+    let via_istio: Error =
+        redirect_core::istio::Error::from(nft::Error::ReadUnsettled { tries: 10 }).into();
+    assert_once("Rules via istio", &via_istio, "10 reads");
+}
