@@ -3,16 +3,16 @@
 //! pass does it.
 //!
 //! - `open+check`: a `Namespace` opened on the held descriptor (a thread enters the namespace
-//!   and opens the netlink sockets there), then `check_ambient` (the table's dump, the reply
+//!   and opens the netlink sockets there), then `check` of a `Capture::Ambient` (the table's dump, the reply
 //!   routing of both families);
-//! - `check`: `check_ambient` on a `Namespace` kept open;
-//! - `check since, unchanged`: `check_ambient_since` on a kept `Namespace` with the
+//! - `check`: `check` on a `Namespace` kept open;
+//! - `check since, unchanged`: `check_since` on a kept `Namespace` with the
 //!   generation its last read returned (what the agent's pass does per pod): the table's dump
 //!   skipped, the reply routing read;
 //! - `generation`: only the ruleset's generation, on a kept socket.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use redirect_core::{AmbientConfig, Namespace, Netns};
+use redirect_core::{AmbientConfig, Capture, Namespace, Netns};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 fn ambient_check(c: &mut Criterion) {
@@ -22,8 +22,9 @@ fn ambient_check(c: &mut Criterion) {
     let pod = TestNetns::with_prefix("rdbenchamb");
     pod.sh("ip link set lo up");
     let cfg = AmbientConfig::default();
+    let capture = Capture::Ambient(cfg.clone());
     Namespace::open(pod.path())
-        .and_then(|ns| ns.apply_ambient(&cfg))
+        .and_then(|ns| ns.apply(&cfg.clone().into()))
         .expect("apply");
     let held = Netns::open(pod.path()).expect("open");
     let mut g = c.benchmark_group("ambient pass, per pod");
@@ -32,18 +33,18 @@ fn ambient_check(c: &mut Criterion) {
             let fd = held.try_clone_fd().expect("dup");
             let netns = Netns::from_file(std::fs::File::from(fd), held.path()).expect("netns");
             let ns = Namespace::from_netns(netns).expect("namespace");
-            assert!(ns.check_ambient(&cfg).expect("check").is_empty());
+            assert!(ns.check(&capture).expect("check").is_empty());
         })
     });
     let kept = Namespace::open(pod.path()).expect("namespace");
     g.bench_function("check", |b| {
-        b.iter(|| assert!(kept.check_ambient(&cfg).expect("check").is_empty()))
+        b.iter(|| assert!(kept.check(&capture).expect("check").is_empty()))
     });
-    let (_, seen) = kept.check_ambient_since(&cfg, None).expect("check");
+    let (_, seen) = kept.check_since(&capture, None).expect("check");
     assert!(seen.is_some());
     g.bench_function("check since, unchanged", |b| {
         b.iter(|| {
-            let (d, again) = kept.check_ambient_since(&cfg, seen).expect("check");
+            let (d, again) = kept.check_since(&capture, seen).expect("check");
             assert!(d.is_empty() && again == seen);
         })
     });

@@ -75,7 +75,9 @@ fn apply(c: &mut Criterion) {
                             let config = cfg.clone().validated().expect("valid");
                             drop(
                                 redirect_core::Namespace::current()
-                                    .and_then(|ns| ns.apply(&config))
+                                    .and_then(|ns| {
+                                        ns.apply(&redirect_core::Capture::Sidecar(config.clone()))
+                                    })
                                     .expect("capture"),
                             )
                         })

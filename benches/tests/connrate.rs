@@ -44,7 +44,7 @@ fn counts_redirected_connections_and_fails_without_rules() {
         let ns = pod();
         let config = cfg.validated().expect("valid");
         redirect_core::Namespace::open(ns.path())
-            .and_then(|pod| pod.apply(&config))
+            .and_then(|pod| pod.apply(&redirect_core::Capture::Sidecar(config.clone())))
             .expect("apply");
         let (code, out, err) = connrate(&ns);
         assert_eq!(code, 0, "stdout {out} stderr {err}");

@@ -17,7 +17,7 @@ use std::error::Error;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use redirect_core::{original_dst, CaptureConfig, Namespace};
+use redirect_core::{original_dst, Capture, CaptureConfig, Namespace};
 
 fn main() {
     if let Err(e) = run() {
@@ -30,7 +30,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let path = std::env::args()
         .nth(1)
         .ok_or("usage: capture NETNS_PATH (for example /run/netns/demo)")?;
-    let config = CaptureConfig::istio_sidecar_default().validated()?;
+    let config = Capture::Sidecar(CaptureConfig::istio_sidecar_default().validated()?);
     let pod = Namespace::open(&path)?;
 
     let rules = pod.apply(&config)?;

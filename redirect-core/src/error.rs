@@ -71,6 +71,7 @@ impl From<redirect_kernel::Error> for Error {
             redirect_kernel::Error::Netns(e) => e.into(),
             redirect_kernel::Error::Nft(e) => e.into(),
             redirect_kernel::Error::Routes(e) => e.into(),
+            redirect_kernel::Error::Model(e) => e.into(),
         }
     }
 }

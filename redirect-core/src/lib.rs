@@ -2,39 +2,62 @@
 //! nftables table per network namespace, written in one atomic batch.
 //!
 //! ```no_run
-//! use redirect_core::{CaptureConfig, Namespace, SystemGroups};
+//! use redirect_core::{Capture, CaptureConfig, Namespace, SystemGroups};
 //!
 //! fn main() -> Result<(), redirect_core::Error> {
 //!     let mut config = CaptureConfig::istio_sidecar_default();
 //!     config.inbound_exclude_ports.push(8080); // inbound 8080 reaches the app directly
-//!     let config = config.validated()?;
-//!     println!("{}", redirect_core::render::nft_script(&config.plan(&SystemGroups)?));
+//!     let capture = Capture::Sidecar(config.validated()?);
+//!     println!("{}", redirect_core::render::nft_script_of(&capture, &capture.plan(&SystemGroups)?));
 //!     let pod = Namespace::open("/run/netns/pod")?;
-//!     pod.apply(&config)?;
-//!     assert!(pod.check(&config)?.is_empty());
+//!     pod.apply(&capture)?;
+//!     assert!(pod.check(&capture)?.is_empty());
 //!     Ok(())
 //! }
 //! ```
 //!
-//! The pipeline: a [`CaptureConfig`] (every parameter of Istio's `istio-iptables`, typed;
-//! [`CaptureConfig::istio_sidecar_default`] is what Istio's injector asks for) is validated
-//! once into a [`ValidConfig`], which [`ValidConfig::plan`] turns into a [`Ruleset`]: chains,
-//! rules and sets that send every packet where Istio's rules send it. The ruleset is then
+//! A namespace's capture is one [`Capture`], of one of three kinds, each planned, applied,
+//! checked, read and removed the same way through a [`Namespace`]:
 //!
-//! - rendered: [`render::nft_script`] (an `nft -f` script), [`render::iptables_restore_all`]
-//!   (`iptables-restore` input, for kernels without nf_tables);
+//! - [`Capture::Sidecar`]: Istio's sidecar capture. A [`CaptureConfig`] holds every parameter
+//!   of Istio's `istio-iptables`, typed ([`CaptureConfig::istio_sidecar_default`] is what
+//!   Istio's injector asks for); it is validated once into a [`ValidConfig`].
+//! - [`Capture::Ambient`]: Istio's ambient in-pod rules, which send a pod's traffic to ztunnel
+//!   ([`AmbientConfig`], Istio's defaults from `AmbientConfig::default()`).
+//! - [`Capture::HostProbe`]: in the host's namespace, the SNAT of kubelet's probes to enrolled
+//!   pods ([`HostProbeConfig`] and the pods' addresses), whose members
+//!   [`Namespace::add_members`] and [`Namespace::remove_members`] change at run time.
+//!
+//! ```no_run
+//! use redirect_core::{AmbientConfig, Capture, HostProbeConfig, Namespace};
+//!
+//! fn main() -> Result<(), redirect_core::Error> {
+//!     // In the pod's namespace: its traffic to ztunnel.
+//!     let pod = Namespace::open("/run/netns/pod")?;
+//!     let ambient = Capture::Ambient(AmbientConfig::default());
+//!     pod.apply(&ambient)?;
+//!     assert!(pod.check(&ambient)?.is_empty());
+//!     // In the host's: kubelet (UID 0 here) probes the pod from 169.254.7.127.
+//!     let host = Namespace::current()?;
+//!     let probe = HostProbeConfig::new(0);
+//!     host.apply(&Capture::HostProbe { config: probe.clone(), members: vec![] })?;
+//!     host.add_members(&probe, &["10.244.1.7".parse().unwrap()])?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`Capture::plan`] turns any kind into a [`Ruleset`]: chains, rules and sets that send every
+//! packet where Istio's rules send it. The ruleset is then
+//!
+//! - rendered: [`render::nft_script_of`] (an `nft -f` script, the kind's own table and
+//!   header), [`render::iptables_restore_all`] (`iptables-restore` input, for kernels without
+//!   nf_tables);
 //! - evaluated: [`eval::evaluate`] says where one flow ends, and through which rules;
-//! - programmed: a [`Namespace`] applies it with the routes it needs (TPROXY policy routing,
-//!   `::6` on `lo`), all or nothing, checks a namespace against a config rule by rule
-//!   ([`Mismatch`]), reads our table back ([`TableState`]) and removes it.
+//! - programmed: a [`Namespace`] applies it with the routes the kind needs (TPROXY or reply
+//!   policy routing, `::6` on `lo`), all or nothing, checks a namespace against it rule by rule
+//!   ([`Mismatch`]), reads its table back ([`TableState`]) and removes it.
 //!
-//! Istio's ambient mode: a [`Namespace`] applies a pod's in-pod rules for ztunnel
-//! ([`AmbientConfig`]: `apply_ambient`, `check_ambient`, `remove_ambient`), and, in the host's
-//! namespace, the SNAT of kubelet's probes ([`HostProbeConfig`]: `apply_host_probe`,
-//! `host_probe_add`, `host_probe_remove`, `host_probe_members`, `remove_host_probe`; kubelet's
-//! UID from `istio::ambient::kubelet_uid`).
-//!
-//! Every failure is an [`Error`] whose message names the value and the fix.
+//! Every failure is an [`Error`] whose message names the value and the fix, once.
 //!
 //! Beneath this crate are its layers, which Cargo keeps apart and which are re-exported for
 //! what the surface above does not name: [`model`] (the config, plan, renderings and
@@ -42,14 +65,15 @@
 //! and [`istio`] (Istio's flags, annotations, quirks, leftovers and validation probe, and its
 //! policies over capture: reconcile, IPv6 from a pod's addresses).
 //!
-//! Examples: `examples/plan.rs` (plan and print the rules for a config) and
-//! `examples/capture.rs` (apply, check and remove capture in a network namespace).
+//! Examples: `examples/plan.rs` (plan and print the rules for a config), `examples/capture.rs`
+//! (apply, check and remove a sidecar's capture in a network namespace) and
+//! `examples/ambient.rs` (ambient's in-pod rules and the host's probe SNAT, applied in fresh
+//! namespaces and checked).
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod error;
-mod host_probe;
 mod namespace;
 
 pub use error::{Error, Result};
@@ -63,8 +87,9 @@ pub use redirect_kernel::routes::TproxyRouting;
 pub use redirect_kernel::sockopt::original_dst;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
-    eval, render, AmbientConfig, CaptureConfig, DnsCapture, Family, GroupRef, GroupResolver,
-    HostProbeConfig, InterceptionMode, NoGroupDatabase, Ruleset, Selection, ValidConfig,
+    eval, render, AmbientConfig, Capture, CaptureConfig, DnsCapture, Family, GroupRef,
+    GroupResolver, HostProbeConfig, InterceptionMode, NoGroupDatabase, Routes, Ruleset, Selection,
+    ValidConfig,
 };
 
 /// The address types of the config's CIDR lists.

@@ -1,16 +1,19 @@
-//! [`Namespace`]: one network namespace held open, where capture is applied, checked, read and
-//! removed. The routes and the table go together: the routes first, then the table in one
-//! atomic batch, the routes taken back when the table is refused (`kernel::capture`).
+//! [`Namespace`]: one network namespace held open, where a [`Capture`] of any kind is applied,
+//! checked, read and removed, and the host probe's members added and removed. The routes and
+//! the table go together: the routes first, then the table in one atomic batch, the routes
+//! taken back when the table is refused (`kernel::capture`).
 
 use std::path::Path;
 
+use std::net::IpAddr;
+
 use redirect_kernel::backend::{Backend, Live};
-use redirect_kernel::capture::{self, Cleaned, Mismatch};
+use redirect_kernel::capture::{self as kernel_capture, Cleaned, Mismatch};
 use redirect_kernel::netns::Netns;
 use redirect_kernel::nft::TableState;
 use redirect_kernel::routes::TproxyRouting;
 use redirect_kernel::SystemGroups;
-use redirect_model::{AmbientConfig, CaptureConfig, Ruleset, ValidConfig};
+use redirect_model::{Capture, HostProbeConfig, Ruleset};
 
 use crate::error::Result;
 
@@ -65,74 +68,80 @@ impl Namespace {
         }
     }
 
-    /// Plan `cfg` (owner group names from the host's group database) and program it: the
-    /// routes it needs, then our table, all or nothing. Returns the ruleset applied.
-    pub fn apply(&self, cfg: &ValidConfig) -> Result<Ruleset> {
-        let rs = cfg.plan(&SystemGroups)?;
-        capture::apply(self.backend(), cfg, &rs)?;
+    /// Plan `capture` (a sidecar's owner group names from the host's group database) and
+    /// program it: the routes it needs, then its table, all or nothing. Returns the ruleset
+    /// applied. Every kind goes the same way: a sidecar's capture and ambient's in-pod rules
+    /// in a pod's namespace, the host's probe SNAT (its members with it, in the same batch) in
+    /// the host's.
+    pub fn apply(&self, capture: &Capture) -> Result<Ruleset> {
+        let rs = capture.plan(&SystemGroups)?;
+        kernel_capture::apply(self.backend(), capture, &rs)?;
         Ok(rs)
     }
 
-    /// How the namespace differs from `cfg`: our table against its plan, rule by rule, and the
-    /// routes it needs. Empty when capture is exactly in place.
-    pub fn check(&self, cfg: &ValidConfig) -> Result<Vec<Mismatch>> {
-        let rs = cfg.plan(&SystemGroups)?;
-        Ok(capture::check(self.backend(), cfg, &rs)?)
+    /// How the namespace differs from `capture`: its table against the plan, rule by rule,
+    /// and the routes it needs. Empty when it is exactly in place.
+    pub fn check(&self, capture: &Capture) -> Result<Vec<Mismatch>> {
+        let rs = capture.plan(&SystemGroups)?;
+        Ok(kernel_capture::check(self.backend(), capture, &rs)?)
     }
 
-    /// Program Istio's ambient in-pod rules for `cfg` (ztunnel's redirection): the reply
-    /// routing, then our table, all or nothing. Returns the ruleset applied.
-    pub fn apply_ambient(&self, cfg: &AmbientConfig) -> Result<Ruleset> {
-        let rs = cfg.plan()?;
-        capture::ambient::apply(self.backend(), cfg, &rs)?;
-        Ok(rs)
-    }
-
-    /// How the namespace differs from `cfg`'s ambient capture; empty when it is in place.
-    pub fn check_ambient(&self, cfg: &AmbientConfig) -> Result<Vec<Mismatch>> {
-        let rs = cfg.plan()?;
-        Ok(capture::ambient::check(self.backend(), cfg, &rs)?)
-    }
-
-    /// [`Namespace::check_ambient`] for a caller that checks again and again (the node
-    /// agent's pass over every enrolled pod): the table's dump is skipped while the ruleset's
-    /// generation is still `seen`, the one the last call returned (nothing was committed in
-    /// the namespace since the table read back equal); the reply routing is read each time.
-    /// Returns the differences and the generation to pass next time (`None` when the table
-    /// differed).
-    pub fn check_ambient_since(
+    /// [`Namespace::check`] for a caller that checks again and again (the node agent's pass
+    /// over every enrolled pod): the table's dump is skipped while the ruleset's generation is
+    /// still `seen`, the one the last call returned (nothing was committed in the namespace
+    /// since the table read back equal); the routes are read each time. Returns the
+    /// differences and the generation to pass next time (`None` when the table differed).
+    pub fn check_since(
         &self,
-        cfg: &AmbientConfig,
+        capture: &Capture,
         seen: Option<u32>,
     ) -> Result<(Vec<Mismatch>, Option<u32>)> {
-        let rs = cfg.plan()?;
-        Ok(capture::ambient::check_since(
+        let rs = capture.plan(&SystemGroups)?;
+        Ok(kernel_capture::check_since(
             self.backend(),
-            cfg,
+            capture,
             &rs,
             seen,
         )?)
     }
 
-    /// Remove ambient capture: our table and the reply routing.
-    pub fn remove_ambient(&self) -> Result<()> {
-        Ok(capture::ambient::remove(self.backend())?)
+    /// `capture`'s table as the kernel holds it, one consistent read; `None` when there is
+    /// none. Only its kind matters (which table): a config's values are not looked at.
+    pub fn read(&self, capture: &Capture) -> Result<Option<TableState>> {
+        Ok(kernel_capture::read(self.backend(), capture)?)
     }
 
-    /// Our table as the kernel holds it, one consistent read; `None` when there is none.
-    pub fn read(&self) -> Result<Option<TableState>> {
-        Ok(self.backend.read_table()?)
+    /// Remove `capture`: its table and the routes it would have added.
+    pub fn remove(&self, capture: &Capture) -> Result<()> {
+        Ok(kernel_capture::remove(self.backend(), capture)?)
     }
 
-    /// Remove our table and the routes `cfg` would have added.
-    pub fn remove(&self, cfg: &CaptureConfig) -> Result<()> {
-        Ok(capture::remove(self.backend(), cfg)?)
+    /// Add pod addresses to the host's probe SNAT sets, in one batch: all or none. An address
+    /// already there is fine. When the table is not there (a firewall reload flushed the
+    /// ruleset), it is created with these addresses, in one batch too, and `true` says so (it
+    /// holds these addresses only: add the other pods'). An address that cannot be a pod's, or
+    /// an IPv6 one when `cfg` has IPv6 off, is an error naming it, and nothing is sent.
+    pub fn add_members(&self, cfg: &HostProbeConfig, pods: &[IpAddr]) -> Result<bool> {
+        Ok(kernel_capture::add_members(self.backend(), cfg, pods)?)
+    }
+
+    /// Remove pod addresses from the host's probe SNAT sets, in one batch; addresses not there
+    /// are skipped. Returns how many were removed. Bad addresses as for
+    /// [`Namespace::add_members`].
+    pub fn remove_members(&self, cfg: &HostProbeConfig, pods: &[IpAddr]) -> Result<usize> {
+        Ok(kernel_capture::remove_members(self.backend(), cfg, pods)?)
+    }
+
+    /// The addresses in the host's probe SNAT sets, IPv4 first, each sorted; `None` when the
+    /// table is not there.
+    pub fn members(&self) -> Result<Option<Vec<IpAddr>>> {
+        Ok(kernel_capture::members(self.backend())?)
     }
 
     /// Remove whatever capture left, whichever config put it there: our table, the TPROXY
     /// routing of `routing` in both families, `::6` on `lo`.
     pub fn clean_up(&self, routing: &TproxyRouting) -> Result<Cleaned> {
-        Ok(capture::cleanup(self.backend(), routing)?)
+        Ok(kernel_capture::cleanup(self.backend(), routing)?)
     }
 
     /// Run `f` inside the namespace, on a thread of its own (the caller's thread never

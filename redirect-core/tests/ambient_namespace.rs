@@ -1,5 +1,5 @@
-//! Ambient capture through the library's handle (`Namespace::apply_ambient`, `check_ambient`,
-//! `remove_ambient`) in fresh namespaces: the rules and the reply routing together, proven by
+//! Ambient capture through the library's handle (`Namespace::apply`, `check` and
+//! `remove` of a `Capture::Ambient`) in fresh namespaces: the rules and the reply routing together, proven by
 //! connections delivered as ztunnel delivers them (a transparent socket spoofing the client),
 //! which complete only while both are there.
 
@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
 use redirect_core::kernel::capture::Mismatch;
-use redirect_core::{AmbientConfig, Family, Namespace};
+use redirect_core::{AmbientConfig, Capture, Family, Namespace};
 use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
@@ -65,11 +65,11 @@ fn apply_check_and_remove_with_the_reply_routing() {
     let client4 = sa("10.77.0.1:40001");
     assert!(deliver(&topo, client4, sa("10.77.0.2:8080")).is_err());
 
-    pod.apply_ambient(&cfg).unwrap();
-    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    assert_eq!(pod.check(&Capture::Ambient(cfg.clone())).unwrap(), []);
     // Again: nothing changes, nothing is added twice.
-    pod.apply_ambient(&cfg).unwrap();
-    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    assert_eq!(pod.check(&Capture::Ambient(cfg.clone())).unwrap(), []);
     let rules = topo.pod.sh("ip rule show");
     assert_eq!(
         rules.matches("fwmark 0x111/0xfff lookup 100").count(),
@@ -105,18 +105,18 @@ fn apply_check_and_remove_with_the_reply_routing() {
     // The routing gone, check names it; apply puts it back.
     topo.pod.sh("ip rule del fwmark 0x111/0xfff lookup 100");
     assert_eq!(
-        pod.check_ambient(&cfg).unwrap(),
+        pod.check(&Capture::Ambient(cfg.clone())).unwrap(),
         [Mismatch::TproxyRouting(Family::V4)]
     );
     assert!(
         deliver(&topo, sa("10.77.0.1:40005"), sa("10.77.0.2:8080")).is_err(),
         "no reply routing, no delivered connection"
     );
-    pod.apply_ambient(&cfg).unwrap();
-    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    assert_eq!(pod.check(&Capture::Ambient(cfg.clone())).unwrap(), []);
 
-    pod.remove_ambient().unwrap();
-    assert!(pod.read().unwrap().is_none());
+    pod.remove(&Capture::Ambient(cfg.clone())).unwrap();
+    assert!(pod.read(&Capture::Ambient(cfg.clone())).unwrap().is_none());
     assert!(!topo.pod.sh("ip rule show").contains("lookup 100"));
     assert!(!topo.pod.sh("ip -6 rule show").contains("lookup 100"));
     assert!(deliver(&topo, sa("10.77.0.1:40004"), sa("10.77.0.2:8080")).is_err());
@@ -125,7 +125,7 @@ fn apply_check_and_remove_with_the_reply_routing() {
         Outcome::landed(Side::Peer, 80, None)
     );
     // Removing twice is fine.
-    pod.remove_ambient().unwrap();
+    pod.remove(&Capture::Ambient(cfg.clone())).unwrap();
 }
 
 #[test]
@@ -139,17 +139,17 @@ fn ipv4_only_adds_no_ipv6_routing() {
         ipv6: false,
         ..AmbientConfig::default()
     };
-    pod.apply_ambient(&cfg).unwrap();
-    assert_eq!(pod.check_ambient(&cfg).unwrap(), []);
+    pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    assert_eq!(pod.check(&Capture::Ambient(cfg.clone())).unwrap(), []);
     assert!(topo
         .pod
         .sh("ip rule show")
         .contains("fwmark 0x111/0xfff lookup 100"));
     assert!(!topo.pod.sh("ip -6 rule show").contains("lookup 100"));
-    pod.remove_ambient().unwrap();
+    pod.remove(&Capture::Ambient(cfg.clone())).unwrap();
 }
 
-/// `check_ambient_since` trusts the generation only while nothing was committed: the table
+/// `check_since` trusts the generation only while nothing was committed: the table
 /// read back equal returns a generation; passed back, the dump is skipped and the answer is
 /// the same; a commit anywhere in the namespace (another table) moves it and the table is
 /// read again; a deleted table and deleted reply routing are each found (the routing is read
@@ -163,34 +163,45 @@ fn check_since_skips_the_dump_only_while_nothing_was_committed() {
     pod.sh("ip link set lo up");
     let ns = Namespace::open(pod.path()).unwrap();
     let cfg = AmbientConfig::default();
-    ns.apply_ambient(&cfg).unwrap();
-    let (d, seen) = ns.check_ambient_since(&cfg, None).unwrap();
+    ns.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    let (d, seen) = ns
+        .check_since(&Capture::Ambient(cfg.clone()), None)
+        .unwrap();
     assert!(d.is_empty(), "{d:?}");
     let seen = seen.expect("a generation for a table that read back equal");
     assert_eq!(
-        ns.check_ambient_since(&cfg, Some(seen)).unwrap(),
+        ns.check_since(&Capture::Ambient(cfg.clone()), Some(seen))
+            .unwrap(),
         (vec![], Some(seen))
     );
 
     // Another tool's table: the generation moves, the table is read again (still equal).
     pod.sh("nft add table inet someone_else");
-    let (d, again) = ns.check_ambient_since(&cfg, Some(seen)).unwrap();
+    let (d, again) = ns
+        .check_since(&Capture::Ambient(cfg.clone()), Some(seen))
+        .unwrap();
     assert!(d.is_empty(), "{d:?}");
     assert_ne!(again, Some(seen), "the generation moved");
 
     // The reply routing deleted: no nf_tables commit, found all the same.
     pod.sh("ip rule del fwmark 0x111/0xfff table 100");
-    let (d, _) = ns.check_ambient_since(&cfg, again).unwrap();
+    let (d, _) = ns
+        .check_since(&Capture::Ambient(cfg.clone()), again)
+        .unwrap();
     assert!(
         d.contains(&Mismatch::TproxyRouting(Family::V4)),
         "the deleted routing not seen: {d:?}"
     );
 
     // Our table deleted: found although a generation is passed.
-    ns.apply_ambient(&cfg).unwrap();
-    let (_, seen) = ns.check_ambient_since(&cfg, None).unwrap();
+    ns.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    let (_, seen) = ns
+        .check_since(&Capture::Ambient(cfg.clone()), None)
+        .unwrap();
     pod.sh("nft delete table inet redirect_capture");
-    let (d, gone) = ns.check_ambient_since(&cfg, seen).unwrap();
+    let (d, gone) = ns
+        .check_since(&Capture::Ambient(cfg.clone()), seen)
+        .unwrap();
     assert!(!d.is_empty(), "the deleted table not seen");
     assert_eq!(gone, None, "no generation for a table that differs");
 }

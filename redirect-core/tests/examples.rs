@@ -1,6 +1,7 @@
 //! The examples a Rust user copies (`redirect-core/examples/`) run and do what they say:
 //! `plan` prints Istio's default rules and refuses a bad config by name; `capture` applies,
-//! proves and removes capture in a fresh namespace (a kernel test).
+//! proves and removes capture in a fresh namespace; `ambient` does the same with ambient's
+//! in-pod rules in a pod's namespace and the probe SNAT in a host's (kernel tests).
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -98,5 +99,43 @@ fn capture_names_a_missing_namespace() {
     assert!(
         err.contains("cannot open network namespace /run/netns/no-such-namespace-here"),
         "{err}"
+    );
+}
+
+#[test]
+fn ambient_applies_proves_and_removes_in_a_pod_and_a_host() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let (host, pod) = (TestNetns::new(), TestNetns::new());
+    pod.sh("ip link set lo up");
+    host.sh(&format!(
+        "ip link add h0 type veth peer name eth0 netns {} && ip addr add 10.77.0.1/24 dev h0 && \
+         ip link set h0 up",
+        pod.name()
+    ));
+    pod.sh(
+        "ip addr add 10.77.0.2/24 dev eth0 && ip link set eth0 up && \
+            ip route add default via 10.77.0.1",
+    );
+    let (code, out, err) = run(
+        "ambient",
+        &[host.path().to_str().unwrap(), pod.path().to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "pod: check finds 0 differences",
+        "original destination 10.99.0.2:80",
+        "host: probe SNAT for Some([10.77.0.2])",
+        "host: check finds 0 differences",
+    ] {
+        assert!(out.contains(line), "{line:?} not in:\n{out}");
+    }
+    assert!(
+        !pod.sh("nft list ruleset").contains("redirect_capture")
+            && !host
+                .sh("nft list ruleset")
+                .contains("redirect_ambient_host"),
+        "tables left behind"
     );
 }

@@ -1,6 +1,6 @@
 //! Ambient's probe SNAT in a host's namespace, through the library's handle
-//! (`Namespace::apply_host_probe`, `host_probe_add`, `host_probe_remove`,
-//! `host_probe_members`, `remove_host_probe`), in fresh namespaces: a "host" and a "pod" joined
+//! (`Namespace::apply`, `read` and `remove` of a `Capture::HostProbe`, `add_members`,
+//! `remove_members`, `members`), in fresh namespaces: a "host" and a "pod" joined
 //! by a veth pair. Connections from the host as kubelet's UID reach a listener in the pod from
 //! the SNAT address exactly while the pod's address is in the set; other UIDs, and everyone
 //! once the address is removed, arrive from the host's own address. The rendered script loaded
@@ -9,11 +9,10 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use redirect_core::kernel::capture::host_probe::HostProbe;
 use redirect_core::kernel::netns::Netns;
 use redirect_core::kernel::nft::{text, TableState};
 use redirect_core::model::table::HOST_PROBE_TABLE;
-use redirect_core::{render, HostProbeConfig, Namespace};
+use redirect_core::{render, Capture, HostProbeConfig, Namespace};
 use redirect_testkit::netns::become_ids;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -107,41 +106,48 @@ fn kubelets_connections_to_members_come_from_the_snat_address() {
     let p = Pair::new();
     let host = p.ns();
     let cfg = HostProbeConfig::new(KUBELET);
-    host.apply_host_probe(&cfg).unwrap();
-    assert_eq!(host.host_probe_members().unwrap(), Some(vec![]));
+    host.apply(&Capture::HostProbe {
+        config: cfg.clone(),
+        members: vec![],
+    })
+    .unwrap();
+    assert_eq!(host.members().unwrap(), Some(vec![]));
     assert_eq!(p.source_seen(KUBELET, POD4), ip(HOST4), "no member yet");
 
-    host.host_probe_add(&cfg, &[ip(POD4), ip(POD6)]).unwrap();
-    host.host_probe_add(&cfg, &[ip(POD4)]).unwrap(); // again: fine
-    assert_eq!(
-        host.host_probe_members().unwrap(),
-        Some(vec![ip(POD4), ip(POD6)])
-    );
+    host.add_members(&cfg, &[ip(POD4), ip(POD6)]).unwrap();
+    host.add_members(&cfg, &[ip(POD4)]).unwrap(); // again: fine
+    assert_eq!(host.members().unwrap(), Some(vec![ip(POD4), ip(POD6)]));
     assert_eq!(p.source_seen(KUBELET, POD4), ip(SNAT4));
     assert_eq!(p.source_seen(KUBELET, POD6), ip(SNAT6));
     assert_eq!(p.source_seen(OTHER, POD4), ip(HOST4), "another UID");
     assert_eq!(p.source_seen(0, POD6), ip(HOST6), "root");
 
-    assert_eq!(host.host_probe_remove(&cfg, &[ip(POD4)]).unwrap(), 1);
-    assert_eq!(
-        host.host_probe_remove(&cfg, &[ip(POD4)]).unwrap(),
-        0,
-        "gone"
-    );
+    assert_eq!(host.remove_members(&cfg, &[ip(POD4)]).unwrap(), 1);
+    assert_eq!(host.remove_members(&cfg, &[ip(POD4)]).unwrap(), 0, "gone");
     assert_eq!(p.source_seen(KUBELET, POD4), ip(HOST4), "removed");
     assert_eq!(p.source_seen(KUBELET, POD6), ip(SNAT6), "still a member");
 
     // Applied again at start: the table stays ours, its sets emptied, a new UID in place.
     let moved = HostProbeConfig::new(OTHER);
-    host.apply_host_probe(&moved).unwrap();
-    assert_eq!(host.host_probe_members().unwrap(), Some(vec![]));
-    host.host_probe_add(&moved, &[ip(POD6)]).unwrap();
+    host.apply(&Capture::HostProbe {
+        config: moved.clone(),
+        members: vec![],
+    })
+    .unwrap();
+    assert_eq!(host.members().unwrap(), Some(vec![]));
+    host.add_members(&moved, &[ip(POD6)]).unwrap();
     assert_eq!(p.source_seen(OTHER, POD6), ip(SNAT6));
     assert_eq!(p.source_seen(KUBELET, POD6), ip(HOST6));
 
-    assert!(host.remove_host_probe().unwrap());
-    assert!(!host.remove_host_probe().unwrap());
-    assert_eq!(host.host_probe_members().unwrap(), None);
+    let table = |cfg: &HostProbeConfig| Capture::HostProbe {
+        config: cfg.clone(),
+        members: vec![],
+    };
+    assert!(host.read(&table(&moved)).unwrap().is_some());
+    host.remove(&table(&moved)).unwrap();
+    assert!(host.read(&table(&moved)).unwrap().is_none());
+    host.remove(&table(&moved)).unwrap();
+    assert_eq!(host.members().unwrap(), None);
     assert_eq!(p.host.sh("nft list ruleset").trim(), "", "nothing left");
     assert_eq!(p.source_seen(OTHER, POD6), ip(HOST6));
     drop(p.pod);
@@ -158,22 +164,26 @@ fn bad_addresses_are_refused_and_change_nothing() {
         snat_v6: None,
         ..HostProbeConfig::new(KUBELET)
     };
-    host.apply_host_probe(&v4_only).unwrap();
-    host.host_probe_add(&v4_only, &[ip(POD4)]).unwrap();
+    host.apply(&Capture::HostProbe {
+        config: v4_only.clone(),
+        members: vec![],
+    })
+    .unwrap();
+    host.add_members(&v4_only, &[ip(POD4)]).unwrap();
     let before = ns.sh(&format!("nft list table inet {HOST_PROBE_TABLE}"));
     for bad in [
         vec![ip(POD6)],
         vec![ip("10.88.0.3"), ip(POD6)],
         vec![ip("0.0.0.0")],
     ] {
-        let e = host.host_probe_add(&v4_only, &bad).unwrap_err().to_string();
+        let e = host.add_members(&v4_only, &bad).unwrap_err().to_string();
         let named = bad.last().unwrap().to_string();
         assert!(e.contains(&named), "{e}");
-        assert!(host.host_probe_remove(&v4_only, &bad).is_err());
+        assert!(host.remove_members(&v4_only, &bad).is_err());
     }
-    let e = host.host_probe_add(&v4_only, &[ip(POD6)]).unwrap_err();
+    let e = host.add_members(&v4_only, &[ip(POD6)]).unwrap_err();
     assert!(e.to_string().contains("IPv6 is off"), "{e}");
-    assert_eq!(host.host_probe_members().unwrap(), Some(vec![ip(POD4)]));
+    assert_eq!(host.members().unwrap(), Some(vec![ip(POD4)]));
     let after = ns.sh(&format!("nft list table inet {HOST_PROBE_TABLE}"));
     assert_eq!(before, after, "nothing changed");
 
@@ -181,16 +191,24 @@ fn bad_addresses_are_refused_and_change_nothing() {
     // refuses the whole batch, so the IPv4 address sent with it is not added either.
     let both = HostProbeConfig::new(KUBELET);
     let e = host
-        .host_probe_add(&both, &[ip("10.88.0.3"), ip(POD6)])
+        .add_members(&both, &[ip("10.88.0.3"), ip(POD6)])
         .unwrap_err()
         .to_string();
     assert!(e.contains("ip6-inpod-probes"), "{e}");
-    assert_eq!(host.host_probe_members().unwrap(), Some(vec![ip(POD4)]));
+    assert_eq!(host.members().unwrap(), Some(vec![ip(POD4)]));
 
-    // No table: adding is refused, removing has nothing to do.
-    host.remove_host_probe().unwrap();
-    assert!(host.host_probe_add(&v4_only, &[ip(POD4)]).is_err());
-    assert_eq!(host.host_probe_remove(&v4_only, &[ip(POD4)]).unwrap(), 0);
+    // No table (a firewall reload flushed the ruleset): removing has nothing to do; a refused
+    // address leaves no table behind; adding creates the table with the address, one batch.
+    host.remove(&Capture::HostProbe {
+        config: v4_only.clone(),
+        members: vec![],
+    })
+    .unwrap();
+    assert_eq!(host.remove_members(&v4_only, &[ip(POD4)]).unwrap(), 0);
+    assert!(host.add_members(&v4_only, &[ip(POD6)]).is_err());
+    assert_eq!(host.members().unwrap(), None, "an empty table left behind");
+    host.add_members(&v4_only, &[ip(POD4)]).unwrap();
+    assert_eq!(host.members().unwrap(), Some(vec![ip(POD4)]));
 }
 
 /// Each chain's rules as nft text (nft's own family check of an `ip`/`ip6` match dropped: our
@@ -235,8 +253,12 @@ fn the_rendered_script_loads_as_the_same_table() {
             .collect();
         let ours = TestNetns::with_prefix("rdt-host");
         let host = Namespace::open(ours.path()).unwrap();
-        host.apply_host_probe(&cfg).unwrap();
-        host.host_probe_add(&cfg, &pods).unwrap();
+        host.apply(&Capture::HostProbe {
+            config: cfg.clone(),
+            members: vec![],
+        })
+        .unwrap();
+        host.add_members(&cfg, &pods).unwrap();
         let rs = cfg.plan_with(&pods).unwrap();
         let script = render::nft_script_named(&rs, HOST_PROBE_TABLE, "ambient's host probe SNAT");
         let loaded = TestNetns::with_prefix("rdt-host");
@@ -256,7 +278,14 @@ fn the_rendered_script_loads_as_the_same_table() {
         });
         let read = |ns: &TestNetns| {
             let netns = Netns::open(ns.path()).unwrap();
-            HostProbe::open_in(&netns).unwrap().read().unwrap().unwrap()
+            Namespace::from_netns(netns)
+                .unwrap()
+                .read(&Capture::HostProbe {
+                    config: cfg.clone(),
+                    members: vec![],
+                })
+                .unwrap()
+                .unwrap()
         };
         let (a, b) = (read(&ours), read(&loaded));
         assert_eq!(shape(&a), shape(&b), "nft -f differs\n{script}");
@@ -266,7 +295,7 @@ fn the_rendered_script_loads_as_the_same_table() {
             .any(|(_, r)| r.iter().any(|r| r.contains("snat ip to"))));
         assert_eq!(
             a,
-            redirect_core::kernel::capture::host_probe::expected(&rs),
+            redirect_core::kernel::nft::expected(&rs),
             "read back as planned"
         );
     }

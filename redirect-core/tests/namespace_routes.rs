@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redirect_core::{CaptureConfig, InterceptionMode, Namespace};
+use redirect_core::{Capture, CaptureConfig, InterceptionMode, Namespace};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// Another process holding our table's name with `flags owner`: nobody else may change it, so
@@ -68,14 +68,14 @@ fn a_failed_apply_takes_back_the_routes_it_added() {
     {
         let _owned = OwnedTable::hold(&ns);
         let err = Namespace::open(ns.path())
-            .and_then(|pod| pod.apply(&cfg))
+            .and_then(|pod| pod.apply(&Capture::Sidecar(cfg.clone())))
             .unwrap_err();
         assert!(err.to_string().contains("Operation not permitted"), "{err}");
         assert_eq!(routes(&ns), before, "the failed apply left routes behind");
     }
     // The other owner gone, the same apply goes through: routes and rules.
     Namespace::open(ns.path())
-        .and_then(|pod| pod.apply(&cfg))
+        .and_then(|pod| pod.apply(&Capture::Sidecar(cfg.clone())))
         .unwrap();
     let after = routes(&ns);
     assert!(

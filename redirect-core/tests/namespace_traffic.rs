@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Namespace};
+use redirect_core::{Capture, CaptureConfig, DnsCapture, InterceptionMode, Namespace};
 use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
@@ -39,7 +39,7 @@ fn config(mode: InterceptionMode) -> CaptureConfig {
 fn check(mode: InterceptionMode) {
     let topo = Topology::basic();
     Namespace::open(topo.pod.path())
-        .and_then(|pod| pod.apply(&config(mode).validated()?))
+        .and_then(|pod| pod.apply(&Capture::Sidecar(config(mode).validated()?)))
         .unwrap();
     // REDIRECT: the NATed connection's original destination. TPROXY: no NAT, so conntrack's
     // original destination is the address the transparent socket accepted on: the same.
@@ -128,7 +128,7 @@ fn check(mode: InterceptionMode) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Removing leaves the pod as it was: nothing is diverted any more.
     Namespace::open(topo.pod.path())
-        .and_then(|pod| pod.remove(&config(mode)))
+        .and_then(|pod| pod.remove(&Capture::Sidecar(config(mode).validated()?)))
         .unwrap();
     assert_eq!(
         run_probe(&topo, &Probe::tcp(APP, sa("10.77.0.1:80"))),
@@ -180,7 +180,7 @@ fn bypass_ids_reach_dns_and_services_directly_while_the_app_is_captured() {
     };
     let topo = Topology::basic();
     Namespace::open(topo.pod.path())
-        .and_then(|pod| pod.apply(&cfg.clone().validated()?))
+        .and_then(|pod| pod.apply(&Capture::Sidecar(cfg.clone().validated()?)))
         .unwrap();
     let cases: Vec<(Probe, Outcome)> = vec![
         (

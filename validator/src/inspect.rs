@@ -192,7 +192,10 @@ fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::isti
     // Read once: shown below, and judged against the expectation.
     let routes = RoutesSeen::read_all(&Live::open()?, routing)?;
     let differences = match want {
-        Some(Expected::Rules(cfg, rs)) => capture::compare(cfg, rs, view.table.as_ref(), &routes),
+        Some(Expected::Rules(cfg, rs)) => {
+            let needs = redirect_core::model::sidecar_routes(cfg);
+            capture::compare(&needs, rs, view.table.as_ref(), &routes)
+        }
         Some(Expected::Nothing(_)) => capture::compare_uncaptured(view.table.as_ref()),
         None => Vec::new(),
     };

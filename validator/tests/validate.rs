@@ -13,6 +13,7 @@ use std::io::Read;
 use std::net::TcpListener;
 
 use redirect_core::model::CaptureConfig;
+use redirect_core::Capture;
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
@@ -44,7 +45,7 @@ fn apply(ns: &TestNetns, cfg: &CaptureConfig) {
         .validated()
         .unwrap_or_else(|e| panic!("config: {e}"));
     redirect_core::Namespace::open(ns.path())
-        .and_then(|pod| pod.apply(&config))
+        .and_then(|pod| pod.apply(&Capture::Sidecar(config.clone())))
         .unwrap_or_else(|e| panic!("apply: {e}"));
 }
 

@@ -43,7 +43,7 @@ fn ours(cfg: &redirect_core::model::ValidConfig) -> Vec<(&'static str, u64)> {
     let existing = us(t);
     assert!(found.ours.is_none());
     let t = Instant::now();
-    capture::apply(&live, &cfg, &rs).unwrap();
+    capture::apply(&live, &redirect_core::Capture::Sidecar(cfg.clone()), &rs).unwrap();
     let apply = us(t);
     vec![
         ("open sockets", open),

@@ -105,8 +105,13 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
         let ours = Topology::for_case(&case);
         let rs = redirect_testkit::plan_with(&cfg, &resolver)
             .unwrap_or_else(|e| panic!("{name}: plan: {e}"));
-        redirect_kernel::capture::apply(&redirect_testkit::live_in(ours.pod.path()), &cfg, &rs)
-            .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
+        redirect_kernel::capture::apply_in(
+            &redirect_testkit::live_in(ours.pod.path()),
+            redirect_model::table::TABLE,
+            &redirect_model::sidecar_routes(&cfg),
+            &rs,
+        )
+        .unwrap_or_else(|e| panic!("{name}: apply: {e}"));
 
         let want = run_probes(&theirs, &probes);
         let got = run_probes(&ours, &probes);

@@ -321,6 +321,11 @@ fn custom_ports() {
 /// Our capture for `cfg`, rules and routes, in the calling thread's namespace.
 fn apply_here(cfg: &CaptureConfig) {
     let rs = redirect_testkit::plan_with(cfg, &SystemGroups).unwrap();
-    redirect_kernel::capture::apply(&redirect_kernel::backend::Live::open().unwrap(), cfg, &rs)
-        .unwrap();
+    redirect_kernel::capture::apply_in(
+        &redirect_kernel::backend::Live::open().unwrap(),
+        redirect_model::table::TABLE,
+        &redirect_model::sidecar_routes(cfg),
+        &rs,
+    )
+    .unwrap();
 }

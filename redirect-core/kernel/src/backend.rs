@@ -6,32 +6,49 @@
 
 use std::net::IpAddr;
 
-use redirect_model::{Family, Ruleset};
+use redirect_model::table::TABLE;
+use redirect_model::{Family, NamedSet, Ruleset};
 
 use crate::error::Result;
 use crate::netns::Netns;
-use crate::nft::{Applied, Nft, TableState};
+use crate::nft::{self, Applied, Nft, TableState};
 use crate::routes::{Routes, TproxyRouting, TproxyState};
 
 /// One network namespace, as capture reads and writes it. `Send`: a program may keep one open
-/// (the node agent keeps each enrolled pod's) and use it from one thread at a time.
+/// (the node agent keeps each enrolled pod's) and use it from one thread at a time. Our tables
+/// are named: a pod's (`TABLE`, which `read_table`, `apply` and `remove_table` mean), the
+/// host's probe SNAT table (`HOST_PROBE_TABLE`).
 pub trait Backend: Send {
-    /// Our table, one state of it; `None` when there is none.
-    fn read_table(&self) -> Result<Option<TableState>>;
-    /// [`Backend::read_table`] with the ruleset generation it was read at, when the backend
-    /// has generations (the kernel's nf_tables does).
-    fn read_table_at(&self) -> Result<(Option<u32>, Option<TableState>)> {
-        Ok((None, self.read_table()?))
-    }
+    /// Our table `table`, one state of it, with the ruleset generation it was read at when the
+    /// backend has generations (the kernel's nf_tables does); `None` when there is no table.
+    fn read_named(&self, table: &str) -> Result<(Option<u32>, Option<TableState>)>;
+    /// Create our table `table`, or update it in place to `rs`, atomically.
+    fn apply_named(&self, table: &str, rs: &Ruleset) -> Result<Applied>;
+    /// Delete our table `table`; whether there was one.
+    fn remove_named(&self, table: &str) -> Result<bool>;
+    /// Add the elements `sets` hold to those sets of our table `table`, in one batch: all or
+    /// none (an element already there is fine; a set or table that is not there refuses it).
+    fn add_elements(&self, table: &str, sets: &[NamedSet]) -> Result<()>;
+    /// Remove the elements `sets` hold from those sets, in one batch; those not there are
+    /// skipped. How many went.
+    fn remove_elements(&self, table: &str, sets: &[NamedSet]) -> Result<usize>;
     /// The ruleset's generation now: any commit in the namespace moves it, so a table read at
     /// generation `g` is unchanged while it is still `g`. `None` without generations.
     fn generation(&self) -> Result<Option<u32>> {
         Ok(None)
     }
-    /// Create our table, or update it in place to `rs`, atomically.
-    fn apply(&self, rs: &Ruleset) -> Result<Applied>;
-    /// Delete our table; whether there was one.
-    fn remove_table(&self) -> Result<bool>;
+    /// The pod's table ([`TABLE`]), one state of it; `None` when there is none.
+    fn read_table(&self) -> Result<Option<TableState>> {
+        Ok(self.read_named(TABLE)?.1)
+    }
+    /// Create the pod's table, or update it in place to `rs`, atomically.
+    fn apply(&self, rs: &Ruleset) -> Result<Applied> {
+        self.apply_named(TABLE, rs)
+    }
+    /// Delete the pod's table; whether there was one.
+    fn remove_table(&self) -> Result<bool> {
+        self.remove_named(TABLE)
+    }
     /// The TPROXY rule and route of `r` in `family`.
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState>;
     /// Add what is missing of the TPROXY rule and route in each family.
@@ -79,21 +96,26 @@ impl Live {
 }
 
 impl Backend for Live {
-    fn read_table_at(&self) -> Result<(Option<u32>, Option<TableState>)> {
-        let (generation, table) = self.nft.read_at()?;
-        Ok((Some(generation), table))
+    fn read_named(&self, table: &str) -> Result<(Option<u32>, Option<TableState>)> {
+        let (generation, state) = self.nft.read_named(table)?;
+        Ok((Some(generation), state))
+    }
+    fn apply_named(&self, table: &str, rs: &Ruleset) -> Result<Applied> {
+        Ok(self.nft.apply_named(table, rs)?)
+    }
+    fn remove_named(&self, table: &str) -> Result<bool> {
+        Ok(self.nft.remove_named(table)?)
+    }
+    fn add_elements(&self, table: &str, sets: &[NamedSet]) -> Result<()> {
+        Ok(self.nft.add_elements(&nft::elements_table(table, sets))?)
+    }
+    fn remove_elements(&self, table: &str, sets: &[NamedSet]) -> Result<usize> {
+        Ok(self
+            .nft
+            .remove_elements(&nft::elements_table(table, sets))?)
     }
     fn generation(&self) -> Result<Option<u32>> {
         Ok(Some(self.nft.generation()?))
-    }
-    fn read_table(&self) -> Result<Option<TableState>> {
-        Ok(self.nft.read()?)
-    }
-    fn apply(&self, rs: &Ruleset) -> Result<Applied> {
-        Ok(self.nft.apply(rs)?)
-    }
-    fn remove_table(&self) -> Result<bool> {
-        Ok(self.nft.remove()?)
     }
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
         Ok(self.routes.read_tproxy(r, family)?)

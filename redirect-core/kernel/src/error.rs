@@ -12,6 +12,9 @@ pub enum Error {
     Nft(#[from] crate::nft::Error),
     #[error(transparent)]
     Routes(#[from] crate::routes::Error),
+    /// A value the model refused (a host probe address that cannot be a pod's).
+    #[error(transparent)]
+    Model(#[from] redirect_model::Error),
 }
 
 /// A hint for an errno returned by netlink, to put after the message.

@@ -11,7 +11,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redirect_model::eval::{evaluate, Evaluation, Flow};
-use redirect_model::{Family, Ruleset};
+use redirect_model::table::TABLE;
+use redirect_model::{Family, NamedSet, Ruleset, SetElements};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -26,6 +27,8 @@ pub struct FakeState {
     /// Our table as a read returns it (what `nft::expected` says for `ruleset`, unless a test
     /// tampered with it); `None` when there is none.
     pub table: Option<TableState>,
+    /// Our other tables (the host's probe SNAT table), by name, as the ruleset they hold.
+    pub others: BTreeMap<String, Ruleset>,
     /// TPROXY rule and route per (mark, route table, family).
     pub tproxy: BTreeMap<(u32, u32, Family), TproxyState>,
     pub lo_v6: bool,
@@ -90,12 +93,38 @@ impl Fake {
     }
 }
 
+/// What the kernel says of a table or set that is not there.
+fn missing(what: &str) -> Error {
+    Error::from(nft::Error::Rejected {
+        what: format!("elements of {what}"),
+        errno: libc::ENOENT,
+        cause: std::io::Error::from_raw_os_error(libc::ENOENT),
+        hint: crate::errno_hint(libc::ENOENT),
+    })
+}
+
 impl Backend for Fake {
-    fn read_table(&self) -> Result<Option<TableState>> {
-        Ok(self.lock().table.clone())
+    fn read_named(&self, table: &str) -> Result<(Option<u32>, Option<TableState>)> {
+        let st = self.lock();
+        Ok((
+            None,
+            match table {
+                TABLE => st.table.clone(),
+                other => st.others.get(other).map(nft::expected),
+            },
+        ))
     }
 
-    fn apply(&self, rs: &Ruleset) -> Result<Applied> {
+    fn apply_named(&self, table: &str, rs: &Ruleset) -> Result<Applied> {
+        if table != TABLE {
+            let mut st = self.write()?;
+            let applied = match st.others.get(table) {
+                None => Applied::Created,
+                Some(cur) => Applied::Updated(nft::changes(&nft::expected(cur), &lower(rs))),
+            };
+            st.others.insert(table.to_string(), rs.clone());
+            return Ok(applied);
+        }
         let mut st = self.write()?;
         let want = lower(rs);
         let applied = match &st.table {
@@ -113,14 +142,60 @@ impl Backend for Fake {
         Ok(applied)
     }
 
-    fn remove_table(&self) -> Result<bool> {
+    fn remove_named(&self, table: &str) -> Result<bool> {
         let mut st = self.write()?;
+        if table != TABLE {
+            return Ok(st.others.remove(table).is_some());
+        }
         st.ruleset = None;
         let had = st.table.take().is_some();
         if had {
             st.batches += 1;
         }
         Ok(had)
+    }
+
+    fn add_elements(&self, table: &str, sets: &[NamedSet]) -> Result<()> {
+        let mut st = self.write()?;
+        let rs = st.others.get_mut(table).ok_or_else(|| missing(table))?;
+        for add in sets {
+            let set = rs
+                .sets
+                .iter_mut()
+                .find(|s| s.name == add.name)
+                .ok_or_else(|| missing(&add.name))?;
+            if let (SetElements::Addrs(have), SetElements::Addrs(new)) =
+                (&mut set.elements, &add.elements)
+            {
+                for a in new {
+                    if !have.contains(a) {
+                        have.push(*a);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_elements(&self, table: &str, sets: &[NamedSet]) -> Result<usize> {
+        let mut st = self.write()?;
+        let Some(rs) = st.others.get_mut(table) else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for gone in sets {
+            let Some(set) = rs.sets.iter_mut().find(|s| s.name == gone.name) else {
+                continue;
+            };
+            if let (SetElements::Addrs(have), SetElements::Addrs(old)) =
+                (&mut set.elements, &gone.elements)
+            {
+                let before = have.len();
+                have.retain(|a| !old.contains(a));
+                n += before - have.len();
+            }
+        }
+        Ok(n)
     }
 
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
@@ -133,7 +208,7 @@ impl Backend for Fake {
     }
 
     fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
-        r.validate()?;
+        crate::routes::validate(r)?;
         let mut st = self.write()?;
         for &f in families {
             let e = st.tproxy.entry((r.mark, r.table, f)).or_default();
@@ -144,7 +219,7 @@ impl Backend for Fake {
     }
 
     fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
-        r.validate()?;
+        crate::routes::validate(r)?;
         let mut st = self.write()?;
         for &f in families {
             st.tproxy.remove(&(r.mark, r.table, f));

@@ -83,50 +83,41 @@ pub enum Error {
 /// The address Istio puts on `lo` for IPv6 inbound capture (`::6/128`).
 pub const LO_V6_INBOUND_ADDR: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 
-/// Mark-based local routing: packets whose mark under `mask` is `mark` are looked up in
-/// `table`, which holds one `local` default route via `lo`. Istio's TPROXY uses mark 1337, the
-/// full mask and table 133; its ambient in-pod replies mark 0x111 under 0xfff, table 100, the
-/// rule at priority 32764.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TproxyRouting {
-    pub mark: u32,
-    /// The bits of the packet mark compared (`u32::MAX`: all, as `ip rule add fwmark N` does).
-    pub mask: u32,
-    pub table: u32,
-    /// The rule's priority; `None` lets the kernel pick one below the last rule.
-    pub priority: Option<u32>,
-}
+/// Mark-based local routing (the model's [`PolicyRouting`]): packets whose mark under `mask`
+/// is `mark` are looked up in `table`, which holds one `local` default route via `lo`.
+pub use redirect_model::PolicyRouting as TproxyRouting;
 
-impl TproxyRouting {
-    /// Refuses values that would reroute all traffic: mark 0 makes the kernel match every
-    /// packet, and a local default route in a reserved table (0 unspec, 253 default, 254 main,
-    /// 255 local) would capture everything.
-    pub fn validate(&self) -> Result<()> {
-        if self.mask == 0 || self.mark & !self.mask != 0 {
-            return Err(Error::UnsafeRouting {
-                field: "tproxy mark mask",
-                value: format!("{:#x}/{:#x}", self.mark, self.mask),
-                expected: "a non-zero mask that covers the mark (a zero mask matches every \
-                           packet; a mark outside it matches none)"
-                    .into(),
-            });
-        }
-        if self.mark == 0 {
-            return Err(Error::UnsafeRouting {
-                field: "tproxy mark",
-                value: "0".into(),
-                expected: "a non-zero fwmark (Istio uses 1337)".into(),
-            });
-        }
-        if matches!(self.table, 0 | 253..=255) {
-            return Err(Error::UnsafeRouting {
-                field: "tproxy route table",
-                value: self.table.to_string(),
-                expected: "a table id other than 0, 253 (default), 254 (main) and 255 (local); Istio uses 133".into(),
-            });
-        }
-        Ok(())
+/// Refuses routing values that would reroute all traffic: mark 0 makes the kernel match every
+/// packet, and a local default route in a reserved table (0 unspec, 253 default, 254 main, 255
+/// local) would capture everything. Checked here again, below the config's own validation,
+/// since a wrong value blackholes the namespace.
+pub fn validate(r: &TproxyRouting) -> Result<()> {
+    if r.mask == 0 || r.mark & !r.mask != 0 {
+        return Err(Error::UnsafeRouting {
+            field: "tproxy mark mask",
+            value: format!("{:#x}/{:#x}", r.mark, r.mask),
+            expected: "a non-zero mask that covers the mark (a zero mask matches every \
+                       packet; a mark outside it matches none)"
+                .into(),
+        });
     }
+    if r.mark == 0 {
+        return Err(Error::UnsafeRouting {
+            field: "tproxy mark",
+            value: "0".into(),
+            expected: "a non-zero fwmark (Istio uses 1337)".into(),
+        });
+    }
+    if matches!(r.table, 0 | 253..=255) {
+        return Err(Error::UnsafeRouting {
+            field: "tproxy route table",
+            value: r.table.to_string(),
+            expected:
+                "a table id other than 0, 253 (default), 254 (main) and 255 (local); Istio uses 133"
+                    .into(),
+        });
+    }
+    Ok(())
 }
 
 /// What [`Routes::read_tproxy`] found for one family.
@@ -177,7 +168,7 @@ impl Routes {
     /// `lo` must be up for IPv6: the kernel refuses an IPv6 route via a down device (ENETDOWN).
     /// In a pod it is (the runtime or the CNI `loopback` plugin brings it up).
     pub fn apply_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
-        r.validate()?;
+        validate(r)?;
         let nl = &mut *self.nl.borrow_mut();
         let lo = link_index(nl, "lo")?;
         for &family in families {
@@ -213,7 +204,7 @@ impl Routes {
     /// Deletes, for each family, every `fwmark <mark> lookup <table>` rule and the `local` default
     /// route in the table. What is absent already is fine.
     pub fn remove_tproxy(&self, r: &TproxyRouting, families: &[Family]) -> Result<()> {
-        r.validate()?;
+        validate(r)?;
         let nl = &mut *self.nl.borrow_mut();
         let lo = link_index(nl, "lo")?;
         for &family in families {

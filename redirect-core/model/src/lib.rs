@@ -19,12 +19,15 @@
 //!   [`NoGroupDatabase`], and the names the plan gives chains ([`chains`]) and sets ([`sets`]);
 //! - ambient: [`AmbientConfig`] (a pod's in-pod rules, [`ambient`]) and [`HostProbeConfig`]
 //!   (the host's probe SNAT, [`host_probe`]);
+//! - [`Capture`]: any of the three kinds as one value, with its plan, table and routes
+//!   ([`Routes`], [`PolicyRouting`]);
 //! - the ruleset types ([`Ruleset`] and its parts);
 //! - [`render`], [`eval`], [`table`];
 //! - [`Error`] and [`Result`].
 
 #![forbid(unsafe_code)]
 
+mod capture;
 mod config;
 mod error;
 mod plan;
@@ -34,6 +37,9 @@ pub mod eval;
 pub mod render;
 pub mod table;
 
+pub use capture::{
+    sidecar_routes, sidecar_routing, Capture, PolicyRouting, Routes, AMBIENT_ROUTING,
+};
 pub use config::{
     join, parse, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection, ValidConfig,
     DNS_AGENT_PORT, MAX_OWNER_GROUPS, OUTBOUND_MARK,

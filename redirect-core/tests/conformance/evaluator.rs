@@ -974,9 +974,10 @@ fn run_flows(cfg: &CaptureConfig, specs: &[FlowSpec]) -> Result<Run, String> {
         .ip_batch(true, &["route add blackhole default".to_string()]);
     redirect_core::Namespace::open(topo.pod.path())
         .and_then(|pod| {
-            Ok(redirect_core::kernel::capture::apply(
+            Ok(redirect_core::kernel::capture::apply_in(
                 pod.backend(),
-                cfg,
+                redirect_core::model::table::TABLE,
+                &redirect_core::model::sidecar_routes(cfg),
                 &rs,
             )?)
         })

@@ -549,7 +549,12 @@ impl Controller {
             }
         };
         let done = tokio::task::spawn_blocking(move || {
-            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.remove_ambient())
+            // Whatever IPv6 setting put them there: both families' routing go.
+            let capture = redirect_core::Capture::Ambient(redirect_core::AmbientConfig {
+                ipv6: true,
+                ..Default::default()
+            });
+            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.remove(&capture))
         })
         .await;
         if let Ok(Err(e)) = done {

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
-use redirect_core::{AmbientConfig, HostProbeConfig, Namespace, Netns};
+use redirect_core::{AmbientConfig, Capture, HostProbeConfig, Namespace, Netns};
 
 use super::error::AmbientError;
 use super::identity::Binding;
@@ -234,7 +234,10 @@ impl Dataplane {
     /// Programs the host's probe SNAT in the agent's namespace (the node's), its address sets
     /// empty: the pods enrolled after this fill them.
     pub fn set_host_probe(&mut self, cfg: HostProbeConfig) -> redirect_core::Result<()> {
-        Namespace::current()?.apply_host_probe(&cfg)?;
+        Namespace::current()?.apply(&Capture::HostProbe {
+            config: cfg.clone(),
+            members: Vec::new(),
+        })?;
         self.probe = Some(cfg);
         self.host.configured = true;
         self.host.members = Some(Vec::new());
@@ -295,11 +298,11 @@ impl Dataplane {
         self.probe_add(&pod.ips)?;
         let differences = match rules {
             Rules::Apply => vec!["a new pod".to_string()],
-            Rules::KeepIfSame => differences(&ns, cfg),
+            Rules::KeepIfSame => differences(&ns, &Capture::Ambient(cfg.clone())),
             Rules::Leave => Vec::new(),
         };
         if !differences.is_empty() {
-            ns.apply_ambient(cfg).map_err(failed)?;
+            ns.apply(&Capture::Ambient(cfg.clone())).map_err(failed)?;
         }
         self.pods.insert(
             pod.uid.clone(),
@@ -336,11 +339,14 @@ impl Dataplane {
             return Ok(());
         };
         let ips: Vec<IpAddr> = probed(cfg, ips).collect();
-        let added = Namespace::current().and_then(|ns| ns.host_probe_add(cfg, &ips));
-        if added.is_ok() {
+        let added = Namespace::current().and_then(|ns| ns.add_members(cfg, &ips));
+        if matches!(added, Ok(false)) {
             return Ok(());
         }
-        match self.converge_host(&ips) {
+        // The table was gone (created with these addresses alone), or the add failed: the
+        // table brought to every enrolled pod's addresses.
+        let gone = matches!(added, Ok(true));
+        match self.converge_host(&ips, gone) {
             Ok(repair) => {
                 self.between.extend(repair.map(|r| ("host".to_string(), r)));
                 Ok(())
@@ -355,7 +361,11 @@ impl Dataplane {
     /// Reads the host table back and brings it to every enrolled pod's addresses (with
     /// `extra`): recreated whole when it is gone, the missing addresses added and those of no
     /// enrolled pod removed otherwise. Returns the repair made, if one was needed.
-    fn converge_host(&mut self, extra: &[IpAddr]) -> redirect_core::Result<Option<Repair>> {
+    fn converge_host(
+        &mut self,
+        extra: &[IpAddr],
+        was_gone: bool,
+    ) -> redirect_core::Result<Option<Repair>> {
         let Some(cfg) = self.probe.clone() else {
             return Ok(None);
         };
@@ -368,9 +378,12 @@ impl Dataplane {
         want.sort();
         want.dedup();
         let ns = Namespace::current()?;
-        let repair = match ns.host_probe_members()? {
+        let repair = match ns.members()? {
             None => {
-                ns.apply_host_probe_with(&cfg, &want)?;
+                ns.apply(&Capture::HostProbe {
+                    config: cfg.clone(),
+                    members: want.clone(),
+                })?;
                 Some(Repair {
                     at: SystemTime::now(),
                     kind: RepairKind::HostTable,
@@ -396,16 +409,28 @@ impl Dataplane {
                     .filter(|_| !unknown)
                     .filter(|ip| !want.contains(ip))
                     .collect();
-                ns.host_probe_add(&cfg, &missing)?;
-                ns.host_probe_remove(&cfg, &stale)?;
-                (!missing.is_empty() || !stale.is_empty()).then(|| Repair {
-                    at: SystemTime::now(),
-                    kind: RepairKind::HostMembers,
-                    why: format!(
-                        "the host's probe sets lacked {missing:?} and held {stale:?} of no \
-                         enrolled pod"
-                    ),
-                })
+                ns.add_members(&cfg, &missing)?;
+                ns.remove_members(&cfg, &stale)?;
+                if was_gone {
+                    Some(Repair {
+                        at: SystemTime::now(),
+                        kind: RepairKind::HostTable,
+                        why: format!(
+                            "the host's probe table was gone (a firewall reload?): recreated at \
+                             an ADD, with {} address(es)",
+                            want.len()
+                        ),
+                    })
+                } else {
+                    (!missing.is_empty() || !stale.is_empty()).then(|| Repair {
+                        at: SystemTime::now(),
+                        kind: RepairKind::HostMembers,
+                        why: format!(
+                            "the host's probe sets lacked {missing:?} and held {stale:?} of \
+                             no enrolled pod"
+                        ),
+                    })
+                }
             }
         };
         self.host.members = Some(want);
@@ -428,7 +453,7 @@ impl Dataplane {
                     .any(|(u, e)| u != uid && e.pod.ips.contains(ip))
             })
             .collect();
-        let removed = Namespace::current().and_then(|ns| ns.host_probe_remove(cfg, &ips));
+        let removed = Namespace::current().and_then(|ns| ns.remove_members(cfg, &ips));
         removed
             .err()
             .map(|error| AmbientError::ProbeRemove { ips, error })
@@ -520,7 +545,8 @@ impl Dataplane {
         let enrolled = self.pods.remove(uid)?;
         if !deleting {
             if let Some(netns) = &enrolled.netns {
-                if let Err(e) = namespace(netns).and_then(|ns| ns.remove_ambient()) {
+                let capture = Capture::Ambient(enrolled.cfg.clone());
+                if let Err(e) = namespace(netns).and_then(|ns| ns.remove(&capture)) {
                     problems.push(format!("removing the in-pod rules: {e}"));
                 }
             }
@@ -536,7 +562,7 @@ impl Dataplane {
             repairs: std::mem::take(&mut self.between),
             ..PassReport::default()
         };
-        match self.converge_host(&[]) {
+        match self.converge_host(&[], false) {
             Ok(Some(r)) => report.repairs.push(("host".into(), r)),
             Ok(None) => {}
             Err(e) => report.problems.push(format!("the host's probe table: {e}")),
@@ -598,7 +624,7 @@ impl Dataplane {
         let ns = e.kernel.as_ref()?;
         report.checked += 1;
         let found = if e.leave {
-            match ns.read() {
+            match ns.read(&Capture::Ambient(e.cfg.clone())) {
                 Ok(Some(_)) => Vec::new(),
                 Ok(None) => vec!["our table is gone".to_string()],
                 Err(err) => vec![format!("cannot read the table: {err}")],
@@ -614,7 +640,7 @@ impl Dataplane {
         let mut repair = None;
         let mut left = found.clone();
         if !found.is_empty() {
-            match ns.apply_ambient(&e.cfg) {
+            match ns.apply(&Capture::Ambient(e.cfg.clone())) {
                 Ok(_) => {
                     // Read back once more: what is there now, and the generation to trust.
                     let (after, seen) = since(ns, &e.cfg, None);
@@ -733,16 +759,16 @@ impl Dataplane {
 
 /// How `ns`'s ambient rules differ from `cfg`'s plan, in words (empty: equal); a read that
 /// fails is a difference too.
-fn differences(ns: &Namespace, cfg: &AmbientConfig) -> Vec<String> {
-    match ns.check_ambient(cfg) {
+fn differences(ns: &Namespace, capture: &Capture) -> Vec<String> {
+    match ns.check(capture) {
         Ok(d) => d.iter().map(|m| m.to_string()).collect(),
         Err(e) => vec![format!("cannot read the rules back: {e}")],
     }
 }
 
-/// [`Namespace::check_ambient_since`], a read that fails counting as a difference.
+/// [`Namespace::check_since`] of the ambient capture `cfg`, a read that fails counting as a difference.
 fn since(ns: &Namespace, cfg: &AmbientConfig, seen: Option<u32>) -> (Vec<String>, Option<u32>) {
-    match ns.check_ambient_since(cfg, seen) {
+    match ns.check_since(&Capture::Ambient(cfg.clone()), seen) {
         Ok((d, seen)) => (d.iter().map(|m| m.to_string()).collect(), seen),
         Err(e) => (vec![format!("cannot read the rules back: {e}")], None),
     }

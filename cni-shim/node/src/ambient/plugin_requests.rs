@@ -396,7 +396,8 @@ impl Controller {
             };
         }
         let checked = tokio::task::spawn_blocking(move || {
-            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.check_ambient(&cfg))
+            let capture = redirect_core::Capture::Ambient(cfg);
+            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.check(&capture))
         })
         .await;
         match checked {

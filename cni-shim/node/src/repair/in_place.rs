@@ -136,12 +136,14 @@ fn apply_and_read_back(
 ) -> Result<Vec<String>, redirect_core::istio::Error> {
     let k = open(ns)?;
     let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, None)?;
-    Ok(
-        redirect_core::kernel::capture::check(k.as_ref(), &cfg, &rs)?
-            .iter()
-            .map(|d| d.to_string())
-            .collect(),
-    )
+    Ok(redirect_core::kernel::capture::check(
+        k.as_ref(),
+        &redirect_core::Capture::Sidecar(cfg.clone()),
+        &rs,
+    )?
+    .iter()
+    .map(|d| d.to_string())
+    .collect())
 }
 
 /// Where a repair looks by default, as the DaemonSet mounts the host.

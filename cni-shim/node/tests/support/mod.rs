@@ -10,7 +10,7 @@ use redirect_testkit::TestNetns;
 /// The pod addresses in the node's probe SNAT sets.
 pub fn probe_members(node: &TestNetns) -> Vec<String> {
     let ns = redirect_core::Namespace::open(node.path()).unwrap();
-    let members = ns.host_probe_members().unwrap().unwrap_or_default();
+    let members = ns.members().unwrap().unwrap_or_default();
     members.iter().map(|a| a.to_string()).collect()
 }
 

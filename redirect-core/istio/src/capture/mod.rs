@@ -16,7 +16,8 @@ use std::net::IpAddr;
 use redirect_kernel::backend::Backend;
 use redirect_kernel::capture::{self, Cleaned, Mismatch};
 use redirect_kernel::routes::TproxyRouting;
-use redirect_model::{GroupResolver, Ruleset, ValidConfig};
+use redirect_model::table::TABLE;
+use redirect_model::{sidecar_routes, GroupResolver, Ruleset, ValidConfig};
 
 use crate::error::Result;
 use crate::pod_facts;
@@ -33,7 +34,7 @@ pub fn apply_to_pod(
 ) -> Result<(ValidConfig, Ruleset)> {
     let cfg = for_pod(k, cfg, dual_stack, known)?;
     let rs = cfg.plan(groups)?;
-    capture::apply(k, &cfg, &rs)?;
+    capture::apply_in(k, TABLE, &sidecar_routes(&cfg), &rs)?;
     Ok((cfg, rs))
 }
 
@@ -48,7 +49,7 @@ pub fn check_pod(
 ) -> Result<(ValidConfig, Vec<Mismatch>)> {
     let cfg = for_pod(k, cfg, dual_stack, known)?;
     let rs = cfg.plan(groups)?;
-    let differences = capture::check(k, &cfg, &rs)?;
+    let differences = capture::check_in(k, TABLE, &sidecar_routes(&cfg), &rs)?;
     Ok((cfg, differences))
 }
 

@@ -11,8 +11,8 @@ use crate::xtables::{self, Leftover, Tool, Variant};
 use redirect_kernel::backend::Backend;
 use redirect_kernel::capture;
 use redirect_kernel::nft::{self, Difference, Nft};
-use redirect_model::CaptureConfig;
-use redirect_model::Ruleset;
+use redirect_model::table::TABLE;
+use redirect_model::{sidecar_routes, CaptureConfig, Ruleset};
 
 /// What the operator allowed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -221,9 +221,9 @@ pub fn reconcile(
     let resolution = resolve(&found, flags).map_err(ReconcileError::Refused)?;
     match resolution {
         Resolution::Apply { .. } => {
-            capture::apply(k, cfg, rs).map_err(Error::from)?;
+            capture::apply_in(k, TABLE, &sidecar_routes(cfg), rs).map_err(Error::from)?;
         }
-        Resolution::Skip => capture::apply_routes(k, cfg).map_err(Error::from)?,
+        Resolution::Skip => capture::apply_routes(k, &sidecar_routes(cfg)).map_err(Error::from)?,
     }
     let removed_istio = match resolution {
         // Ours are in place first, so no packet goes uncaptured while Istio's go.
@@ -269,7 +269,7 @@ pub fn reconcile_iptables(
         chains
     };
     let removed_our_table = flags.reconcile && k.remove_table().map_err(Error::from)?;
-    let tools = capture::routes_then(k, cfg, || xtables::apply(rs, force_binary))?;
+    let tools = capture::routes_then(k, &sidecar_routes(cfg), || xtables::apply(rs, force_binary))?;
     Ok(ReconciledIptables {
         tools,
         removed_istio_chains,

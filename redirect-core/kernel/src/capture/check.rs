@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use redirect_model::{CaptureConfig, Family, Ruleset};
+use redirect_model::{Capture, Family, Routes, Ruleset};
 
 use crate::backend::Backend;
 use crate::error::Result;
@@ -17,7 +17,8 @@ use crate::routes::{TproxyRouting, TproxyState};
 pub enum Mismatch {
     /// Our table against the plan.
     Rules(Difference),
-    /// TPROXY policy routing (the fwmark `ip rule` or the local route) incomplete.
+    /// The policy routing (the fwmark `ip rule` or the local route: a sidecar's TPROXY,
+    /// ambient's replies) incomplete.
     TproxyRouting(Family),
     /// `::6/128` is not on `lo`: IPv6 inbound capture has nowhere to send the probe.
     LoV6Missing,
@@ -59,16 +60,16 @@ pub struct RoutesSeen {
 }
 
 impl RoutesSeen {
-    /// What `cfg` planned as `rs` needs, and no more: the TPROXY routing of its families when
-    /// it tproxies inbound, `::6` with IPv6.
-    pub fn read_for(k: &dyn Backend, cfg: &CaptureConfig, rs: &Ruleset) -> Result<RoutesSeen> {
-        let tproxy = match super::tproxy_routing(cfg) {
-            Some(r) => read_tproxy_of(k, &r, &rs.families())?,
+    /// What `routes` asks for, and no more: its policy routing in its families, `::6` when
+    /// it needs it.
+    pub fn read_for(k: &dyn Backend, routes: &Routes) -> Result<RoutesSeen> {
+        let tproxy = match &routes.policy {
+            Some(r) => read_tproxy_of(k, r, &routes.families)?,
             None => Vec::new(),
         };
         Ok(RoutesSeen {
             tproxy,
-            lo_v6: cfg.ipv6 && k.has_lo_v6()?,
+            lo_v6: routes.lo_v6 && k.has_lo_v6()?,
         })
     }
 
@@ -98,34 +99,46 @@ fn read_tproxy_of(
         .collect()
 }
 
-/// How the namespace's capture differs from `cfg` planned as `rs`; empty when it matches. One
-/// read of our table, and only the routes `cfg` needs.
-pub fn check(k: &dyn Backend, cfg: &CaptureConfig, rs: &Ruleset) -> Result<Vec<Mismatch>> {
-    let table = k.read_table()?;
-    let routes = RoutesSeen::read_for(k, cfg, rs)?;
-    Ok(compare(cfg, rs, table.as_ref(), &routes))
+/// How the namespace's capture differs from `c` planned as `rs`; empty when it matches. One
+/// read of its table, and only the routes `c` needs.
+pub fn check(k: &dyn Backend, c: &Capture, rs: &Ruleset) -> Result<Vec<Mismatch>> {
+    check_in(k, c.table(), &c.routes(), rs)
 }
 
-/// `check` on what was read already: our table (`None`: no table of ours) and the routes
-/// (read with at least what `RoutesSeen::read_for` reads).
+/// [`check`] of our table `table` and `routes` (a sidecar's config unvalidated:
+/// `redirect_model::sidecar_routes`).
+pub fn check_in(
+    k: &dyn Backend,
+    table: &str,
+    routes: &Routes,
+    rs: &Ruleset,
+) -> Result<Vec<Mismatch>> {
+    let state = k.read_named(table)?.1;
+    let seen = RoutesSeen::read_for(k, routes)?;
+    Ok(compare(routes, rs, state.as_ref(), &seen))
+}
+
+/// `check` on what was read already: the table (`None`: no table of ours) and the routes
+/// (read with at least what `RoutesSeen::read_for` reads), against the plan `rs` and the
+/// routes it needs.
 pub fn compare(
-    cfg: &CaptureConfig,
+    routes: &Routes,
     rs: &Ruleset,
     table: Option<&TableState>,
-    routes: &RoutesSeen,
+    seen: &RoutesSeen,
 ) -> Vec<Mismatch> {
     let mut out: Vec<Mismatch> = nft::compare(rs, table)
         .into_iter()
         .map(Mismatch::Rules)
         .collect();
-    if super::tproxy_routing(cfg).is_some() {
-        for family in rs.families() {
-            if !routes.tproxy_complete(family) {
+    if routes.policy.is_some() {
+        for &family in &routes.families {
+            if !seen.tproxy_complete(family) {
                 out.push(Mismatch::TproxyRouting(family));
             }
         }
     }
-    if cfg.ipv6 && !routes.lo_v6 {
+    if routes.lo_v6 && !seen.lo_v6 {
         out.push(Mismatch::LoV6Missing);
     }
     out

@@ -73,6 +73,16 @@ impl Nft {
         self.apply_table(&lower_named(rs, &self.table))
     }
 
+    /// [`Nft::apply`] into our table named `table` (the handle's own is not changed).
+    pub fn apply_named(&self, table: &str, rs: &Ruleset) -> Result<Applied> {
+        self.apply_table(&lower_named(rs, table))
+    }
+
+    /// [`Nft::read_at`] of our table named `table`.
+    pub fn read_named(&self, table: &str) -> Result<(u32, Option<TableState>)> {
+        dump::table_at(&self.sock, table)
+    }
+
     /// `apply` of a lowered table.
     pub fn apply_table(&self, table: &NftTable) -> Result<Applied> {
         let sock = &self.sock;
@@ -117,13 +127,19 @@ impl Nft {
 
     /// Delete our table. Returns whether there was one.
     pub fn remove(&self) -> Result<bool> {
+        self.remove_named(&self.table)
+    }
+
+    /// [`Nft::remove`] of our table named `table`.
+    pub fn remove_named(&self, table: &str) -> Result<bool> {
         let sock = &self.sock;
+        let name = table.to_string();
         let batch = update::delete_tables(
-            std::slice::from_ref(&self.table),
+            std::slice::from_ref(&name),
             sock.next_seq(),
             sock.features(),
         );
-        match self.send(&batch, &NftTable::named(&self.table)) {
+        match self.send(&batch, &NftTable::named(table)) {
             // No table (never made, or a concurrent DEL won): gone either way.
             Err(Error::Rejected { errno, .. }) if errno == libc::ENOENT => Ok(false),
             other => other.map(|()| true),

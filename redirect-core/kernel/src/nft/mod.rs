@@ -96,6 +96,20 @@ impl Features {
     }
 }
 
+/// The sets of our table `table`, lowered as a table whose sets name committed sets (id 0) and
+/// hold the elements: what an element batch (`Nft::add_elements`, `remove_elements`) carries.
+pub fn elements_table(table: &str, sets: &[redirect_model::NamedSet]) -> NftTable {
+    let rs = Ruleset {
+        chains: Vec::new(),
+        sets: sets.to_vec(),
+    };
+    let mut t = lower_named(&rs, table);
+    for s in &mut t.sets {
+        s.id = 0;
+    }
+    t
+}
+
 /// What the kernel should hold for a ruleset, in the form a read returns.
 pub fn expected(rs: &Ruleset) -> TableState {
     state::expected(&lower(rs))

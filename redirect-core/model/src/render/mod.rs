@@ -6,4 +6,4 @@ mod iptables;
 mod nft;
 
 pub use iptables::{iptables_restore, iptables_restore_all};
-pub use nft::{hashed_size, nft_rule, nft_rule_in, nft_script, nft_script_named};
+pub use nft::{hashed_size, nft_rule, nft_rule_in, nft_script, nft_script_named, nft_script_of};

@@ -16,6 +16,11 @@ pub fn nft_script(rs: &Ruleset) -> String {
     nft_script_named(rs, TABLE, "sidecar capture rules")
 }
 
+/// The script of `capture` planned as `rs`: its own table, its own header.
+pub fn nft_script_of(capture: &crate::Capture, rs: &Ruleset) -> String {
+    nft_script_named(rs, capture.table(), capture.what())
+}
+
 /// [`nft_script`] for a table of ours with another name (the host's probe SNAT table,
 /// `table::HOST_PROBE_TABLE`); `what` goes in the first line's comment.
 pub fn nft_script_named(rs: &Ruleset, table: &str, what: &str) -> String {
