@@ -3,7 +3,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use redirect_benches::configs;
-use redirect_core::kernel::nft;
+use redirect_kernel::nft;
 use redirect_testkit::plan;
 use std::hint::black_box;
 

@@ -4,3 +4,5 @@
 //! schemas and the programs' settings (`manifests`), render the chart with helm and compare it
 //! with the plain manifests (`helm_chart`), and apply both to a real API server
 //! (`real_apiserver`). The guide is docs/deploy/README.md.
+
+#![deny(missing_docs)]

@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
+use redirect_core::mesh::{self, Decision, MeshDefaults};
 
 #[path = "common.rs"]
 mod common;
@@ -22,12 +22,12 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(pod) = cni_plugin::kube::pod_info_from_json(text) {
         decide_and_plan(&pod, flags);
     }
-    if let Ok(pod) = redirect_core::istio::pod::pod_from_text(text) {
+    if let Ok(pod) = redirect_core::mesh::pod_from_text(text) {
         decide_and_plan(&pod, flags);
     }
 });
 
-fn decide_and_plan(pod: &redirect_core::istio::pod::PodInfo, flags: u8) {
+fn decide_and_plan(pod: &redirect_core::mesh::PodInfo, flags: u8) {
     let defaults = MeshDefaults {
         proxy_uid: (flags & 1 != 0).then_some(1337),
         proxy_gid: (flags & 2 != 0).then_some(1337),

@@ -6,8 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 
 use cni_plugin::cni::{conf, result};
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::istio::pod::PodInfo;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::mesh::PodInfo;
 
 #[path = "common.rs"]
 mod common;

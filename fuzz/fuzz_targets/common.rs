@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use redirect_core::model::{render, CaptureConfig};
-use redirect_core::kernel::nft;
+use redirect_core::{render, CaptureConfig};
+use redirect_kernel::nft;
 
 /// A group database where short names exist (so planning gets past name resolution).
 pub fn fake_gid(name: &str) -> Option<u32> {

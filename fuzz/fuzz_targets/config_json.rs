@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(cfg) = redirect_core::model::CaptureConfig::from_json(text) else {
+    let Ok(cfg) = redirect_core::CaptureConfig::from_json(text) else {
         return;
     };
     common::exercise(&cfg);

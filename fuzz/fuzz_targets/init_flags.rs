@@ -14,10 +14,10 @@ use std::net::IpAddr;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
-use redirect_core::istio::pod_facts::HostAddress;
-use redirect_core::istio::cli::flags::{self, Parsed, FLAGS};
-use redirect_core::istio::cli::settings::{DryRunFormat, Settings};
-use redirect_core::model::render::{iptables_restore_all, nft_script};
+use redirect_core::pod_facts::HostAddress;
+use redirect_core::cli::flags::{self, Parsed, FLAGS};
+use redirect_core::cli::settings::{DryRunFormat, Settings};
+use redirect_core::render::{iptables_restore_all, nft_script};
 
 #[path = "common.rs"]
 mod common;
@@ -168,7 +168,7 @@ fuzz_target!(|input: Input| {
     let Ok(rs) = s.config.plan(&common::fake_gid) else {
         return;
     };
-    let _ = redirect_core::kernel::nft::testing::encode_running(&rs).bytes();
+    let _ = redirect_kernel::nft::testing::encode_running(&rs).bytes();
     match s.dry_run_format {
         DryRunFormat::Nft => {
             let _ = nft_script(&rs);

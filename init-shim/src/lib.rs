@@ -1,10 +1,12 @@
 //! redirect-init: a drop-in for Istio's `istio-iptables` in the init container. Thin: flags and
 //! environment become a `redirect_model` config (`flags`, `settings`); `run` calls the library.
 
-pub mod report;
+#![deny(missing_docs)]
+
+mod report;
 pub mod run;
 
-pub use redirect_core::istio::cli::{flags, settings};
+pub use redirect_core::cli::{flags, settings};
 
 use std::ffi::OsString;
 
@@ -37,7 +39,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
     let result = settings::Settings::from_resolved(&resolved)
         .map_err(Failure::from)
         .and_then(|s| match s.network_namespace.clone() {
-            Some(path) => redirect_core::kernel::netns::Netns::open(&path)
+            Some(path) => redirect_core::Netns::open(&path)
                 .and_then(|ns| ns.run(move || run::run(s)))
                 .map_err(Failure::from)
                 .and_then(|r| r),

@@ -3,9 +3,10 @@
 
 use std::fmt::Write;
 
-use redirect_core::model::{join, DnsCapture};
+use redirect_core::cli::join;
+use redirect_core::DnsCapture;
 
-use redirect_core::istio::cli::settings::{Backend, Settings};
+use redirect_core::cli::settings::{Backend, Settings};
 
 /// The variables listed under "Istio iptables environment:", as Istio lists them.
 const ENVIRONMENT: &[&str] = &[

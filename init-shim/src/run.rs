@@ -6,36 +6,39 @@ use std::io::Write;
 
 use tracing::{info, warn};
 
-use redirect_core::istio::capture::{self, IstioRuleStore, LiveIstioRules, Resolution};
-use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::istio::validation::probe;
-use redirect_core::istio::Error;
-use redirect_core::kernel::backend::{self, Live};
-use redirect_core::kernel::nft;
-use redirect_core::kernel::SystemGroups;
-use redirect_core::model::render::{iptables_restore_all, nft_script};
-use redirect_core::model::Ruleset;
+use redirect_core::error::IstioError as Error;
+use redirect_core::handles::{self, Live};
+use redirect_core::pod_capture::{self, IstioRuleStore, LiveIstioRules, Resolution};
+use redirect_core::pod_facts::{self, HostAddress};
+use redirect_core::probe;
+use redirect_core::render::{iptables_restore_all, nft_script};
+use redirect_core::Ruleset;
+use redirect_core::SystemGroups;
 
 use crate::report;
-use redirect_core::istio::cli::settings::{self, Backend, DryRunFormat, Settings};
+use redirect_core::cli::settings::{self, Backend, DryRunFormat, Settings};
 
-/// Istio's exit codes.
+/// Istio's exit code for success (also after `--help` and `--version`).
 pub const EXIT_OK: i32 = 0;
+/// Istio's exit code for any flag, config or apply error.
 pub const EXIT_ERROR: i32 = 1;
+/// Istio's exit code for a failed validation probe (`--run-validation`).
 pub const EXIT_VALIDATION: i32 = 126;
 
 /// A failure and the exit code it maps to.
 #[derive(Debug)]
 pub struct Failure {
+    /// The exit code: [`EXIT_ERROR`], or [`EXIT_VALIDATION`] when the probe failed.
     pub code: i32,
+    /// What went wrong, logged as the first error line.
     pub message: String,
     /// Lines logged after the message, each an error line of its own (a log line is one
     /// event: see `redirect_program::logging`).
     pub details: Vec<String>,
 }
 
-impl From<capture::ReconcileError> for Failure {
-    fn from(e: capture::ReconcileError) -> Self {
+impl From<pod_capture::ReconcileError> for Failure {
+    fn from(e: pod_capture::ReconcileError) -> Self {
         fail(e.to_string())
     }
 }
@@ -50,8 +53,8 @@ impl From<Error> for Failure {
     }
 }
 
-impl From<redirect_core::model::Error> for Failure {
-    fn from(e: redirect_core::model::Error) -> Self {
+impl From<redirect_core::error::ConfigError> for Failure {
+    fn from(e: redirect_core::error::ConfigError) -> Self {
         Error::from(e).into()
     }
 }
@@ -68,10 +71,10 @@ macro_rules! failure_from {
 }
 
 failure_from!(
-    redirect_core::kernel::Error,
-    redirect_core::kernel::netns::Error,
-    redirect_core::kernel::nft::Error,
-    redirect_core::kernel::routes::Error
+    redirect_core::error::KernelError,
+    redirect_core::error::NamespaceError,
+    redirect_core::error::RulesError,
+    redirect_core::error::RoutesError
 );
 
 fn fail(message: String) -> Failure {
@@ -84,7 +87,9 @@ fn fail(message: String) -> Failure {
 
 /// What a run acts on: our table and the routes beside it, and Istio's rules.
 pub struct Target<'a> {
-    pub kernel: &'a dyn backend::Backend,
+    /// Our table, the routes beside it and the namespace's addresses.
+    pub kernel: &'a dyn redirect_core::Backend,
+    /// Istio's own tables and chains, which a run may have to find or remove.
     pub istio: &'a dyn IstioRuleStore,
 }
 
@@ -149,19 +154,19 @@ pub fn run_with(mut s: Settings, t: &Target) -> Result<(), Failure> {
 /// `--cleanup-only`: ours (table, routes, `::6`) and Istio's (nft tables, ISTIO_* chains).
 fn cleanup(s: &Settings, t: &Target) -> Result<(), Failure> {
     if s.dry_run {
-        let l = capture::leftovers(t.kernel, t.istio)?;
+        let l = pod_capture::leftovers(t.kernel, t.istio)?;
         info!(
             "--dry-run: would remove: our table: {}; Istio nft tables: {:?}; Istio iptables chains: {}",
             l.table,
             l.istio.nft_tables,
-            capture::describe(&l.istio.chains)
+            pod_capture::describe(&l.istio.chains)
         );
         return Ok(());
     }
-    let (done, istio) = capture::cleanup_with_istio(
+    let (done, istio) = pod_capture::cleanup_with_istio(
         t.kernel,
         t.istio,
-        &redirect_core::kernel::capture::routing_of(&s.config),
+        &redirect_core::handles::routing_of(&s.config),
     )?;
     info!(
         "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {:?}; Istio iptables chains removed: {}",
@@ -169,7 +174,7 @@ fn cleanup(s: &Settings, t: &Target) -> Result<(), Failure> {
         done.tproxy,
         done.lo_v6,
         istio.nft_tables,
-        capture::describe(&istio.chains)
+        pod_capture::describe(&istio.chains)
     );
     Ok(())
 }
@@ -210,15 +215,15 @@ fn print_stdout(text: &str) {
     let _ = out.flush();
 }
 
-fn flags(s: &Settings) -> capture::Flags {
-    capture::Flags {
+fn flags(s: &Settings) -> pod_capture::Flags {
+    pod_capture::Flags {
         reconcile: s.reconcile,
         force_apply: s.force_apply,
     }
 }
 
 fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
-    let done = capture::reconcile(t.kernel, t.istio, &s.config, rs, flags(s))?;
+    let done = pod_capture::reconcile(t.kernel, t.istio, &s.config, rs, flags(s))?;
     match done.resolution {
         Resolution::Skip => {
             info!("the rules are already in place; nothing to apply (--force-apply reapplies)")
@@ -226,18 +231,18 @@ fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
         Resolution::Apply { removes_istio, .. } => {
             // Counted as the kernel holds them (with the per-family dispatch of the hooked
             // chains), so the numbers are the ones `inspect` shows.
-            let table = nft::lower(rs);
+            let table = handles::lower(rs);
             info!(
                 "applied {} rules in {} chains to table inet {} in one transaction",
                 table.chains.iter().map(|c| c.rules.len()).sum::<usize>(),
                 table.chains.len(),
-                nft::TABLE
+                handles::TABLE
             );
             if removes_istio {
                 info!(
                     "--reconcile: removed Istio's nft tables {:?} and iptables chains {}",
                     done.removed_istio.nft_tables,
-                    capture::describe(&done.removed_istio.chains)
+                    pod_capture::describe(&done.removed_istio.chains)
                 );
             }
         }
@@ -247,16 +252,21 @@ fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
 }
 
 fn apply_iptables(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
-    let done =
-        capture::reconcile_iptables(t.kernel, &s.config, rs, flags(s), s.force_iptables_binary)?;
+    let done = pod_capture::reconcile_iptables(
+        t.kernel,
+        &s.config,
+        rs,
+        flags(s),
+        s.force_iptables_binary,
+    )?;
     if !done.removed_istio_chains.is_empty() {
         info!(
             "--reconcile: removed {}",
-            capture::describe(&done.removed_istio_chains)
+            pod_capture::describe(&done.removed_istio_chains)
         );
     }
     if done.removed_our_table {
-        info!("--reconcile: removed our nft table {}", nft::TABLE);
+        info!("--reconcile: removed our nft table {}", handles::TABLE);
     }
     for t in &done.tools {
         info!(
@@ -293,9 +303,9 @@ fn validate(s: &Settings, host: &HostAddress) -> Result<(), Failure> {
             Ok(())
         }
         Err(e) => {
-            let d = redirect_core::istio::validation::diagnosis::diagnose(
+            let d = redirect_core::probe::diagnose(
                 &e,
-                &redirect_core::istio::validation::diagnosis::gather_facts(&spec, &e, &s.config),
+                &redirect_core::probe::gather_facts(&spec, &e, &s.config),
             );
             Err(Failure {
                 code: EXIT_VALIDATION,

@@ -1,4 +1,4 @@
-//! redirect-init's decisions on a fake namespace (`redirect_core::kernel::fake::Fake`, Istio's rules
+//! redirect-init's decisions on a fake namespace (`redirect_core::testing::Fake`, Istio's rules
 //! in a `RefCell`): program, skip, refuse or replace, as the flags allow, and what each leaves.
 //! No root and no kernel: where traffic would go is the model's evaluator over what the fake
 //! holds.
@@ -10,12 +10,12 @@ use std::net::IpAddr;
 use init_shim::flags::{self, Parsed};
 use init_shim::run::{self, Failure, Target};
 use init_shim::settings::Settings;
-use redirect_core::istio::capture::IstioRules;
-use redirect_core::istio::xtables::{Leftover, Variant};
-use redirect_core::kernel::backend::Backend;
-use redirect_core::kernel::fake::Fake;
-use redirect_core::model::eval::{Flow, Verdict};
-use redirect_core::model::Family;
+use redirect_core::eval::{Flow, Verdict};
+use redirect_core::pod_capture::IstioRules;
+use redirect_core::pod_capture::{Leftover, Variant};
+use redirect_core::testing::Fake;
+use redirect_core::Backend;
+use redirect_core::Family;
 
 /// Istio's sidecar arguments, and more.
 fn settings(extra: &[&str]) -> Settings {

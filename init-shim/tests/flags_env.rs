@@ -13,9 +13,9 @@ type Invocation = (Vec<String>, Vec<(String, String)>);
 /// Arguments, variables, and what the error must name.
 type BadCase<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<&'a str>);
 use init_shim::settings::{parse_go_duration, Backend, DryRunFormat, Settings};
-use redirect_core::istio::pod_facts::HostAddress;
-use redirect_core::istio::xtables::Variant;
-use redirect_core::model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_core::pod_capture::Variant;
+use redirect_core::pod_facts::HostAddress;
+use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 
 fn resolve(args: &[&str], env: &[(&str, &str)]) -> Result<Settings, String> {
     let map: HashMap<String, String> = env
@@ -406,7 +406,7 @@ fn env_only_settings() {
 fn derived_settings_follow_istio() {
     // ENVOY_USER resolves: UID and GID from it.
     let mut s = ok(&[], &[("ENVOY_USER", "root")]);
-    let uid = redirect_core::istio::pod_facts::uid_of_user("root");
+    let uid = redirect_core::pod_facts::uid_of_user("root");
     let w = s.finish(&v4_host(), uid, &[]).unwrap();
     assert_eq!(
         (s.config.proxy_uids.clone(), s.config.proxy_gids.clone()),

@@ -6,6 +6,15 @@
 
 use redirect_kernel::{netns, nft, routes};
 
+/// The layers' own errors, for a program that tells one failure from another (its exit codes):
+/// each is also what a variant of [`Error`] holds.
+pub use redirect_istio::{Error as IstioError, Result as IstioResult};
+pub use redirect_kernel::netns::Error as NamespaceError;
+pub use redirect_kernel::nft::Error as RulesError;
+pub use redirect_kernel::routes::Error as RoutesError;
+pub use redirect_kernel::{Error as KernelError, Result as KernelResult};
+pub use redirect_model::Error as ConfigError;
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -59,11 +59,15 @@
 //!
 //! Every failure is an [`Error`] whose message names the value and the fix, once.
 //!
-//! Beneath this crate are its layers, which Cargo keeps apart and which are re-exported for
-//! what the surface above does not name: [`model`] (the config, plan, renderings and
-//! evaluator; no I/O), [`kernel`] (nftables over netlink, routes, namespaces; no Istio name),
-//! and [`istio`] (Istio's flags, annotations, quirks, leftovers and validation probe, and its
-//! policies over capture: reconcile, IPv6 from a pod's addresses).
+//! For the programs built on it (and a user who needs Istio's own decisions), the same door
+//! holds, documented: [`cli`] (`istio-iptables`' flags and environment), [`mesh`] (the
+//! mesh's decision from a pod's annotations), [`pod_facts`] (what Istio derives in the pod),
+//! [`pod_capture`] (a sidecar's capture as Istio's programs run it: reconcile with Istio's
+//! rules, leftovers, clean-up), [`probe`] (Istio's validation probe and its diagnosis),
+//! [`ambient`] (ambient enrollment), [`handles`] (the kernel handles beneath [`Namespace`])
+//! and [`error`] (each layer's error). The layers beneath (the model, the kernel, Istio's
+//! side) are crates of their own that Cargo keeps apart; this crate names what it exposes of
+//! them, item by item.
 //!
 //! Examples: `examples/plan.rs` (plan and print the rules for a config), `examples/capture.rs`
 //! (apply, check and remove a sidecar's capture in a network namespace) and
@@ -73,8 +77,16 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod error;
+pub mod ambient;
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod error;
+pub mod handles;
+pub mod mesh;
 mod namespace;
+pub mod pod_capture;
+pub mod pod_facts;
+pub mod probe;
 
 pub use error::{Error, Result};
 pub use namespace::Namespace;
@@ -87,19 +99,17 @@ pub use redirect_kernel::routes::TproxyRouting;
 pub use redirect_kernel::sockopt::original_dst;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
-    eval, render, AmbientConfig, Capture, CaptureConfig, DnsCapture, Family, GroupRef,
-    GroupResolver, HostProbeConfig, InterceptionMode, NoGroupDatabase, Routes, Ruleset, Selection,
-    ValidConfig,
+    eval, render, sidecar_routes, AmbientConfig, Capture, CaptureConfig, DnsCapture, Family,
+    GroupRef, GroupResolver, HostProbeConfig, InterceptionMode, NoGroupDatabase, Routes, Ruleset,
+    Selection, ValidConfig, DNS_AGENT_PORT,
 };
 
 /// The address types of the config's CIDR lists.
 pub use ipnet;
 
-/// The model: the config, its plan, the ruleset, the renderings, the evaluator. No I/O.
-pub use redirect_model as model;
-
-/// The kernel: our table over netlink, routes, namespaces, `SO_ORIGINAL_DST`. No Istio name.
-pub use redirect_kernel as kernel;
-
-/// Istio's inputs, rules, quirks and probe, and its policies over capture.
-pub use redirect_istio as istio;
+/// Test doubles (the `testing` feature): a namespace that lives in memory ([`Fake`](testing::Fake)),
+/// for a program's decisions tested without root.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use redirect_kernel::fake::{Fake, FakeState};
+}

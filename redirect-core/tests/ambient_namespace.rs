@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
-use redirect_core::kernel::capture::Mismatch;
+use redirect_core::Mismatch;
 use redirect_core::{AmbientConfig, Capture, Family, Namespace};
 use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 

@@ -6,8 +6,8 @@
 use std::error::Error as _;
 use std::io;
 
-use redirect_core::kernel::{nft, routes};
 use redirect_core::{CaptureConfig, Error, Family, Namespace};
+use redirect_kernel::{nft, routes};
 
 /// The messages of `e`'s chain, outermost first.
 fn chain(e: &Error) -> Vec<String> {
@@ -80,6 +80,6 @@ fn each_kind_prints_each_message_once() {
 
     // Through the Istio layer's error, as the programs get them.
     let via_istio: Error =
-        redirect_core::istio::Error::from(nft::Error::ReadUnsettled { tries: 10 }).into();
+        redirect_core::error::IstioError::from(nft::Error::ReadUnsettled { tries: 10 }).into();
     assert_once("Rules via istio", &via_istio, "10 reads");
 }

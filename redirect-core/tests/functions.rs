@@ -15,7 +15,7 @@ const SHIPPED: [&str; 9] = [
     "redirect-core/model/src",
     "redirect-core/kernel/src",
     "redirect-core/istio/src",
-    "redirect-core/program/src",
+    "program/src",
     "init-shim/src",
     "cni-shim/plugin/src",
     "cni-shim/node/src",

@@ -9,10 +9,11 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use redirect_core::kernel::netns::Netns;
-use redirect_core::kernel::nft::{text, TableState};
-use redirect_core::model::table::HOST_PROBE_TABLE;
+use redirect_core::handles::text;
+use redirect_core::Netns;
+use redirect_core::TableState;
 use redirect_core::{render, Capture, HostProbeConfig, Namespace};
+use redirect_model::table::HOST_PROBE_TABLE;
 use redirect_testkit::netns::become_ids;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -295,7 +296,7 @@ fn the_rendered_script_loads_as_the_same_table() {
             .any(|(_, r)| r.iter().any(|r| r.contains("snat ip to"))));
         assert_eq!(
             a,
-            redirect_core::kernel::nft::expected(&rs),
+            redirect_kernel::nft::expected(&rs),
             "read back as planned"
         );
     }

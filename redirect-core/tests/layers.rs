@@ -35,6 +35,9 @@ const LIBRARIES: [&str; 5] = [
     "redirect-program",
 ];
 const PROGRAMS: [&str; 4] = ["init-shim", "cni-plugin", "cni-node", "validator"];
+/// The parts the plugin and its node agent share (the protocol between them, the sockets'
+/// helpers), and the agent's ZDS server: shipped, but no program of their own.
+const PARTS: [&str; 2] = ["cni-protocol", "zds"];
 
 /// Each workspace package's declared dependencies: name → [(dependency, kind)], kind being
 /// `normal`, `dev` or `build`.
@@ -141,13 +144,24 @@ fn the_manifests_keep_the_layers() {
     );
     assert_eq!(
         ours(&m, "redirect-testkit", &normal),
-        set(&["redirect-model", "redirect-kernel"]),
-        "the test kit uses the model and the kernel crate only"
+        set(&["redirect-model"]),
+        "the test kit uses the model only (the kernel's tests use it)"
+    );
+    assert_eq!(
+        ours(&m, "cni-protocol", &normal),
+        set(&["redirect-core", "redirect-program"]),
+        "the plugin's protocol is a client of redirect-core"
+    );
+    assert_eq!(
+        ours(&m, "zds", &normal),
+        set(&["cni-protocol"]),
+        "the ZDS server needs the socket helpers only"
     );
     for program in PROGRAMS {
-        // The node agent reads the plugin's config and events; nothing else links a program.
+        // The plugin and its agent share cni-protocol; no program links another.
         let allowed = match program {
-            "cni-node" => set(&["redirect-core", "redirect-program", "cni-plugin"]),
+            "cni-node" => set(&["redirect-core", "redirect-program", "cni-protocol", "zds"]),
+            "cni-plugin" => set(&["redirect-core", "redirect-program", "cni-protocol"]),
             _ => set(&["redirect-core", "redirect-program"]),
         };
         let deps = ours(&m, program, &normal);
@@ -181,6 +195,100 @@ fn the_manifests_keep_the_layers() {
 
 /// Each library crate either forbids unsafe code, or each `unsafe` in it has a SAFETY comment
 /// within the three lines above.
+/// No crate of ours reaches itself through the others, dev-dependencies included: a cycle
+/// through a test's dependency builds the crate twice, and two copies of one type do not meet.
+#[test]
+fn no_dependency_cycle_even_through_tests() {
+    let m = manifests();
+    let all = ["normal", "build", "dev"];
+    for start in m.keys() {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![(start.clone(), vec![start.clone()])]);
+        while let Some((at, path)) = todo.pop() {
+            // A crate's dev-dependency on itself (its own test features) is no cycle.
+            for next in ours(&m, &at, &all).into_iter().filter(|n| *n != at) {
+                assert!(next != *start, "a cycle: {} -> {start}", path.join(" -> "));
+                if m.contains_key(&next) && seen.insert(next.clone()) {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    todo.push((next, p));
+                }
+            }
+        }
+    }
+}
+
+/// The node agent's modules import each other without a cycle: "the pods on this node" is one
+/// module that repair and ambient both use, and neither reaches into the other (the source's
+/// `crate::module` paths, outside its `#[cfg(test)]` parts).
+#[test]
+fn the_node_agents_modules_have_no_cycle() {
+    let src = dir_of("cni-node").join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut uses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let top = rel
+            .iter()
+            .next()
+            .unwrap()
+            .to_string_lossy()
+            .replace(".rs", "");
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (i, _) in code.match_indices("crate::") {
+            let name: String = code[i + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) && name != top {
+                uses.entry(top.clone()).or_default().insert(name);
+            }
+        }
+    }
+    assert!(uses.contains_key("ambient"), "no module read: {uses:?}");
+    for start in uses.keys() {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![vec![start.clone()]]);
+        while let Some(path) = todo.pop() {
+            for next in uses.get(path.last().unwrap()).into_iter().flatten() {
+                assert!(next != start, "a cycle: {} -> {start}", path.join(" -> "));
+                if seen.insert(next.clone()) {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    todo.push(p);
+                }
+            }
+        }
+    }
+}
+
+/// Every library of the workspace documents whatever it makes public: its root denies
+/// `missing_docs`, so an undocumented public item fails the build.
+#[test]
+fn every_library_denies_missing_docs() {
+    let meta = metadata();
+    let mut missing = Vec::new();
+    for p in meta["packages"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            if !t["kind"].as_array().unwrap().iter().any(|k| k == "lib") {
+                continue;
+            }
+            let root = t["src_path"].as_str().unwrap();
+            let text = std::fs::read_to_string(root).unwrap();
+            if !text.contains("#![deny(missing_docs)]") {
+                missing.push(root.to_string());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "no #![deny(missing_docs)] in {missing:?}"
+    );
+}
+
 #[test]
 fn unsafe_code_is_forbidden_or_said_why() {
     for krate in LIBRARIES {
@@ -336,7 +444,7 @@ fn every_shipped_crate_logs_as_ours() {
     let mut missing = Vec::new();
     for p in meta["packages"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
-        if !LIBRARIES.contains(&name) && !PROGRAMS.contains(&name) {
+        if !LIBRARIES.contains(&name) && !PROGRAMS.contains(&name) && !PARTS.contains(&name) {
             continue;
         }
         for t in p["targets"].as_array().unwrap() {

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use redirect_core::istio::cli::flags::{self, Parsed, Resolved, Source};
-use redirect_core::istio::cli::settings::Settings;
-use redirect_core::istio::pod_facts::{self, HostAddress};
+use redirect_core::cli::flags::{self, Parsed, Resolved, Source};
+use redirect_core::cli::settings::Settings;
+use redirect_core::pod_facts::{self, HostAddress};
 
 use crate::{Error, EXIT_ERROR, EXIT_OK};
 
@@ -71,7 +71,7 @@ pub fn config_given(r: &Resolved) -> bool {
 
 /// A comma-separated list of IP addresses (`--pod-ip`, `--nameservers`).
 pub fn ip_list(flag: &'static str, value: &str) -> Result<Vec<IpAddr>, Error> {
-    redirect_core::model::parse::split_list(value)
+    redirect_core::cli::split_list(value)
         .map(|s| {
             s.parse::<IpAddr>().map_err(|_| Error::IpList {
                 flag,

@@ -5,14 +5,14 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use redirect_core::model::eval::FlowError;
+use redirect_core::eval::FlowError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Istio's flags or variables (typed by the core, which names the flag), planning, or
     /// reading the pod's address.
     #[error(transparent)]
-    Core(#[from] redirect_core::istio::Error),
+    Core(#[from] redirect_core::error::IstioError),
 
     #[error("--{flag} {value:?}: {item:?} is not an IP address; expected e.g. 10.244.1.7,fd00::7")]
     IpList {
@@ -32,7 +32,7 @@ pub enum Error {
 
     /// The annotations ask for something the mesh mapping refuses.
     #[error("--annotations: {0}")]
-    Annotation(redirect_core::istio::mesh::MeshError),
+    Annotation(redirect_core::mesh::MeshError),
 
     /// The annotations alone do not decide the capture.
     #[error("--annotations: {0}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u")]
@@ -52,11 +52,11 @@ pub enum Error {
 
     /// Reading the namespace's rules failed (nf_tables needs CAP_NET_ADMIN there).
     #[error("{0} (inspect reads nf_tables over netlink: run it as root on the node)")]
-    KernelRead(redirect_core::istio::Error),
+    KernelRead(redirect_core::error::IstioError),
 }
 
-impl From<redirect_core::model::Error> for Error {
-    fn from(e: redirect_core::model::Error) -> Self {
+impl From<redirect_core::error::ConfigError> for Error {
+    fn from(e: redirect_core::error::ConfigError) -> Self {
         Error::Core(e.into())
     }
 }
@@ -73,8 +73,8 @@ macro_rules! core_from {
 }
 
 core_from!(
-    redirect_core::kernel::Error,
-    redirect_core::kernel::netns::Error,
-    redirect_core::kernel::nft::Error,
-    redirect_core::kernel::routes::Error
+    redirect_core::error::KernelError,
+    redirect_core::error::NamespaceError,
+    redirect_core::error::RulesError,
+    redirect_core::error::RoutesError
 );

@@ -5,12 +5,12 @@ use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 use std::net::IpAddr;
 
-use redirect_core::istio::cli::settings::Settings;
-use redirect_core::istio::mesh::Decision;
-use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::model::eval::{self, Evaluation, Flow, Verdict};
-use redirect_core::model::Ruleset;
-use redirect_core::model::{CaptureConfig, DNS_AGENT_PORT};
+use redirect_core::cli::settings::Settings;
+use redirect_core::eval::{self, Evaluation, Flow, Verdict};
+use redirect_core::mesh::Decision;
+use redirect_core::pod_facts::{self, HostAddress};
+use redirect_core::Ruleset;
+use redirect_core::{CaptureConfig, DNS_AGENT_PORT};
 use serde::Serialize;
 
 use crate::Error;
@@ -64,9 +64,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(
-    r: &redirect_core::istio::cli::flags::Resolved,
-) -> Result<(Vec<Explained>, Vec<String>), Error> {
+fn run(r: &redirect_core::cli::flags::Resolved) -> Result<(Vec<Explained>, Vec<String>), Error> {
     let flows: Vec<Flow> = r
         .matches
         .get_many::<String>("flow")
@@ -102,7 +100,7 @@ fn run(
 
 /// The addresses of an optional flag.
 fn ip_arg(
-    r: &redirect_core::istio::cli::flags::Resolved,
+    r: &redirect_core::cli::flags::Resolved,
     flag: &'static str,
 ) -> Result<Vec<IpAddr>, Error> {
     match args::get(&r.matches, flag) {
@@ -126,7 +124,7 @@ fn rules(
         }) => {
             notes.extend(warnings);
             let config = config.with_ipv6(host.ipv6);
-            let rs = config.plan(&redirect_core::kernel::SystemGroups)?;
+            let rs = config.plan(&redirect_core::SystemGroups)?;
             Ok((config.into_inner(), rs))
         }
         Some(Decision::Skip(why)) => {
@@ -140,7 +138,7 @@ fn rules(
         }
         None => {
             notes.extend(args::finish(s, host, nameservers)?);
-            let rs = s.config.plan(&redirect_core::kernel::SystemGroups)?;
+            let rs = s.config.plan(&redirect_core::SystemGroups)?;
             Ok((s.config.clone().into_inner(), rs))
         }
     }

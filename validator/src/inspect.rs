@@ -7,16 +7,12 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::istio::mesh::Decision;
-use redirect_core::istio::pod_facts::{self, HostAddress};
-use redirect_core::istio::validation::diagnosis::{self, KernelView};
-use redirect_core::kernel::backend::Live;
-use redirect_core::kernel::capture::{self, Mismatch, RoutesSeen};
-use redirect_core::kernel::netns;
-use redirect_core::kernel::nft::{self, text};
-use redirect_core::kernel::routes::{Routes, TproxyRouting};
-use redirect_core::model::Ruleset;
-use redirect_core::model::ValidConfig;
+use redirect_core::error::NamespaceError;
+use redirect_core::handles::{self, text, Live, Routes, RoutesSeen};
+use redirect_core::mesh::Decision;
+use redirect_core::pod_facts::{self, HostAddress};
+use redirect_core::probe::{self, KernelView};
+use redirect_core::{Mismatch, Ruleset, TproxyRouting, ValidConfig};
 use serde::Serialize;
 
 use crate::Error;
@@ -97,11 +93,11 @@ enum Expected {
     Nothing(String),
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> {
+fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
     let path = PathBuf::from(args::get(&r.matches, "netns").expect("required"));
     // Opened once: both reads below enter this descriptor, whatever the path names later.
-    let ns = netns::Netns::open(&path).map_err(|e| match e {
-        netns::Error::Open { path, cause } => Error::Netns {
+    let ns = redirect_core::Netns::open(&path).map_err(|e| match e {
+        NamespaceError::Open { path, cause } => Error::Netns {
             path,
             source: cause,
         },
@@ -125,7 +121,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
         Some(Decision::Capture { config, .. }) => {
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             let config = config.with_ipv6(h.ipv6);
-            let rs = config.plan(&redirect_core::kernel::SystemGroups)?;
+            let rs = config.plan(&redirect_core::SystemGroups)?;
             Some((
                 "the pod's annotations".to_string(),
                 Expected::Rules(Box::new(config), rs),
@@ -135,7 +131,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
             let h = host.ok_or(Error::NoNamespaceAddress)?;
             let servers = nameservers(r, settings.wants_nameservers(), &path)?;
             args::finish(&mut settings, &h, &servers)?;
-            let rs = settings.config.plan(&redirect_core::kernel::SystemGroups)?;
+            let rs = settings.config.plan(&redirect_core::SystemGroups)?;
             Some((
                 "Istio's flags".to_string(),
                 Expected::Rules(Box::new(settings.config), rs),
@@ -144,8 +140,8 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
         None => None,
     };
     let routing = match &expected {
-        Some((_, Expected::Rules(cfg, _))) => capture::routing_of(cfg),
-        _ => redirect_core::istio::TPROXY_ROUTING,
+        Some((_, Expected::Rules(cfg, _))) => handles::routing_of(cfg),
+        _ => redirect_core::pod_capture::TPROXY_ROUTING,
     };
     let want = expected.as_ref().map(|(_, e)| e);
     let kernel = ns
@@ -156,7 +152,7 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
 
 /// The pod's resolv.conf servers: `--nameservers`, else the pod's own file through /proc.
 fn nameservers(
-    r: &redirect_core::istio::cli::flags::Resolved,
+    r: &redirect_core::cli::flags::Resolved,
     wanted: bool,
     netns: &Path,
 ) -> Result<Vec<IpAddr>, Error> {
@@ -187,16 +183,19 @@ struct Kernel {
     differences: Vec<Mismatch>,
 }
 
-fn read(routing: &TproxyRouting, want: Option<&Expected>) -> redirect_core::istio::Result<Kernel> {
-    let view = diagnosis::read_kernel(None)?;
+fn read(
+    routing: &TproxyRouting,
+    want: Option<&Expected>,
+) -> redirect_core::error::IstioResult<Kernel> {
+    let view = probe::read_kernel(None)?;
     // Read once: shown below, and judged against the expectation.
     let routes = RoutesSeen::read_all(&Live::open()?, routing)?;
     let differences = match want {
         Some(Expected::Rules(cfg, rs)) => {
-            let needs = redirect_core::model::sidecar_routes(cfg);
-            capture::compare(&needs, rs, view.table.as_ref(), &routes)
+            let needs = redirect_core::sidecar_routes(cfg);
+            handles::compare(&needs, rs, view.table.as_ref(), &routes)
         }
-        Some(Expected::Nothing(_)) => capture::compare_uncaptured(view.table.as_ref()),
+        Some(Expected::Nothing(_)) => handles::compare_uncaptured(view.table.as_ref()),
         None => Vec::new(),
     };
     let tproxy = routes
@@ -262,7 +261,7 @@ fn report(
             .table
             .as_ref()
             .filter(|t| t.flags != 0)
-            .map(|t| nft::table_flags(t.flags)),
+            .map(|t| handles::table_flags(t.flags)),
         sets: k
             .table
             .as_ref()
@@ -309,7 +308,7 @@ fn text(f: &Report) -> String {
         None => {
             s += &format!(
                 "table inet {}: absent (no capture rules of ours)\n",
-                nft::TABLE
+                handles::TABLE
             )
         }
         Some(chains) => {
@@ -323,7 +322,7 @@ fn text(f: &Report) -> String {
             };
             s += &format!(
                 "table inet {}: {flags}{}, {}, {}\n",
-                nft::TABLE,
+                handles::TABLE,
                 counted(chains.len(), "chain"),
                 counted(rules, "rule"),
                 counted(f.sets.len(), "set")

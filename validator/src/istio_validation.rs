@@ -4,9 +4,8 @@
 use redirect_program::logging::stderr_line;
 use std::ffi::OsString;
 
-use redirect_core::istio::pod_facts;
-use redirect_core::istio::validation::diagnosis::{self, Diagnosis};
-use redirect_core::istio::validation::probe::{self, ProbeFailure};
+use redirect_core::pod_facts;
+use redirect_core::probe::{self, Diagnosis, ProbeFailure};
 use serde::Serialize;
 
 use crate::args;
@@ -69,10 +68,10 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> {
+fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let addresses = redirect_core::kernel::routes::Routes::open()?.addresses()?;
+    let addresses = redirect_core::handles::Routes::open()?.addresses()?;
     let host = pod_facts::detect_host_address(&addresses, s.dual_stack)?;
     let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()
@@ -106,12 +105,12 @@ fn run(r: &redirect_core::istio::cli::flags::Resolved) -> Result<Report, Error> 
             })
         }
         Err(failure) => {
-            let facts = diagnosis::gather_facts(&spec, &failure, &s.config);
+            let facts = probe::gather_facts(&spec, &failure, &s.config);
             let elapsed = match &failure {
                 ProbeFailure::Timeout { after, .. } => after.as_millis(),
                 ProbeFailure::NoListener { .. } => 0,
             };
-            let diagnosis = diagnosis::diagnose(&failure, &facts);
+            let diagnosis = probe::diagnose(&failure, &facts);
             Ok(Report {
                 passed: false,
                 exit_code: EXIT_VALIDATION,

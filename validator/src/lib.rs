@@ -4,23 +4,29 @@
 //! every pod on its node). Thin: the probe, the diagnosis, the
 //! evaluator and the read-back live in the library crates (redirect-model, redirect-kernel, redirect-istio).
 
+#![deny(missing_docs)]
+
 mod args;
 mod error;
 mod explain;
 mod inspect;
 mod istio_validation;
-pub mod node;
+mod node;
 mod pod_file;
 
 use std::ffi::OsString;
 
-pub use error::Error;
+use error::Error;
 
-/// Exit codes. 126 is Istio's "validation failed", which repair controllers key on.
+/// Exit code: success (the probe passed; `inspect` and `node` found nothing wrong).
 pub const EXIT_OK: i32 = 0;
+/// Exit code: no answer could be given: bad flags or environment, or an input that could not
+/// be read or used (the message says which).
 pub const EXIT_ERROR: i32 = 1;
-/// `inspect`: the rules differ from the expected configuration.
+/// `inspect`: the rules differ from the expected configuration; `node`: a pod needs attention.
 pub const EXIT_DIFFERS: i32 = 2;
+/// Exit code: the probe failed. 126 is Istio's "validation failed", which repair controllers
+/// key on.
 pub const EXIT_VALIDATION: i32 = 126;
 
 /// The whole program, from arguments and an environment lookup to an exit code.

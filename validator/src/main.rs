@@ -9,7 +9,7 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 fn main() {
     // Istio's flags read the same variables as redirect-init's.
     let vars = redirect_program::env::Env::capture();
-    if let Err(msg) = vars.check_utf8(redirect_core::istio::cli::flags::env_names()) {
+    if let Err(msg) = vars.check_utf8(redirect_core::cli::flags::env_names()) {
         eprintln!("error: {msg}");
         std::process::exit(1);
     }

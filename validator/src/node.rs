@@ -9,7 +9,6 @@
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::path::Path;
 use std::time::Duration;
 
 use clap::{Arg, ArgAction, Command};
@@ -342,13 +341,6 @@ fn short_time(t: &Value) -> String {
     t.split_once('T')
         .map(|(_, clock)| clock.trim_end_matches('Z').to_string())
         .unwrap_or(t)
-}
-
-/// The table of a saved view (`--file`), for tests and tools.
-pub fn table_of(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let doc: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    Ok(table(&doc))
 }
 
 #[cfg(test)]

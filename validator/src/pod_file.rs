@@ -3,10 +3,9 @@
 
 use std::path::Path;
 
-use redirect_core::istio::cli::flags::Resolved;
-use redirect_core::istio::cli::settings::Settings;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::istio::pod;
+use redirect_core::cli::flags::Resolved;
+use redirect_core::cli::settings::Settings;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
 
 use crate::{args, Error};
 
@@ -33,7 +32,7 @@ pub fn decision(file: &Path, settings: &Settings) -> Result<Decision, Error> {
         reason,
     };
     let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
-    let pod = pod::pod_from_text(&text).map_err(bad)?;
+    let pod = mesh::pod_from_text(&text).map_err(bad)?;
     let defaults = MeshDefaults {
         proxy_uid: settings.config.proxy_uids.first().copied(),
         proxy_gid: settings.config.proxy_gids.first().copied(),

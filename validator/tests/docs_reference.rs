@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use redirect_testkit::docs::*;
 
-use redirect_core::istio::cli::flags::{env_names, FLAGS};
+use redirect_core::cli::flags::{env_names, FLAGS};
 
 const PAGE: &str = "docs/redirect-validate.md";
 /// Istio's flags are documented there; the validate page links it.

@@ -12,8 +12,8 @@
 use std::io::Read;
 use std::net::TcpListener;
 
-use redirect_core::model::CaptureConfig;
 use redirect_core::Capture;
+use redirect_core::CaptureConfig;
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use redirect_core::istio::capture::{Existing, LiveIstioRules};
-use redirect_core::kernel::backend::{Backend, Live};
-use redirect_core::kernel::capture;
+use redirect_core::pod_capture::{Existing, LiveIstioRules};
 use redirect_core::SystemGroups;
+use redirect_kernel::backend::{Backend, Live};
+use redirect_kernel::capture;
 use redirect_testkit::TestNetns;
 
 fn pod_ns() -> TestNetns {
@@ -25,14 +25,14 @@ fn us(t: Instant) -> u64 {
 }
 
 /// The library's calls of a default redirect-init run, each timed.
-fn ours(cfg: &redirect_core::model::ValidConfig) -> Vec<(&'static str, u64)> {
+fn ours(cfg: &redirect_core::ValidConfig) -> Vec<(&'static str, u64)> {
     let t_all = Instant::now();
     let t = Instant::now();
     let live = Live::open().unwrap();
     let open = us(t);
     let t = Instant::now();
     let addrs = live.addresses().unwrap();
-    let host = redirect_core::istio::pod_facts::detect_host_address(&addrs, false).unwrap();
+    let host = redirect_core::pod_facts::detect_host_address(&addrs, false).unwrap();
     let addresses = us(t);
     let t = Instant::now();
     let cfg = cfg.clone().with_ipv6(host.ipv6);

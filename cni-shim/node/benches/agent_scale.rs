@@ -366,7 +366,7 @@ fn repair_round(
             String::from_utf8_lossy(&out.stderr)
         );
         let deadline = t0 + Duration::from_secs(30);
-        while redirect_testkit::nft_in(netns.path())
+        while redirect_kernel::testing::nft_in(netns.path())
             .read()
             .unwrap()
             .is_none()

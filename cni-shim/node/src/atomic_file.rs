@@ -17,11 +17,14 @@ pub const TEMP_MARKER: &str = ".redirect-cni-tmp";
 /// How a file is written: its mode and, when known, its owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileAttrs {
+    /// The permission bits, set whatever the umask.
     pub mode: u32,
+    /// `(uid, gid)`; `None`: the writer's. Set on a best-effort basis.
     pub owner: Option<(u32, u32)>,
 }
 
 impl FileAttrs {
+    /// `mode`, with the writer as the owner.
     pub fn mode(mode: u32) -> Self {
         FileAttrs { mode, owner: None }
     }

@@ -14,7 +14,7 @@ use crate::install::{self, signals, StopHandle, WatchOptions};
 use crate::metrics::Install;
 use crate::settings::{self, Parsed, Settings};
 use crate::Error;
-use cni_plugin::events::Readiness;
+use cni_protocol::events::Readiness;
 
 /// `redirect-cni-node [flags]`: `args` are the arguments after the binary (a leading
 /// `install`, as `redirect-cni install` passes it, is skipped), `env` looks up environment
@@ -77,7 +77,7 @@ pub fn run(
     drop(with_agent);
     if let Err(e) = &result {
         crate::agent::write_readiness(
-            &run_dir.join(cni_plugin::events::READY_NAME),
+            &run_dir.join(cni_protocol::events::READY_NAME),
             &Readiness::NotReady(format!("the node agent exited: {e}")),
         );
     }

@@ -6,6 +6,8 @@
 //! (`kube_client`). The plugin's own crate (`cni_plugin`) gives its config, its events and
 //! the pod conversion; it links nothing of this one.
 
+#![deny(missing_docs)]
+
 pub mod agent;
 pub mod ambient;
 pub mod atomic_file;
@@ -16,6 +18,7 @@ pub mod kube_client;
 pub mod metrics;
 pub mod node_view;
 pub mod plugin_entry;
+pub mod pods;
 pub mod repair;
 pub mod run_dir;
 pub mod settings;

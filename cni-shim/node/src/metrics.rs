@@ -5,7 +5,7 @@
 //! - `istio_cni_install_ready`: whether the plugin is installed and the agent ready;
 //! - `istio_cni_installs_total{result}`: install steps, with Istio's result values;
 //! - `istio_cni_plugin_requests_total{command,response_code}`: the plugin's calls, from its
-//!   events (`cni_plugin::events`);
+//!   events (`cni_protocol::events`);
 //! - `redirect_cni_add_duration_seconds` and `redirect_cni_add_phase_duration_seconds{phase}`:
 //!   histograms of ADD's whole time and of each phase (istio#60472);
 //! - `redirect_cni_repair_watch_up` and `redirect_cni_repair_watch_last_list_timestamp_seconds`:
@@ -24,8 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::repair::detect::Action;
-use cni_plugin::events::Event;
+use cni_protocol::events::Event;
 
 /// The histograms' buckets, in seconds: 0.5 ms to 10 s (an ADD takes a few milliseconds; a
 /// pod read from a slow API server, seconds).
@@ -36,10 +35,15 @@ pub const BUCKETS: [f64; 14] = [
 /// An install step's outcome, as Istio's `istio_cni_installs_total` labels it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Install {
+    /// The CNI config was written, or found in place at the first pass: `SUCCESS`.
     Success,
+    /// The plugin binary could not be copied: `COPY_BINARIES_FAILURE`.
     CopyBinariesFailure,
+    /// The service account's token or CA could not be read: `READ_SERVICE_ACCOUNT_FAILURE`.
     ReadServiceAccountFailure,
+    /// The kubeconfig could not be made or written: `CREATE_KUBECONFIG_FAILURE`.
     CreateKubeconfigFailure,
+    /// The CNI config could not be written: `CREATE_CNI_CONFIG_FAILURE`.
     CreateCniConfigFailure,
 }
 
@@ -57,7 +61,7 @@ impl Install {
 
 /// How one repair, delete or label ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Result {
+pub(crate) enum Result {
     Success,
     Fail,
     /// Nothing to do (label mode: the label is there already; repair mode: the plugin would
@@ -161,9 +165,10 @@ struct StageLabels {
 }
 
 impl Metrics {
-    /// The metrics, with the counters of `mode` (if any) present at zero from the start; the
-    /// watch's gauges only when the repair controller runs (`watch`).
-    pub fn new(mode: Option<Action>, watch: bool) -> Self {
+    /// The metrics, with the counters of the repair controller's `mode` (its `type` label:
+    /// `repair`, `delete`, `label`; if any) present at zero from the start; the watch's gauges
+    /// only when the repair controller runs (`watch`).
+    pub fn new(mode: Option<&'static str>, watch: bool) -> Self {
         let mut registry = Registry::default();
         let repaired = Family::<RepairLabels, Counter>::default();
         registry.register(
@@ -215,11 +220,11 @@ impl Metrics {
                 watch_listed.clone(),
             );
         }
-        if let Some(action) = mode {
+        if let Some(r#type) = mode {
             for result in [Result::Success, Result::Fail] {
                 repaired
                     .get_or_create(&RepairLabels {
-                        r#type: action.metric_type(),
+                        r#type,
                         result: result.label(),
                     })
                     .get();
@@ -380,16 +385,17 @@ impl Metrics {
         }
     }
 
-    pub fn count(&self, action: Action, result: Result) {
+    /// One pod the repair controller acted on: its action's `type` label and the result.
+    pub(crate) fn count(&self, r#type: &'static str, result: Result) {
         self.repaired
             .get_or_create(&RepairLabels {
-                r#type: action.metric_type(),
+                r#type,
                 result: result.label(),
             })
             .inc();
     }
 
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
     }
 
@@ -411,10 +417,10 @@ mod tests {
 
     #[test]
     fn counts_show_under_istios_name_and_labels() {
-        let m = Metrics::new(Some(Action::Repair), true);
-        m.count(Action::Repair, Result::Success);
-        m.count(Action::Repair, Result::Success);
-        m.count(Action::Label, Result::Skip);
+        let m = Metrics::new(Some("repair"), true);
+        m.count("repair", Result::Success);
+        m.count("repair", Result::Success);
+        m.count("label", Result::Skip);
         m.set_ready(true);
         let text = m.encode();
         for line in [
@@ -435,7 +441,7 @@ mod tests {
             code,
             pod: Some("shop/web-0".into()),
             total_us,
-            phases: cni_plugin::events::Phases {
+            phases: cni_protocol::events::Phases {
                 config_us: Some(100),
                 apply_us,
                 ..Default::default()

@@ -12,20 +12,101 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::ambient::dataplane::{HostView, ReadBack, Repair, ZtunnelView};
-use crate::ambient::identity::Binding;
+/// How a namespace was tied to its pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Binding {
+    /// It holds the addresses the API lists for the pod.
+    ApiAddresses,
+    /// It holds the addresses the plugin's request listed, which no other pod of the node has;
+    /// the API listed none yet: checked again as soon as it does.
+    RequestAddresses,
+    /// Neither the API nor the request listed an address (a plugin run without a previous
+    /// result, as under Multus): the namespace's own addresses, which no other pod of the
+    /// node has; checked again as soon as the API lists the pod's.
+    NamespaceAddresses,
+    /// The agent's own search found it (the pod's cgroup, and its address when known).
+    Search,
+}
+
+/// What a repair put right.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RepairKind {
+    /// The host's probe table was gone: recreated with every enrolled pod's addresses.
+    HostTable,
+    /// Addresses missing from (or left in) the host's probe sets.
+    HostMembers,
+    /// A pod's in-pod rules differed from its plan (or were gone): programmed again.
+    PodRules,
+    /// A pod's namespace found again (after a `keep`), or bound anew.
+    Namespace,
+    /// A pod the current ztunnel had not acked, sent again.
+    Resent,
+}
+
+impl RepairKind {
+    /// The `kind` label of `redirect_cni_ambient_repairs_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            RepairKind::HostTable => "host_table",
+            RepairKind::HostMembers => "host_members",
+            RepairKind::PodRules => "pod_rules",
+            RepairKind::Namespace => "namespace",
+            RepairKind::Resent => "resent",
+        }
+    }
+}
+
+/// One repair: when, what, and why (what was read back).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Repair {
+    #[serde(with = "rfc3339")]
+    pub at: SystemTime,
+    pub kind: RepairKind,
+    pub why: String,
+}
+
+/// A pod's rules as they stand after the last read (and the repair it led to).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ReadBack {
+    #[serde(with = "rfc3339")]
+    pub at: SystemTime,
+    /// What differed from the plan (empty: equal), or why it could not be read.
+    pub differences: Vec<String>,
+}
+
+/// The host table as last read back.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub(crate) struct HostView {
+    /// Whether the probe SNAT is configured (kubelet was found).
+    pub configured: bool,
+    /// The addresses in its sets at the last read; `None`: the table was not there.
+    pub members: Option<Vec<IpAddr>>,
+    #[serde(with = "rfc3339_opt")]
+    pub checked_at: Option<SystemTime>,
+    pub repair: Option<Repair>,
+}
+
+/// What the current ZDS connection holds of a pod.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct ZtunnelView {
+    pub connection: Option<u64>,
+    pub acked: bool,
+    pub refused: Option<String>,
+}
 
 /// The kind of capture a pod has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Kind {
+pub(crate) enum Kind {
     Ambient,
     Sidecar,
 }
 
 /// One pod in the view.
 #[derive(Clone, Debug, Serialize)]
-pub struct PodEntry {
+pub(crate) struct PodEntry {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -46,7 +127,7 @@ pub struct PodEntry {
 
 /// ztunnel's connection as the agent holds it.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct ZtunnelState {
+pub(crate) struct ZtunnelState {
     pub socket: String,
     pub connected: bool,
     pub connection: Option<u64>,
@@ -59,7 +140,7 @@ pub struct ZtunnelState {
 
 /// The ambient controller's passes.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct PassState {
+pub(crate) struct PassState {
     pub passes: u64,
     pub last: Option<String>,
     pub took_ms: f64,
@@ -70,7 +151,7 @@ pub struct PassState {
 
 /// What the ambient controller publishes after each pass.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct AmbientPart {
+pub(crate) struct AmbientPart {
     pub ztunnel: ZtunnelState,
     pub host_probe: HostView,
     pub pass: PassState,
@@ -101,7 +182,7 @@ struct Document<'a> {
 }
 
 impl NodeView {
-    pub fn new(node: &str) -> NodeView {
+    pub(crate) fn new(node: &str) -> NodeView {
         let view = NodeView::default();
         view.lock().node = node.to_owned();
         view
@@ -112,22 +193,22 @@ impl NodeView {
     }
 
     /// The ambient part, replaced whole after each pass.
-    pub fn set_ambient(&self, part: AmbientPart) {
+    pub(crate) fn set_ambient(&self, part: AmbientPart) {
         self.lock().ambient = Some(part);
     }
 
     /// A sidecar pod as the repair controller sees it now.
-    pub fn set_sidecar(&self, entry: PodEntry) {
+    pub(crate) fn set_sidecar(&self, entry: PodEntry) {
         self.lock().sidecar.insert(entry.uid.clone(), entry);
     }
 
     /// Keeps the sidecar pods `known` says are still there (after a relist).
-    pub fn keep_sidecars(&self, known: impl Fn(&str) -> bool) {
+    pub(crate) fn keep_sidecars(&self, known: impl Fn(&str) -> bool) {
         self.lock().sidecar.retain(|uid, _| known(uid));
     }
 
     /// A sidecar pod gone.
-    pub fn forget_sidecar(&self, uid: &str) {
+    pub(crate) fn forget_sidecar(&self, uid: &str) {
         self.lock().sidecar.remove(uid);
     }
 
@@ -154,5 +235,27 @@ impl NodeView {
             pods,
         };
         serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// Times in the node view: RFC 3339, as the API's.
+mod rfc3339 {
+    pub fn serialize<S: serde::Serializer>(
+        t: &std::time::SystemTime,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string())
+    }
+}
+
+mod rfc3339_opt {
+    pub fn serialize<S: serde::Serializer>(
+        t: &Option<std::time::SystemTime>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string()),
+            None => s.serialize_none(),
+        }
     }
 }

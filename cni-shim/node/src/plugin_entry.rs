@@ -32,7 +32,7 @@ pub fn plugin_entry(s: &Settings) -> Value {
     );
     m.insert("pod_namespace".into(), s.pod_namespace.clone().into());
     if s.ambient.enabled {
-        // The plugin asks the agent at each ADD (`cni_plugin::ambient`).
+        // The plugin asks the agent at each ADD (`cni_protocol::ambient`).
         m.insert("ambient_enabled".into(), true.into());
     }
     let mut caps = Map::new();

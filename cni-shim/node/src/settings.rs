@@ -1,7 +1,7 @@
 //! `redirect-cni-node`'s flags. Each flag can also come from an environment variable, named
 //! as Istio's install-cni names it where Istio has one (`a-b` ↔ `A_B`): a flag given on the
 //! command line wins, then a non-empty variable, then the default. The core's flag-table engine
-//! (`redirect_core::istio::cli::flag_table`, also redirect-init's) parses and resolves them; this
+//! (`redirect_core::cli::flag_table`, also redirect-init's) parses and resolves them; this
 //! file holds the table and types the values.
 
 use std::ffi::OsString;
@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Command;
-use redirect_core::istio::cli::flag_table::{self, Flag, Table};
+use redirect_core::cli::flag_table::{self, Flag, Table};
 use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
 use super::plugin_entry::PLUGIN_TYPE;
 use crate::ambient::AmbientSettings;
+use crate::pods::Places;
 use crate::repair::detect::{Action, Filter};
-use crate::repair::in_place::Places;
 use crate::repair::RepairSettings;
 use redirect_core::AmbientConfig;
 
@@ -43,7 +43,7 @@ const fn b(
     s(key, Some(env), default, help).go_bool()
 }
 
-redirect_core::istio::flags! {
+redirect_core::cli::flags! {
     static SPECS = [
         MOUNTED_CNI_NET_DIR = s(
             "mounted-cni-net-dir",
@@ -378,29 +378,51 @@ redirect_core::istio::flags! {
 /// Everything `redirect-cni-node` was told.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
+    /// `MOUNTED_CNI_NET_DIR`: the host's CNI config directory as mounted here.
     pub mounted_cni_net_dir: PathBuf,
+    /// `CNI_NET_DIR`: the same directory as the host sees it; only logged.
     pub cni_net_dir: PathBuf,
+    /// `CNI_BIN_DIR`: the host's CNI bin directories (as mounted here) the plugin is copied into.
     pub cni_bin_dirs: Vec<PathBuf>,
     /// `None`: `redirect-cni` beside this executable.
     pub binary: Option<PathBuf>,
+    /// `CNI_CONF_NAME`: chained, the file to chain into (`None`: the one kubelet uses);
+    /// standalone, the file to write (`None`: `redirect-cni.conf`).
     pub cni_conf_name: Option<String>,
     /// The `name` of our config: the network's name for a standalone config (Multus).
     pub cni_network_name: String,
+    /// `CHAINED_CNI_PLUGIN`: chain into the node's CNI config; `false`: write a standalone one.
     pub chained: bool,
+    /// `CNI_AGENT_RUN_DIR`: the run directory shared with the plugin (kubeconfig, status file,
+    /// sockets, install record), at the same path on the host.
     pub cni_agent_run_dir: PathBuf,
+    /// `KUBECONFIG_MODE`: the kubeconfig's file mode.
     pub kubeconfig_mode: u32,
+    /// `CNI_CONF_GROUP_READ`: the standalone config gets mode 0640 instead of 0600.
     pub cni_conf_group_read: bool,
+    /// `KUBE_CA_FILE`: the CA bundle to trust; `None`: the service account's `ca.crt`.
     pub kube_ca_file: Option<PathBuf>,
+    /// `SKIP_TLS_VERIFY`: the API server's certificate is not verified (neither by the
+    /// kubeconfig nor by the agent's client).
     pub skip_tls_verify: bool,
+    /// `--service-account-dir`: where the service account's `token` and `ca.crt` are.
     pub service_account_dir: PathBuf,
+    /// `KUBERNETES_SERVICE_HOST`: the API server's host; `None` when not given.
     pub kubernetes_service_host: Option<String>,
+    /// `KUBERNETES_SERVICE_PORT`: the API server's port.
     pub kubernetes_service_port: String,
+    /// `KUBERNETES_SERVICE_PROTOCOL`: the API server's scheme (`https`).
     pub kubernetes_service_protocol: String,
+    /// `EXCLUDE_NAMESPACES`: namespaces whose pods the plugin leaves alone.
     pub exclude_namespaces: Vec<String>,
+    /// `POD_NAMESPACE`: this DaemonSet's namespace; the plugin leaves its pods alone, and
+    /// `--safe-upgrade` reads this pod and its DaemonSet there. Empty when not given.
     pub pod_namespace: String,
+    /// `PLUGIN_LOG_LEVEL`: the plugin's log level (`log_level` in its entry).
     pub plugin_log_level: String,
     /// Extra fields for the plugin's entry (`--plugin-config-json`).
     pub plugin_config: Map<String, Value>,
+    /// `CLEANUP_ON_EXIT`: on a clean stop, remove what was installed.
     pub cleanup_on_exit: bool,
     /// `--safe-upgrade`: keep the plugin for the next agent when the DaemonSet stays.
     pub safe_upgrade: bool,
@@ -408,6 +430,7 @@ pub struct Settings {
     pub pod_name: String,
     /// This node (`NODE_NAME`); empty when not given.
     pub node_name: String,
+    /// The repair controller (`REPAIR_*`).
     pub repair: RepairSettings,
     /// `--untaint-node`: the taint key to remove once installed.
     pub untaint: Option<String>,
@@ -491,10 +514,12 @@ impl Settings {
             .join("redirect-cni-install-state.json")
     }
 
-    pub fn token_path(&self) -> PathBuf {
+    pub(crate) fn token_path(&self) -> PathBuf {
         self.service_account_dir.join("token")
     }
 
+    /// The CA bundle the kubeconfig and the agent's client trust: `KUBE_CA_FILE`, else the
+    /// service account's `ca.crt`; `None` with `SKIP_TLS_VERIFY`.
     pub fn ca_path(&self) -> Option<PathBuf> {
         if self.skip_tls_verify {
             None
@@ -511,6 +536,7 @@ impl Settings {
 /// What the command line asked for.
 #[derive(Debug)]
 pub enum Parsed {
+    /// Run with these settings.
     Run(Box<Settings>),
     /// `--help` or `--version`: print this on stdout and exit 0.
     Info(String),
@@ -785,12 +811,12 @@ impl Values {
 }
 
 /// Go's `strconv.ParseBool` (Istio's install-cni reads its booleans with it).
-pub use redirect_core::istio::go::parse_bool;
+pub use redirect_core::cli::parse_bool;
 
-/// An octal mode: `0600`, `600` or `0o600`, at most 0777.
 /// Mode bits refused for the kubeconfig: any access for others, write or execute for the group.
 pub const KUBECONFIG_UNSAFE_BITS: u32 = 0o037;
 
+/// An octal mode: `0600`, `600` or `0o600`, at most 0777.
 pub fn parse_mode(v: &str) -> Option<u32> {
     let digits = v.strip_prefix("0o").unwrap_or(v);
     if digits.is_empty() || digits.len() > 4 {
@@ -801,7 +827,7 @@ pub fn parse_mode(v: &str) -> Option<u32> {
 
 /// The items of a comma-separated list, as every program splits them.
 fn split_list(v: &str) -> Vec<String> {
-    redirect_core::model::parse::split_list(v)
+    redirect_core::cli::split_list(v)
         .map(String::from)
         .collect()
 }

@@ -145,7 +145,7 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
 
     // The agent restarts: the new one finds the pod's namespace, keeps its rules, and its
     // snapshot names the pod (ztunnel would drop a pod it leaves out).
-    let before = redirect_testkit::nft_in(web.path()).read().unwrap();
+    let before = redirect_kernel::testing::nft_in(web.path()).read().unwrap();
     drop(agent);
     let agent = n.agent();
     eventually("a second snapshot", || {
@@ -157,7 +157,7 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         z.seen()
     );
     assert_eq!(
-        redirect_testkit::nft_in(web.path()).read().unwrap(),
+        redirect_kernel::testing::nft_in(web.path()).read().unwrap(),
         before,
         "the rules were touched"
     );
@@ -252,7 +252,7 @@ fn without_the_agent_an_ambient_add_fails_naming_the_socket_and_changes_nothing(
     let before = ruleset();
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web;K8S_POD_UID=u1";
     let env = cni_env("ADD", pod.path().to_str().unwrap(), args);
-    let socket = run.path().join(cni_plugin::ambient::SOCKET_NAME);
+    let socket = run.path().join(cni_protocol::ambient::SOCKET_NAME);
     for left in ["no socket", "a dead agent's socket"] {
         if left != "no socket" {
             // Bound, never listened on: connect() is refused.
@@ -302,7 +302,7 @@ fn without_the_agent_only_ambient_pods_wait() {
         .node
         .path()
         .join("run")
-        .join(cni_plugin::ambient::SOCKET_NAME);
+        .join(cni_protocol::ambient::SOCKET_NAME);
     assert!(!socket.exists(), "the stopped agent left its socket");
 
     let plain_uid = create_pod(&n.cp, "plain", "app");

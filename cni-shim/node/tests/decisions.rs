@@ -1,18 +1,18 @@
 //! The repair controller's in-place decision on a fake namespace
-//! (`redirect_core::kernel::fake::Fake`): it applies what the plugin's ADD would, reads it back,
+//! (`redirect_core::testing::Fake`): it applies what the plugin's ADD would, reads it back,
 //! and leaves alone the pods it would not capture or cannot place. No root and no kernel: the
 //! namespace file is the test process's own, its kernel side is the fake.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
 
+use cni_node::pods::search::FindError;
 use cni_node::repair::in_place::{self, Outcome, Reach, RepairError};
-use cni_node::repair::pod_netns::FindError;
-use redirect_core::istio::mesh::MeshDefaults;
-use redirect_core::kernel::backend::Backend;
-use redirect_core::kernel::fake::Fake;
-use redirect_core::kernel::netns::Netns;
-use redirect_core::model::eval::{Flow, Verdict};
+use redirect_core::eval::{Flow, Verdict};
+use redirect_core::mesh::MeshDefaults;
+use redirect_core::testing::Fake;
+use redirect_core::Backend;
+use redirect_core::Netns;
 use serde_json::{json, Value};
 
 const STATUS: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}"#;
@@ -49,7 +49,7 @@ fn repair(fake: &Fake, pod: &k8s_openapi::api::core::v1::Pod) -> Result<Outcome,
         Ok(Netns::open(std::path::Path::new(OWN_NETNS)).unwrap())
     };
     let fake = fake.clone();
-    let open = move |_: &Netns| -> redirect_core::kernel::Result<Box<dyn Backend>> {
+    let open = move |_: &Netns| -> redirect_core::error::KernelResult<Box<dyn Backend>> {
         Ok(Box::new(fake.clone()))
     };
     let reach = Reach {

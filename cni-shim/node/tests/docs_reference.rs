@@ -151,8 +151,8 @@ fn every_installer_flag_and_variable_the_page_names_exists() {
 fn every_metric_is_documented_and_exists() {
     use cni_node::metrics::{Install, Metrics};
     use cni_node::repair::detect::Action;
-    use cni_plugin::events::Event;
-    let m = Metrics::new(Some(Action::Repair), true).with_ambient();
+    use cni_protocol::events::Event;
+    let m = Metrics::new(Some(Action::Repair.metric_type()), true).with_ambient();
     m.set_ambient(1, 0, true, 1);
     m.ambient_failed();
     m.ambient_pass(std::time::Duration::from_millis(2));
@@ -162,7 +162,7 @@ fn every_metric_is_documented_and_exists() {
     m.installed(Install::Success);
     m.plugin_event(&Event {
         command: "ADD".into(),
-        phases: cni_plugin::events::Phases {
+        phases: cni_protocol::events::Phases {
             config_us: Some(100),
             ..Default::default()
         },

@@ -384,12 +384,12 @@ fn forged_datagrams_add_no_label_values() {
     let agent = start_agent(&node, d.path());
     let run = d.path().join("run");
     eventually("the agent's socket", || {
-        run.join(cni_plugin::events::SOCKET_NAME)
+        run.join(cni_protocol::events::SOCKET_NAME)
             .exists()
             .then_some(())
     });
     let sock = std::os::unix::net::UnixDatagram::unbound().unwrap();
-    let to = run.join(cni_plugin::events::SOCKET_NAME);
+    let to = run.join(cni_protocol::events::SOCKET_NAME);
     for code in 1000..1300 {
         let e = format!(r#"{{"command":"ADD","code":{code},"total_us":1000}}"#);
         sock.send_to(e.as_bytes(), &to).unwrap();

@@ -132,7 +132,7 @@ fn pod_ns(ip: &str) -> TestNetns {
 }
 
 fn has_rules(ns: &TestNetns) -> bool {
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .read()
         .unwrap()
         .is_some()
@@ -422,7 +422,7 @@ fn the_plugin_reads_real_pods_with_the_agents_rbac() {
     };
     let pod = cni_plugin::kube::fetch_pod(&kubeconfig, "shop", "web-0", &policy).unwrap();
     let json = cp.kubectl_ok(&["get", "pod", "web-0", "-n", "shop", "-o", "json"]);
-    assert_eq!(pod, cni_plugin::kube::pod_info_from_json(&json).unwrap());
+    assert_eq!(pod, cni_protocol::pod::pod_info_from_json(&json).unwrap());
     let proxy = pod.spec.as_ref().unwrap().container("istio-proxy").unwrap();
     assert_eq!(proxy.run_as_user, Some(i64::from(OPENSHIFT_UID)));
     assert_eq!(proxy.env["ISTIO_META_INTERCEPTION_MODE"], "REDIRECT");

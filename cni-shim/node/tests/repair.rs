@@ -14,21 +14,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cni_node::metrics::Metrics;
+use cni_node::pods::queue::Backoff;
+use cni_node::pods::search::{find, FindError};
 use cni_node::repair::controller::Controller;
 use cni_node::repair::detect::{Action, Filter};
 use cni_node::repair::in_place::{repair, Outcome, Places, RepairError};
-use cni_node::repair::pod_netns::{find, FindError};
-use cni_node::repair::queue::Backoff;
 use cni_node::repair::RepairSettings;
-use cni_plugin::cni::conf::NetConf;
+use cni_protocol::cni::conf::NetConf;
 use common::cluster::Cluster;
 use common::host_proc::{cgroupfs, FakeProc};
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults};
-use redirect_core::kernel::netns::{netns_id_of, Netns};
-use redirect_core::kernel::nft;
-use redirect_core::model::CaptureConfig;
+use redirect_core::handles::netns_id_of;
+use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::CaptureConfig;
+use redirect_core::Netns;
 use redirect_testkit::binary::{self, Run};
 use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
@@ -178,7 +178,10 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
     let (ns, proc) = running_pod("10.55.5.2");
     let probe = || binary::run_in(validate, &ns, &Run::args(&[]).user(1337, 1337));
     // Broken: no rules, and the probe says so as istio-validation does.
-    assert_eq!(redirect_testkit::nft_in(ns.path()).read().unwrap(), None);
+    assert_eq!(
+        redirect_kernel::testing::nft_in(ns.path()).read().unwrap(),
+        None
+    );
     assert_eq!(probe().code, 126, "the probe must fail before the repair");
 
     let out = repair(
@@ -195,7 +198,7 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
     // The table is the one ADD writes for this pod: the plugin's decision from the pod object
     // (this one captures DNS, from its istio-proxy's environment).
     let pod = sidecar_pod(UID, "10.55.5.2");
-    let info = cni_plugin::kube::pod_info(pod, String::new(), String::new());
+    let info = cni_protocol::pod::pod_info(pod, String::new(), String::new());
     let Decision::Capture { config, .. } = mesh::decide(&info, &MeshDefaults::default()).unwrap()
     else {
         panic!("the fixture is a captured pod")
@@ -204,9 +207,9 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
         config.dns != CaptureConfig::istio_sidecar_default().dns,
         "the fixture's DNS capture"
     );
-    let expected = nft::expected(&plan(&config).unwrap());
+    let expected = redirect_kernel::nft::expected(&plan(&config).unwrap());
     assert_eq!(
-        redirect_testkit::nft_in(ns.path()).read().unwrap(),
+        redirect_kernel::testing::nft_in(ns.path()).read().unwrap(),
         Some(expected)
     );
     let ran = probe();
@@ -226,7 +229,10 @@ fn a_pod_the_plugin_would_not_capture_is_left_alone() {
         .insert("sidecar.istio.io/inject".into(), "false".into());
     let out = repair(&pod, &MeshDefaults::default(), &places(&proc)).unwrap();
     assert!(matches!(out, Outcome::NotCaptured(_)), "{out:?}");
-    assert_eq!(redirect_testkit::nft_in(ns.path()).read().unwrap(), None);
+    assert_eq!(
+        redirect_kernel::testing::nft_in(ns.path()).read().unwrap(),
+        None
+    );
 }
 
 #[test]
@@ -244,7 +250,10 @@ fn a_pod_whose_namespace_is_not_found_is_a_failure_with_nothing_applied() {
     .unwrap_err();
     assert!(matches!(err, RepairError::Netns { .. }), "{err:?}");
     assert!(err.to_string().contains("10.55.7.9"), "{err}");
-    assert_eq!(redirect_testkit::nft_in(ns.path()).read().unwrap(), None);
+    assert_eq!(
+        redirect_kernel::testing::nft_in(ns.path()).read().unwrap(),
+        None
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,7 +313,7 @@ fn pod_object(name: &str, uid: &str, ip: &str, node: &str, v: Validation) -> ser
 /// The plugin's config entry as the installer writes it with its defaults.
 fn plugin_conf() -> Arc<NetConf> {
     Arc::new(
-        cni_plugin::cni::conf::parse(
+        cni_protocol::cni::conf::parse(
             br#"{"cniVersion": "1.0.0", "name": "redirect-cni", "type": "redirect-cni"}"#,
         )
         .unwrap(),
@@ -416,7 +425,7 @@ fn start_controller_with(
     logs: Option<Logs>,
 ) -> Running {
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let metrics = Metrics::new(settings.action, true);
+    let metrics = Metrics::new(settings.action.map(|a| a.metric_type()), true);
     let m = metrics.clone();
     let thread = home.ns.run(move || {
         std::thread::spawn(move || {
@@ -474,7 +483,7 @@ fn repaired_total(text: &str, kind: &str, result: &str) -> u64 {
 const WAIT: Duration = Duration::from_secs(20);
 
 fn has_rules(ns: &TestNetns) -> bool {
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .read()
         .unwrap()
         .is_some()
@@ -865,7 +874,7 @@ fn the_agent_serves_metrics_that_count_its_repairs_and_its_readiness() {
         text.lines().any(|l| l == "istio_cni_install_ready 0"),
         "{text}"
     );
-    agent.set_ready(&cni_plugin::events::Readiness::Ready);
+    agent.set_ready(&cni_protocol::events::Readiness::Ready);
     assert_eq!(http_get(&home.ns, port, "/readyz").0, 200);
     let (_, text) = http_get(&home.ns, port, "/metrics");
     assert!(
@@ -912,7 +921,7 @@ fn untaint_removes_only_our_taint_and_only_once_ready() {
         taints,
         "untainted before the plugin was installed"
     );
-    agent.set_ready(&cni_plugin::events::Readiness::Ready);
+    agent.set_ready(&cni_protocol::events::Readiness::Ready);
     let left = eventually("the taint removed", WAIT, || {
         let t = home.cluster().node(NODE).unwrap()["spec"]["taints"].clone();
         (t.as_array().unwrap().len() < 3).then_some(t)

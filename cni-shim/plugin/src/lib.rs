@@ -1,16 +1,17 @@
 //! redirect-cni: the CNI plugin a runtime runs once per pod (`plugin`, over the protocol in
 //! `cni`). Thin: CNI stdin, CNI_ARGS and the pod's annotations (from the runtime, or read from
 //! the API server by `kube`) become a `redirect_core` config; the library does the rest.
-//! `events` is what the plugin tells the node agent (and reads of it, for STATUS). The node
-//! agent is a crate of its own (`cni-node`, `redirect-cni-node`), which uses this one's
-//! config, events and pod conversion; this crate links none of it.
+//! What it shares with the node agent (the CNI protocol and its config, the events it tells the
+//! agent, the ambient request, the sockets) is the crate `cni-protocol`, re-exported here; the
+//! node agent (`cni-node`, `redirect-cni-node`) uses that crate, not this one, and this crate
+//! links none of the agent.
 
-pub mod ambient;
-pub mod cni;
-pub mod events;
+#![deny(missing_docs)]
+
 pub mod kube;
 pub mod plugin;
-pub mod seqpacket;
+
+pub use cni_protocol::{ambient, cni, events, seqpacket};
 
 /// The node agent's binary, which `redirect-cni install` runs from beside the plugin.
 pub const NODE_AGENT_BINARY: &str = "redirect-cni-node";
@@ -29,7 +30,7 @@ pub fn plugin_main(
         env,
         stdin,
         env_error,
-        kernel: &redirect_core::kernel::backend::open_live,
+        kernel: &redirect_core::handles::open_live,
         started,
     };
     let (out, code) = match plugin::run(&inv) {

@@ -9,16 +9,10 @@ use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use redirect_core::istio::capture;
-use redirect_core::istio::mesh::{self, Decision};
-use redirect_core::istio::pod::PodInfo;
-use redirect_core::istio::Error as CaptureError;
-use redirect_core::kernel::backend::{Backend, Opener};
-use redirect_core::kernel::netns::{self, Netns};
-use redirect_core::kernel::nft::Nft;
-use redirect_core::kernel::Error as KernelError;
-use redirect_core::kernel::SystemGroups;
-use redirect_core::model::ValidConfig;
+use redirect_core::error::{IstioError as CaptureError, KernelError, NamespaceError};
+use redirect_core::handles::{Nft, Opener};
+use redirect_core::mesh::{self, Decision, PodInfo};
+use redirect_core::{pod_capture, Backend, Netns, SystemGroups, ValidConfig};
 use redirect_program::logging::{self, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
@@ -62,12 +56,14 @@ fn log_as_configured(conf: &NetConf) {
 
 /// The process's inputs.
 pub struct Invocation<'a> {
+    /// Looks up an environment variable: `CNI_COMMAND`, `CNI_ARGS` and the rest.
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// The network configuration the runtime wrote to stdin (may be empty, for VERSION).
     pub stdin: &'a [u8],
     /// Set when one of `ENV_NAMES` is not UTF-8: read as unset, it would drop the pod's
     /// capture silently.
     pub env_error: Option<String>,
-    /// How a pod's namespace is reached: `redirect_core::kernel::backend::open_live`.
+    /// How a pod's namespace is reached: `redirect_core::handles::open_live`.
     pub kernel: Opener<'a>,
     /// When the process started: the event's whole time counts from here.
     pub started: Instant,
@@ -450,7 +446,7 @@ fn is_own(ns: &Netns) -> Result<bool, CniError> {
 fn kernel_error(what: &str, e: CaptureError) -> CniError {
     let code = match e {
         CaptureError::Kernel(KernelError::Netns(
-            netns::Error::Open { .. } | netns::Error::NotNetns { .. },
+            NamespaceError::Open { .. } | NamespaceError::NotNetns { .. },
         )) => code::UNKNOWN_CONTAINER,
         CaptureError::Model(_) => code::INVALID_CONFIG,
         _ => code::IO_FAILURE,
@@ -501,7 +497,15 @@ fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let (cfg, _) = call
         .timed(
             |p| &mut p.apply_us,
-            || capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, known.as_deref()),
+            || {
+                pod_capture::apply_to_pod(
+                    k.as_ref(),
+                    cfg,
+                    dual_stack,
+                    &SystemGroups,
+                    known.as_deref(),
+                )
+            },
         )
         .map_err(|e| kernel_error(what, e))?;
     info!(
@@ -673,7 +677,7 @@ fn check_without_agent(
     )?;
     let annotated = pod
         .annotations
-        .get(redirect_core::istio::ambient::REDIRECTION)
+        .get(redirect_core::ambient::REDIRECTION)
         .map(String::as_str);
     if annotated == Some("enabled") {
         return Err(CniError::new(
@@ -695,7 +699,7 @@ fn without_agent(
     request: &ambient::AddRequest,
     why: &str,
 ) -> Result<String, CniError> {
-    use redirect_core::istio::ambient::{enrollment, Enrollment, PodView};
+    use redirect_core::ambient::{enrollment, Enrollment, PodView};
     let (ns, name) = (request.namespace.as_str(), request.name.as_str());
     let fail = |detail: String| {
         CniError::new(
@@ -751,7 +755,7 @@ fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
     let what = "removing the pod's capture";
     let ns = match Netns::open(Path::new(&netns)) {
         Ok(ns) => ns,
-        Err(netns::Error::Open { cause: source, .. })
+        Err(NamespaceError::Open { cause: source, .. })
             if matches!(
                 source.raw_os_error(),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR)
@@ -760,7 +764,7 @@ fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
             info!("DEL: CNI_NETNS {netns} does not exist any more: nothing to remove");
             return Ok(GONE);
         }
-        Err(e @ netns::Error::NotNetns { .. }) => {
+        Err(e @ NamespaceError::NotNetns { .. }) => {
             info!("DEL: {e}: the sandbox is gone, nothing to remove");
             return Ok(GONE);
         }
@@ -788,7 +792,7 @@ fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
     if k.read_table()?.is_none() {
         return Ok(false);
     }
-    redirect_core::kernel::capture::cleanup(k, &redirect_core::istio::TPROXY_ROUTING)?;
+    redirect_core::handles::cleanup(k, &redirect_core::pod_capture::TPROXY_ROUTING)?;
     Ok(true)
 }
 
@@ -810,7 +814,7 @@ fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     let (_, diff) = call
         .timed(
             |p| &mut p.read_back_us,
-            || capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, known.as_deref()),
+            || pod_capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, known.as_deref()),
         )
         .map_err(|e| kernel_error(what, e))?;
     if diff.is_empty() {

@@ -1,5 +1,5 @@
 //! The plugin's decisions on a fake namespace
-//! (`redirect_core::kernel::fake::Fake`): which pods are captured with which rules, what CHECK and DEL
+//! (`redirect_core::testing::Fake`): which pods are captured with which rules, what CHECK and DEL
 //! say, which errors leave everything as it was. No root and no kernel: the namespace file is
 //! the test process's own (`allow_host_netns`), its kernel side is the fake, and where traffic
 //! would go is the model's evaluator over what the fake holds.
@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use cni_plugin::plugin::{self, Invocation};
-use redirect_core::kernel::backend::Backend;
-use redirect_core::kernel::fake::Fake;
-use redirect_core::kernel::netns::Netns;
-use redirect_core::model::eval::{Flow, Verdict};
-use redirect_core::model::Family;
+use redirect_core::eval::{Flow, Verdict};
+use redirect_core::testing::Fake;
+use redirect_core::Backend;
+use redirect_core::Family;
+use redirect_core::Netns;
 use serde_json::{json, Value};
 
 const STATUS: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null}"#;
@@ -50,7 +50,7 @@ fn plugin(fake: &Fake, command: &str, stdin: &[u8]) -> (i32, String) {
         }
     };
     let fake = fake.clone();
-    let open = move |_: &Netns| -> redirect_core::kernel::Result<Box<dyn Backend>> {
+    let open = move |_: &Netns| -> redirect_core::error::KernelResult<Box<dyn Backend>> {
         Ok(Box::new(fake.clone()))
     };
     let inv = Invocation {

@@ -10,7 +10,7 @@ use redirect_testkit::docs::*;
 
 use cni_plugin::cni::conf::{FIELDS, NESTED_FIELDS};
 use cni_plugin::cni::Command;
-use redirect_core::istio::mesh::{ANNOTATIONS, LABELS, PROXY_ENV};
+use redirect_core::mesh::{ANNOTATIONS, LABELS, PROXY_ENV};
 
 const PAGE: &str = "docs/redirect-cni.md";
 
@@ -51,10 +51,7 @@ fn every_annotation_label_and_proxy_env_is_documented() {
         .collect();
     let annotation_rows = table_rows(&doc, &["annotation"]);
     // Those that set the capture (all but the status and inject ones) have a table row.
-    let decides = [
-        redirect_core::istio::mesh::STATUS,
-        redirect_core::istio::mesh::INJECT,
-    ];
+    let decides = [redirect_core::mesh::STATUS, redirect_core::mesh::INJECT];
     for a in ANNOTATIONS.iter().filter(|a| !decides.contains(a)) {
         if !annotation_rows
             .iter()
@@ -86,7 +83,7 @@ fn every_annotation_label_and_proxy_env_is_documented() {
 
 /// `pub const NAME: u32 = N;` of `pub mod code`: (name, N).
 fn error_codes() -> Vec<(String, u32)> {
-    let src = read("cni-shim/plugin/src/cni/mod.rs");
+    let src = read("cni-shim/protocol/src/cni/mod.rs");
     let start = src
         .find("pub mod code {")
         .expect("pub mod code in cni/mod.rs");

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{cni_env, mesh_conf, plugin_bin, pod_ns, static_bin, ARGS};
-use redirect_core::model::CaptureConfig;
+use redirect_core::CaptureConfig;
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
@@ -138,7 +138,7 @@ fn the_plugin_runs_add_check_del_from_an_empty_root() {
 
     let out = root.run(&[], &env("ADD"), &conf, pod.path(), false, None);
     assert_eq!(out.code, 0, "ADD: {out:?}");
-    let written = redirect_testkit::nft_in(pod.path())
+    let written = redirect_kernel::testing::nft_in(pod.path())
         .read()
         .unwrap()
         .expect("ADD wrote our table");
@@ -149,7 +149,9 @@ fn the_plugin_runs_add_check_del_from_an_empty_root() {
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(
         Some(written),
-        redirect_testkit::nft_in(twin.path()).read().unwrap()
+        redirect_kernel::testing::nft_in(twin.path())
+            .read()
+            .unwrap()
     );
 
     let out = root.run(&[], &env("CHECK"), &conf, pod.path(), false, None);
@@ -157,7 +159,7 @@ fn the_plugin_runs_add_check_del_from_an_empty_root() {
     let out = root.run(&[], &env("DEL"), &conf, pod.path(), false, None);
     assert_eq!(out.code, 0, "DEL: {out:?}");
     assert_eq!(
-        redirect_testkit::nft_in(pod.path()).read().unwrap(),
+        redirect_kernel::testing::nft_in(pod.path()).read().unwrap(),
         None,
         "DEL left the table"
     );
@@ -173,7 +175,9 @@ fn the_init_container_and_the_probe_run_from_empty_roots() {
     let out = init.run(SIDECAR_ARGS, &[], "", pod.path(), true, None);
     assert_eq!(out.code, 0, "redirect-init: {out:?}");
     let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    let diff = redirect_testkit::nft_in(pod.path()).diff(&rs).unwrap();
+    let diff = redirect_kernel::testing::nft_in(pod.path())
+        .diff(&rs)
+        .unwrap();
     assert!(diff.is_empty(), "{diff:#?}");
 
     // Istio's validation init container: as the proxy's UID, no capability.

@@ -11,6 +11,7 @@ use crate::apiserver::{ControlPlane, SYSTEM};
 
 /// How the agent is started.
 pub struct AgentSpec<'a> {
+    /// The API server it talks to.
     pub cp: &'a ControlPlane,
     /// The service account's folder (token, ca.crt).
     pub sa: &'a Path,
@@ -18,10 +19,13 @@ pub struct AgentSpec<'a> {
     pub proc: &'a Path,
     /// The node folder (`net`, `bin`, `run` are made in it).
     pub node: &'a Path,
+    /// The node it runs on (`NODE_NAME`).
     pub node_name: &'a str,
-    /// The agent's binary and the plugin's it installs.
+    /// The agent's binary.
     pub bin: &'a Path,
+    /// The plugin's binary, which the agent installs.
     pub plugin: &'a Path,
+    /// More arguments, after the kit's.
     pub extra: &'a [&'a str],
     /// The API server's port as the agent reaches it (a forwarder's in `netns`); `None`: the
     /// server's own.

@@ -75,6 +75,7 @@ pub fn create_pod(cp: &ControlPlane, namespace: &str, name: &str) -> String {
     v["metadata"]["uid"].as_str().unwrap().to_owned()
 }
 
+/// The pod Running with the one address `ip`: [`running_with`].
 pub fn running(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
     running_with(cp, namespace, name, &[ip]);
 }
@@ -105,6 +106,7 @@ pub struct Launch<'a> {
     pub args: &'a [&'a str],
     /// More environment variables.
     pub env: &'a [(&'a str, &'a str)],
+    /// The umask it starts with (the runtime's default when `None`).
     pub umask: Option<u32>,
     /// Return at once, not when it lets ztunnel connect (an agent expected to stop).
     pub no_wait: bool,
@@ -113,12 +115,19 @@ pub struct Launch<'a> {
 /// The node: its own network namespace (the agent programs the host's probe SNAT there),
 /// which reaches the API server through a forwarder; the host's `/proc` with kubelet in it.
 pub struct Node {
+    /// The node's own network namespace, where the agent runs.
     pub host: TestNetns,
+    /// The forwarder's port in `host`, through which the agent reaches the API server.
     pub api_port: u16,
+    /// The real API server, with the agent's RBAC installed.
     pub cp: ControlPlane,
+    /// The agent's service account folder (token, ca.crt).
     pub sa: tempfile::TempDir,
+    /// The host's `/proc` as the agent sees it, kubelet in it.
     pub proc: FakeProc,
+    /// The node folder: the agent's `net`, `bin` and `run`.
     pub node: tempfile::TempDir,
+    /// ztunnel's ZDS socket, in a folder only root may write.
     pub socket: PathBuf,
     _socket_dir: tempfile::TempDir,
 }
@@ -267,6 +276,7 @@ fn cni_plugin_socket_name() -> &'static str {
 pub struct ZtunnelProcess(std::process::Child);
 
 impl ZtunnelProcess {
+    /// Starts it on the agent's ZDS socket at `socket`.
     pub fn start(socket: &Path) -> ZtunnelProcess {
         let child = std::process::Command::new(crate::testpod_bin())
             .arg("ztunnel")
@@ -277,6 +287,7 @@ impl ZtunnelProcess {
         ZtunnelProcess(child)
     }
 
+    /// Kills it and waits for it to end (dropping it does too).
     pub fn stop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

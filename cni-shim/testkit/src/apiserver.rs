@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 /// The admin's bearer token (group `system:masters`).
 const ADMIN_TOKEN: &str = "redirect-test-admin-token";
 
+/// etcd and kube-apiserver, running until dropped.
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     etcd: Child,
@@ -422,6 +423,7 @@ impl ControlPlane {
         );
     }
 
+    /// The API server's port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.url.rsplit(':').next().unwrap().parse().unwrap()
     }

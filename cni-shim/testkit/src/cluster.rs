@@ -49,12 +49,15 @@ use super::pki::{pki, reason, status_reason, status_value, write_kubeconfig, TOK
 /// One request as the stand-in read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `PATCH`, ...).
     pub method: String,
     /// The path, as sent (percent-encoded).
     pub path: String,
     /// The query string after `?`, as sent (percent-encoded; empty if none).
     pub query: String,
+    /// The `Content-Type` header, when sent.
     pub content_type: Option<String>,
+    /// The body, as text.
     pub body: String,
 }
 
@@ -155,6 +158,7 @@ impl Cluster {
             .update(|s| s.remove(&(Res::Pods, namespace.into(), name.into())));
     }
 
+    /// Pod `namespace/name` as stored now, if there.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         self.shared.get(&(Res::Pods, namespace.into(), name.into()))
     }
@@ -175,6 +179,7 @@ impl Cluster {
             .update(|s| s.remove(&(Res::Nodes, String::new(), name.into())));
     }
 
+    /// Node `name` as stored now, if there.
     pub fn node(&self, name: &str) -> Option<Value> {
         self.shared.get(&(Res::Nodes, String::new(), name.into()))
     }

@@ -15,10 +15,12 @@ impl Default for FakeProc {
 }
 
 impl FakeProc {
+    /// An empty one, in a temporary folder removed on drop.
     pub fn new() -> FakeProc {
         FakeProc::default()
     }
 
+    /// Its folder, to give the agent as the host's `/proc`.
     pub fn path(&self) -> &Path {
         self.0.path()
     }

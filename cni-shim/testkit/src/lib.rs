@@ -5,6 +5,8 @@
 //! the stateful one (lists, watches, patches); `apiserver` runs a real one (etcd and
 //! kube-apiserver); `host_proc` stands in for the node's `/proc`. A dev-dependency only.
 
+#![deny(missing_docs)]
+
 pub mod agent;
 pub mod ambient;
 pub mod apiserver;
@@ -111,12 +113,16 @@ pub fn pod_ns() -> TestNetns {
 /// Output of one plugin run.
 #[derive(Debug)]
 pub struct Out {
+    /// The exit code; -1 when a signal ended the process.
     pub code: i32,
+    /// What the plugin printed: its result, or the error object.
     pub stdout: String,
+    /// Its log lines.
     pub stderr: String,
 }
 
 impl Out {
+    /// Stdout as JSON; the test fails, showing stdout and stderr, when it is not.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
             panic!(
@@ -209,7 +215,10 @@ pub fn listen(ns: &TestNetns, ports: &[u16]) -> Landings {
     l
 }
 
+/// Where a connection from a namespace lands.
 pub trait Probe {
+    /// Connects from `from` (as `uid`, else root) to `dst`: the port of the listener that
+    /// accepted it and the original destination it saw, or `None` when it landed nowhere.
     fn probe(
         &self,
         from: &TestNetns,
@@ -240,6 +249,8 @@ pub fn static_dir() -> PathBuf {
     target.join("static").join(std::env::consts::ARCH)
 }
 
+/// The static binary `name` in [`static_dir`]; the test fails, saying how to build it, when
+/// it is missing.
 pub fn static_bin(name: &str) -> PathBuf {
     let p = static_dir().join(name);
     assert!(
@@ -255,6 +266,8 @@ pub fn static_bin(name: &str) -> PathBuf {
 pub struct Rng(u64);
 
 impl Rng {
+    /// Seeded from `FAULTS_SEED` when set, else from the clock; prints the seed after `what`,
+    /// so that a failing run can be repeated.
     pub fn new(what: &str) -> Rng {
         let seed = std::env::var("FAULTS_SEED")
             .ok()
@@ -269,6 +282,7 @@ impl Rng {
         eprintln!("{what}: FAULTS_SEED={seed}");
         Rng(seed)
     }
+    /// The next number, below `n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;

@@ -32,6 +32,7 @@ pub struct Options {
     pub record_cni: bool,
 }
 
+/// A running node; dropping it stops the cluster.
 pub struct Node {
     name: String,
     dir: PathBuf,

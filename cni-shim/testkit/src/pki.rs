@@ -14,7 +14,9 @@ pub const TOKEN: &str =
 
 /// A cluster CA and a server configuration whose certificate it signed.
 pub struct Pki {
+    /// The CA's certificate in PEM, for the clients to trust.
     pub ca_pem: String,
+    /// The server's TLS configuration: its certificate and key.
     pub server: Arc<rustls::ServerConfig>,
 }
 

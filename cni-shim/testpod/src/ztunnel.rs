@@ -6,15 +6,8 @@
 //! the host's probe SNAT). Each connection is answered and printed as `landed <port> <original
 //! destination>`; `del`, and a snapshot that leaves a pod out, close its listeners.
 //!
-//! The messages and the datagrams are the agent's own code (`proto.rs`, `seqpacket.rs`),
-//! compiled in here.
-
-#[path = "../../node/src/ambient/zds/proto.rs"]
-#[allow(dead_code)]
-mod proto;
-#[path = "../../plugin/src/seqpacket.rs"]
-#[allow(dead_code)]
-mod seqpacket;
+//! The messages and the datagrams are the agent's own: the `zds` crate and
+//! `cni_protocol::seqpacket`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -26,7 +19,8 @@ use std::time::Duration;
 
 use prost::Message;
 
-use proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
+use cni_protocol::seqpacket;
+use zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
 
 /// ztunnel's limit on a datagram.
 const MAX: usize = 1024;

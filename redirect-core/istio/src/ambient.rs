@@ -28,9 +28,13 @@ pub const REDIRECTION: &str = "ambient.istio.io/redirection";
 /// What the enrollment decision reads of a pod.
 #[derive(Clone, Copy, Debug)]
 pub struct PodView<'a> {
+    /// The pod's namespace, checked against the excluded ones.
     pub namespace: &'a str,
+    /// The pod's labels ([`DATAPLANE_MODE`]).
     pub labels: &'a BTreeMap<String, String>,
+    /// The pod's annotations ([`SIDECAR_STATUS`]).
     pub annotations: &'a BTreeMap<String, String>,
+    /// `spec.hostNetwork`: such a pod is never ambient.
     pub host_network: bool,
     /// The labels of the pod's namespace.
     pub namespace_labels: &'a BTreeMap<String, String>,
@@ -39,7 +43,9 @@ pub struct PodView<'a> {
 /// Whether a pod is ambient, and if not, why not (for the agent's log).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Enrollment {
+    /// Enrolled: its traffic goes through ztunnel.
     Ambient,
+    /// Not enrolled, with the reason.
     Not(&'static str),
 }
 

@@ -1,8 +1,10 @@
 //! The Istio crate's errors: the model's and the kernel's, and a tool (an iptables binary) that
 //! failed. Every message names what was wrong, the value, and what to do about it.
 
+/// A result whose error is this crate's [`Error`] by default.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What can go wrong in this crate: a bad config value, the kernel, or an iptables tool.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A configuration value that cannot be planned.
@@ -15,7 +17,12 @@ pub enum Error {
 
     /// A rendered ruleset could not be loaded by an external tool, or the tool is missing.
     #[error("{tool} failed: {detail}")]
-    Tool { tool: String, detail: String },
+    Tool {
+        /// The binary that failed, e.g. `iptables-nft-restore`.
+        tool: String,
+        /// What went wrong, and what to do about it.
+        detail: String,
+    },
 }
 
 impl From<redirect_kernel::nft::Error> for Error {

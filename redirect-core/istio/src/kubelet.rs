@@ -14,15 +14,30 @@ use std::path::{Path, PathBuf};
 pub enum KubeletUidError {
     /// The directory could not be listed.
     #[error("cannot list {path}: {source}; kubelet's UID is read from the host's /proc: mount the host's /proc into the agent (hostPID: true, or a hostPath volume of /proc) and pass its path")]
-    Proc { path: PathBuf, source: io::Error },
+    Proc {
+        /// The `/proc` directory given.
+        path: PathBuf,
+        /// Why listing it failed.
+        source: io::Error,
+    },
 
     /// No process qualified.
     #[error("no kubelet in {path}: of {scanned} processes none is `kubelet` or `kubelite` with an argument naming kubelet, or `k3s`; if this is not the host's /proc (a container sees its own processes only), mount the host's /proc (hostPID: true, or a hostPath volume of /proc) and pass its path")]
-    NotFound { path: PathBuf, scanned: usize },
+    NotFound {
+        /// The `/proc` directory scanned.
+        path: PathBuf,
+        /// How many processes it listed.
+        scanned: usize,
+    },
 
     /// kubelet's `status` has no readable real UID.
     #[error("cannot read kubelet's real UID from {path}: {detail}; the host's /proc must be readable by the agent (run it as root)")]
-    Status { path: PathBuf, detail: String },
+    Status {
+        /// kubelet's `/proc/<pid>/status` file.
+        path: PathBuf,
+        /// What was wrong with it (unreadable, no `Uid:` line, not a number).
+        detail: String,
+    },
 }
 
 /// The process names that are kubelet, in the order they are tried, and whether the command

@@ -14,6 +14,8 @@
 //!   kubelet's UID for the host's probe SNAT ([`kubelet`], also `ambient::kubelet_uid`).
 //! - [`Error`] and [`Result`]: the model's and the kernel's errors, and a failed tool.
 
+#![deny(missing_docs)]
+
 pub mod ambient;
 pub mod capture;
 #[cfg(feature = "cli")]

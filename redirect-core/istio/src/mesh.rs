@@ -1,5 +1,5 @@
 //! Whether a pod is in the mesh and, if so, its capture config, from its annotations (and its
-//! spec when known), as istio-cni decides and maps them (`reference/istio-capture.md` §3.4-3.5).
+//! spec when known), as istio-cni decides and maps them (docs/redirect-cni.md, "Which pods, and their settings").
 //! Shared by the CNI plugin and by `redirect-validate inspect --annotations`.
 
 use std::collections::BTreeMap;
@@ -14,20 +14,35 @@ use redirect_model::parse::{
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection, ValidConfig};
 use redirect_model::{Error, IdKind, Result};
 
+/// The injector's status annotation: present on every injected pod, it lists the containers
+/// the injector added (in the mesh only when present).
 pub const STATUS: &str = "sidecar.istio.io/status";
+/// `false` keeps a pod out of the mesh; read as a label first, then as an annotation.
 pub const INJECT: &str = "sidecar.istio.io/inject";
+/// `REDIRECT` (default) or `TPROXY`, exactly as Istio spells them.
 pub const INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
+/// Outbound destinations to capture: `*` (default) or CIDRs.
 pub const INCLUDE_OUTBOUND_IP_RANGES: &str = "traffic.sidecar.istio.io/includeOutboundIPRanges";
+/// Outbound destinations never captured (CIDRs).
 pub const EXCLUDE_OUTBOUND_IP_RANGES: &str = "traffic.sidecar.istio.io/excludeOutboundIPRanges";
+/// Inbound ports to capture: `*` (default) or a list; empty captures no inbound traffic.
 pub const INCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeInboundPorts";
+/// Inbound ports never captured (15020 by default); 15020, 15021 and 15090 are always added.
 pub const EXCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
+/// Outbound ports captured whatever the destination.
 pub const INCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeOutboundPorts";
+/// Outbound ports never captured; replaces istio-cni's default (15020).
 pub const EXCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeOutboundPorts";
+/// Interfaces on which nothing is captured.
 pub const EXCLUDE_INTERFACES: &str = "traffic.sidecar.istio.io/excludeInterfaces";
+/// Interfaces whose inbound traffic is treated as outbound (KubeVirt VMs); wins over
+/// [`KUBEVIRT_INTERFACES`].
 pub const REROUTE_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
+/// The older name of [`REROUTE_INTERFACES`], read when that one is absent.
 pub const KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
 /// Ours: UIDs/GIDs whose outbound traffic is never captured (init containers).
 pub const BYPASS_UIDS: &str = "redirect.io/bypass-uids";
+/// Ours: GIDs whose outbound traffic is never captured (the GID side of [`BYPASS_UIDS`]).
 pub const BYPASS_GIDS: &str = "redirect.io/bypass-gids";
 
 /// Every annotation this module reads, for documentation and tests.
@@ -73,13 +88,18 @@ pub struct MeshDefaults {
     /// The proxy UID/GID when the spec is unknown. `None`: the spec must be fetched, because a
     /// wrong UID captures the proxy's own traffic in a loop.
     pub proxy_uid: Option<u32>,
+    /// The proxy GID when the spec is unknown; `None`: the proxy UID.
     pub proxy_gid: Option<u32>,
-    /// The proxy env settings when the spec is unknown (Istio reads them from istio-proxy's env).
+    /// The proxy env settings when the spec is unknown (Istio reads them from istio-proxy's env):
+    /// `ISTIO_META_DNS_CAPTURE`, capture all DNS.
     pub dns_capture: bool,
+    /// `ISTIO_DUAL_STACK`: IPv6 rules when the pod has an IPv6 address.
     pub dual_stack: bool,
+    /// `INVALID_DROP`: drop packets conntrack finds INVALID.
     pub drop_invalid: bool,
     /// Bypass IDs for every pod (plugin level); a pod's annotation adds to them.
     pub bypass_uids: Vec<u32>,
+    /// Bypass GIDs for every pod; the pod's annotation adds to them.
     pub bypass_gids: Vec<u32>,
 }
 
@@ -93,8 +113,12 @@ pub enum Decision {
     /// Capture with this config. `dual_stack` decides IPv6 from the pod's addresses (derived
     /// later, in the namespace); the warnings are for logs.
     Capture {
+        /// The validated capture config (IPv6 is set later, from the pod's addresses).
         config: Box<ValidConfig>,
+        /// Istio's `ISTIO_DUAL_STACK`: any IPv6 address of the pod turns IPv6 on.
         dual_stack: bool,
+        /// What was taken as Istio takes it but deserves a log line (an env value that is not
+        /// a boolean).
         warnings: Vec<String>,
     },
 }

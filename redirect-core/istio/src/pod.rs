@@ -9,10 +9,14 @@ use serde::{Deserialize, Serialize};
 /// A pod as capture sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodInfo {
+    /// The pod's namespace (empty when the source does not say, as an annotations file).
     pub namespace: String,
+    /// The pod's name (empty when the source does not say).
     pub name: String,
+    /// `metadata.annotations`, by key.
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// `metadata.labels`, by key.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// The containers, when the spec is known (from the API); `None` with annotations only.
@@ -23,8 +27,10 @@ pub struct PodInfo {
 /// The parts of a pod spec that decide capture.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodSpecInfo {
+    /// `spec.containers`.
     #[serde(default)]
     pub containers: Vec<ContainerInfo>,
+    /// `spec.initContainers` (native sidecars among them).
     #[serde(default)]
     pub init_containers: Vec<ContainerInfo>,
 }
@@ -32,7 +38,9 @@ pub struct PodSpecInfo {
 /// One container.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerInfo {
+    /// The container's name (`istio-proxy`, `istio-init`, ...).
     pub name: String,
+    /// Its `args` (`proxy sidecar` for Istio's proxy).
     #[serde(default)]
     pub args: Vec<String>,
     /// `env[].value` literals only (Istio ignores `valueFrom`).

@@ -1,4 +1,4 @@
-//! Settings Istio derives instead of taking them as flags (`reference/istio-capture.md` §1.3):
+//! Settings Istio derives instead of taking them as flags (docs/redirect-init.md, "Flags and environment"):
 //! the pod's own address (which decides IPv6), the DNS servers of `/etc/resolv.conf`, and the
 //! proxy UID of the `ENVOY_USER` account. Shared by redirect-init and the CNI plugin.
 
@@ -13,6 +13,7 @@ pub const DEFAULT_PROXY_UID: u32 = 1337;
 /// The address Istio picks as the pod's ("HostIP"), and whether that turns IPv6 rules on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostAddress {
+    /// The address picked.
     pub ip: IpAddr,
     /// Istio's `ENABLE_INBOUND_IPV6`.
     pub ipv6: bool,
@@ -67,7 +68,9 @@ pub fn detect_host_address(addrs: &[IpAddr], dual_stack: bool) -> Result<HostAdd
 /// The `nameserver` lines of a resolv.conf, in order, and the lines that did not parse.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Nameservers {
+    /// The `nameserver` addresses, in file order (zones dropped).
     pub servers: Vec<IpAddr>,
+    /// `nameserver` lines without a valid address, as written (comments stripped).
     pub ignored: Vec<String>,
 }
 

@@ -9,6 +9,7 @@ use redirect_model::{join, CaptureConfig, InterceptionMode, Selection};
 pub struct Quirk {
     /// Short stable id, for docs and for tests.
     pub id: &'static str,
+    /// What the quirk does to this config's traffic, and the way out when there is one.
     pub message: String,
 }
 

@@ -106,7 +106,7 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
         let rs = redirect_testkit::plan_with(&cfg, &resolver)
             .unwrap_or_else(|e| panic!("{name}: plan: {e}"));
         redirect_kernel::capture::apply_in(
-            &redirect_testkit::live_in(ours.pod.path()),
+            &redirect_kernel::testing::live_in(ours.pod.path()),
             redirect_model::table::TABLE,
             &redirect_model::sidecar_routes(&cfg),
             &rs,

@@ -589,7 +589,7 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
     }
     let ns = TestNetns::new();
     let rs = sidecar();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&rs)
         .map(|_| ())
         .unwrap();
@@ -598,7 +598,7 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
     ns.sh("nft add table inet istio-ambient-nat; nft add table ip istio-v4only; nft add table inet istioish");
 
     let mut listed =
-        redirect_istio::tables::istio_tables(&redirect_testkit::nft_in(ns.path())).unwrap();
+        redirect_istio::tables::istio_tables(&redirect_kernel::testing::nft_in(ns.path())).unwrap();
     listed.sort();
     assert_eq!(
         listed,
@@ -610,7 +610,8 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
         ]
     );
     let mut removed =
-        redirect_istio::tables::remove_istio_tables(&redirect_testkit::nft_in(ns.path())).unwrap();
+        redirect_istio::tables::remove_istio_tables(&redirect_kernel::testing::nft_in(ns.path()))
+            .unwrap();
     removed.sort();
     assert_eq!(removed, listed);
 
@@ -625,12 +626,12 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
             "{kept}: {tables}"
         );
     }
-    assert!(redirect_testkit::nft_in(ns.path())
+    assert!(redirect_kernel::testing::nft_in(ns.path())
         .diff(&rs)
         .unwrap()
         .is_empty());
     assert!(
-        redirect_istio::tables::remove_istio_tables(&redirect_testkit::nft_in(ns.path()))
+        redirect_istio::tables::remove_istio_tables(&redirect_kernel::testing::nft_in(ns.path()))
             .unwrap()
             .is_empty()
     );
@@ -654,7 +655,7 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
         run_probe(&topo, &probe),
         Outcome::landed(Side::Pod, 15001, Some(at(topo.peer_addr(false), 80)))
     );
-    redirect_istio::tables::remove_istio_tables(&redirect_testkit::nft_in(topo.pod.path()))
+    redirect_istio::tables::remove_istio_tables(&redirect_kernel::testing::nft_in(topo.pod.path()))
         .unwrap();
     assert_eq!(
         run_probe(&topo, &probe),

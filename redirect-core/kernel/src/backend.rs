@@ -76,7 +76,9 @@ pub fn open_live(netns: &Netns) -> Result<Box<dyn Backend>> {
 
 /// The kernel: a socket for our table and one for the routes, both opened in the namespace.
 pub struct Live {
+    /// Our tables' nf_tables handle in the namespace.
     pub nft: Nft,
+    /// The rtnetlink handle for the TPROXY routing, `::6` on `lo` and the addresses.
     pub routes: Routes,
 }
 

@@ -2,14 +2,19 @@
 //! `routes::Error`), and this one over them for a job that needs several. Every message names
 //! what was wrong, the value, and what to do about it.
 
+/// A result whose error is, by default, the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Why a job over several of the kernel's parts failed: the error of the part that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A network namespace could not be opened, judged or entered.
     #[error(transparent)]
     Netns(#[from] crate::netns::Error),
+    /// An nf_tables job (our table, other tables) failed.
     #[error(transparent)]
     Nft(#[from] crate::nft::Error),
+    /// A routing job (TPROXY rules and routes, `::6` on `lo`, the addresses) failed.
     #[error(transparent)]
     Routes(#[from] crate::routes::Error),
     /// A value the model refused (a host probe address that cannot be a pod's).

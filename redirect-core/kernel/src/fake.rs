@@ -31,7 +31,9 @@ pub struct FakeState {
     pub others: BTreeMap<String, Ruleset>,
     /// TPROXY rule and route per (mark, route table, family).
     pub tproxy: BTreeMap<(u32, u32, Family), TproxyState>,
+    /// Whether `lo` has `::6/128`.
     pub lo_v6: bool,
+    /// The interfaces' addresses, as `Backend::addresses` returns them.
     pub addresses: Vec<IpAddr>,
     /// Batches that changed our table (an apply equal to what is there sends none).
     pub batches: usize,

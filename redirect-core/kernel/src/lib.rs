@@ -20,6 +20,8 @@
 //!
 //! Nothing here knows Istio: names and policies are the caller's.
 
+#![deny(missing_docs)]
+
 mod error;
 mod groups;
 
@@ -31,6 +33,8 @@ pub mod netns;
 pub mod nft;
 pub mod routes;
 pub mod sockopt;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{errno_hint, Error, Result};
 pub use groups::SystemGroups;

@@ -33,6 +33,7 @@ pub enum Error {
     /// The namespace file could not be opened.
     #[error("cannot open network namespace {path}: {cause}; check that the path exists (e.g. /var/run/netns/NAME or /proc/PID/ns/net) and that the pod is still running")]
     Open {
+        /// The path given.
         path: PathBuf,
         /// The open's error (in the message, not a `source()`).
         cause: io::Error,
@@ -41,7 +42,12 @@ pub enum Error {
     /// The path opened, but what it names is not a network namespace (a regular file such as
     /// the mount point a namespace left behind, a directory, another kind of namespace).
     #[error("{path} is not a network namespace ({found}); the pod's namespace is /proc/PID/ns/net or /run/netns/NAME")]
-    NotNetns { path: PathBuf, found: String },
+    NotNetns {
+        /// The path given.
+        path: PathBuf,
+        /// What the path names instead, in words ("a directory").
+        found: String,
+    },
 
     /// `setns` into the namespace failed.
     #[error(
@@ -49,6 +55,7 @@ pub enum Error {
         enter_hint(cause)
     )]
     Enter {
+        /// The path the namespace was opened by.
         path: PathBuf,
         /// `setns`'s error (in the message, not a `source()`).
         cause: io::Error,
@@ -56,7 +63,12 @@ pub enum Error {
 
     /// The thread that ran inside the namespace panicked or could not start.
     #[error("worker thread for network namespace {path} failed: {reason}")]
-    Thread { path: PathBuf, reason: String },
+    Thread {
+        /// The path the namespace was opened by.
+        path: PathBuf,
+        /// The panic's message, or why the thread could not start.
+        reason: String,
+    },
 }
 
 /// Why `setns` failed: EINVAL means the file is no namespace at all, not a missing privilege.
@@ -176,8 +188,12 @@ fn kind_of(meta: &std::fs::Metadata) -> String {
     }
 }
 
-// NS_GET_NSTYPE (linux/nsfs.h): _IO(0xb7, 0x3); the namespace's CLONE_NEW* type.
-nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+/// The `ioctl` the macro defines is `pub`: a private module keeps it inside the crate.
+mod ioctl {
+    // NS_GET_NSTYPE (linux/nsfs.h): _IO(0xb7, 0x3); the namespace's CLONE_NEW* type.
+    nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+}
+use ioctl::ns_get_nstype;
 
 /// The `CLONE_NEW*` type of an open namespace file (Linux 4.11+).
 fn namespace_type(file: &File) -> io::Result<libc::c_int> {
@@ -215,7 +231,9 @@ fn run_in_file<T: Send, F: FnOnce() -> T + Send>(ns: &File, path: &Path, f: F) -
 /// same namespace exactly when their ids are equal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NetnsId {
+    /// The device of the nsfs file (`st_dev`).
     pub dev: u64,
+    /// The inode of the nsfs file (`st_ino`): unique per namespace on that device.
     pub ino: u64,
 }
 

@@ -44,38 +44,50 @@ pub enum Error {
     /// own validation, since a wrong value here blackholes the namespace).
     #[error("invalid {field}: {value:?}: {expected}")]
     UnsafeRouting {
+        /// Which value, in words ("tproxy mark").
         field: &'static str,
+        /// The value refused, as text ("0x539/0x0").
         value: String,
+        /// What a safe value is.
         expected: String,
     },
 
     /// A routing (rtnetlink) request failed.
     #[error("{what} ({family}) failed: {cause} (errno {errno}){hint}")]
     Route {
+        /// The request, in words ("add rule fwmark 0x539 lookup 133").
         what: String,
+        /// The family the request was for.
         family: Family,
+        /// The kernel's errno.
         errno: i32,
         /// The errno as an error (in the message, not a `source()`).
         cause: io::Error,
+        /// What to do about the errno ("; hint: ..."), or empty.
         hint: &'static str,
     },
 
     /// A request about a network interface (rtnetlink link) failed.
     #[error("{what} failed: {cause} (errno {errno}){hint}")]
     Link {
+        /// The request, in words ("look up interface \"lo\"").
         what: String,
+        /// The kernel's errno.
         errno: i32,
         /// The errno as an error (in the message, not a `source()`).
         cause: io::Error,
+        /// What to do about the errno ("; hint: ..."), or empty.
         hint: &'static str,
     },
 
     /// A netlink socket operation failed before the kernel answered.
     #[error("netlink {op} failed: {cause}{hint}")]
     Netlink {
+        /// The operation, in words ("send a routing request").
         op: &'static str,
         /// The socket's error (in the message, not a `source()`).
         cause: io::Error,
+        /// A hint to put after the message; the routing socket's errors have none (empty).
         hint: &'static str,
     },
 }
@@ -83,7 +95,7 @@ pub enum Error {
 /// The address Istio puts on `lo` for IPv6 inbound capture (`::6/128`).
 pub const LO_V6_INBOUND_ADDR: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 
-/// Mark-based local routing (the model's [`PolicyRouting`]): packets whose mark under `mask`
+/// Mark-based local routing (the model's [`PolicyRouting`](redirect_model::PolicyRouting)): packets whose mark under `mask`
 /// is `mark` are looked up in `table`, which holds one `local` default route via `lo`.
 pub use redirect_model::PolicyRouting as TproxyRouting;
 

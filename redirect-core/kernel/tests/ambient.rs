@@ -53,7 +53,7 @@ fn variants() -> Vec<(&'static str, AmbientConfig)> {
 }
 
 fn apply(topo: &Topology, rs: &Ruleset) {
-    let nft = redirect_testkit::nft_in(topo.pod.path());
+    let nft = redirect_kernel::testing::nft_in(topo.pod.path());
     nft.apply(rs).unwrap();
     assert!(nft.diff(rs).unwrap().is_empty(), "read back as applied");
 }
@@ -66,7 +66,7 @@ fn each_variant_applies_reads_back_and_loads_the_same_with_nft() {
     for (name, cfg) in variants() {
         let rs = cfg.plan().unwrap();
         let ns = redirect_testkit::TestNetns::new();
-        let nft = redirect_testkit::nft_in(ns.path());
+        let nft = redirect_kernel::testing::nft_in(ns.path());
         nft.apply(&rs).unwrap();
         let diff = nft.diff(&rs).unwrap();
         assert!(diff.is_empty(), "{name}: {diff:?}");
@@ -93,7 +93,7 @@ fn each_variant_applies_reads_back_and_loads_the_same_with_nft() {
             "{name}: nft -f: {}\n{script}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let loaded = redirect_testkit::nft_in(fresh.path())
+        let loaded = redirect_kernel::testing::nft_in(fresh.path())
             .read()
             .unwrap()
             .unwrap();

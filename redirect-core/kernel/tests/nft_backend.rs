@@ -67,13 +67,18 @@ fn apply_reads_back_equal_to_the_plan() {
     for (name, cfg) in configs() {
         let ns = TestNetns::new();
         let rs = plan(&cfg).unwrap();
-        redirect_testkit::nft_in(ns.path())
+        redirect_kernel::testing::nft_in(ns.path())
             .apply(&rs)
             .map(|_| ())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let diff = redirect_testkit::nft_in(ns.path()).diff(&rs).unwrap();
+        let diff = redirect_kernel::testing::nft_in(ns.path())
+            .diff(&rs)
+            .unwrap();
         assert!(diff.is_empty(), "{name}: {diff:#?}");
-        let state = redirect_testkit::nft_in(ns.path()).read().unwrap().unwrap();
+        let state = redirect_kernel::testing::nft_in(ns.path())
+            .read()
+            .unwrap()
+            .unwrap();
         assert_eq!(state, nft::expected(&rs), "{name}");
         assert!(state.rule_count() >= rs.rule_count(), "{name}");
         // nft itself sees the table.
@@ -90,27 +95,27 @@ fn apply_twice_gives_the_same_state_and_replaces_a_different_one() {
     let ns = TestNetns::new();
     let full = plan(&full_config()).unwrap();
     let small = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&full)
         .map(|_| ())
         .unwrap();
     let first = ns.sh(&format!("nft list table inet {TABLE}"));
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&full)
         .map(|_| ())
         .unwrap();
     let second = ns.sh(&format!("nft list table inet {TABLE}"));
     assert_eq!(first, second);
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&small)
         .map(|_| ())
         .unwrap();
-    assert!(redirect_testkit::nft_in(ns.path())
+    assert!(redirect_kernel::testing::nft_in(ns.path())
         .diff(&small)
         .unwrap()
         .is_empty());
     // Nothing of the larger ruleset survives the replace.
-    assert!(!redirect_testkit::nft_in(ns.path())
+    assert!(!redirect_kernel::testing::nft_in(ns.path())
         .diff(&full)
         .unwrap()
         .is_empty());
@@ -124,7 +129,7 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
     }
     let ns = TestNetns::new();
     let good = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&good)
         .map(|_| ())
         .unwrap();
@@ -141,7 +146,7 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
             Action::Redirect(15001),
         )],
     });
-    let err = redirect_testkit::nft_in(ns.path())
+    let err = redirect_kernel::testing::nft_in(ns.path())
         .apply(&bad)
         .map(|_| ())
         .unwrap_err()
@@ -155,7 +160,7 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
     assert_eq!(before, after);
     // Also on a namespace without our table: nothing is left behind.
     let empty = TestNetns::new();
-    assert!(redirect_testkit::nft_in(empty.path())
+    assert!(redirect_kernel::testing::nft_in(empty.path())
         .apply(&bad)
         .map(|_| ())
         .is_err());
@@ -168,19 +173,23 @@ fn remove_leaves_nothing_and_is_idempotent() {
         return;
     }
     let ns = TestNetns::new();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&plan(&full_config()).unwrap())
         .map(|_| ())
         .unwrap();
-    assert!(redirect_testkit::nft_in(ns.path()).remove().unwrap());
+    assert!(redirect_kernel::testing::nft_in(ns.path())
+        .remove()
+        .unwrap());
     assert_eq!(ns.sh("nft list ruleset").trim(), "");
-    assert!(!redirect_testkit::nft_in(ns.path()).remove().unwrap());
-    assert!(redirect_testkit::nft_in(ns.path())
+    assert!(!redirect_kernel::testing::nft_in(ns.path())
+        .remove()
+        .unwrap());
+    assert!(redirect_kernel::testing::nft_in(ns.path())
         .read()
         .unwrap()
         .is_none());
     assert_eq!(
-        redirect_testkit::nft_in(ns.path())
+        redirect_kernel::testing::nft_in(ns.path())
             .diff(&plan(&CaptureConfig::default()).unwrap())
             .unwrap(),
         vec![Difference::TableMissing]
@@ -194,7 +203,7 @@ fn a_rule_deleted_by_hand_is_reported() {
     }
     let ns = TestNetns::new();
     let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&rs)
         .map(|_| ())
         .unwrap();
@@ -213,7 +222,9 @@ fn a_rule_deleted_by_hand_is_reported() {
     ns.sh(&format!(
         "nft delete rule inet {TABLE} nat_ip_istio_output handle {handle}"
     ));
-    let diff = redirect_testkit::nft_in(ns.path()).diff(&rs).unwrap();
+    let diff = redirect_kernel::testing::nft_in(ns.path())
+        .diff(&rs)
+        .unwrap();
     assert_eq!(diff.len(), 1, "{diff:#?}");
     match &diff[0] {
         Difference::RuleMissing { chain, rule, .. } => {
@@ -225,14 +236,16 @@ fn a_rule_deleted_by_hand_is_reported() {
     }
     // A set element removed by hand is reported too.
     let rs6 = plan(&full_config()).unwrap();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&rs6)
         .map(|_| ())
         .unwrap();
     ns.sh(&format!(
         "nft delete element inet {TABLE} ip-exclude-cidrs {{ 1.2.3.4 }}"
     ));
-    let diff = redirect_testkit::nft_in(ns.path()).diff(&rs6).unwrap();
+    let diff = redirect_kernel::testing::nft_in(ns.path())
+        .diff(&rs6)
+        .unwrap();
     assert!(
         matches!(&diff[..], [Difference::SetElements { set, .. }] if set == "ip-exclude-cidrs"),
         "{diff:#?}"
@@ -255,11 +268,11 @@ fn large_cidr_lists_load_as_one_set() {
         ..CaptureConfig::istio_sidecar_default()
     };
     let rs = plan(&cfg).unwrap();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&rs)
         .map(|_| ())
         .unwrap();
-    assert!(redirect_testkit::nft_in(ns.path())
+    assert!(redirect_kernel::testing::nft_in(ns.path())
         .diff(&rs)
         .unwrap()
         .is_empty());
@@ -276,11 +289,11 @@ fn long_port_lists_are_ranges_in_an_interval_set() {
     let ns = TestNetns::new();
     let rs = plan(&long_port_lists()).unwrap();
     let t = nft::lower(&rs);
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&rs)
         .map(|_| ())
         .unwrap();
-    let back = redirect_testkit::nft_in(ns.path())
+    let back = redirect_kernel::testing::nft_in(ns.path())
         .read()
         .unwrap()
         .expect("a table");
@@ -319,11 +332,14 @@ fn long_port_lists_are_ranges_in_an_interval_set() {
         "{listed}"
     );
     // Applied again: nothing differs, nothing is sent.
-    assert!(redirect_testkit::nft_in(ns.path())
+    assert!(redirect_kernel::testing::nft_in(ns.path())
         .diff(&rs)
         .unwrap()
         .is_empty());
-    match redirect_testkit::nft_in(ns.path()).apply_table(&t).unwrap() {
+    match redirect_kernel::testing::nft_in(ns.path())
+        .apply_table(&t)
+        .unwrap()
+    {
         nft::Applied::Updated(ch) => assert!(ch.is_empty(), "{ch:?}"),
         other => panic!("{other:?}"),
     }

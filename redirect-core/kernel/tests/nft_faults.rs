@@ -155,13 +155,16 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
             tried += 1;
             // Over a previous table A.
             let ns = TestNetns::new();
-            redirect_testkit::nft_in(ns.path())
+            redirect_kernel::testing::nft_in(ns.path())
                 .apply(a)
                 .map(|_| ())
                 .unwrap_or_else(|e| panic!("{base_name}: apply A: {e}"));
-            let before = redirect_testkit::nft_in(ns.path()).read().unwrap();
+            let before = redirect_kernel::testing::nft_in(ns.path()).read().unwrap();
             let listed = ns.sh(&format!("nft list table inet {TABLE}"));
-            let err = match redirect_testkit::nft_in(ns.path()).apply(&bad).map(|_| ()) {
+            let err = match redirect_kernel::testing::nft_in(ns.path())
+                .apply(&bad)
+                .map(|_| ())
+            {
                 Ok(()) => {
                     accepted.push(format!("{base_name}: {what}"));
                     continue;
@@ -175,7 +178,7 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
                 err.to_ascii_lowercase().contains(&chain),
                 "{base_name}: {what}: the error does not name chain {chain}: {err}"
             );
-            let after = redirect_testkit::nft_in(ns.path()).read().unwrap();
+            let after = redirect_kernel::testing::nft_in(ns.path()).read().unwrap();
             assert_eq!(after, before, "{base_name}: {what}: the table changed");
             let diff = nft::compare(a, after.as_ref());
             assert!(
@@ -188,25 +191,27 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
             states_checked += 1;
             // A fresh namespace: the refused first apply (Create mode) leaves no table at all.
             let fresh = TestNetns::new();
-            let err2 = redirect_testkit::nft_in(fresh.path())
+            let err2 = redirect_kernel::testing::nft_in(fresh.path())
                 .apply(&bad)
                 .map(|_| ())
                 .expect_err(what)
                 .to_string();
             assert!(err2.to_ascii_lowercase().contains(&chain), "{what}: {err2}");
             assert_eq!(
-                redirect_testkit::nft_in(fresh.path()).read().unwrap(),
+                redirect_kernel::testing::nft_in(fresh.path())
+                    .read()
+                    .unwrap(),
                 None,
                 "{what}"
             );
             assert_eq!(fresh.sh("nft list ruleset").trim(), "", "{what}");
             states_checked += 1;
             // And A still applies there afterwards.
-            redirect_testkit::nft_in(fresh.path())
+            redirect_kernel::testing::nft_in(fresh.path())
                 .apply(a)
                 .map(|_| ())
                 .unwrap();
-            assert!(redirect_testkit::nft_in(fresh.path())
+            assert!(redirect_kernel::testing::nft_in(fresh.path())
                 .diff(a)
                 .unwrap()
                 .is_empty());
@@ -256,12 +261,12 @@ fn a_refused_jump_is_attributed_to_its_own_rule() {
         for previous in [false, true] {
             let ns = TestNetns::new();
             if previous {
-                redirect_testkit::nft_in(ns.path())
+                redirect_kernel::testing::nft_in(ns.path())
                     .apply(&base)
                     .map(|_| ())
                     .unwrap();
             }
-            let err = redirect_testkit::nft_in(ns.path())
+            let err = redirect_kernel::testing::nft_in(ns.path())
                 .apply(&bad)
                 .map(|_| ())
                 .unwrap_err()

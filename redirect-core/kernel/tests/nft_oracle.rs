@@ -567,7 +567,7 @@ fn check_pair(from: &CaptureConfig, to: &CaptureConfig, what: &str) -> usize {
 
 #[test]
 fn benchmark_configs_encode_exactly_as_libnftnl() {
-    let configs = redirect_benches::configs();
+    let configs = redirect_testkit::configs::configs();
     let mut compared = 0;
     for (name, cfg) in &configs {
         for (other, to) in &configs {

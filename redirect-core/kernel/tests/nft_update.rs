@@ -53,7 +53,10 @@ fn table_handle(ns: &TestNetns) -> String {
 /// Apply in `ns`: `None` when the table was created, the changes when it was updated.
 fn apply_table_in(ns: &TestNetns, cfg: &CaptureConfig) -> Option<Changes> {
     let t = nft::lower(&plan(cfg).unwrap());
-    match redirect_testkit::nft_in(ns.path()).apply_table(&t).unwrap() {
+    match redirect_kernel::testing::nft_in(ns.path())
+        .apply_table(&t)
+        .unwrap()
+    {
         Applied::Created => None,
         Applied::Updated(ch) => Some(ch),
         Applied::Replaced => panic!("replaced, with no other writer"),
@@ -86,7 +89,10 @@ fn every_config_is_reached_from_every_other_in_place() {
             let changes = apply_table_in(&ns, &to).expect("an update");
             let rs = plan(&to).unwrap();
             assert_eq!(
-                redirect_testkit::nft_in(ns.path()).read().unwrap().as_ref(),
+                redirect_kernel::testing::nft_in(ns.path())
+                    .read()
+                    .unwrap()
+                    .as_ref(),
                 Some(&nft::expected(&rs)),
                 "{what}"
             );
@@ -141,7 +147,7 @@ fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
     let ns = TestNetns::new();
     let cfg = CaptureConfig::istio_sidecar_default();
     let rs = plan(&cfg).unwrap();
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .apply(&rs)
         .map(|_| ())
         .unwrap();
@@ -152,7 +158,9 @@ fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
     ns.sh(&format!(
         "nft 'add set inet {TABLE} stranger-set {{ type ipv4_addr; elements = {{ 192.0.2.1 }} ; }}'"
     ));
-    let diff = redirect_testkit::nft_in(ns.path()).diff(&rs).unwrap();
+    let diff = redirect_kernel::testing::nft_in(ns.path())
+        .diff(&rs)
+        .unwrap();
     let text: Vec<String> = diff.iter().map(|d| d.to_string()).collect();
     // The stranger's rule is shown in nft syntax where it can be, and its limit by name with
     // its raw attributes: nothing is dropped.
@@ -169,14 +177,14 @@ fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
         set: "stranger-set".into()
     }));
     let changes = updated(
-        redirect_testkit::nft_in(ns.path())
+        redirect_kernel::testing::nft_in(ns.path())
             .apply_table(&nft::lower(&rs))
             .unwrap(),
     );
     assert_eq!(changes.refilled_chains, ["nat_ip_istio_output"]);
     assert_eq!(changes.deleted_chains, ["stranger"]);
     assert_eq!(changes.deleted_sets, ["stranger-set"]);
-    assert!(redirect_testkit::nft_in(ns.path())
+    assert!(redirect_kernel::testing::nft_in(ns.path())
         .diff(&rs)
         .unwrap()
         .is_empty());
@@ -209,7 +217,7 @@ fn objects_whose_kind_changed_are_deleted_and_added_again() {
     ns.try_sh(&format!("nft -f - <<'EOF'\n{script}\nEOF"))
         .unwrap_or_else(|e| panic!("{e}"));
     let changes = updated(
-        redirect_testkit::nft_in(ns.path())
+        redirect_kernel::testing::nft_in(ns.path())
             .apply_table(&nft::lower(&rs))
             .unwrap(),
     );
@@ -219,7 +227,7 @@ fn objects_whose_kind_changed_are_deleted_and_added_again() {
         .refilled_chains
         .contains(&"nat_ip_istio_output".to_string()));
     assert_eq!(
-        redirect_testkit::nft_in(ns.path()).read().unwrap(),
+        redirect_kernel::testing::nft_in(ns.path()).read().unwrap(),
         Some(nft::expected(&rs))
     );
 }
@@ -244,7 +252,7 @@ fn racing_writers_all_succeed_and_leave_one_whole_plan() {
             s.spawn(move || {
                 for round in 0..10 {
                     let t = nft::lower(&plans[(w + round) % plans.len()]);
-                    let r = redirect_testkit::nft_in(ns.path()).apply_table(&t);
+                    let r = redirect_kernel::testing::nft_in(ns.path()).apply_table(&t);
                     outcomes.lock().unwrap().push(r.map_err(|e| e.to_string()));
                 }
             });
@@ -258,7 +266,10 @@ fn racing_writers_all_succeed_and_leave_one_whole_plan() {
         .filter(|o| matches!(o, Ok(Applied::Replaced)))
         .count();
     eprintln!("80 racing applies: all succeeded, {replaced} fell back to a replace");
-    let state = redirect_testkit::nft_in(ns.path()).read().unwrap().unwrap();
+    let state = redirect_kernel::testing::nft_in(ns.path())
+        .read()
+        .unwrap()
+        .unwrap();
     assert!(
         plans.iter().any(|rs| state == nft::expected(rs)),
         "the table is no plan whole"

@@ -296,7 +296,7 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
     ] {
         let ours = TestNetns::with_lo_up("apply-ours");
         let theirs = TestNetns::with_lo_up("apply-ip");
-        redirect_testkit::routes_in(&ours.path)
+        redirect_kernel::testing::routes_in(&ours.path)
             .apply_tproxy(&r, &BOTH)
             .unwrap();
         for family in BOTH {
@@ -308,7 +308,7 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
             assert!(view.routes[0].starts_with("local "), "{:?}", view.routes);
             assert!(view.routes[0].contains(" dev lo "), "{:?}", view.routes);
 
-            let state = redirect_testkit::routes_in(&ours.path)
+            let state = redirect_kernel::testing::routes_in(&ours.path)
                 .read_tproxy(&r, family)
                 .unwrap();
             assert_eq!(
@@ -320,7 +320,7 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
                 "{family}"
             );
             // Our read-back recognises what iproute2 made, too.
-            let state = redirect_testkit::routes_in(&theirs.path)
+            let state = redirect_kernel::testing::routes_in(&theirs.path)
                 .read_tproxy(&r, family)
                 .unwrap();
             assert_eq!(
@@ -342,14 +342,14 @@ fn apply_tproxy_twice_changes_nothing() {
     }
     let ns = TestNetns::with_lo_up("apply-twice");
     let r = ISTIO;
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &BOTH)
         .unwrap();
     let once: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &BOTH)
         .unwrap();
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &BOTH)
         .unwrap();
     let thrice: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
@@ -362,7 +362,7 @@ fn apply_tproxy_twice_changes_nothing() {
             view.rules
         );
         assert_eq!(view.routes.len(), 1, "{family}: {:?}", view.routes);
-        let state = redirect_testkit::routes_in(&ns.path)
+        let state = redirect_kernel::testing::routes_in(&ns.path)
             .read_tproxy(&r, *family)
             .unwrap();
         assert_eq!(
@@ -379,7 +379,7 @@ fn apply_tproxy_twice_changes_nothing() {
         istio_ip_commands(&theirs, family, &r);
     }
     let before: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&theirs, f, &r)).collect();
-    redirect_testkit::routes_in(&theirs.path)
+    redirect_kernel::testing::routes_in(&theirs.path)
         .apply_tproxy(&r, &BOTH)
         .unwrap();
     let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&theirs, f, &r)).collect();
@@ -394,15 +394,15 @@ fn apply_tproxy_touches_only_the_families_asked_for() {
     let ns = TestNetns::with_lo_up("apply-v4");
     let r = ISTIO;
     let v6_before = ip_view(&ns, Family::V6, &r);
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &[Family::V4])
         .unwrap();
     assert_eq!(ip_view(&ns, Family::V6, &r), v6_before);
-    let v6 = redirect_testkit::routes_in(&ns.path)
+    let v6 = redirect_kernel::testing::routes_in(&ns.path)
         .read_tproxy(&r, Family::V6)
         .unwrap();
     assert!(v6.is_absent(), "{v6:?}");
-    let v4 = redirect_testkit::routes_in(&ns.path)
+    let v4 = redirect_kernel::testing::routes_in(&ns.path)
         .read_tproxy(&r, Family::V4)
         .unwrap();
     assert!(v4.is_complete(), "{v4:?}");
@@ -415,7 +415,7 @@ fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
     }
     let ns = TestNetns::new("lo-down");
     let r = ISTIO;
-    let err = redirect_testkit::routes_in(&ns.path)
+    let err = redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &[Family::V6])
         .unwrap_err();
     match &err {
@@ -427,10 +427,10 @@ fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
     }
     assert!(err.to_string().contains("lo up"), "{err}");
     // IPv4 local routes do not care.
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &[Family::V4])
         .unwrap();
-    let v4 = redirect_testkit::routes_in(&ns.path)
+    let v4 = redirect_kernel::testing::routes_in(&ns.path)
         .read_tproxy(&r, Family::V4)
         .unwrap();
     assert!(v4.is_complete(), "{v4:?}");
@@ -446,23 +446,23 @@ fn remove_tproxy_leaves_nothing_and_may_run_twice() {
     let pristine: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert!(pristine.iter().all(|v| v.routes.is_empty()));
 
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &BOTH)
         .unwrap();
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_tproxy(&r, &BOTH)
         .unwrap();
     let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
     assert_eq!(after, pristine);
     for family in BOTH {
-        let state = redirect_testkit::routes_in(&ns.path)
+        let state = redirect_kernel::testing::routes_in(&ns.path)
             .read_tproxy(&r, family)
             .unwrap();
         assert!(state.is_absent(), "{family}: {state:?}");
     }
 
     // Nothing left to remove: still fine, still nothing.
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_tproxy(&r, &BOTH)
         .unwrap();
     let again: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
@@ -484,7 +484,7 @@ fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
         let fam = if family == Family::V4 { "-4" } else { "-6" };
         ns.ip(&[fam, "rule", "add", "fwmark", &mark, "lookup", &table]);
         assert_eq!(count_rule_lines(&ns.rules(family), &r), 2);
-        let state = redirect_testkit::routes_in(&ns.path)
+        let state = redirect_kernel::testing::routes_in(&ns.path)
             .read_tproxy(&r, family)
             .unwrap();
         assert_eq!(
@@ -495,7 +495,7 @@ fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
             }
         );
     }
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_tproxy(&r, &BOTH)
         .unwrap();
     let after: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
@@ -517,15 +517,15 @@ fn remove_tproxy_leaves_other_rules_and_routes_alone() {
     ]);
     ns.ip(&["route", "add", "10.1.0.0/16", "dev", "lo", "table", "133"]);
     let others = ip_view(&ns, Family::V4, &r);
-    let state = redirect_testkit::routes_in(&ns.path)
+    let state = redirect_kernel::testing::routes_in(&ns.path)
         .read_tproxy(&r, Family::V4)
         .unwrap();
     assert!(state.is_absent(), "near misses are not ours: {state:?}");
 
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .apply_tproxy(&r, &BOTH)
         .unwrap();
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_tproxy(&r, &BOTH)
         .unwrap();
     assert_eq!(ip_view(&ns, Family::V4, &r), others);
@@ -604,48 +604,48 @@ fn lo_v6_inbound_addr_is_idempotent_and_removable() {
             .filter(|l| l.trim_start().starts_with("inet6 ::6/128 "))
             .count()
     };
-    assert!(!redirect_testkit::routes_in(&ns.path)
+    assert!(!redirect_kernel::testing::routes_in(&ns.path)
         .has_lo_v6_inbound_addr()
         .unwrap());
     assert_eq!(lo6_lines(&ns), 0);
 
     // lo is down in a fresh namespace; the address goes on all the same.
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .ensure_lo_v6_inbound_addr()
         .unwrap();
     assert_eq!(lo6_lines(&ns), 1);
-    assert!(redirect_testkit::routes_in(&ns.path)
+    assert!(redirect_kernel::testing::routes_in(&ns.path)
         .has_lo_v6_inbound_addr()
         .unwrap());
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .ensure_lo_v6_inbound_addr()
         .unwrap();
     assert_eq!(lo6_lines(&ns), 1);
 
     ns.ip(&["link", "set", "lo", "up"]);
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .ensure_lo_v6_inbound_addr()
         .unwrap();
     assert_eq!(lo6_lines(&ns), 1);
 
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_lo_v6_inbound_addr()
         .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
-    assert!(!redirect_testkit::routes_in(&ns.path)
+    assert!(!redirect_kernel::testing::routes_in(&ns.path)
         .has_lo_v6_inbound_addr()
         .unwrap());
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_lo_v6_inbound_addr()
         .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
 
     // What iproute2 adds, we see and remove.
     ns.ip(&["-6", "addr", "add", "::6/128", "dev", "lo"]);
-    assert!(redirect_testkit::routes_in(&ns.path)
+    assert!(redirect_kernel::testing::routes_in(&ns.path)
         .has_lo_v6_inbound_addr()
         .unwrap());
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .remove_lo_v6_inbound_addr()
         .unwrap();
     assert_eq!(lo6_lines(&ns), 0);
@@ -661,7 +661,7 @@ fn lo_v6_inbound_addr_is_usable_at_once() {
         return;
     }
     let ns = TestNetns::new("lo6-now");
-    redirect_testkit::routes_in(&ns.path)
+    redirect_kernel::testing::routes_in(&ns.path)
         .ensure_lo_v6_inbound_addr()
         .unwrap();
     let shown = ns.ip(&["-6", "addr", "show", "dev", "lo"]);

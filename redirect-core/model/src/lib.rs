@@ -26,6 +26,7 @@
 //! - [`Error`] and [`Result`].
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod capture;
 mod config;

@@ -75,9 +75,10 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-use redirect_core::model::eval::{evaluate, CtState, Direction, Evaluation, Flow, Verdict};
-use redirect_core::model::{Action, Ruleset, Stage, L4};
-use redirect_core::model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_core::eval::{evaluate, CtState, Direction, Evaluation, Flow, Verdict};
+use redirect_core::Ruleset;
+use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
+use redirect_model::{Action, Stage, L4};
 use redirect_testkit::plan_with;
 use redirect_testkit::{
     kernel_tests_enabled, run_probes_report, From, Link, ListenerSpec, Outcome, Probe, ProbeReport,
@@ -974,10 +975,10 @@ fn run_flows(cfg: &CaptureConfig, specs: &[FlowSpec]) -> Result<Run, String> {
         .ip_batch(true, &["route add blackhole default".to_string()]);
     redirect_core::Namespace::open(topo.pod.path())
         .and_then(|pod| {
-            Ok(redirect_core::kernel::capture::apply_in(
+            Ok(redirect_kernel::capture::apply_in(
                 pod.backend(),
-                redirect_core::model::table::TABLE,
-                &redirect_core::model::sidecar_routes(cfg),
+                redirect_core::handles::TABLE,
+                &redirect_core::sidecar_routes(cfg),
                 &rs,
             )?)
         })

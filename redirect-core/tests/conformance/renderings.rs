@@ -4,10 +4,10 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use redirect_core::kernel::nft;
-use redirect_core::model::render::{iptables_restore_all, nft_script};
-use redirect_core::model::Family;
-use redirect_core::model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_core::render::{iptables_restore_all, nft_script};
+use redirect_core::Family;
+use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
+use redirect_kernel::nft;
 use redirect_testkit::plan;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -115,7 +115,7 @@ fn nft_script_loads_with_nft_and_holds_the_same_rules() {
         pipe(&ns, "nft -f -", &script).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Loading twice replaces (the script deletes the table first).
         pipe(&ns, "nft -f -", &script).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let state = redirect_testkit::nft_in(ns.path())
+        let state = redirect_kernel::testing::nft_in(ns.path())
             .read()
             .unwrap()
             .expect("table exists");

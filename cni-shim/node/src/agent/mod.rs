@@ -5,7 +5,7 @@
 //! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
 //! them before it uninstalls.
 
-pub mod http;
+pub(crate) mod http;
 pub mod plugin_events;
 pub mod untaint;
 pub mod upgrade;
@@ -18,18 +18,18 @@ use std::thread::JoinHandle;
 use tokio::sync::watch as signal;
 
 use crate::ambient::dataplane::Dataplane;
-use crate::ambient::zds::server::ZdsServer;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::node_view::NodeView;
 use crate::plugin_entry::standalone_conf;
+use crate::pods::queue::Backoff;
 use crate::repair::controller::Controller;
-use crate::repair::queue::Backoff;
 use crate::server_url;
 use crate::settings::Settings;
-use cni_plugin::cni::conf::NetConf;
-use cni_plugin::events::{Readiness, READY_NAME};
+use cni_protocol::cni::conf::NetConf;
+use cni_protocol::events::{Readiness, READY_NAME};
+use zds::server::ZdsServer;
 
 /// The running agent; [`Agent::stop`] (or dropping it) stops it.
 pub struct Agent {
@@ -53,7 +53,8 @@ impl Agent {
                 .repair
                 .enabled
                 .then_some(settings.repair.action)
-                .flatten(),
+                .flatten()
+                .map(|a| a.metric_type()),
             settings.repair.enabled,
         );
         if settings.ambient.enabled {
@@ -114,6 +115,8 @@ impl Agent {
         &self.metrics
     }
 
+    /// Stops the agent's tasks, waits for its thread, and removes its status file (as dropping
+    /// it does).
     pub fn stop(mut self) {
         self.halt();
     }
@@ -204,7 +207,7 @@ fn bind(port: u16) -> Result<Option<TcpListener>> {
 /// The plugin's own config entry, parsed as the plugin parses it.
 fn plugin_conf(settings: &Settings) -> Result<NetConf> {
     let text = standalone_conf(settings).to_string();
-    cni_plugin::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
+    cni_protocol::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
         setting: "PLUGIN_CONFIG_JSON",
         value: settings
             .plugin_config
@@ -277,7 +280,7 @@ impl Parts {
             Err(e) => tracing::warn!(
                 "{}: {e}; the plugin's calls are not counted",
                 s.cni_agent_run_dir
-                    .join(cni_plugin::events::SOCKET_NAME)
+                    .join(cni_protocol::events::SOCKET_NAME)
                     .display()
             ),
         }
@@ -372,7 +375,7 @@ async fn with_client(
 fn host_probe(s: &Settings, mut dp: Dataplane) -> Dataplane {
     let base = &s.ambient.base;
     let proc = &s.repair.places.proc;
-    let uid = match redirect_core::istio::ambient::kubelet_uid(proc) {
+    let uid = match redirect_core::ambient::kubelet_uid(proc) {
         Ok(uid) => uid,
         Err(e) => {
             tracing::error!("ambient: no probe SNAT on this node: {e}");
@@ -407,7 +410,7 @@ fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
         value: path.display().to_string(),
         reason,
     };
-    ZdsServer::bind_paused(path, crate::ambient::zds::server::DEADLINE)
+    ZdsServer::bind_paused(path, zds::server::DEADLINE)
         .map(Some)
         .map_err(|e| invalid(format!("cannot listen there: {e}")))
 }

@@ -1,4 +1,4 @@
-//! The plugin's events (`cni_plugin::events`): a datagram socket in the run directory, read until
+//! The plugin's events (`cni_protocol::events`): a datagram socket in the run directory, read until
 //! the agent stops, each event counted in the metrics. The socket is the agent's alone (mode
 //! 0600: the plugin runs as root, as the runtime does), and goes when the agent stops.
 
@@ -9,7 +9,7 @@ use tokio::net::UnixDatagram;
 use tokio::sync::watch as signal;
 
 use crate::metrics::Metrics;
-use cni_plugin::events::{Event, MAX_EVENT, SOCKET_NAME};
+use cni_protocol::events::{Event, MAX_EVENT, SOCKET_NAME};
 
 /// Binds the socket in `run_dir` (a stale one from an agent killed before is replaced).
 pub fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {

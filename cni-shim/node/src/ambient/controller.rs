@@ -33,10 +33,9 @@ use super::pods::{self, Want};
 use super::AmbientSettings;
 use crate::metrics::Metrics;
 use crate::node_view::{AmbientPart, Kind, NodeView, PassState, PodEntry, ZtunnelState};
-use crate::repair::controller::{not_listed, sleep_until};
-use crate::repair::in_place::Places;
-use crate::repair::queue::{Backoff, Queue};
-use redirect_core::istio::ambient::REDIRECTION;
+use crate::pods::queue::{Backoff, Queue};
+use crate::pods::{not_listed, sleep_until, Places};
+use redirect_core::ambient::REDIRECTION;
 
 /// Everything the controller needs.
 pub struct Controller {
@@ -495,8 +494,8 @@ impl Controller {
     ) -> Result<redirect_core::Netns, AmbientError> {
         let (places, uid) = (self.places.clone(), uid.to_owned());
         let found = tokio::task::spawn_blocking(move || match ip {
-            Some(ip) => crate::repair::pod_netns::find(&places.proc, &places.pins, &uid, ip),
-            None => crate::repair::pod_netns::find_by_uid(&places.proc, &uid),
+            Some(ip) => crate::pods::search::find(&places.proc, &places.pins, &uid, ip),
+            None => crate::pods::search::find_by_uid(&places.proc, &uid),
         })
         .await?;
         Ok(found?)
@@ -507,7 +506,7 @@ impl Controller {
         pod: &Pod,
     ) -> Result<redirect_core::AmbientConfig, AmbientError> {
         let (cfg, warnings) =
-            redirect_core::istio::ambient::pod_config(&pods::annotations(pod), &self.settings.base)
+            redirect_core::ambient::pod_config(&pods::annotations(pod), &self.settings.base)
                 .map_err(|e| AmbientError::Annotations { error: e.into() })?;
         for w in warnings {
             tracing::warn!("ambient: pod {}: {w}", pods::label(pod));

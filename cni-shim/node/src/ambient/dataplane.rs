@@ -19,10 +19,12 @@ use std::time::{Instant, SystemTime};
 
 use redirect_core::{AmbientConfig, Capture, HostProbeConfig, Namespace, Netns};
 
+pub(crate) use crate::node_view::{HostView, ReadBack, Repair, RepairKind, ZtunnelView};
+
 use super::error::AmbientError;
 use super::identity::Binding;
-use super::zds::proto::WorkloadInfo;
-use super::zds::server::{Delivery, Held, ZdsError, ZdsServer};
+use zds::proto::WorkloadInfo;
+use zds::server::{Delivery, Held, ZdsError, ZdsServer};
 
 /// Who a pod is, for ztunnel and the logs; `ips` are the addresses checked to be its
 /// namespace's (those in the host's probe sets).
@@ -95,53 +97,6 @@ pub enum AddError {
     },
 }
 
-/// What a repair put right.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RepairKind {
-    /// The host's probe table was gone: recreated with every enrolled pod's addresses.
-    HostTable,
-    /// Addresses missing from (or left in) the host's probe sets.
-    HostMembers,
-    /// A pod's in-pod rules differed from its plan (or were gone): programmed again.
-    PodRules,
-    /// A pod's namespace found again (after a `keep`), or bound anew.
-    Namespace,
-    /// A pod the current ztunnel had not acked, sent again.
-    Resent,
-}
-
-impl RepairKind {
-    /// The `kind` label of `redirect_cni_ambient_repairs_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            RepairKind::HostTable => "host_table",
-            RepairKind::HostMembers => "host_members",
-            RepairKind::PodRules => "pod_rules",
-            RepairKind::Namespace => "namespace",
-            RepairKind::Resent => "resent",
-        }
-    }
-}
-
-/// One repair: when, what, and why (what was read back).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Repair {
-    #[serde(with = "rfc3339")]
-    pub at: SystemTime,
-    pub kind: RepairKind,
-    pub why: String,
-}
-
-/// A pod's rules as they stand after the last read (and the repair it led to).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ReadBack {
-    #[serde(with = "rfc3339")]
-    pub at: SystemTime,
-    /// What differed from the plan (empty: equal), or why it could not be read.
-    pub differences: Vec<String>,
-}
-
 /// What the data plane holds of an enrolled pod.
 struct Enrolled {
     pod: PodRef,
@@ -159,18 +114,6 @@ struct Enrolled {
     repair: Option<Repair>,
 }
 
-/// The host table as last read back.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct HostView {
-    /// Whether the probe SNAT is configured (kubelet was found).
-    pub configured: bool,
-    /// The addresses in its sets at the last read; `None`: the table was not there.
-    pub members: Option<Vec<IpAddr>>,
-    #[serde(with = "rfc3339_opt")]
-    pub checked_at: Option<SystemTime>,
-    pub repair: Option<Repair>,
-}
-
 /// One pod as the data plane holds it, for the node view.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PodState {
@@ -184,14 +127,6 @@ pub struct PodState {
     pub rules: Option<ReadBack>,
     pub repair: Option<Repair>,
     pub ztunnel: ZtunnelView,
-}
-
-/// What the current ZDS connection holds of a pod.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ZtunnelView {
-    pub connection: Option<u64>,
-    pub acked: bool,
-    pub refused: Option<String>,
 }
 
 /// What one pass read and put right.
@@ -698,11 +633,7 @@ impl Dataplane {
     }
 
     /// The enrolled pod (other than `except`) bound to namespace `id`.
-    pub fn bound_to(
-        &self,
-        id: redirect_core::kernel::netns::NetnsId,
-        except: &str,
-    ) -> Option<String> {
+    pub fn bound_to(&self, id: redirect_core::handles::NetnsId, except: &str) -> Option<String> {
         self.pods
             .iter()
             .find(|(u, e)| *u != except && e.netns.as_ref().is_some_and(|n| n.id() == id))
@@ -710,7 +641,7 @@ impl Dataplane {
     }
 
     /// The enrolled pod `uid`'s namespace identity.
-    pub fn netns_id(&self, uid: &str) -> Option<redirect_core::kernel::netns::NetnsId> {
+    pub fn netns_id(&self, uid: &str) -> Option<redirect_core::handles::NetnsId> {
         self.pods.get(uid)?.netns.as_ref().map(|n| n.id())
     }
 
@@ -751,10 +682,6 @@ impl Dataplane {
     pub fn len(&self) -> usize {
         self.pods.len()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
 }
 
 /// How `ns`'s ambient rules differ from `cfg`'s plan, in words (empty: equal); a read that
@@ -794,32 +721,10 @@ fn probed<'a>(cfg: &'a HostProbeConfig, ips: &'a [IpAddr]) -> impl Iterator<Item
 fn namespace(netns: &Netns) -> redirect_core::Result<Namespace> {
     let fd = netns
         .try_clone_fd()
-        .map_err(|cause| redirect_core::kernel::netns::Error::Open {
+        .map_err(|cause| redirect_core::error::NamespaceError::Open {
             path: netns.path().to_owned(),
             cause,
         })?;
     let copy = Netns::from_file(std::fs::File::from(fd), netns.path())?;
     Namespace::from_netns(copy)
-}
-
-/// Times in the node view: RFC 3339, as the API's.
-mod rfc3339 {
-    pub fn serialize<S: serde::Serializer>(
-        t: &std::time::SystemTime,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string())
-    }
-}
-
-mod rfc3339_opt {
-    pub fn serialize<S: serde::Serializer>(
-        t: &Option<std::time::SystemTime>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match t {
-            Some(t) => s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string()),
-            None => s.serialize_none(),
-        }
-    }
 }

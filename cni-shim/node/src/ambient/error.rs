@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::dataplane::AddError;
 use super::identity::Refused;
-use crate::repair::pod_netns::FindError;
+use crate::pods::search::FindError;
 
 /// Why a pod could not be enrolled, released, bound or annotated.
 #[derive(Debug, thiserror::Error)]

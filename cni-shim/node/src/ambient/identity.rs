@@ -7,25 +7,10 @@
 
 use std::net::IpAddr;
 
-use redirect_core::kernel::netns::{Netns, NetnsId};
-use redirect_core::kernel::routes::Routes;
+use redirect_core::handles::{NetnsId, Routes};
+use redirect_core::Netns;
 
-/// How a namespace was tied to its pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Binding {
-    /// It holds the addresses the API lists for the pod.
-    ApiAddresses,
-    /// It holds the addresses the plugin's request listed, which no other pod of the node has;
-    /// the API listed none yet: checked again as soon as it does.
-    RequestAddresses,
-    /// Neither the API nor the request listed an address (a plugin run without a previous
-    /// result, as under Multus): the namespace's own addresses, which no other pod of the
-    /// node has; checked again as soon as the API lists the pod's.
-    NamespaceAddresses,
-    /// The agent's own search found it (the pod's cgroup, and its address when known).
-    Search,
-}
+pub(crate) use crate::node_view::Binding;
 
 /// Why a namespace is not taken as a pod's.
 #[derive(Debug, thiserror::Error)]

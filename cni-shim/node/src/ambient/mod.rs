@@ -2,16 +2,14 @@
 //! (`controller`: the pod and namespace watch, the plugin's requests at ADD and CHECK, and a
 //! pass every few seconds that reads everything back), binds each to the namespace that holds
 //! its addresses (`identity`), puts the in-pod rules in it and hands ztunnel its namespace
-//! (`dataplane`, over `zds`). Both sockets are let in by `gate`.
+//! (`dataplane`, over the `zds` crate). Both sockets are let in by `cni_protocol::gate`.
 
-pub mod controller;
-pub mod dataplane;
-pub mod error;
-pub mod gate;
-pub mod identity;
-pub mod plugin_requests;
-pub mod pods;
-pub mod zds;
+pub(crate) mod controller;
+pub(crate) mod dataplane;
+pub(crate) mod error;
+pub(crate) mod identity;
+pub(crate) mod plugin_requests;
+pub(crate) mod pods;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +19,7 @@ use redirect_core::AmbientConfig;
 /// The agent's ambient settings (`AMBIENT_*`, `ZTUNNEL_UDS_ADDRESS`, `HOST_PROBE_SNAT_*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AmbientSettings {
+    /// `AMBIENT_ENABLED`: enroll this node's ambient pods and serve ztunnel.
     pub enabled: bool,
     /// The chart's in-pod settings; each pod's annotations apply over them.
     pub base: AmbientConfig,

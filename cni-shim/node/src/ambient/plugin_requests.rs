@@ -1,4 +1,4 @@
-//! The plugin's requests at ADD and CHECK (`cni_plugin::ambient`): a `SOCK_SEQPACKET` socket
+//! The plugin's requests at ADD and CHECK (`cni_protocol::ambient`): a `SOCK_SEQPACKET` socket
 //! in the run directory (mode 0600, root's: only root on the node may connect), one request
 //! and one answer per connection. `gate` lets the requests in on one thread (a connection
 //! that says nothing within [`FIRST_REQUEST`] is closed, and at most [`WAITING`] are held);
@@ -15,18 +15,18 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
 use kube::api::Api;
-use redirect_core::istio::ambient::Enrollment;
+use redirect_core::ambient::Enrollment;
 use redirect_core::Netns;
 use tokio::sync::mpsc;
 
 use super::controller::{Controller, State};
 use super::dataplane::{Rules, Stage};
 use super::error::AmbientError;
-use super::gate::{self, Closed, Limits};
 use super::identity::{self, Binding, Claim};
 use super::pods;
-use cni_plugin::ambient::{AddAnswer, AddRequest, Command, MAX_MESSAGE, SOCKET_NAME};
-use cni_plugin::seqpacket::{self, Datagram};
+use cni_protocol::ambient::{AddAnswer, AddRequest, Command, MAX_MESSAGE, SOCKET_NAME};
+use cni_protocol::gate::{self, Closed, Limits};
+use cni_protocol::seqpacket::{self, Datagram};
 
 /// How long a connection may take to send its request (the plugin sends it as it connects).
 pub const FIRST_REQUEST: Duration = Duration::from_secs(1);

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::istio::ambient::{enrollment, Enrollment, PodView, REDIRECTION};
+use redirect_core::ambient::{enrollment, Enrollment, PodView, REDIRECTION};
+
+pub use crate::pods::{ips, label, live};
 
 use super::dataplane::PodRef;
 
@@ -45,7 +47,7 @@ pub fn want(pod: &Pod, namespace_labels: &BTreeMap<String, String>, excluded: &[
     }
 }
 
-/// Istio's selectors for `pod` (`redirect_core::istio::ambient::enrollment`).
+/// Istio's selectors for `pod` (`redirect_core::ambient::enrollment`).
 pub fn decide(
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
@@ -66,27 +68,6 @@ pub fn decide(
     enrollment(&view, excluded)
 }
 
-/// The pod's addresses: `status.podIPs`, else `status.podIP`.
-pub fn ips(pod: &Pod) -> Vec<IpAddr> {
-    let Some(status) = pod.status.as_ref() else {
-        return Vec::new();
-    };
-    let listed: Vec<IpAddr> = status
-        .pod_ips
-        .iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse().ok())
-        .collect();
-    if !listed.is_empty() {
-        return listed;
-    }
-    status
-        .pod_ip
-        .iter()
-        .filter_map(|ip| ip.parse().ok())
-        .collect()
-}
-
 /// Who the pod is, for ztunnel, with the addresses its status lists (the caller replaces them
 /// with those it checked).
 pub fn pod_ref(pod: &Pod) -> PodRef {
@@ -101,21 +82,6 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
             .unwrap_or_else(|| "default".into()),
         ips: ips(pod),
     }
-}
-
-/// `namespace/name`, for logs.
-pub fn label(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or(""),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
-}
-
-/// Whether the pod's sandbox may still hold its addresses (not ended).
-pub fn live(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// The pod's `ambient.istio.io/redirection` annotation.

@@ -10,11 +10,12 @@ use crate::atomic_file::{self, FileAttrs};
 use crate::error::{Error, Result};
 use crate::plugin_entry::PLUGIN_TYPE;
 
-pub const BINARY_MODE: u32 = 0o755;
+pub(crate) const BINARY_MODE: u32 = 0o755;
 
 /// What `install_binary` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BinaryInstall {
+    /// Copied: it was missing or differed.
     Copied,
     /// Already identical (its mode fixed if needed).
     AlreadyPresent,

@@ -82,7 +82,7 @@ pub fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// A config file the runtime skips (it does not parse as one), before the one it uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skipped {
+pub(crate) struct Skipped {
     pub path: PathBuf,
     pub reason: String,
     /// A hash of the bytes read: a new one is a new version of the file.
@@ -96,7 +96,7 @@ pub fn select_target(dir: &Path, conf_name: Option<&str>) -> Result<Option<PathB
 }
 
 /// [`select_target`], and the files a runtime would skip on the way to it, with why.
-pub fn select_target_noting(
+pub(crate) fn select_target_noting(
     dir: &Path,
     conf_name: Option<&str>,
 ) -> Result<(Option<PathBuf>, Vec<Skipped>)> {

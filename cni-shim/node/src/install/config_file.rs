@@ -65,11 +65,6 @@ impl CniConfig {
         &self.net_dir
     }
 
-    /// What has been changed so far.
-    pub fn record(&self) -> &UndoRecord {
-        &self.record
-    }
-
     /// Make the config right, writing only what is wrong.
     pub fn reconcile(&mut self) -> Result<ConfigStatus> {
         // A second pass covers the case where undoing the previous target changed the choice.

@@ -12,13 +12,15 @@ use crate::error::{Error, Result};
 use crate::plugin_entry::PLUGIN_TYPE;
 use crate::settings::Settings;
 
+/// The plugin's installation on this node: its binary, kubeconfig and CNI config, put in
+/// place and removed together.
 #[derive(Debug)]
 pub struct Installer {
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// The plugin binary copied into the bin dirs.
-    pub binary: PathBuf,
-    pub config: CniConfig,
-    pub kubeconfig: Kubeconfig,
+    pub(crate) binary: PathBuf,
+    pub(crate) config: CniConfig,
+    pub(crate) kubeconfig: Kubeconfig,
     /// Whether this installer wrote the kubeconfig already: a later write puts back what
     /// someone else changed.
     kubeconfig_written: std::cell::Cell<bool>,

@@ -13,7 +13,7 @@ use crate::settings::Settings;
 
 /// What goes into the kubeconfig.
 #[derive(Clone, PartialEq, Eq)]
-pub struct KubeconfigContent {
+pub(crate) struct KubeconfigContent {
     pub server: String,
     /// PEM bytes; `None` with `insecure_skip_tls_verify`.
     pub ca: Option<Vec<u8>>,
@@ -33,7 +33,7 @@ impl std::fmt::Debug for KubeconfigContent {
 }
 
 /// The kubeconfig text (YAML; strings double-quoted, as JSON strings are valid YAML).
-pub fn render(c: &KubeconfigContent) -> String {
+pub(crate) fn render(c: &KubeconfigContent) -> String {
     let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let tls = match (&c.ca, c.insecure_skip_tls_verify) {
         (_, true) | (None, _) => "    insecure-skip-tls-verify: true\n".to_string(),
@@ -87,7 +87,7 @@ pub fn base64(data: &[u8]) -> String {
 
 /// Keeps `<run dir>/redirect-cni-kubeconfig` in line with the service account.
 #[derive(Debug, Clone)]
-pub struct Kubeconfig {
+pub(crate) struct Kubeconfig {
     pub path: PathBuf,
     pub mode: u32,
     pub token_path: PathBuf,

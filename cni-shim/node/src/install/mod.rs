@@ -1,12 +1,12 @@
 //! The installer of `redirect-cni-node`, the node DaemonSet's entrypoint (copies the binary, writes or chains
 //! the CNI config, writes the kubeconfig, keeps them in place, removes exactly what it added).
 //!
-//! Its settings, errors and the entry it writes are `crate::node`'s. The pieces, each usable on
+//! Its settings, errors and the entry it writes are the crate's. The pieces, each usable on
 //! its own (the tests drive them on temporary directories):
 //! - [`binaries`]: the plugin binary in the host's bin dirs;
 //! - [`conf_select`]: which CNI config file the runtime uses (kubelet's choice);
 //! - [`chain`]: the pure config transformations around our entry;
-//! - [`config_file`] and [`undo`]: writing the config and undoing it byte for byte;
+//! - `config_file` and `undo` (private): writing the config and undoing it byte for byte;
 //! - [`kubeconfig`]: the plugin's kubeconfig from the service account;
 //! - [`watch`], [`rate_limit`] and [`signals`]: keeping it all in place until SIGTERM;
 //! - [`installer`]: the three together, in the order a runtime needs them.
@@ -16,21 +16,21 @@
 pub mod binaries;
 pub mod chain;
 pub mod conf_select;
-pub mod config_file;
+pub(crate) mod config_file;
 pub mod installer;
 pub mod kubeconfig;
 pub mod rate_limit;
 pub mod signals;
-pub mod undo;
+pub(crate) mod undo;
 pub mod watch;
 
-pub use config_file::{CniConfig, ConfigStatus};
+pub use config_file::ConfigStatus;
 pub use installer::Installer;
 pub use watch::{StopHandle, WatchOptions};
 
 use crate::metrics::Install;
 use crate::{Error, Result, Settings};
-use cni_plugin::events::Readiness;
+use cni_protocol::events::Readiness;
 
 /// What the installer tells the process that runs it (the node agent, in the DaemonSet).
 pub trait Progress {

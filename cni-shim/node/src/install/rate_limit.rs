@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// Counts rewrites over a sliding window, and says how long to hold off past the limit.
 #[derive(Debug, Clone)]
 pub struct RewriteLimiter {
     window: Duration,

@@ -22,7 +22,7 @@ use crate::atomic_file::TEMP_MARKER;
 use crate::error::{Error, Result};
 use crate::metrics::Install;
 use crate::plugin_entry::PLUGIN_TYPE;
-use cni_plugin::events::{Readiness, READY_NAME};
+use cni_protocol::events::{Readiness, READY_NAME};
 
 /// Stops a running `watch` (and so `run`) from another thread or a signal handler.
 #[derive(Debug, Clone)]
@@ -38,6 +38,7 @@ struct StopPipe {
 }
 
 impl StopHandle {
+    /// A handle not stopped yet, on a new pipe.
     pub fn new() -> Result<Self> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
             .map_err(|e| Error::Watch(format!("pipe: {e}")))?;
@@ -87,6 +88,7 @@ pub struct WatchOptions {
     pub retry: Duration,
     /// More config rewrites than this per `rewrite_window` is a fight with another installer.
     pub max_rewrites: usize,
+    /// The sliding window `max_rewrites` counts over.
     pub rewrite_window: Duration,
 }
 

@@ -10,14 +10,7 @@ use kube::Client;
 /// The Events' source component, as Istio's.
 pub const COMPONENT: &str = "cni-repair";
 
-/// `namespace/name` of a pod.
-pub fn pod_label(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or(""),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
-}
+pub use crate::pods::label as pod_label;
 
 fn pods(client: &Client, pod: &Pod) -> Api<Pod> {
     Api::namespaced(

@@ -19,24 +19,28 @@ use kube::runtime::watcher::{self, Event};
 use kube::Client;
 use tokio::sync::watch as signal;
 
-use super::actions::{self, pod_label};
+use super::actions;
 use super::detect::{is_broken, Action};
 use super::in_place::{self, Outcome};
-use super::queue::{Backoff, Queue, Retry};
 use super::watch_health::WatchHealth;
 use super::RepairSettings;
-use crate::ambient::dataplane::{ReadBack, Repair, RepairKind};
 use crate::metrics::{Metrics, Result as Counted};
 use crate::node_view::{Kind, NodeView, PodEntry};
-use cni_plugin::cni::conf::NetConf;
+use crate::node_view::{ReadBack, Repair, RepairKind};
+use crate::pods::queue::{Backoff, Queue, Retry};
+use crate::pods::{label as pod_label, not_listed, sleep_until};
+use cni_protocol::cni::conf::NetConf;
 
 /// Everything the controller needs.
 pub struct Controller {
+    /// The API client: the watch, and the delete, label and Events of those modes.
     pub client: Client,
+    /// What to watch, which pods are broken, and what to do with them.
     pub settings: RepairSettings,
     /// The plugin's own config entry, as the installer writes it: the capture of a repaired
     /// pod is the one the plugin's ADD would have applied.
     pub plugin: Arc<NetConf>,
+    /// Where each action's result and the watch's health are counted.
     pub metrics: Metrics,
     /// The retries of a failed repair, delete or label.
     pub backoff: Backoff,
@@ -147,7 +151,7 @@ impl Controller {
         match done {
             Done::Finished => state.queue.forget(uid),
             Done::Failed(why) => {
-                self.metrics.count(action, Counted::Fail);
+                self.metrics.count(action.metric_type(), Counted::Fail);
                 match state.queue.retry(uid, Instant::now()) {
                     Retry::After { delay, attempt } => tracing::error!(
                         "pod {}: {} failed (attempt {attempt} of {}): {why}; retrying in {} ms",
@@ -180,7 +184,8 @@ impl Controller {
             tracing::info!(
                 "pod {who} is broken, but the plugin leaves it alone: {why}; not repaired"
             );
-            self.metrics.count(Action::Repair, Counted::Skip);
+            self.metrics
+                .count(Action::Repair.metric_type(), Counted::Skip);
             return Done::Finished;
         }
         tracing::info!(
@@ -212,7 +217,8 @@ impl Controller {
                         ),
                     },
                 );
-                self.metrics.count(Action::Repair, Counted::Success);
+                self.metrics
+                    .count(Action::Repair.metric_type(), Counted::Success);
                 tracing::info!(
                     "pod {who} repaired: its capture is in {} and reads back as the plugin's \
                      ({} ms); its validation passes at its next restart",
@@ -223,7 +229,8 @@ impl Controller {
             }
             Ok(Ok(Outcome::NotCaptured(why))) => {
                 state.repaired.insert(uid.to_owned());
-                self.metrics.count(Action::Repair, Counted::Skip);
+                self.metrics
+                    .count(Action::Repair.metric_type(), Counted::Skip);
                 tracing::info!("pod {who} is broken, but the plugin would not capture it ({why}); not repaired");
                 Done::Finished
             }
@@ -250,7 +257,8 @@ impl Controller {
         self.event(pod, "DeleteBrokenPod", &message).await;
         match result {
             Ok(()) => {
-                self.metrics.count(Action::Delete, Counted::Success);
+                self.metrics
+                    .count(Action::Delete.metric_type(), Counted::Success);
                 tracing::info!("pod {who} deleted");
                 Done::Finished
             }
@@ -265,7 +273,8 @@ impl Controller {
             &self.settings.label_value,
         );
         if actions::has_label(pod, key) {
-            self.metrics.count(Action::Label, Counted::Skip);
+            self.metrics
+                .count(Action::Label.metric_type(), Counted::Skip);
             tracing::info!("pod {who} already has the label {key}: skipped");
             return Done::Finished;
         }
@@ -278,7 +287,8 @@ impl Controller {
         self.event(pod, "LabelBrokenPod", &message).await;
         match result {
             Ok(()) => {
-                self.metrics.count(Action::Label, Counted::Success);
+                self.metrics
+                    .count(Action::Label.metric_type(), Counted::Success);
                 tracing::info!("pod {who} labelled {key}={value}");
                 Done::Finished
             }
@@ -334,7 +344,7 @@ impl Controller {
             kind: Kind::Sidecar,
             state: word.into(),
             attention,
-            ips: crate::ambient::pods::ips(pod),
+            ips: crate::pods::ips(pod),
             netns: None,
             binding: None,
             rules: repair.as_ref().map(|r| ReadBack {
@@ -422,22 +432,5 @@ impl State {
         self.repaired.remove(uid);
         self.last_repair.remove(uid);
         self.queue.forget(uid);
-    }
-}
-
-/// The UIDs known that a listing did not name: pods deleted while the watch was down (no
-/// Delete event comes for them).
-pub(crate) fn not_listed<'a>(
-    known: impl Iterator<Item = &'a String>,
-    listed: &HashSet<String>,
-) -> Vec<String> {
-    known.filter(|u| !listed.contains(*u)).cloned().collect()
-}
-
-/// Waits until `due`, or for ever when there is nothing due (a `select!` branch).
-pub(crate) async fn sleep_until(due: Option<Instant>) {
-    match due {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
     }
 }

@@ -30,8 +30,11 @@ impl Default for Filter {
 /// What the controller does with a broken pod; the order is Istio's priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Program the capture into the pod's running namespace (`REPAIR_REPAIR_PODS`).
     Repair,
+    /// Delete the pod, for its controller to recreate it (`REPAIR_DELETE_PODS`).
     Delete,
+    /// Label the pod (`REPAIR_LABEL_PODS`).
     Label,
 }
 

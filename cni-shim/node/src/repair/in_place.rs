@@ -3,57 +3,74 @@
 //! kernel (Istio reported success with no rules written, istio#56587).
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::istio::capture;
-use redirect_core::istio::mesh::{self, Decision, MeshDefaults, MeshError};
-use redirect_core::kernel::backend::{self, Opener};
-use redirect_core::kernel::netns::Netns;
-use redirect_core::kernel::SystemGroups;
+use redirect_core::handles::{self, Opener};
+use redirect_core::mesh::{self, Decision, MeshDefaults, MeshError};
+use redirect_core::pod_capture;
+use redirect_core::Netns;
+use redirect_core::SystemGroups;
 
-use super::pod_netns::{self, FindError};
-
-/// Where the agent looks for the pod's namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Places {
-    /// The host's `/proc` as mounted in the agent (`/host/proc`).
-    pub proc: PathBuf,
-    /// The runtime's pinned namespaces (`/var/run/netns`).
-    pub pins: PathBuf,
-}
+use crate::pods::search::{self as pod_netns, FindError};
+pub use crate::pods::Places;
 
 /// What a repair did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The capture is in the pod's namespace now (found at `netns`), read back equal.
-    Repaired { netns: PathBuf },
+    Repaired {
+        /// Where the namespace was found (`<proc>/<pid>/ns/net` or a pin).
+        netns: PathBuf,
+    },
     /// The plugin would not capture this pod (e.g. `sidecar.istio.io/inject: "false"`):
     /// nothing done.
     NotCaptured(String),
 }
 
+/// Why a pod could not be repaired; each names the pod (`namespace/name`).
 #[derive(Debug, thiserror::Error)]
 pub enum RepairError {
+    /// The pod has no UID or no IP in its status yet.
     #[error("pod {0} has no UID or no pod IP yet")]
     Incomplete(String),
+    /// The pod's annotations do not give a capture the plugin would apply.
     #[error("pod {pod}: {source}")]
-    Annotations { pod: String, source: MeshError },
+    Annotations {
+        /// The pod.
+        pod: String,
+        /// What is wrong with them.
+        source: MeshError,
+    },
+    /// The pod's network namespace was not found.
     #[error("pod {pod}: {source}")]
-    Netns { pod: String, source: Box<FindError> },
+    Netns {
+        /// The pod.
+        pod: String,
+        /// What the search looked at.
+        source: Box<FindError>,
+    },
+    /// Programming the capture in the namespace failed.
     #[error("pod {pod}: programming its capture in {netns}: {source}")]
     Apply {
+        /// The pod.
         pod: String,
+        /// Where its namespace was found.
         netns: PathBuf,
-        source: redirect_core::istio::Error,
+        /// The failure.
+        source: redirect_core::error::IstioError,
     },
+    /// The capture was applied, but the rules read back differ from it.
     #[error(
         "pod {pod}: the capture was applied in {netns} but reads back different ({}): not \
          repaired", differences.join("; ")
     )]
     NotInKernel {
+        /// The pod.
         pod: String,
+        /// Where its namespace was found.
         netns: PathBuf,
+        /// How they differ, one line each.
         differences: Vec<String>,
     },
 }
@@ -62,7 +79,9 @@ pub enum RepairError {
 /// kernel side: the node's in [`repair`] (`pod_netns::find` over `/proc`, `open_live`), or a
 /// fake in a test.
 pub struct Reach<'a> {
+    /// Finds the namespace of the pod with this UID and IP.
     pub find: &'a dyn Fn(&str, IpAddr) -> Result<Netns, FindError>,
+    /// Opens the namespace's kernel side, where the capture is applied and read back.
     pub open: Opener<'a>,
 }
 
@@ -72,7 +91,7 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
     let find = |uid: &str, ip: IpAddr| pod_netns::find(&places.proc, &places.pins, uid, ip);
     let reach = Reach {
         find: &find,
-        open: &backend::open_live,
+        open: &handles::open_live,
     };
     repair_with(pod, defaults, &reach)
 }
@@ -97,7 +116,7 @@ pub fn repair_with(
     let (Some(uid), Some(ip)) = (uid, ip) else {
         return Err(RepairError::Incomplete(label));
     };
-    let info = cni_plugin::kube::pod_info(pod.clone(), String::new(), String::new());
+    let info = cni_protocol::pod::pod_info(pod.clone(), String::new(), String::new());
     let (cfg, dual_stack) = match mesh::decide(&info, defaults) {
         Ok(Decision::Capture {
             config, dual_stack, ..
@@ -131,12 +150,12 @@ pub fn repair_with(
 fn apply_and_read_back(
     ns: &Netns,
     open: Opener,
-    cfg: redirect_core::model::ValidConfig,
+    cfg: redirect_core::ValidConfig,
     dual_stack: bool,
-) -> Result<Vec<String>, redirect_core::istio::Error> {
+) -> Result<Vec<String>, redirect_core::error::IstioError> {
     let k = open(ns)?;
-    let (cfg, rs) = capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, None)?;
-    Ok(redirect_core::kernel::capture::check(
+    let (cfg, rs) = pod_capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, None)?;
+    Ok(redirect_core::handles::check(
         k.as_ref(),
         &redirect_core::Capture::Sidecar(cfg.clone()),
         &rs,
@@ -144,14 +163,4 @@ fn apply_and_read_back(
     .iter()
     .map(|d| d.to_string())
     .collect())
-}
-
-/// Where a repair looks by default, as the DaemonSet mounts the host.
-impl Default for Places {
-    fn default() -> Self {
-        Places {
-            proc: Path::new("/host/proc").to_owned(),
-            pins: Path::new("/var/run/netns").to_owned(),
-        }
-    }
 }

@@ -1,19 +1,18 @@
 //! The repair controller (Istio's `cni/pkg/repair`), run by the node agent: it watches this
 //! node's pods, finds those that started without the plugin's rules (`detect`), and repairs them
-//! in place (`in_place`, in the namespace `pod_netns` finds), deletes them or labels them
-//! (`actions`), one pod at a time from a queue keyed by pod UID (`queue`), driven by `controller`,
-//! whose watch's outages `watch_health` logs, backs off and tells the metrics.
+//! in place (`in_place`, in the namespace `crate::pods::search` finds), deletes them or labels
+//! them (`actions`), one pod at a time from a queue keyed by pod UID (`crate::pods::queue`),
+//! driven by `controller`, whose watch's outages `watch_health` logs, backs off and tells the
+//! metrics.
 
 pub mod actions;
 pub mod controller;
 pub mod detect;
 pub mod in_place;
-pub mod pod_netns;
-pub mod queue;
-pub mod watch_health;
+pub(crate) mod watch_health;
 
+use crate::pods::Places;
 use detect::{Action, Filter};
-use in_place::Places;
 
 /// The controller's settings (`REPAIR_*`, with the defaults of Istio's chart).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +23,11 @@ pub struct RepairSettings {
     pub action: Option<Action>,
     /// `REPAIR_NODE_NAME`: only this node's pods are watched.
     pub node_name: String,
+    /// Which pods are broken (`REPAIR_SIDECAR_ANNOTATION`, `REPAIR_INIT_CONTAINER_*`).
     pub filter: Filter,
+    /// `REPAIR_BROKEN_POD_LABEL_KEY`: the key label mode puts on a broken pod.
     pub label_key: String,
+    /// `REPAIR_BROKEN_POD_LABEL_VALUE`: its value.
     pub label_value: String,
     /// `REPAIR_LABEL_SELECTORS`, as given to the API server.
     pub label_selectors: String,

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::watcher;
 
-use super::queue::Backoff;
 use crate::metrics::Metrics;
+use crate::pods::queue::Backoff;
 
 /// The delays between two tries of a failed watch: 1 s doubling to 60 s.
 pub const WATCH_BACKOFF: Backoff = Backoff {

@@ -16,7 +16,7 @@ pub fn probe_members(node: &TestNetns) -> Vec<String> {
 
 /// Whether our table is in `ns`.
 pub fn has_rules(ns: &TestNetns) -> bool {
-    redirect_testkit::nft_in(ns.path())
+    redirect_kernel::testing::nft_in(ns.path())
         .read()
         .unwrap()
         .is_some()

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cni_node::ambient::zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
-use cni_node::ambient::zds::wire;
-use cni_plugin::seqpacket;
+use cni_protocol::seqpacket;
 use prost::Message;
 use redirect_testkit::TestNetns;
+use zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
+use zds::wire;
 
 /// ztunnel's in-pod ports.
 pub const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];

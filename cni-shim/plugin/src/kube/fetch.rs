@@ -9,10 +9,11 @@ use ::kube::api::Api;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
 use ::kube::{Client, Config};
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::istio::pod::PodInfo;
+use redirect_core::mesh::PodInfo;
 
 use super::secret::Secrets;
-use super::{convert, FetchPolicy, KubeError};
+use super::{FetchPolicy, KubeError};
+use cni_protocol::pod as convert;
 
 /// Where the kubeconfig comes from, for every kubeconfig error.
 const KUBECONFIG_HINT: &str = "the node agent (`redirect-cni-node`, run by the DaemonSet) \

@@ -7,7 +7,7 @@
 //! async runtime starts, unless [`fetch_pod`] is called: it builds a current-thread tokio runtime
 //! for the one request and shuts it down before returning.
 //!
-//! Behaviour, after Istio's `istio-cni` (`reference/istio-capture.md` §3.4 step 5):
+//! Behaviour, after Istio's `istio-cni` (docs/redirect-cni.md, "Which pods, and their settings"):
 //! - `GET /api/v1/namespaces/<ns>/pods/<name>`, up to [`FetchPolicy::attempts`] times,
 //!   [`FetchPolicy::interval`] apart, each bounded by [`FetchPolicy::request_timeout`], and all
 //!   of it by [`FetchPolicy::deadline`] (Istio has no such bound: 30 x (5 s + 1 s) is longer
@@ -21,14 +21,13 @@
 //! - Credentials (bearer token, token file contents, password) never appear in an error or a
 //!   log line of ours: every message is scrubbed of them.
 
-mod convert;
 mod fetch;
 mod secret;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use convert::{pod_info, pod_info_from_json};
+pub use cni_protocol::pod::{pod_info, pod_info_from_json};
 pub use fetch::{fetch_namespace_labels, fetch_pod};
 
 /// How hard to try to get the pod.
@@ -45,7 +44,7 @@ pub struct FetchPolicy {
 }
 
 /// The default [`FetchPolicy::deadline`]: half of the 2 minutes kubelet gives the runtime.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+pub use cni_protocol::cni::conf::DEFAULT_KUBE_DEADLINE as DEFAULT_DEADLINE;
 
 impl Default for FetchPolicy {
     /// Istio's: 30 attempts, 1 s apart; each request bounded by 5 s. Ours: all within 60 s.
@@ -76,7 +75,12 @@ pub enum KubeError {
     /// The kubeconfig is missing, unreadable or invalid, or its certificate authority does not
     /// verify the API server: `reason` says what is wrong and what to do. Not retried.
     #[error("kubeconfig {path}: {reason}")]
-    Config { path: PathBuf, reason: String },
+    Config {
+        /// The kubeconfig file.
+        path: PathBuf,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
 
     /// The pod does not exist (404), or its namespace/name cannot be a Kubernetes name (then
     /// no request is made). Not retried.
@@ -84,7 +88,12 @@ pub enum KubeError {
         "pod {namespace}/{name} not found: the API server answered 404 Not Found (or the name is \
          not a valid Kubernetes name); check K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS"
     )]
-    NotFound { namespace: String, name: String },
+    NotFound {
+        /// The pod's namespace, from CNI_ARGS.
+        namespace: String,
+        /// The pod's name, from CNI_ARGS.
+        name: String,
+    },
 
     /// The API server refused the request (401 or 403). Not retried.
     #[error(
@@ -93,8 +102,11 @@ pub enum KubeError {
          every namespace, through a ClusterRole and ClusterRoleBinding"
     )]
     Forbidden {
+        /// The pod's namespace, from CNI_ARGS.
         namespace: String,
+        /// The pod's name, from CNI_ARGS.
         name: String,
+        /// The status (401 or 403), the API server's message and what to check.
         detail: String,
     },
 
@@ -106,14 +118,17 @@ pub enum KubeError {
          kubeconfig's `server` address", deadline_note(*.deadline_hit, .deadline)
     )]
     Unavailable {
+        /// The API server's address from the kubeconfig, or `(not contacted)`.
         server: String,
         /// The attempts made.
         attempts: u32,
-        /// The policy's deadline, and whether it is what ended the attempts.
+        /// The policy's deadline (the request timeout, for a namespace's labels).
         deadline: Duration,
+        /// Whether the deadline is what ended the attempts.
         deadline_hit: bool,
         /// From the first attempt to the last failure, rounded to milliseconds.
         elapsed: Duration,
+        /// The last error seen, scrubbed of credentials.
         last: String,
     },
 }

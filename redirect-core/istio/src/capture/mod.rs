@@ -71,6 +71,7 @@ fn for_pod(
 pub struct Leftovers {
     /// Our nftables table.
     pub table: bool,
+    /// Istio's nftables tables and iptables chains.
     pub istio: IstioRules,
 }
 

@@ -33,6 +33,7 @@ pub struct IstioRules {
 }
 
 impl IstioRules {
+    /// Whether there is neither an Istio table nor an Istio chain.
     pub fn is_empty(&self) -> bool {
         self.nft_tables.is_empty() && self.chains.is_empty()
     }
@@ -42,6 +43,7 @@ impl IstioRules {
 /// host's iptables; a `RefCell<IstioRules>` holds them in memory for a test (removing empties
 /// it).
 pub trait IstioRuleStore {
+    /// Istio's tables and chains as they are now.
     fn read(&self) -> Result<IstioRules>;
     /// Remove them all; returns what was removed.
     fn remove(&self) -> Result<IstioRules>;
@@ -85,6 +87,7 @@ impl IstioRuleStore for RefCell<IstioRules> {
 pub struct Existing {
     /// Our table against the plan: `None` when there is no table of ours, empty when equal.
     pub ours: Option<Vec<Difference>>,
+    /// Istio's tables and chains.
     pub istio: IstioRules,
 }
 
@@ -108,7 +111,9 @@ pub enum Resolution {
     /// Program the plan (creating our table, or replacing it atomically), then remove Istio's
     /// when there are any, so no packet goes uncaptured in between.
     Apply {
+        /// A table of ours is there already, and is replaced.
         replaces_ours: bool,
+        /// Istio's rules are there, and go once ours are in place.
         removes_istio: bool,
     },
 }
@@ -119,9 +124,15 @@ pub enum Refusal {
     /// Istio's rules are there and `--reconcile` was not given.
     IstioRules(IstioRules),
     /// Our rules for another configuration are there, and neither flag was given.
-    OursDiffer { differences: Vec<Difference> },
+    OursDiffer {
+        /// How our table differs from the plan.
+        differences: Vec<Difference>,
+    },
     /// The iptables backend finds `ISTIO_*` chains, which iptables-restore cannot create again.
-    IstioChains { chains: Vec<Leftover> },
+    IstioChains {
+        /// The chains (and Istio's rules in built-in chains) found.
+        chains: Vec<Leftover>,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -160,8 +171,10 @@ impl fmt::Display for Refusal {
 /// A run that did not program: refused, or the kernel failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// What was found needs a flag the run was not given; nothing was changed.
     #[error("{0}")]
     Refused(Refusal),
+    /// Reading, programming or removing failed (the kernel, or an iptables tool).
     #[error(transparent)]
     Kernel(#[from] Error),
 }
@@ -201,6 +214,7 @@ pub fn resolve(found: &Existing, flags: Flags) -> Result<Resolution, Refusal> {
 /// What `reconcile` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reconciled {
+    /// What the run decided: skip (the routes only) or apply.
     pub resolution: Resolution,
     /// Istio's tables and chains removed after ours were in place.
     pub removed_istio: IstioRules,
@@ -244,6 +258,7 @@ pub fn reconcile(
 pub struct ReconciledIptables {
     /// The binaries that loaded each family's rules.
     pub tools: Vec<Tool>,
+    /// Istio's chains removed (under `--reconcile`) before ours were loaded.
     pub removed_istio_chains: Vec<Leftover>,
     /// Our nftables table, removed under `--reconcile`.
     pub removed_our_table: bool,

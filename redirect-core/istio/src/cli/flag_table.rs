@@ -19,6 +19,7 @@ pub struct Flag {
     pub key: &'static str,
     /// Whether it exists on the command line.
     pub long: bool,
+    /// Its one-letter name (`-p`), if it has one.
     pub short: Option<char>,
     /// The name used in messages when the value came from the command line or the default.
     pub label: &'static str,
@@ -28,9 +29,11 @@ pub struct Flag {
     pub aliases: &'static [&'static str],
     /// Other long names the flag also answers to, hidden from the help.
     pub flag_aliases: &'static [&'static str],
+    /// The value when neither the command line nor a variable gives one.
     pub default: &'static str,
     /// Go's bool syntax: `--flag`, `--flag=true`, `--flag=false` (never `--flag false`).
     pub boolean: bool,
+    /// The help line (the variables and the default are added when help is shown).
     pub help: &'static str,
 }
 
@@ -69,6 +72,7 @@ impl Flag {
 /// A program's flags and how its command line shows and checks them.
 #[derive(Clone, Copy, Debug)]
 pub struct Table {
+    /// The flags, in help order.
     pub flags: &'static [Flag],
     /// Append `[default: "…"]` to each help line (istio-iptables' help shows none).
     pub show_defaults: bool,
@@ -82,16 +86,22 @@ pub struct Table {
 /// Where a resolved value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
+    /// The command line.
     Flag,
+    /// This variable (the flag's own or an alias).
     Env(&'static str),
+    /// The flag's default.
     Default,
 }
 
 /// One resolved setting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Value {
+    /// The raw value, untrimmed (the table's owner types it).
     pub value: String,
+    /// Where it came from.
     pub source: Source,
+    /// The table row it resolves.
     pub flag: &'static Flag,
 }
 
@@ -108,6 +118,7 @@ impl Value {
 /// Every setting, resolved, by key.
 #[derive(Clone, Debug)]
 pub struct Resolved {
+    /// Each flag's value, by its key.
     pub values: BTreeMap<&'static str, Value>,
     /// The whole parse, for the arguments a program adds of its own.
     pub matches: ArgMatches,
@@ -129,10 +140,11 @@ impl Resolved {
 /// Declares a table of [`Flag`]s and a constant for each row, named after it: code reads a
 /// setting by its constant (`resolved.get(&PROXY_UID)`), so a misspelled setting is a compile
 /// error and every constant is a row of the table.
+/// Attributes before a row (its `///` doc) go on its constant.
 #[macro_export]
 macro_rules! flags {
-    ($(#[$meta:meta])* $vis:vis static $table:ident = [ $( $name:ident = $flag:expr ),* $(,)? ];) => {
-        $( $vis const $name: $crate::cli::flag_table::Flag = $flag; )*
+    ($(#[$meta:meta])* $vis:vis static $table:ident = [ $( $(#[$row:meta])* $name:ident = $flag:expr ),* $(,)? ];) => {
+        $( $(#[$row])* $vis const $name: $crate::cli::flag_table::Flag = $flag; )*
         $(#[$meta])*
         $vis static $table: &[$crate::cli::flag_table::Flag] = &[ $( $name ),* ];
     };
@@ -141,6 +153,7 @@ macro_rules! flags {
 /// What the command line asked for.
 #[derive(Debug)]
 pub enum Parsed {
+    /// Run with these settings.
     Run(Resolved),
     /// `--help` or `--version`: print this and exit 0.
     Info(String),

@@ -31,8 +31,11 @@ pub enum Backend {
 /// What `--dry-run` prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DryRunFormat {
+    /// An `nft -f` script (default).
     Nft,
+    /// iptables-restore input, per family.
     Iptables,
+    /// JSON.
     Json,
 }
 
@@ -46,22 +49,39 @@ pub struct Settings {
     pub proxy_uid_from_user: bool,
     /// `-g` was empty: the GIDs are the UIDs.
     pub proxy_gid_from_uid: bool,
+    /// `ENVOY_USER`: the account whose UID is the proxy's when `-u` is empty.
     pub envoy_user: String,
+    /// `--redirect-dns` (or `ISTIO_META_DNS_CAPTURE`).
     pub redirect_dns: bool,
+    /// `--capture-all-dns`.
     pub capture_all_dns: bool,
+    /// `--dual-stack` (or `ISTIO_DUAL_STACK`): any IPv6 address of the pod turns IPv6 on.
     pub dual_stack: bool,
+    /// `--dry-run`: print, change nothing.
     pub dry_run: bool,
+    /// `--dry-run-format`.
     pub dry_run_format: DryRunFormat,
+    /// `DRY_RUN_FILE_PATH`: where `--dry-run` also writes its output.
     pub dry_run_file: Option<PathBuf>,
+    /// `--skip-rule-apply`.
     pub skip_rule_apply: bool,
+    /// `--run-validation`.
     pub run_validation: bool,
+    /// `--cleanup-only`.
     pub cleanup_only: bool,
+    /// `--reconcile`.
     pub reconcile: bool,
+    /// `--force-apply`.
     pub force_apply: bool,
+    /// `--backend`.
     pub backend: Backend,
+    /// `FORCE_IPTABLES_BINARY`: `None` chooses as Istio does.
     pub force_iptables_binary: Option<Variant>,
+    /// `--network-namespace`: `None` acts in this process's namespace.
     pub network_namespace: Option<PathBuf>,
+    /// `--iptables-probe-port`.
     pub probe_port: u16,
+    /// `--probe-timeout`.
     pub probe_timeout: Duration,
 }
 
@@ -374,6 +394,9 @@ fn duration(v: &Value) -> Result<Duration> {
         .ok_or_else(|| bad(v, "expected a duration such as 5s, 500ms or 1m30s"))
 }
 
+/// A Go duration as `time.ParseDuration` writes it: number+unit pairs (`ns`, `us`/`µs`, `ms`,
+/// `s`, `m`, `h`), such as `5s`, `500ms` or `1m30s`, or a bare `0`; `None` for anything else
+/// (a bare number, a sign).
 pub fn parse_go_duration(s: &str) -> Option<Duration> {
     if s == "0" {
         return Some(Duration::ZERO);

@@ -1,4 +1,4 @@
-//! Istio's validation probe (`reference/istio-capture.md` §5), as a library call: listen on the
+//! Istio's validation probe (docs/redirect-validate.md, "The probe"), as a library call: listen on the
 //! proxy's capture ports, connect from this process to 127.0.0.6:15002 (`[::6]`), and succeed
 //! when a listener sees that original destination.
 //!
@@ -81,6 +81,7 @@ pub struct ProbeSuccess {
     pub listener_port: u16,
     /// Its `SO_ORIGINAL_DST`.
     pub original_dst: SocketAddr,
+    /// From the start of the probe to this connection.
     pub elapsed: Duration,
     /// Connection attempts made, this one included.
     pub attempts: u32,
@@ -88,22 +89,31 @@ pub struct ProbeSuccess {
     pub listen_errors: Vec<(u16, io::Error)>,
 }
 
+/// Why the probe did not succeed.
 #[derive(Debug)]
 pub enum ProbeFailure {
     /// No listener could be opened (both ports taken, or no permission). Carries each port and
     /// its error.
-    NoListener { errors: Vec<(u16, io::Error)> },
+    NoListener {
+        /// Each capture port and why it could not be listened on.
+        errors: Vec<(u16, io::Error)>,
+    },
     /// Nothing arrived with the expected original destination before the timeout.
     Timeout {
+        /// How long the probe ran.
         after: Duration,
         /// The spec's family and probe port: the client connected to 127.0.0.6 or ::6 on it.
         ipv6: bool,
+        /// The spec's probe port (`--iptables-probe-port`).
         probe_port: u16,
+        /// Connection attempts made.
         attempts: u32,
         /// Attempts whose connect succeeded (so something answered, but not with the expected
         /// original destination on our listeners).
         connected: u32,
+        /// The ports a listener was open on.
         listening: Vec<u16>,
+        /// The ports that could not be listened on, each with its error.
         listen_errors: Vec<(u16, io::Error)>,
         /// The last attempt's connect error; `None` if it connected.
         last_connect_error: Option<io::Error>,

@@ -25,7 +25,9 @@ use redirect_model::{Family, Ruleset};
 /// The two iptables implementations: `legacy` (x_tables) and `nft` (iptables over nf_tables).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Variant {
+    /// `iptables-legacy`: the kernel's x_tables.
     Legacy,
+    /// `iptables-nft`: iptables rules stored in nf_tables.
     Nft,
 }
 
@@ -59,6 +61,7 @@ impl fmt::Display for Variant {
 /// The binaries chosen for one family.
 #[derive(Clone, Debug)]
 pub struct Tool {
+    /// The family these binaries serve (`iptables` for IPv4, `ip6tables` for IPv6).
     pub family: Family,
     /// What `<save> --version` reports (`nf_tables` → nft), not what the name says.
     pub variant: Variant,
@@ -87,11 +90,17 @@ impl Tool {
 /// counts them, `jumps` is 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leftover {
+    /// The family whose `-save` listed it.
     pub family: Family,
+    /// The iptables variant whose `-save` listed it.
     pub variant: Variant,
+    /// The iptables table (`nat`, `mangle`, ...).
     pub table: String,
+    /// The chain: `ISTIO_*`, or the built-in chain holding Istio's rules.
     pub chain: String,
+    /// The rules in the chain (or Istio's rules in the built-in chain).
     pub rules: usize,
+    /// The rules outside `ISTIO_*` chains that jump to it; 0 for a built-in chain.
     pub jumps: usize,
 }
 

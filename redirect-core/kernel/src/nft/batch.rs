@@ -13,29 +13,49 @@ use super::Features;
 /// than encoding it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Label {
+    /// The batch's begin message (answered only on kernels that answer it).
     Begin,
+    /// The batch's end message, the commit (answered only on kernels that answer it).
     End,
+    /// `create table`: a new table, refused (EEXIST) if it exists.
     CreateTable,
+    /// `add table`: the table, whether or not it exists (its flags left as they are).
     AddTable,
     /// `add table` with its flags written as 0: a dormant table becomes active.
     ActivateTable,
+    /// `delete table` of the table by that name.
     DeleteTable(String),
+    /// `add set` of the table's set at that index (its definition, no elements).
     AddSet(usize),
+    /// `flush set`: every element of the set by that name goes.
     FlushSet(String),
+    /// `delete set` of the set by that name.
     DeleteSet(String),
+    /// One message of elements added to a set (a set's elements go in chunks).
     AddElements {
+        /// The set's index in the table.
         set: usize,
+        /// Which chunk of its elements, from 0.
         chunk: usize,
     },
+    /// One message of elements removed from a set.
     DeleteElements {
+        /// The set's index in the table.
         set: usize,
+        /// Which chunk of its elements, from 0.
         chunk: usize,
     },
+    /// `add chain` of the table's chain at that index.
     AddChain(usize),
+    /// `flush chain`: every rule of the chain by that name goes.
     FlushChain(String),
+    /// `delete chain` of the chain by that name.
     DeleteChain(String),
+    /// `add rule`: one rule of one chain of the table.
     AddRule {
+        /// The chain's index in the table.
         chain: usize,
+        /// The rule's index in the chain.
         rule: usize,
     },
 }
@@ -137,6 +157,7 @@ impl Batch {
         message::write_nft(&mut self.bytes, msg, flags, seq);
     }
 
+    /// Append the end message: the batch, ready to send.
     pub fn finish(mut self) -> Encoded {
         let (flags, seq) = self.end_flags(Label::End);
         message::write_end(&mut self.bytes, flags, seq);
@@ -173,6 +194,8 @@ impl Encoded {
         self.begin_seq
     }
 
+    /// The label of the message with sequence number `seq`, to name what the kernel refused;
+    /// `None` for a number the batch did not ask an answer for.
     pub fn label_of(&self, seq: u32) -> Option<&Label> {
         self.labels.iter().find(|(s, _)| *s == seq).map(|(_, l)| l)
     }

@@ -19,13 +19,18 @@ pub struct TableState {
     /// `NFTA_TABLE_FLAGS`: 0 for ours. `dormant` unhooks every chain: nothing is captured,
     /// whatever the rules say.
     pub flags: u32,
+    /// Its chains, sorted by name.
     pub chains: Vec<ChainState>,
+    /// Its sets, sorted by name.
     pub sets: Vec<SetState>,
 }
 
+/// A chain as read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChainState {
+    /// Its name in the table.
     pub name: String,
+    /// What makes it a base chain; `None` for a regular chain.
     pub base: Option<BaseState>,
     /// Each rule's expressions, in order.
     pub rules: Vec<Vec<Expr>>,
@@ -34,10 +39,13 @@ pub struct ChainState {
 /// What makes a chain a base chain: its type, hook, priority and policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BaseState {
+    /// The chain's type as nft names it (`nat`, `filter`, `route`).
     pub kind: String,
     /// The `inet` hook number (`NF_INET_*`).
     pub hook: u32,
+    /// Its priority on the hook: lower runs first.
     pub priority: i32,
+    /// The verdict for a packet no rule decided: 1 accept (ours), 0 drop.
     pub policy: u32,
 }
 
@@ -67,12 +75,16 @@ impl fmt::Display for BaseState {
     }
 }
 
+/// A set as read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetState {
+    /// Its name in the table.
     pub name: String,
     /// nft key type (`inet_service` 13, `ipv4_addr` 7, `ipv6_addr` 8) and key length.
     pub key_type: u32,
+    /// The key's length in bytes.
     pub key_len: u32,
+    /// `NFTA_SET_FLAGS` (interval, constant, ...); ours carry at most interval.
     pub flags: u32,
     /// The declared size, if any (`NFTA_SET_DESC_SIZE`).
     pub size: Option<u32>,
@@ -81,6 +93,7 @@ pub struct SetState {
 }
 
 impl SetState {
+    /// Whether it is an interval set (holds ranges).
     pub fn interval(&self) -> bool {
         self.flags & SET_INTERVAL != 0
     }
@@ -101,14 +114,17 @@ impl SetState {
 }
 
 impl TableState {
+    /// The chain named `name`, if the table has it.
     pub fn chain(&self, name: &str) -> Option<&ChainState> {
         self.chains.iter().find(|c| c.name == name)
     }
 
+    /// The set named `name`, if the table has it.
     pub fn set(&self, name: &str) -> Option<&SetState> {
         self.sets.iter().find(|s| s.name == name)
     }
 
+    /// The number of rules in all its chains.
     pub fn rule_count(&self) -> usize {
         self.chains.iter().map(|c| c.rules.len()).sum()
     }
@@ -127,49 +143,84 @@ impl TableState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Difference {
+    /// There is no table: nothing is captured.
     TableMissing,
     /// The table carries flags (`dormant`: its chains are unhooked, nothing is captured).
     TableFlags {
+        /// The flags as nft names them ([`table_flags`]).
         flags: String,
     },
+    /// A planned chain is not in the table.
     ChainMissing {
+        /// The chain's name.
         chain: String,
     },
+    /// The table has a chain the plan does not.
     ChainUnexpected {
+        /// The chain's name.
         chain: String,
     },
+    /// A chain's type, hook, priority or policy differs, or one is a base chain and the other
+    /// is not.
     ChainSpec {
+        /// The chain's name.
         chain: String,
+        /// The planned base chain in nft syntax; `None` for a regular chain.
         expected: Option<String>,
+        /// The kernel's, the same way.
         actual: Option<String>,
     },
+    /// A planned rule is not in the chain.
     RuleMissing {
+        /// The chain's name.
         chain: String,
+        /// The rule's place in the plan, from 1.
         position: usize,
+        /// The rule in nft syntax.
         rule: String,
     },
+    /// The chain has a rule the plan does not.
     RuleUnexpected {
+        /// The chain's name.
         chain: String,
+        /// The rule's place in the kernel's chain, from 1.
         position: usize,
+        /// The rule in nft syntax.
         rule: String,
     },
+    /// The chain holds the planned rules, but in another order.
     RuleOrder {
+        /// The chain's name.
         chain: String,
     },
+    /// A planned set is not in the table.
     SetMissing {
+        /// The set's name.
         set: String,
     },
+    /// The table has a set the plan does not.
     SetUnexpected {
+        /// The set's name.
         set: String,
     },
+    /// A set's key type, key length or flags differ.
     SetSpec {
+        /// The set's name.
         set: String,
+        /// The planned key and flags, as one phrase ([`SetState::spec`]).
         expected: String,
+        /// The kernel's, the same way.
         actual: String,
     },
+    /// A set holds other elements than planned.
     SetElements {
+        /// The set's name.
         set: String,
+        /// Planned elements it lacks, as ports or CIDRs (raw keys when the ranges are the same
+        /// but written differently).
         missing: Vec<String>,
+        /// Elements it has beyond the plan, the same way (a key listed twice says
+        /// "(repeated)").
         unexpected: Vec<String>,
     },
 }

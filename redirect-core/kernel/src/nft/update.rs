@@ -124,15 +124,22 @@ pub struct Changes {
     pub refilled_chains: Vec<String>,
     /// Chains deleted and added again (their hook or kind changed).
     pub recreated_chains: Vec<String>,
+    /// Chains added (planned, not in the table).
     pub added_chains: Vec<String>,
+    /// Chains deleted (in the table, not planned).
     pub deleted_chains: Vec<String>,
+    /// Sets flushed and refilled (their elements changed).
     pub refilled_sets: Vec<String>,
+    /// Sets deleted and added again (their key type, key length, flags or size changed).
     pub recreated_sets: Vec<String>,
+    /// Sets added (planned, not in the table).
     pub added_sets: Vec<String>,
+    /// Sets deleted (in the table, not planned).
     pub deleted_sets: Vec<String>,
 }
 
 impl Changes {
+    /// Whether nothing changes: the table is already what the plan says.
     pub fn is_empty(&self) -> bool {
         *self == Changes::default()
     }

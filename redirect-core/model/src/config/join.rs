@@ -27,6 +27,7 @@ pub fn join_with<T: ListItem>(items: &[T], sep: &str) -> String {
 
 /// An item of a list we print (ports, IDs, interfaces, groups, CIDRs).
 pub trait ListItem: std::fmt::Display {
+    /// Append the item to `out` as Istio writes it; by default through its `Display`.
     fn push_to(&self, out: &mut String) {
         use std::fmt::Write;
         let _ = write!(out, "{self}");

@@ -1,5 +1,5 @@
 //! `CaptureConfig`: every parameter of Istio's capture that concerns rules
-//! (`reference/istio-capture.md` §1.2–1.3), typed and validated.
+//! (docs/redirect-init.md, "Flags and environment"), typed and validated.
 //!
 //! Build one with `CaptureConfig::default()` (Istio's defaults) and struct update syntax, or from
 //! JSON with `from_json`; then `validate()` (done by `from_json` and by `plan`).
@@ -46,7 +46,9 @@ pub enum InterceptionMode {
 /// `*` (all) or an explicit list.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Selection<T> {
+    /// Every value (`*`).
     All,
+    /// Only these values; empty selects nothing.
     List(Vec<T>),
 }
 
@@ -57,6 +59,7 @@ impl<T> Default for Selection<T> {
 }
 
 impl<T> Selection<T> {
+    /// True for `*`.
     pub fn is_all(&self) -> bool {
         matches!(self, Selection::All)
     }
@@ -66,6 +69,7 @@ impl<T> Selection<T> {
         matches!(self, Selection::List(l) if l.is_empty())
     }
 
+    /// The listed values; empty for `*`, so check [`Selection::is_all`] first.
     pub fn list(&self) -> &[T] {
         match self {
             Selection::All => &[],
@@ -115,7 +119,9 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Selection<T> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum GroupRef {
+    /// A numeric GID.
     Id(u32),
+    /// A group name, looked up by the plan's [`crate::GroupResolver`].
     Name(String),
 }
 
@@ -132,6 +138,7 @@ impl std::fmt::Display for GroupRef {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DnsCapture {
+    /// No DNS capture (the default).
     #[default]
     Off,
     /// Capture all DNS (UDP and TCP port 53), whatever the server.
@@ -139,8 +146,10 @@ pub enum DnsCapture {
     /// Capture DNS to these servers only. With no server at all Istio silently disables DNS
     /// capture; so do we (see `effective`).
     Servers {
+        /// The IPv4 servers.
         #[serde(default)]
         v4: Vec<Ipv4Addr>,
+        /// The IPv6 servers.
         #[serde(default)]
         v6: Vec<Ipv6Addr>,
     },
@@ -287,6 +296,7 @@ impl CaptureConfig {
         cfg.validated()
     }
 
+    /// The config as pretty-printed JSON, which [`CaptureConfig::from_json`] reads back.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("CaptureConfig serializes")
     }

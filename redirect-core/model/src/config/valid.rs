@@ -52,6 +52,7 @@ impl ValidConfig {
         ValidConfig(CaptureConfig { dns, ..self.0 })
     }
 
+    /// The config itself, to change it (validate it again before planning).
     pub fn into_inner(self) -> CaptureConfig {
         self.0
     }

@@ -35,22 +35,32 @@ pub enum CtState {
 /// negated address or port test (an unknown source is none of the listed addresses).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Flow {
+    /// Whether the packet arrives (`in`) or is sent from the pod (`out`).
     pub direction: Direction,
+    /// TCP or UDP.
     pub proto: L4,
+    /// The destination address and port, which also give the flow's family.
     pub dst: SocketAddr,
+    /// The source address; for `out`, unknown unless given or leaving through `lo`.
     pub src: Option<IpAddr>,
+    /// The source port; unknown for an ephemeral port.
     pub sport: Option<u16>,
-    /// The sending process (`out` only): owner UID and primary GID of the socket.
+    /// The sending process (`out` only): owner UID of the socket.
     pub uid: Option<u32>,
+    /// The sending process (`out` only): primary GID of the socket (the UID when not given).
     pub gid: Option<u32>,
-    /// Input interface (`in`), output interface (`out`).
+    /// Input interface (`in` only).
     pub iif: Option<String>,
+    /// Output interface (`out` only).
     pub oif: Option<String>,
+    /// The packet mark it starts with (0 by default).
     pub mark: u32,
+    /// Its conntrack state (new by default).
     pub ct: CtState,
 }
 
 impl Flow {
+    /// The address family, the destination's.
     pub fn family(&self) -> Family {
         match self.dst {
             SocketAddr::V4(_) => Family::V4,
@@ -129,7 +139,9 @@ impl Flow {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid flow {flow:?}: {problem}; expected e.g. 'out tcp uid=1000 10.1.2.3:80' or 'in tcp 10.77.0.2:8080 src=10.0.0.9' (keys: uid, gid, src, sport, iif, oif, mark, ct=new|established|invalid)")]
 pub struct FlowError {
+    /// The text as given.
     pub flow: String,
+    /// What is wrong with it.
     pub problem: String,
 }
 

@@ -42,19 +42,24 @@ pub enum Verdict {
     /// address; at PREROUTING the kernel uses the input interface's first address, which the
     /// evaluator does not know, so `to` keeps the destination address.
     Redirect {
+        /// The port it lands on.
         port: u16,
+        /// The new destination: the address and `port`.
         to: SocketAddr,
     },
     /// Handed to the transparent socket on `port` with the packet mark set; the original
     /// destination stays the local address (unless nat PREROUTING redirected it too, as for a
     /// reroute interface: then a note says so). Dropped when no such socket listens.
     Tproxy {
+        /// The port of the transparent socket.
         port: u16,
+        /// The packet mark TPROXY set.
         mark: u32,
     },
     /// Goes on to its destination (its source rewritten when nat POSTROUTING SNATed it:
     /// [`Evaluation::snat`]).
     Pass,
+    /// Dropped by a rule.
     Drop,
 }
 
@@ -84,8 +89,12 @@ impl fmt::Display for Verdict {
 /// One rule the packet was tested against.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Step {
+    /// The family of the chain.
     pub family: Family,
+    /// The hook the packet entered the chain's stage from (a jumped-to chain has none of its
+    /// own).
     pub hook: Hook,
+    /// The stage of the chain.
     pub stage: Stage,
     /// The chain's name in the ruleset (Istio's: `ISTIO_OUTPUT`; built-ins: `OUTPUT`).
     pub chain: String,
@@ -95,6 +104,7 @@ pub struct Step {
     pub position: usize,
     /// The rule in nft syntax.
     pub rule: String,
+    /// Whether all the rule's conditions held (then its action ran).
     pub matched: bool,
 }
 
@@ -119,6 +129,7 @@ impl fmt::Display for Step {
 pub struct Evaluation {
     /// The flow as evaluated (defaults filled in).
     pub flow: Flow,
+    /// Where the packet ends.
     pub verdict: Verdict,
     /// Every rule tested, in order; `matched` marks the path.
     pub steps: Vec<Step>,

@@ -1,6 +1,6 @@
 //! `plan()`: a pure function from `CaptureConfig` to `Ruleset`.
 //!
-//! It follows Istio's iptables rule generation (`reference/istio-capture.md` §1.5–1.8) step by
+//! It follows the rules Istio's `istio-iptables` generates, step by
 //! step, one family at a time, so that every packet ends where Istio would send it. Where Istio
 //! writes one rule per port or CIDR with the same action, we write one rule that looks the
 //! value up in a named set; rules with one action and disjoint matches can be merged without
@@ -40,6 +40,7 @@ use chains::*;
 
 /// Resolves group names (owner groups) to GIDs.
 pub trait GroupResolver {
+    /// The GID of the group named `name`; `None` when there is no such group.
     fn gid_of(&self, name: &str) -> Option<u32>;
 }
 

@@ -78,12 +78,18 @@ impl Hook {
 /// The type of a base chain (`type` in nft).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChainKind {
+    /// A plain base chain (`type filter`): raw, and mangle except at OUTPUT.
     Filter,
+    /// Like `Filter`, but a packet whose mark changed is routed again (`type route`): mangle at
+    /// OUTPUT.
     Route,
+    /// Sees only the first packet of a connection, whose NAT conntrack then applies to the
+    /// rest (`type nat`).
     Nat,
 }
 
 impl ChainKind {
+    /// The type's name as nft writes it (`filter`, `route`, `nat`).
     pub fn name(self) -> &'static str {
         match self {
             ChainKind::Filter => "filter",
@@ -97,8 +103,11 @@ impl ChainKind {
 /// family that has it), in the ruleset's order.
 #[derive(Clone, Debug)]
 pub struct HookedChains<'a> {
+    /// The stage of the base chain.
     pub stage: Stage,
+    /// The hook of the base chain.
     pub hook: Hook,
+    /// The ruleset's built-in chains at this stage and hook, at most one per family.
     pub chains: Vec<&'a Chain>,
 }
 

@@ -22,11 +22,14 @@ pub use hooks::{ChainKind, HookedChains};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
+    /// IPv4 (nft `ip`, iptables).
     V4,
+    /// IPv6 (nft `ip6`, ip6tables).
     V6,
 }
 
 impl Family {
+    /// Both families, IPv4 first: the order chains are kept in.
     pub const ALL: [Family; 2] = [Family::V4, Family::V6];
 
     /// The nftables name of the family (`ip`, `ip6`).
@@ -51,6 +54,7 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Every stage, in the order netfilter runs them (raw, mangle, nat).
     pub const ALL: [Stage; 3] = [Stage::Raw, Stage::Mangle, Stage::Nat];
 
     /// The iptables table name.
@@ -67,13 +71,16 @@ impl Stage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Hook {
+    /// Before routing: packets arriving on an interface, `lo` included.
     Prerouting,
+    /// Packets sent by a local process, which still carry their socket (owner UID/GID).
     Output,
     /// After routing, on the way out: where source NAT runs (the host's probe SNAT).
     Postrouting,
 }
 
 impl Hook {
+    /// Every hook the model uses, in the order a backend declares their base chains.
     pub const ALL: [Hook; 3] = [Hook::Prerouting, Hook::Output, Hook::Postrouting];
 }
 
@@ -81,11 +88,14 @@ impl Hook {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum L4 {
+    /// TCP.
     Tcp,
+    /// UDP.
     Udp,
 }
 
 impl L4 {
+    /// The protocol's name as nft and iptables write it (`tcp`, `udp`).
     pub fn name(self) -> &'static str {
         match self {
             L4::Tcp => "tcp",
@@ -106,7 +116,10 @@ impl L4 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CtStates {
+    /// A packet conntrack could not place (`ct state invalid`).
     Invalid,
+    /// A packet of a connection conntrack already knows, or related to one
+    /// (`ct state related,established`).
     RelatedEstablished,
 }
 
@@ -115,9 +128,13 @@ pub enum CtStates {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PortMatch {
+    /// The port is this one.
     Eq(u16),
+    /// The port is not this one.
     Ne(u16),
+    /// The port is none of these (a short list written inline).
     NotIn(Vec<u16>),
+    /// The port is in the named port set.
     InSet(String),
 }
 
@@ -125,8 +142,11 @@ pub enum PortMatch {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AddrMatch {
+    /// The address is within this CIDR.
     Eq(IpNet),
+    /// The address is outside this CIDR.
     Ne(IpNet),
+    /// The address is in the named set (CIDRs or single addresses).
     InSet(String),
 }
 
@@ -134,51 +154,73 @@ pub enum AddrMatch {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Match {
+    /// The transport protocol.
     Proto(L4),
+    /// The destination port.
     DPort(PortMatch),
+    /// The source port.
     SPort(PortMatch),
+    /// The destination address.
     DAddr(AddrMatch),
+    /// The source address.
     SAddr(AddrMatch),
     /// Input interface name; `negate` inverts.
     Iif {
+        /// The interface name (`eth0`, `lo`).
         name: String,
+        /// Match every other interface instead.
         negate: bool,
     },
     /// Output interface name.
     Oif {
+        /// The interface name (`eth0`, `lo`).
         name: String,
+        /// Match every other interface instead.
         negate: bool,
     },
     /// Owner UID of the local socket (output path only).
     Uid {
+        /// The UID.
         id: u32,
+        /// Match sockets of every other UID instead.
         negate: bool,
     },
     /// Owner GID of the local socket (output path only).
     Gid {
+        /// The GID.
         id: u32,
+        /// Match sockets of every other GID instead.
         negate: bool,
     },
     /// Packet mark.
     Mark {
+        /// The whole mark to compare with.
         value: u32,
+        /// Match every other mark instead.
         negate: bool,
     },
     /// Connection mark.
     CtMark {
+        /// The whole connection mark to compare with.
         value: u32,
     },
     /// Packet mark bits: `mark & mask == value` (`negate`: `!=`), iptables' `--mark value/mask`.
     MarkBits {
+        /// The bits wanted under `mask`.
         value: u32,
+        /// The bits of the mark compared.
         mask: u32,
+        /// Match when the bits differ instead.
         negate: bool,
     },
     /// Connection mark bits: `ct mark & mask == value`.
     CtMarkBits {
+        /// The bits wanted under `mask`.
         value: u32,
+        /// The bits of the connection mark compared.
         mask: u32,
     },
+    /// The conntrack state is one of these.
     CtState(CtStates),
 }
 
@@ -192,13 +234,16 @@ pub enum Action {
     Return,
     /// Stop this stage's processing; the packet goes on.
     Accept,
+    /// Discard the packet.
     Drop,
     /// NAT the destination to this port on the local host (first packet of a connection).
     Redirect(u16),
     /// Assign to the local transparent socket on this port and set the packet mark; drop when
     /// no such socket exists (as xt_TPROXY does).
     Tproxy {
+        /// The port of the transparent socket (the proxy's inbound port).
         port: u16,
+        /// The packet mark set, which policy routing delivers locally.
         mark: u32,
     },
     /// Set the packet mark and go on.
@@ -212,7 +257,9 @@ pub enum Action {
     /// Set the connection mark's bits under `mask` to `value` (the others kept) and go on:
     /// iptables' `CONNMARK --set-xmark value/mask` for a `value` within `mask`.
     SetCtMarkBits {
+        /// The bits written under `mask`.
         value: u32,
+        /// The bits of the connection mark that change.
         mask: u32,
     },
     /// Rewrite the connection's source address to this one (nat stage, POSTROUTING only; first
@@ -221,13 +268,17 @@ pub enum Action {
     Snat(IpAddr),
 }
 
+/// One rule of a chain: when every match holds, the action runs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Rule {
+    /// The conditions, all of which must hold; an empty list matches every packet.
     pub matches: Vec<Match>,
+    /// What the rule does to a matching packet.
     pub action: Action,
 }
 
 impl Rule {
+    /// A rule from its conditions and action.
     pub fn new(matches: Vec<Match>, action: Action) -> Self {
         Rule { matches, action }
     }
@@ -237,10 +288,15 @@ impl Rule {
 /// (`PREROUTING`, `OUTPUT`), the others carry Istio's names (`ISTIO_OUTPUT`, ...).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chain {
+    /// The family whose packets it sees.
     pub family: Family,
+    /// The stage it runs at; jumps stay within it.
     pub stage: Stage,
+    /// The built-in name (`OUTPUT`) or Istio's (`ISTIO_OUTPUT`), which jumps name.
     pub name: String,
+    /// The hook of a built-in chain; `None` for a chain reached only by jumps.
     pub hook: Option<Hook>,
+    /// The rules, in the order they are tried.
     pub rules: Vec<Rule>,
 }
 
@@ -261,8 +317,11 @@ pub enum SetElements {
 /// A named set. CIDR sets belong to one family; port sets serve both.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamedSet {
+    /// The name rules look it up by (`PortMatch::InSet`, `AddrMatch::InSet`).
     pub name: String,
+    /// The family of a CIDR or address set; `None` for a port set.
     pub family: Option<Family>,
+    /// What the set holds.
     pub elements: SetElements,
 }
 
@@ -271,16 +330,19 @@ pub struct NamedSet {
 pub struct Ruleset {
     /// Chains in a stable order: by family, stage, then the order they were first used.
     pub chains: Vec<Chain>,
+    /// The named sets the rules look values up in.
     pub sets: Vec<NamedSet>,
 }
 
 impl Ruleset {
+    /// The chain named `name` of one family and stage, if the plan has it.
     pub fn chain(&self, family: Family, stage: Stage, name: &str) -> Option<&Chain> {
         self.chains
             .iter()
             .find(|c| c.family == family && c.stage == stage && c.name == name)
     }
 
+    /// The named set `name`, if the plan has it.
     pub fn set(&self, name: &str) -> Option<&NamedSet> {
         self.sets.iter().find(|s| s.name == name)
     }

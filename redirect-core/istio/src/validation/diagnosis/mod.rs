@@ -51,6 +51,7 @@ pub enum Cause {
 }
 
 impl Cause {
+    /// The cause's stable name, as in JSON output (`no_rules`, `rules_stale`, ...).
     pub fn id(self) -> &'static str {
         match self {
             Cause::NoRules => "no_rules",
@@ -73,18 +74,26 @@ impl fmt::Display for Cause {
 /// A cause, in words, with what to do and what it rests on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Diagnosis {
+    /// The cause the evidence points to.
     pub cause: Cause,
+    /// What happened, in one sentence.
     pub summary: String,
+    /// What to do about it.
     pub fix: String,
+    /// What the diagnosis rests on: the failure's own account first, then what else was seen.
     pub evidence: Vec<String>,
 }
 
 /// What the probe's process knows besides the probe's own result.
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
+    /// The UID the probe ran as.
     pub uid: u32,
+    /// The GID the probe ran as.
     pub gid: u32,
+    /// The config's proxy UIDs (`-u`), which the rules let through to the redirect.
     pub proxy_uids: Vec<u32>,
+    /// The config's proxy GIDs (`-g`).
     pub proxy_gids: Vec<u32>,
     /// For an IPv6 probe: whether `::6` is on `lo`.
     pub lo_has_v6: Option<bool>,
@@ -102,12 +111,14 @@ pub struct KernelView {
     /// Our table as read back; `None` when there is none.
     #[serde(skip)]
     pub table: Option<TableState>,
+    /// Whether our table is there.
     pub our_table: bool,
     /// Families our table has chains for.
     pub our_families: Vec<Family>,
     /// Our table against the plan (`TableMissing` when there is none); empty when equal or
     /// when no plan was given.
     pub differences: Vec<Difference>,
+    /// Istio's nftables tables (`inet istio-*`).
     pub istio_nft_tables: Vec<String>,
     /// Istio's iptables chains, as `IPv4 nft nat ISTIO_OUTPUT: 9 rule(s), ...`.
     pub istio_iptables: Vec<String>,
@@ -116,6 +127,7 @@ pub struct KernelView {
 }
 
 impl KernelView {
+    /// Whether Istio's rules are there, as nft tables or iptables chains.
     pub fn has_istio_rules(&self) -> bool {
         !self.istio_nft_tables.is_empty() || !self.istio_iptables.is_empty()
     }

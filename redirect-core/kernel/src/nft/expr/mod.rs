@@ -21,7 +21,9 @@ mod typed;
 /// Where a payload load reads from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Base {
+    /// The network header (IPv4 or IPv6): `ip daddr`, `ip6 saddr`.
     Network,
+    /// The transport header (TCP, UDP): `th dport`.
     Transport,
 }
 
@@ -37,12 +39,19 @@ impl Base {
 /// Meta keys we load or set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetaKey {
+    /// The packet's family in an `inet` table (IPv4 or IPv6).
     NfProto,
+    /// The transport protocol (TCP, UDP).
     L4Proto,
+    /// The name of the interface the packet came in on.
     IifName,
+    /// The name of the interface the packet goes out on.
     OifName,
+    /// The uid owning the local socket that sent the packet.
     SkUid,
+    /// The gid owning the local socket that sent the packet.
     SkGid,
+    /// The packet's mark (fwmark).
     Mark,
 }
 
@@ -90,8 +99,11 @@ impl MetaKey {
 /// Conntrack keys we load or set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CtKey {
+    /// The connection's state bits (new, established, related...).
     State,
+    /// The connection's mark.
     Mark,
+    /// The connection's conntrack zone.
     Zone,
 }
 
@@ -123,13 +135,18 @@ pub enum Expr {
     MetaSet(MetaKey),
     /// Load `len` bytes at `offset` of a header into reg 1.
     Payload {
+        /// The header read.
         base: Base,
+        /// Where the bytes start, from the header's start.
         offset: u32,
+        /// How many bytes.
         len: u32,
     },
     /// Compare reg 1 with data.
     Cmp {
+        /// Whether the rule goes on when they are equal (`==`); otherwise when not (`!=`).
         eq: bool,
+        /// The bytes compared with, as the register holds them.
         data: Vec<u8>,
     },
     /// reg 1 = (reg 1 & mask) ^ 0.
@@ -137,12 +154,16 @@ pub enum Expr {
     /// reg 1 = (reg 1 & mask) ^ xor, `xor` not all zero (a zero one is [`Expr::Mask`]): some
     /// bits of a mark set, the others kept.
     Bits {
+        /// The bits kept.
         mask: Vec<u8>,
+        /// The bits then set.
         xor: Vec<u8>,
     },
     /// Look reg 1 up in a named set of our table (the set id is added when encoding).
     Lookup {
+        /// The set's name.
         set: String,
+        /// Whether the rule goes on when reg 1 is *not* in the set.
         invert: bool,
     },
     /// Load a conntrack key into reg 1.
@@ -155,31 +176,42 @@ pub enum Expr {
     Redir,
     /// Transparent proxy to the port in reg 1 (big-endian), for one family.
     Tproxy {
+        /// The family, as an `NFPROTO_*` number (2 IPv4, 10 IPv6).
         nfproto: u32,
     },
     /// Source NAT of one family to the address in reg 1 (`snat ip to A`).
     Snat {
+        /// The family, as an `NFPROTO_*` number (2 IPv4, 10 IPv6).
         nfproto: u32,
     },
+    /// Count the packets and bytes that reach it.
     Counter,
+    /// End the rule with a verdict.
     Verdict(Verdict),
     /// An expression of a shape we never write (someone else's rule): kept with its raw
     /// attributes so that nothing in the table is hidden or dropped.
     Foreign(Foreign),
 }
 
+/// What a rule's verdict does with the packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// Let it through this hook.
     Accept,
+    /// Drop it.
     Drop,
+    /// Go back to the chain that jumped here.
     Return,
+    /// Go on in the chain by that name, then come back.
     Jump(String),
 }
 
 /// An expression we do not model: its name and its attributes as (type, value bytes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Foreign {
+    /// The expression's name (`NFTA_EXPR_NAME`: "fib", "limit").
     pub name: String,
+    /// Its data's attributes, in the order the kernel dumped them.
     pub attrs: Vec<(u16, Vec<u8>)>,
 }
 

@@ -22,26 +22,38 @@ pub use sets::addr_elem;
 /// A base chain's hook, kind and priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BaseSpec {
+    /// The netfilter hook it is attached to.
     pub hook: Hook,
+    /// Its type (`nat`, `filter`, ...).
     pub kind: ChainKind,
+    /// Its priority on the hook: lower runs first.
     pub priority: i32,
 }
 
+/// A chain of our table: a base chain on a hook, or a regular chain reached by a jump.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftChain {
+    /// Its name in the table.
     pub name: String,
+    /// Its hook, type and priority for a base chain; `None` for a regular chain.
     pub base: Option<BaseSpec>,
+    /// Its rules in order, each the list of its expressions.
     pub rules: Vec<Vec<Expr>>,
 }
 
 /// A set as the kernel stores it: CIDR sets become interval sets of [start, end) ranges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftSet {
+    /// Its name in the table.
     pub name: String,
+    /// Its id within a batch (`NFTA_SET_ID`), by which the batch's rules and elements find a
+    /// set added in the same batch; 0 for a set already committed.
     pub id: u32,
     /// nft key type (`inet_service` 13, `ipv4_addr` 7, `ipv6_addr` 8) and its length.
     pub key_type: u32,
+    /// The key's length in bytes.
     pub key_len: u32,
+    /// Whether it is an interval set (`flags interval`), holding ranges.
     pub interval: bool,
     /// The size the set is declared with (`NFTA_SET_DESC_SIZE`), if any: given for the hash
     /// sets of a masked CIDR list, so the kernel picks its fixed-size hash.
@@ -51,9 +63,13 @@ pub struct NftSet {
     pub elements: Vec<SetElem>,
 }
 
+/// One element of a set as the kernel stores it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetElem {
+    /// The key's bytes, in network order.
     pub key: Vec<u8>,
+    /// Whether it ends a range of an interval set (`NFT_SET_ELEM_INTERVAL_END`) rather than
+    /// starting one.
     pub interval_end: bool,
 }
 
@@ -61,8 +77,11 @@ pub struct SetElem {
 /// for another table of ours says otherwise), chains and sets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftTable {
+    /// The table's name (its family is always `inet`).
     pub name: String,
+    /// Its chains: the base chains first, then the families' chains.
     pub chains: Vec<NftChain>,
+    /// Its sets.
     pub sets: Vec<NftSet>,
 }
 

@@ -1,0 +1,523 @@
+//! The agent's side of ZDS: it listens on a `SOCK_SEQPACKET` unix socket
+//! (`/var/run/ztunnel/ztunnel.sock`, mode 0600 in a folder that must be the agent's alone),
+//! ztunnel connects and says hello, and the agent sends every pod it holds (its network
+//! namespace attached, or `keep` when the agent does not hold it) then `SnapshotSent`; after
+//! that, pods go to that connection one request in flight at a time, each answered by an ack
+//! or a nack in order. A newer connection replaces an older one (ztunnel restarted, or a
+//! second one during its rollout).
+//!
+//! What ztunnel holds is read from its answers, per connection: a pod counts as served only
+//! when the current connection acked its add (of the namespace held now). A nack, or a new
+//! connection that has not acked it, leaves it unacked, and [`ZdsServer::unacked`] says what
+//! to send again; nothing is dropped because ztunnel refused it once.
+//!
+//! Connections are let in by `gate` (silent peers cost no thread and delay no one); each
+//! hello's handshake runs on a thread of its own with its own deadlines, the snapshot sent
+//! without holding the server's lock, so a peer that stops answering delays no other. An idle
+//! connection is watched for ztunnel's hang-up (as Istio probes it), so that its death shows
+//! at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use cni_protocol::folder::NotOwn;
+use cni_protocol::gate::Closed;
+use cni_protocol::seqpacket;
+use prost::Message;
+
+use crate::proto::{ResponsePayload, WorkloadInfo, WorkloadRequest, WorkloadResponse};
+use crate::wire;
+
+/// ztunnel's deadline for each step; the agent uses the same.
+pub const DEADLINE: Duration = Duration::from_secs(5);
+
+/// What went wrong delivering a request to ztunnel.
+#[derive(Debug, thiserror::Error)]
+pub enum ZdsError {
+    /// ztunnel answered with an error: it refused the request.
+    #[error("ztunnel refused {request}: {error}")]
+    Nack {
+        /// The request refused, as [`WorkloadRequest::describe`] names it.
+        request: String,
+        /// ztunnel's error.
+        error: String,
+    },
+    /// The connection failed or timed out; it was closed, and ztunnel gets the pod with the
+    /// snapshot of its next connection.
+    #[error("ztunnel's connection failed during {request}: {source}; the connection was closed (the pod goes with the next connection's snapshot)")]
+    Connection {
+        /// The request under way, as [`WorkloadRequest::describe`] names it.
+        request: String,
+        /// Why sending it or reading its answer failed.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where a request ended up.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// ztunnel acknowledged it (now, or earlier on this connection).
+    Acked,
+    /// No ztunnel is connected (or the pod has no namespace to send): it goes with the next
+    /// connection's snapshot.
+    Queued,
+}
+
+/// What the current connection holds of one pod, as its answers said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The current connection, if any.
+    pub connection: Option<u64>,
+    /// It acked the pod's add (or `keep`) of the namespace held now.
+    pub acked: bool,
+    /// Its last refusal of the pod, if it refused it.
+    pub refused: Option<String>,
+}
+
+/// The connection requests go to, as seen from outside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connection {
+    /// Its number, from 1 in the order connections arrived; the logs name it.
+    pub id: u64,
+    /// When its handshake began.
+    pub since: SystemTime,
+}
+
+/// A pod to serve: who it is and, while the agent holds it, its network namespace; `gen`
+/// changes with the namespace, so an ack of an older one does not count.
+pub(super) struct Workload {
+    pub(super) info: WorkloadInfo,
+    pub(super) netns: Option<OwnedFd>,
+    pub(super) gen: u64,
+}
+
+pub(super) struct Conn {
+    pub(super) id: u64,
+    pub(super) sock: OwnedFd,
+    pub(super) since: SystemTime,
+    /// Pods this connection acked, with the generation acked.
+    pub(super) acked: HashMap<String, u64>,
+    /// Pods this connection refused, with its error.
+    pub(super) refused: HashMap<String, String>,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) pods: BTreeMap<String, Workload>,
+    pub(super) conn: Option<Conn>,
+    pub(super) gen: u64,
+}
+
+type OnChange = Box<dyn Fn() + Send + Sync>;
+
+pub(super) struct Inner {
+    state: Mutex<State>,
+    pub(super) deadline: Duration,
+    pub(super) stop: AtomicBool,
+    /// Hellos wait until the agent knows every enrolled pod: a snapshot that missed one would
+    /// make ztunnel drop it.
+    pub(super) serving: AtomicBool,
+    pub(super) connections: AtomicU64,
+    pub(super) next_id: AtomicU64,
+    pub(super) handshakes: AtomicUsize,
+    /// Called when a connection comes or goes.
+    on_change: Mutex<Option<OnChange>>,
+    pub(super) closed: Mutex<Closed>,
+}
+
+/// The ZDS server; dropping it stops accepting and closes the connection.
+pub struct ZdsServer {
+    inner: Arc<Inner>,
+    path: PathBuf,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ZdsServer {
+    /// Listens at `path`: a socket left there by an earlier run is replaced; anything else
+    /// there is an error (not removed). `deadline` bounds each read and write.
+    pub fn bind(path: &Path, deadline: Duration) -> io::Result<ZdsServer> {
+        let server = ZdsServer::bind_paused(path, deadline)?;
+        server.serve_connections();
+        Ok(server)
+    }
+
+    /// [`ZdsServer::bind`], but ztunnel's hellos wait until
+    /// [`ZdsServer::serve_connections`]: the agent first learns which pods are enrolled, so
+    /// that the first snapshot holds them all. The socket's folder is made 0755 when missing
+    /// and must be the agent's alone, its ancestors too (`run_dir::own_dir`): whoever can
+    /// replace the socket can receive every pod's namespace. The socket is mode 0600.
+    pub fn bind_paused(path: &Path, deadline: Duration) -> io::Result<ZdsServer> {
+        check_folder(path)?;
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                std::fs::remove_file(path)?
+            }
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} exists and is not a socket: remove it, or point the ZDS socket \
+                         elsewhere",
+                        path.display()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = seqpacket::listen_private(path, 64)?;
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State::default()),
+            deadline,
+            stop: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            handshakes: AtomicUsize::new(0),
+            on_change: Mutex::new(None),
+            closed: Mutex::new(Closed::default()),
+        });
+        let for_thread = inner.clone();
+        let accept = std::thread::Builder::new()
+            .name("zds-accept".into())
+            .spawn(move || crate::handshake::door(&for_thread, &listener))?;
+        Ok(ZdsServer {
+            inner,
+            path: path.to_owned(),
+            accept: Some(accept),
+        })
+    }
+
+    /// Starts answering ztunnel's hellos (see [`ZdsServer::bind_paused`]).
+    pub fn serve_connections(&self) {
+        self.inner.serving.store(true, Ordering::Relaxed);
+    }
+
+    /// `f` runs (on the server's threads) each time a connection comes or goes.
+    pub fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
+        *self
+            .inner
+            .on_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+    }
+
+    /// Holds `uid` with its namespace (`None`: ztunnel is told to keep what it has, in each
+    /// snapshot), without sending anything: [`ZdsServer::sync`] does. A new namespace must be
+    /// acked again.
+    pub fn set(&self, uid: &str, info: WorkloadInfo, netns: Option<OwnedFd>) {
+        let mut state = self.inner.lock();
+        let same = state
+            .pods
+            .get(uid)
+            .is_some_and(|w| w.info == info && w.netns.is_none() && netns.is_none());
+        if same {
+            return;
+        }
+        state.gen += 1;
+        let gen = state.gen;
+        state
+            .pods
+            .insert(uid.to_owned(), Workload { info, netns, gen });
+    }
+
+    /// Sends `uid`'s add to the current connection unless it acked it already. A nack is
+    /// remembered (and the pod stays held, to be sent again); a failed connection is closed.
+    pub fn sync(&self, uid: &str) -> Result<Delivery, ZdsError> {
+        let mut state = self.inner.lock();
+        let Some(w) = state.pods.get(uid) else {
+            return Ok(Delivery::Queued);
+        };
+        let gen = w.gen;
+        let acked = state
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.acked.get(uid) == Some(&gen));
+        if acked {
+            return Ok(Delivery::Acked);
+        }
+        let Some(fd) = w.netns.as_ref().and_then(|f| f.try_clone().ok()) else {
+            return Ok(Delivery::Queued);
+        };
+        let request = WorkloadRequest::add(uid, w.info.clone());
+        let result = self.inner.send(&mut state, &request, Some(fd.as_fd()));
+        if let Some(c) = state.conn.as_mut() {
+            match &result {
+                Ok(Delivery::Acked) => {
+                    c.acked.insert(uid.to_owned(), gen);
+                    c.refused.remove(uid);
+                }
+                Err(ZdsError::Nack { error, .. }) => {
+                    c.acked.remove(uid);
+                    c.refused.insert(uid.to_owned(), error.clone());
+                }
+                _ => {}
+            }
+        }
+        result
+    }
+
+    /// [`ZdsServer::set`] then [`ZdsServer::sync`].
+    pub fn add(&self, uid: &str, info: WorkloadInfo, netns: OwnedFd) -> Result<Delivery, ZdsError> {
+        self.set(uid, info, Some(netns));
+        self.sync(uid)
+    }
+
+    /// Holds a pod ztunnel already serves whose namespace the agent does not hold (after the
+    /// agent's restart): snapshots carry it as `keep`.
+    pub fn keep(&self, uid: &str, info: WorkloadInfo) {
+        self.set(uid, info, None);
+    }
+
+    /// Releases a pod: forgotten here, `del` to ztunnel.
+    pub fn del(&self, uid: &str) -> Result<Delivery, ZdsError> {
+        let mut state = self.inner.lock();
+        state.pods.remove(uid);
+        let sent = self
+            .inner
+            .send(&mut state, &WorkloadRequest::del(uid), None);
+        if let Some(c) = state.conn.as_mut() {
+            c.acked.remove(uid);
+            c.refused.remove(uid);
+        }
+        sent
+    }
+
+    /// What the current connection holds of `uid`.
+    pub fn held(&self, uid: &str) -> Held {
+        let state = self.inner.lock();
+        let gen = state.pods.get(uid).map(|w| w.gen);
+        match &state.conn {
+            None => Held {
+                connection: None,
+                acked: false,
+                refused: None,
+            },
+            Some(c) => Held {
+                connection: Some(c.id),
+                acked: gen.is_some() && c.acked.get(uid).copied() == gen,
+                refused: c.refused.get(uid).cloned(),
+            },
+        }
+    }
+
+    /// The pods held that the current connection has not acked (none without a connection),
+    /// and could be sent (their namespace is held).
+    pub fn unacked(&self) -> Vec<String> {
+        let state = self.inner.lock();
+        let Some(c) = &state.conn else {
+            return Vec::new();
+        };
+        state
+            .pods
+            .iter()
+            .filter(|(uid, w)| w.netns.is_some() && c.acked.get(*uid) != Some(&w.gen))
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
+
+    /// Pods the current connection acked that are no longer held (released during its
+    /// handshake): each gets a `del`.
+    pub fn release_leftovers(&self) -> Vec<(String, Result<Delivery, ZdsError>)> {
+        let left: Vec<String> = {
+            let state = self.inner.lock();
+            match &state.conn {
+                Some(c) => c
+                    .acked
+                    .keys()
+                    .filter(|u| !state.pods.contains_key(*u))
+                    .cloned()
+                    .collect(),
+                None => Vec::new(),
+            }
+        };
+        left.into_iter()
+            .map(|uid| {
+                let sent = self.del(&uid);
+                (uid, sent)
+            })
+            .collect()
+    }
+
+    /// Looks at the idle connection now: closed when ztunnel hung up. Whether one is
+    /// connected.
+    pub fn check_alive(&self) -> bool {
+        let mut state = self.inner.lock();
+        self.inner.drop_if_hung_up(&mut state);
+        state.conn.is_some()
+    }
+
+    /// The pods held, by UID.
+    pub fn enrolled(&self) -> Vec<String> {
+        self.inner.lock().pods.keys().cloned().collect()
+    }
+
+    /// Whether a ztunnel is connected (and has had its snapshot).
+    pub fn connected(&self) -> bool {
+        self.inner.lock().conn.is_some()
+    }
+
+    /// The current connection.
+    pub fn connection(&self) -> Option<Connection> {
+        self.inner.lock().conn.as_ref().map(|c| Connection {
+            id: c.id,
+            since: c.since,
+        })
+    }
+
+    /// Connections that got their snapshot so far.
+    pub fn connections(&self) -> u64 {
+        self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed before they said hello (silent, or too many at once).
+    pub fn closed_silent(&self) -> Closed {
+        *self.inner.closed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The socket's path, removed when the server is dropped.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ZdsServer {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Inner {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding it leaves the map as it was between two requests.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn changed(&self) {
+        if let Some(f) = self
+            .on_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            f();
+        }
+    }
+
+    /// Sends `request` on the current connection and waits for its answer; on a failure the
+    /// connection is closed.
+    fn send(
+        &self,
+        state: &mut State,
+        request: &WorkloadRequest,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<Delivery, ZdsError> {
+        self.drop_if_hung_up(state);
+        let Some(conn) = &state.conn else {
+            return Ok(Delivery::Queued);
+        };
+        match exchange(conn.sock.as_fd(), request, fd) {
+            Ok(None) => Ok(Delivery::Acked),
+            Ok(Some(error)) => Err(ZdsError::Nack {
+                request: request.describe(),
+                error,
+            }),
+            Err(source) => {
+                tracing::warn!(
+                    "ZDS connection {}: {} failed: {source}; closing it",
+                    conn.id,
+                    request.describe()
+                );
+                state.conn = None;
+                self.changed();
+                Err(ZdsError::Connection {
+                    request: request.describe(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Closes the current connection if ztunnel hung up (or sent something unasked, which
+    /// breaks the one-answer-per-request order).
+    fn drop_if_hung_up(&self, state: &mut State) {
+        if state.conn.as_ref().is_some_and(|c| hung_up(c.sock.as_fd())) {
+            let old = state.conn.take().map_or(0, |c| c.id);
+            tracing::warn!("ZDS connection {old}: ztunnel closed it; no ztunnel is connected");
+            self.changed();
+        }
+    }
+
+    /// Run by the door's thread between connections: the idle connection looked at, unless
+    /// a request holds it (that request sees a hang-up itself).
+    pub(super) fn liveness(&self) {
+        let Ok(mut state) = self.state.try_lock() else {
+            return;
+        };
+        self.drop_if_hung_up(&mut state);
+    }
+}
+
+/// Whether ztunnel closed the connection (or sent something unasked) since the last answer.
+fn hung_up(sock: BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(sock, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(_) => true,
+    }
+}
+
+/// One request and its answer: `None` for an ack, the error of a nack.
+pub(super) fn exchange(
+    sock: BorrowedFd<'_>,
+    request: &WorkloadRequest,
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<Option<String>> {
+    wire::send(sock, &request.encode_to_vec(), fd)?;
+    let answer = wire::recv(sock)?;
+    if !answer.fds.is_empty() {
+        return Err(bad("an answer carrying descriptors"));
+    }
+    let response = WorkloadResponse::decode(answer.bytes.as_slice())
+        .map_err(|e| bad(&format!("an answer that is not a WorkloadResponse ({e})")))?;
+    match response.payload {
+        Some(ResponsePayload::Ack(ack)) if ack.error.is_empty() => Ok(None),
+        Some(ResponsePayload::Ack(ack)) => Ok(Some(ack.error)),
+        None => Err(bad("an answer with no ack")),
+    }
+}
+
+pub(super) fn bad(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("ztunnel sent {what}"))
+}
+
+/// Refuses a socket folder that is not the agent's alone (see [`ZdsServer::bind_paused`]).
+fn check_folder(path: &Path) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    match cni_protocol::folder::own_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(NotOwn::Io(_, e)) => Err(e),
+        Err(NotOwn::Unsafe(what)) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: the ZDS socket's folder is not the agent's alone ({what}): whoever may \
+                 write there can put their own socket in the agent's place and receive every \
+                 pod's network namespace; make it and its parents writable by root alone \
+                 (chmod 0755, owned by root; a shared parent such as /tmp must be sticky)",
+                dir.display()
+            ),
+        )),
+    }
+}

@@ -1,0 +1,14 @@
+//! redirect-program: what redirect-init, redirect-cni (plugin and installer) and
+//! redirect-validate share about running as a process.
+//!
+//! - [`logging`]: the one `tracing` subscriber per process and our line format (escaped, one
+//!   event one line, a log file that never blocks).
+//! - [`env`](mod@env): the variables a program reads must be UTF-8 ([`env::check_utf8`]).
+//!
+//! No unsafe code.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod env;
+pub mod logging;
