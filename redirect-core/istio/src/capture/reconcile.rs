@@ -53,7 +53,10 @@ pub trait IstioRuleStore {
 /// whole run): its nft tables over netlink, its iptables chains with the host's
 /// `iptables-save` (run in the calling thread's namespace, which must be the handle's). One
 /// table dump tells both where to look.
-pub struct LiveIstioRules<'a>(pub &'a Nft);
+pub struct LiveIstioRules<'a>(
+    /// The run's nf_tables handle, whose table dump lists Istio's tables and chains.
+    pub &'a Nft,
+);
 
 impl IstioRuleStore for LiveIstioRules<'_> {
     fn read(&self) -> Result<IstioRules> {
