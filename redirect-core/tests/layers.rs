@@ -193,24 +193,37 @@ fn the_manifests_keep_the_layers() {
     }
 }
 
-/// Each library crate either forbids unsafe code, or each `unsafe` in it has a SAFETY comment
-/// within the three lines above.
 /// No crate of ours reaches itself through the others, dev-dependencies included: a cycle
 /// through a test's dependency builds the crate twice, and two copies of one type do not meet.
 #[test]
 fn no_dependency_cycle_even_through_tests() {
     let m = manifests();
     let all = ["normal", "build", "dev"];
-    for start in m.keys() {
-        let (mut seen, mut todo) = (BTreeSet::new(), vec![(start.clone(), vec![start.clone()])]);
-        while let Some((at, path)) = todo.pop() {
-            // A crate's dev-dependency on itself (its own test features) is no cycle.
-            for next in ours(&m, &at, &all).into_iter().filter(|n| *n != at) {
-                assert!(next != *start, "a cycle: {} -> {start}", path.join(" -> "));
-                if m.contains_key(&next) && seen.insert(next.clone()) {
+    // A crate's dev-dependency on itself (its own test features) is no cycle.
+    let graph = m
+        .keys()
+        .map(|name| {
+            let deps = ours(&m, name, &all)
+                .into_iter()
+                .filter(|d| d != name && m.contains_key(d))
+                .collect();
+            (name.clone(), deps)
+        })
+        .collect();
+    assert_no_cycle(&graph);
+}
+
+/// Fails naming the path of the first cycle found in `graph` (node → the nodes it uses).
+fn assert_no_cycle(graph: &BTreeMap<String, BTreeSet<String>>) {
+    for start in graph.keys() {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![vec![start.clone()]]);
+        while let Some(path) = todo.pop() {
+            for next in graph.get(path.last().unwrap()).into_iter().flatten() {
+                assert!(next != start, "a cycle: {} -> {start}", path.join(" -> "));
+                if seen.insert(next.clone()) {
                     let mut p = path.clone();
                     p.push(next.clone());
-                    todo.push((next, p));
+                    todo.push(p);
                 }
             }
         }
@@ -250,19 +263,7 @@ fn the_node_agents_modules_have_no_cycle() {
         }
     }
     assert!(uses.contains_key("ambient"), "no module read: {uses:?}");
-    for start in uses.keys() {
-        let (mut seen, mut todo) = (BTreeSet::new(), vec![vec![start.clone()]]);
-        while let Some(path) = todo.pop() {
-            for next in uses.get(path.last().unwrap()).into_iter().flatten() {
-                assert!(next != start, "a cycle: {} -> {start}", path.join(" -> "));
-                if seen.insert(next.clone()) {
-                    let mut p = path.clone();
-                    p.push(next.clone());
-                    todo.push(p);
-                }
-            }
-        }
-    }
+    assert_no_cycle(&uses);
 }
 
 /// Every library of the workspace documents whatever it makes public: its root denies
@@ -289,6 +290,8 @@ fn every_library_denies_missing_docs() {
     );
 }
 
+/// Each library crate either forbids unsafe code, or each `unsafe` in it has a SAFETY comment
+/// within the three lines above.
 #[test]
 fn unsafe_code_is_forbidden_or_said_why() {
     for krate in LIBRARIES {
