@@ -42,4 +42,8 @@ if [ ! -x .tools/kube/kubelet ] || [ ! -x .tools/kube/kube-apiserver ] || ! comm
    || ! command -v kubectl >/dev/null || ! command -v containerd >/dev/null || ! command -v catatonit >/dev/null; then
   bash scripts/install-kube.sh .tools/kube
 fi
+# containerd 2 (Debian sid's 2.1.9, which calls CNI STATUS and GC), its CNI reference plugins and
+# the CRI's api.proto, for the CRI tests (deploy/cri), once into .tools/containerd2; runc stays
+# the machine's (above).
+bash scripts/install-containerd2.sh .tools/containerd2
 bash scripts/install-helm.sh .tools # helm and kubernetes-validate, for the Helm chart tests (tests/helm_chart.rs)
