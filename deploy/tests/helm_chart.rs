@@ -418,6 +418,27 @@ const SETTINGS: &[Case] = &[
         },
     },
     Case {
+        // Istio's "install with CNI" page for OpenShift 4.2+, as given there (istioctl's
+        // `values.` spelling, no platform, no provider): the standalone istio-cni.conf whose
+        // network is istio-cni, the name Istio's injector asks Multus for.
+        name: "istios_openshift_command: values.cni.* unchanged, no platform value",
+        args: &[
+            "--set",
+            "values.cni.cniBinDir=/var/lib/cni/bin",
+            "--set",
+            "values.cni.cniConfDir=/etc/cni/multus/net.d",
+            "--set",
+            "values.cni.chained=false",
+            "--set",
+            "values.cni.cniConfFileName=istio-cni.conf",
+        ],
+        files: &[OCP],
+        edit: |o| {
+            istio_cni_conf(o);
+            without_scc(o);
+        },
+    },
+    Case {
         name: "2. OpenShift standalone, delete mode",
         args: &[
             "--set",
@@ -2296,26 +2317,24 @@ fn an_istio_cni_attachment_without_config_runs_our_plugin_under_multus() {
     assert_eq!(file, net.join(conf_name), "the ConfigMap's file");
     assert!(!net.join(conf_name).exists(), "removed on SIGTERM");
 
-    // The old naming: the same ConfigMap without CNI_NETWORK_NAME (the agent's default name,
-    // redirect-cni). Multus would find no network istio-cni, and fail the pod's ADD.
+    // Without CNI_NETWORK_NAME (a ConfigMap of an earlier chart, or the installer run by hand):
+    // the agent's default is Istio's name too, so Multus still finds istio-cni. (The default
+    // was redirect-cni: Multus then found no network istio-cni and failed every pod's ADD.)
     let node = tempfile::tempdir().expect("a temporary folder");
     let net = node.path().join("net");
     std::fs::create_dir_all(&net).unwrap();
     std::fs::write(net.join("00-multus.conf"), multus.to_string()).unwrap();
     let agent = start_agent(data, node.path(), &[("CNI_NETWORK_NAME", None)]);
     let installed = wait_for_our_config(&net.join(conf_name));
-    let old = multus_config_for(&net, "istio-cni");
+    let found = multus_config_for(&net, "istio-cni");
     let by_old_name = multus_config_for(&net, "redirect-cni");
     let (code, log) = stop_agent(agent);
     assert!(installed && code == Some(0), "the agent's log:\n{log}");
-    let err = old.expect_err("the old naming should not resolve istio-cni");
+    let (file, conf) = found.unwrap_or_else(|e| panic!("the default name: Multus: {e}"));
+    assert_eq!(file, net.join(conf_name), "{conf}");
     assert!(
-        err.contains("no network available in the name istio-cni"),
-        "{err}"
-    );
-    assert!(
-        by_old_name.is_ok(),
-        "the old file is there, under the old name: {by_old_name:?}"
+        by_old_name.is_err(),
+        "no network redirect-cni: {by_old_name:?}"
     );
 }
 

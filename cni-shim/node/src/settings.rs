@@ -79,10 +79,10 @@ redirect_core::cli::flags! {
         CNI_NETWORK_NAME = s(
             "cni-network-name",
             Some("CNI_NETWORK_NAME"),
-            "redirect-cni",
+            "istio-cni",
             "The network name in our config (its `name`): Multus finds a standalone config by \
-             it when a NetworkAttachmentDefinition of that name has no config of its own \
-             (istio-cni for Istio's injected k8s.v1.cni.cncf.io/networks annotation)",
+             it when a NetworkAttachmentDefinition of that name has no config of its own; \
+             Istio's, which its injector's k8s.v1.cni.cncf.io/networks annotation asks for",
         ),
         CHAINED_CNI_PLUGIN = Flag {
             flag_aliases: &["chained"],

@@ -301,7 +301,7 @@ fn chains_into_an_existing_conflist_once_keeping_everything_else() {
 
     // Our entry as the plugin side reads it.
     let entry = &plugins[3];
-    assert_eq!(entry["name"], "redirect-cni");
+    assert_eq!(entry["name"], "istio-cni", "Istio's entry's name");
     assert_eq!(entry["log_level"], "info");
     assert_eq!(entry["cni_agent_run_dir"], node.p("run").to_str().unwrap());
     assert_eq!(
@@ -522,7 +522,8 @@ fn standalone_writes_our_own_conf_0600_or_0640() {
     assert_eq!(conf, standalone_conf(&s));
     assert_eq!(conf["cniVersion"], "1.0.0");
     assert_eq!(conf["type"], "redirect-cni");
-    assert_eq!(conf["name"], "redirect-cni");
+    // The network Istio's injector asks Multus for, without CNI_NETWORK_NAME.
+    assert_eq!(conf["name"], "istio-cni");
     assert_eq!(mode_of(&path), 0o600);
     assert_eq!(
         fs::read_to_string(node.p("net/10-calico.conflist")).unwrap(),

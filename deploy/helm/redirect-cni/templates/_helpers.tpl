@@ -1,7 +1,9 @@
 {{/*
 The values in effect, as YAML: .Values with .Values.cni merged over it, as Istio's chart merges
 them (its `cni` over the top level, maps key by key), so that a name given under `cni.` wins
-over the same name at the top level, where values.yaml keeps the defaults. Then what Istio's
+over the same name at the top level, where values.yaml keeps the defaults. Istio's install page
+gives istioctl's spelling, `values.cni.NAME` (for OpenShift: values.cni.cniBinDir, cniConfDir,
+chained=false, cniConfFileName): read too, between the top level and `cni.`. Then what Istio's
 chart makes of an empty value: an empty or null cniBinDir is /home/kubernetes/bin on GKE (its
 Kubernetes version holds "-gke") and /opt/cni/bin elsewhere, an empty or null cniConfDir and
 cniNetnsDir the defaults; empty items of excludeNamespaces are dropped (helm makes [""] of
@@ -11,7 +13,8 @@ template starts with
   {{- $cni := include "redirect-cni.cni" . | fromYaml }}
 */}}
 {{- define "redirect-cni.cni" -}}
-{{- $cni := mustMergeOverwrite (deepCopy (omit .Values "cni")) (deepCopy (.Values.cni | default dict)) -}}
+{{- $istioctl := (.Values.values | default dict).cni | default dict -}}
+{{- $cni := mustMergeOverwrite (deepCopy (omit .Values "cni" "values")) (deepCopy $istioctl) (deepCopy (.Values.cni | default dict)) -}}
 {{- $gke := .Capabilities.KubeVersion.GitVersion | contains "-gke" -}}
 {{- $_ := set $cni "cniBinDir" ($cni.cniBinDir | default (ternary "/home/kubernetes/bin" "/opt/cni/bin" $gke)) -}}
 {{- $_ := set $cni "cniConfDir" ($cni.cniConfDir | default "/etc/cni/net.d") -}}
