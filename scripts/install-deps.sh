@@ -16,11 +16,14 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# The arm64 VM run (scripts/arm64-vm.sh): qemu-system-aarch64 and cpio for its initramfs; the
-# arm64 kernel and busybox it boots are fetched by that script, not installed.
+# The kernel matrix (scripts/kernel-vms.sh): qemu for amd64 and arm64, cpio for the initramfs,
+# busybox-static for the amd64 guests; the kernels it boots are fetched by scripts/kernel-vm.sh,
+# not installed.
 vmpkgs=()
 command -v qemu-system-aarch64 >/dev/null 2>&1 || vmpkgs+=(qemu-system-arm)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || vmpkgs+=(qemu-system-x86)
 command -v cpio >/dev/null 2>&1 || vmpkgs+=(cpio)
+dpkg -s busybox-static >/dev/null 2>&1 || vmpkgs+=(busybox-static)
 if ((${#vmpkgs[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test, after the style (cargo fmt --check, clippy with warnings denied): the static release binaries are built first (x86_64, and aarch64 smoke-tested
-# under qemu-user, then run in an arm64 kernel under qemu-system-aarch64: the capture checks and
-# inspect compared with x86_64's) and the real node's images from them; then the pure and kernel tests (fresh
+# under qemu-user) and the kernel matrix (scripts/kernel-vms.sh: Debian's kernels 5.10, 6.1 and
+# 6.12 and arm64's 6.1 under qemu, the capture checks, the kernel tests and the floor's error)
+# and the real node's images; then the pure and kernel tests (fresh
 # network namespaces, real sockets; root; the empty-root test runs the static binaries; the real
 # node's scenarios run kubelet and containerd with the Helm chart's DaemonSet, about 5 minutes),
 # the doc tests and the docs (no warning allowed), the image (built offline with podman and the
@@ -12,7 +13,10 @@ bash scripts/install-deps.sh
 cargo fmt --all --check # the style holds: format and lints first, before the long runs
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 bash scripts/build-static.sh --aarch64
-bash scripts/arm64-vm.sh # the arm64 binaries in Debian's arm64 kernel under qemu-system-aarch64, ~10 s
+# The kernel matrix under qemu, in parallel (it builds the workspace's tests first): Linux 5.10,
+# 6.1 and 6.12 (amd64: the guest checks and the kernel tests), 5.10 without nft_tproxy (the
+# floor's error), and arm64's 6.1 with the aarch64 binaries; every VM must run and pass.
+bash scripts/kernel-vms.sh
 bash scripts/build-node-images.sh target/node-images # deploy/tests/real_node.rs
 cargo test --workspace --all-targets
 cargo test --workspace --doc

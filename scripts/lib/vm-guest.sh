@@ -1,22 +1,27 @@
 #!/bin/sh
-# The arm64 VM's /init (busybox sh), put in the initramfs by scripts/arm64-vm.sh; also run on the
-# host (ARM64_ROLE=host, ARM64_BIN=target/static/x86_64) for the x86_64 side of the comparison.
+# The kernel VMs' /init (busybox sh on arm64, dash on amd64), put in the initramfs by
+# scripts/kernel-vm.sh; also run on this machine (VM_ROLE=host, VM_BIN=target/static/x86_64)
+# for the x86_64 side of the comparison.
 #
-# Guest: mounts /proc /sys /dev /tmp, loads the kernel modules listed in /lib/modules/load-order,
+# Guest: reads /etc/vm.env (VM_NAME, VM_MODE=floor with VM_LEFT_OUT=MODULE for the floor
+# checks), mounts /proc /sys /dev /tmp /run, loads the kernel modules listed in /lib/modules/load-order,
 # then runs each check in a fresh network namespace (`unshare -n sleep`, joined with nsenter; a
 # veth to the root namespace gives it an address and a default route). Each check prints
-# `ARM64-TEST ok NAME` or `ARM64-TEST fail NAME: WHY`; each `inspect --json` is printed as
-# `ARM64-OUT NAME JSON` for the host to compare with x86_64's; the last line is
-# `ARM64-TEST done N passed, M failed`, then the guest powers off.
+# `VM-TEST ok NAME` or `VM-TEST fail NAME: WHY`; each `inspect --json` is printed as
+# `VM-OUT NAME JSON` for the host to compare with x86_64's; the last line is
+# `VM-TEST done N passed, M failed`, then the guest powers off. After the capture checks an
+# amd64 guest runs each kernel test executable in /tests as one check.
 # Host: the same namespaces and rules, only the `inspect --json` lines (no probe, no connection).
 set -u
 set -f # '*' in Istio's flags
-ROLE=${ARM64_ROLE:-guest}
-BIN=${ARM64_BIN:-/bin}
+ROLE=${VM_ROLE:-guest}
+BIN=${VM_BIN:-/opt/redirect}
+VM_NAME=host VM_MODE= VM_LEFT_OUT=
+[ "$ROLE" = guest ] && . /etc/vm.env
 pass=0
 fail=0
-ok() { echo "ARM64-TEST ok $1"; pass=$((pass + 1)); }
-bad() { echo "ARM64-TEST fail $1: $2"; fail=$((fail + 1)); }
+ok() { echo "VM-TEST ok $1"; pass=$((pass + 1)); }
+bad() { echo "VM-TEST fail $1: $2"; fail=$((fail + 1)); }
 # check NAME CMD...: ok when CMD exits 0, else fail with its exit code and the tail of its stderr.
 check() {
   n=$1
@@ -31,11 +36,13 @@ guest() { [ "$ROLE" = guest ]; }
 if guest; then
   /bin/busybox mkdir -p /proc /sys /dev /tmp /run /usr/bin /usr/sbin /sbin
   /bin/busybox --install -s /bin
+  export PATH=/usr/sbin:/usr/bin:/sbin:/bin # this machine's ip and nft (amd64) before busybox's
   mount -t proc proc /proc
   mount -t sysfs sysfs /sys
   mount -t devtmpfs devtmpfs /dev 2>/dev/null
   mount -t tmpfs tmpfs /tmp
-  echo "ARM64-TEST start: uptime $(cut -d' ' -f1 /proc/uptime) s, $(uname -m) kernel $(uname -r), $(nproc) cpu"
+  mount -t tmpfs tmpfs /run
+  echo "VM-TEST start: $VM_NAME: uptime $(cut -d' ' -f1 /proc/uptime) s, $(uname -m) kernel $(uname -r), $(nproc) cpu"
   while read -r m; do
     insmod "/lib/modules/$m.ko" 2>/tmp/insmod.err || bad "insmod_$m" "$(cat /tmp/insmod.err)"
   done </lib/modules/load-order
@@ -88,7 +95,7 @@ inspect() {
     rc=$?
     bad "$n" "exit $rc: $(cat /tmp/insp.$n) $(tail -n 3 /tmp/err.$n | tr '\n' ' ')"
   fi
-  echo "ARM64-OUT $n $(sed 's/^ *//' /tmp/insp.$n | tr -d '\n')"
+  echo "VM-OUT $n $(sed 's/^ *//' /tmp/insp.$n | tr -d '\n')"
 }
 # probe NAME ARGS: the validation probe as the proxy's UID 1337 (su to `proxy`), must exit 0.
 probe() {
@@ -135,6 +142,16 @@ bypass() {
   lands "$1" /tmp/l8000 "proxy-$1"
 }
 
+# The sidecar's annotations, for redirect-cni's runtimeConfig.
+STATUS='{\"initContainers\":[\"istio-validation\"],\"containers\":[\"istio-proxy\"],\"volumes\":[],\"imagePullSecrets\":null}'
+cni() {
+  CNI_COMMAND=$1 CNI_CONTAINERID=c0ffee CNI_NETNS=$NSP CNI_IFNAME=eth0 CNI_PATH=/opt/cni/bin \
+    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1" \
+    "$BIN/redirect-cni" </tmp/cni.json
+}
+
+# The capture checks (the arm64 VM's since the start).
+capture_checks() {
 # ---- redirect-init, Istio's defaults (REDIRECT)
 newns 1
 check init_redirect_apply inns "$BIN/redirect-init" $ISTIO -m REDIRECT
@@ -176,14 +193,8 @@ fi
 dropns
 
 # ---- redirect-cni: ADD, CHECK, DEL with the sidecar's annotations in runtimeConfig
-STATUS='{\"initContainers\":[\"istio-validation\"],\"containers\":[\"istio-proxy\"],\"volumes\":[],\"imagePullSecrets\":null}'
 echo "{\"cniVersion\":\"1.0.0\",\"name\":\"podnet\",\"type\":\"redirect-cni\",\"proxy_uid\":1337,\"runtimeConfig\":{\"io.kubernetes.cri.pod-annotations\":{\"sidecar.istio.io/status\":\"$STATUS\"}}}" >/tmp/cni.json
 echo "{\"sidecar.istio.io/status\":\"$STATUS\"}" >/tmp/annotations.json
-cni() {
-  CNI_COMMAND=$1 CNI_CONTAINERID=c0ffee CNI_NETNS=$NSP CNI_IFNAME=eth0 CNI_PATH=/opt/cni/bin \
-    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1" \
-    "$BIN/redirect-cni" </tmp/cni.json
-}
 newns 3
 check cni_add cni ADD
 grep -q '"cniVersion"' /tmp/out.cni_add || bad cni_add_output "$(cat /tmp/out.cni_add)"
@@ -201,7 +212,68 @@ if guest; then
 fi
 dropns
 
-echo "ARM64-TEST done $pass passed, $fail failed (uptime $(cut -d' ' -f1 /proc/uptime) s)"
+}
+
+# Floor: the kernel lacks $VM_LEFT_OUT (left out of the initramfs). What needs it fails before
+# changing anything, naming it; what does not need it works.
+floor_checks() {
+  newns 1
+  rules_before=$(inns ip rule; inns ip -6 rule)
+  inns "$BIN/redirect-init" $ISTIO -m TPROXY >/tmp/out.floor 2>/tmp/err.floor
+  rc=$?
+  if [ $rc != 0 ] && grep -q "$VM_LEFT_OUT" /tmp/err.floor && grep -q -- '--backend iptables' /tmp/err.floor; then
+    ok "init_tproxy_fails_naming_$VM_LEFT_OUT (exit $rc: $(grep -m1 "$VM_LEFT_OUT" /tmp/err.floor))"
+  else
+    bad "init_tproxy_fails_naming_$VM_LEFT_OUT" "exit $rc, stderr: $(tail -n 5 /tmp/err.floor | tr '\n' ' ')"
+  fi
+  if [ "$(inns ip rule; inns ip -6 rule)" = "$rules_before" ] && [ -z "$(inns ip route show table 133 2>/dev/null)" ] \
+    && "$BIN/redirect-validate" inspect --netns $NSP --json >/tmp/insp.floor 2>&1 && grep -q '"table": null' /tmp/insp.floor \
+    && [ -z "$(inns nft list ruleset)" ]; then
+    ok init_tproxy_failure_changes_nothing
+  else
+    bad init_tproxy_failure_changes_nothing "rules: $(inns ip rule | tr '\n' ' '); table 133: $(inns ip route show table 133 | tr '\n' ' '); ruleset: $(inns nft list ruleset | tr '\n' ' ')"
+  fi
+  # REDIRECT needs no tproxy: it works on this kernel.
+  check init_redirect_apply inns "$BIN/redirect-init" $ISTIO -m REDIRECT
+  outbound outbound_redirect_lands_15001
+  dropns
+  # The plugin, asked for TPROXY by the pod's annotation: an error naming the module, no table.
+  echo "{\"cniVersion\":\"1.0.0\",\"name\":\"podnet\",\"type\":\"redirect-cni\",\"proxy_uid\":1337,\"runtimeConfig\":{\"io.kubernetes.cri.pod-annotations\":{\"sidecar.istio.io/status\":\"$STATUS\",\"sidecar.istio.io/interceptionMode\":\"TPROXY\"}}}" >/tmp/cni.json
+  newns 2
+  cni ADD >/tmp/out.floorcni 2>/tmp/err.floorcni
+  rc=$?
+  if [ $rc != 0 ] && grep -q "$VM_LEFT_OUT" /tmp/out.floorcni && "$BIN/redirect-validate" inspect --netns $NSP --json 2>/dev/null | grep -q '"table": null'; then
+    ok "cni_tproxy_fails_naming_$VM_LEFT_OUT"
+  else
+    bad "cni_tproxy_fails_naming_$VM_LEFT_OUT" "exit $rc: $(cat /tmp/out.floorcni) $(tail -n 3 /tmp/err.floorcni | tr '\n' ' ')"
+  fi
+  dropns
+}
+
+# The workspace's kernel tests (amd64 guests: /tests, this machine's test executables), each
+# executable a check: every test in it must pass on this kernel.
+kernel_tests() {
+  for n in $(ls /tests); do # (set -f: no globbing here)
+    t=/tests/$n
+    [ -x "$t" ] || continue
+    t0=$(cut -d' ' -f1 /proc/uptime)
+    if (cd /tmp && "$t" --test-threads=2) >/tmp/kt.$n 2>&1; then
+      ok "kernel_tests_$n ($(grep -o '[0-9]* passed' /tmp/kt.$n | awk '{ s += $1 } END { print s }') passed, $t0 s to $(cut -d' ' -f1 /proc/uptime) s)"
+    else
+      bad "kernel_tests_$n" "$(grep -E '^test .* FAILED|panicked|^---- ' /tmp/kt.$n | head -n 20 | tr '\n' ' ')"
+      grep -A 15 '^---- ' /tmp/kt.$n | head -n 60 | sed "s/^/VM-LOG $n: /"
+    fi
+  done
+}
+
+if [ "$VM_MODE" = floor ]; then
+  floor_checks
+else
+  capture_checks
+  guest && kernel_tests
+fi
+
+echo "VM-TEST done $pass passed, $fail failed (uptime $(cut -d' ' -f1 /proc/uptime) s)"
 if guest; then
   sync
   poweroff -f
