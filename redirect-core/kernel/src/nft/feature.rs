@@ -33,9 +33,9 @@ const fn known(name: &'static str, module: &'static str, since: &'static str) ->
 pub const INET_FAMILY: Feature = known("nftables' inet family", "nf_tables", "3.14");
 /// Base chains of type `filter`.
 pub const FILTER_CHAIN: Feature = known("nftables' filter chains", "nf_tables", "3.13");
-/// Base chains of type `route` in an `inet` table (mangle at OUTPUT).
-pub const ROUTE_CHAIN: Feature =
-    known("nftables' route chains in inet tables", "nf_tables", "4.19");
+/// Base chains of type `route` in an `inet` table (mangle at OUTPUT). Given as 5.2, the release
+/// the inet family's NAT needs anyway: it may be older (not pinned down).
+pub const ROUTE_CHAIN: Feature = known("nftables' route chains in inet tables", "nf_tables", "5.2");
 /// Base chains of type `nat` in an `inet` table.
 pub const NAT_CHAIN: Feature = known(
     "nftables' nat chains in inet tables",
