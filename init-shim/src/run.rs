@@ -7,6 +7,7 @@ use std::io::Write;
 use tracing::{info, warn};
 
 use redirect_core::error::IstioError as Error;
+use redirect_core::error::MissingFeature;
 use redirect_core::handles::{self, Live};
 use redirect_core::pod_capture::{self, IstioRuleStore, LiveIstioRules, Resolution};
 use redirect_core::pod_facts::{self, HostAddress};
@@ -39,18 +40,35 @@ pub struct Failure {
 
 impl From<pod_capture::ReconcileError> for Failure {
     fn from(e: pod_capture::ReconcileError) -> Self {
-        fail(e.to_string())
+        match e {
+            pod_capture::ReconcileError::Kernel(e) => e.into(),
+            e => fail(e.to_string()),
+        }
     }
 }
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
-        Failure {
-            code: EXIT_ERROR,
-            message: e.to_string(),
-            details: Vec::new(),
+        match e.missing_feature() {
+            Some(m) => fail(m.message_with(Some(&iptables_way_out(m)))),
+            None => fail(e.to_string()),
         }
     }
+}
+
+/// The way out of a kernel that lacks an nftables feature: our iptables backend, and the
+/// xtables module that does the same job.
+pub fn iptables_way_out(m: &MissingFeature) -> String {
+    let instead = match m.features.first().map(|f| f.module.as_ref()) {
+        Some("nft_tproxy") => "istio-iptables' TPROXY target, module xt_TPROXY",
+        Some("nft_redir") => "istio-iptables' REDIRECT target, module xt_REDIRECT",
+        Some("nft_nat" | "nft_chain_nat") => "iptables' nat table, module iptable_nat",
+        Some("nft_ct") => {
+            "iptables' conntrack matches and targets, modules xt_conntrack, xt_connmark, xt_CT"
+        }
+        _ => "iptables-restore, with the host's iptables",
+    };
+    format!("use --backend iptables ({instead})")
 }
 
 impl From<redirect_core::error::ConfigError> for Failure {

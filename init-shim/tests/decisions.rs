@@ -153,3 +153,29 @@ fn dry_runs_and_a_refusing_kernel_leave_the_namespace_as_it_was() {
     );
     assert!(fake.read_table().unwrap().is_none());
 }
+
+/// A kernel without nftables' tproxy expression: redirect-init fails (exit 1) naming the
+/// feature, its module and the iptables backend, and leaves no table and no route (the qemu
+/// test without nft_tproxy expects this line on stderr).
+#[test]
+fn a_kernel_without_a_feature_is_named_with_the_iptables_way_out() {
+    let (fake, istio) = (fake(), no_istio());
+    fake.update(|st| {
+        st.missing_features = vec![redirect_core::error::KernelFeature {
+            name: "nftables' tproxy expression".into(),
+            module: "nft_tproxy".into(),
+            since: Some("4.19"),
+        }]
+    });
+    let e = run(&fake, &istio, &["-m", "TPROXY"]).unwrap_err();
+    assert_eq!(e.code, 1);
+    assert_eq!(
+        e.message,
+        "the kernel lacks nftables' tproxy expression (module nft_tproxy, Linux 4.19 or later): \
+         load it with 'modprobe nft_tproxy', or use --backend iptables (istio-iptables' TPROXY \
+         target, module xt_TPROXY)"
+    );
+    let st = fake.state();
+    assert!(st.table.is_none(), "{st:?}");
+    assert!(st.tproxy.values().all(|t| t.is_absent()), "{st:?}");
+}

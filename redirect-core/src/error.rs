@@ -11,6 +11,9 @@ use redirect_kernel::{netns, nft, routes};
 pub use redirect_istio::{Error as IstioError, Result as IstioResult};
 pub use redirect_kernel::netns::Error as NamespaceError;
 pub use redirect_kernel::nft::Error as RulesError;
+/// Kernel features our table needs that the kernel lacks (`RulesError::MissingFeature`), and
+/// one such feature with its module and first Linux release.
+pub use redirect_kernel::nft::{Feature as KernelFeature, MissingFeature};
 pub use redirect_kernel::routes::Error as RoutesError;
 pub use redirect_kernel::{Error as KernelError, Result as KernelResult};
 pub use redirect_model::Error as ConfigError;
@@ -48,6 +51,16 @@ pub enum Error {
         /// What it printed, or why it could not run.
         detail: String,
     },
+}
+
+impl Error {
+    /// The kernel features found missing, when nf_tables refused our table for lacking them.
+    pub fn missing_feature(&self) -> Option<&MissingFeature> {
+        match self {
+            Error::Rules(e) => e.missing_feature(),
+            _ => None,
+        }
+    }
 }
 
 impl From<redirect_model::Error> for Error {

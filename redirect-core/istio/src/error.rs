@@ -25,6 +25,17 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kernel features found missing, when nf_tables refused our table for lacking them
+    /// (a program adds its own way out: `MissingFeature::message_with`).
+    pub fn missing_feature(&self) -> Option<&redirect_kernel::nft::MissingFeature> {
+        match self {
+            Error::Kernel(e) => e.missing_feature(),
+            _ => None,
+        }
+    }
+}
+
 impl From<redirect_kernel::nft::Error> for Error {
     fn from(e: redirect_kernel::nft::Error) -> Self {
         Error::Kernel(e.into())

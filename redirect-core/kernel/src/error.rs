@@ -22,6 +22,16 @@ pub enum Error {
     Model(#[from] redirect_model::Error),
 }
 
+impl Error {
+    /// The kernel features found missing, when nf_tables refused our table for lacking them.
+    pub fn missing_feature(&self) -> Option<&crate::nft::MissingFeature> {
+        match self {
+            Error::Nft(e) => e.missing_feature(),
+            _ => None,
+        }
+    }
+}
+
 /// A hint for an errno returned by netlink, to put after the message.
 pub fn errno_hint(errno: i32) -> &'static str {
     match errno {

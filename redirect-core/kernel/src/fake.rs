@@ -42,6 +42,9 @@ pub struct FakeState {
     /// Applies succeed but keep nothing: a read finds what was there before (the bug of a
     /// plugin that reports success with no rules written).
     pub forget_applies: bool,
+    /// Kernel features the namespace's kernel lacks: a table is refused with
+    /// `nft::Error::MissingFeature` naming them, when it is applied.
+    pub missing_features: Vec<nft::Feature>,
 }
 
 /// A namespace in memory. See the module's comment.
@@ -81,6 +84,19 @@ impl Fake {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Refuses a table when the kernel "lacks" features, as the kernel's probe reports it.
+    fn lacks_features(&self) -> Result<()> {
+        let missing = self.lock().missing_features.clone();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(nft::Error::MissingFeature(nft::MissingFeature {
+            features: missing,
+            refused: None,
+        })
+        .into())
+    }
+
     fn write(&self) -> Result<MutexGuard<'_, FakeState>> {
         let st = self.lock();
         if st.deny_writes {
@@ -118,6 +134,7 @@ impl Backend for Fake {
     }
 
     fn apply_named(&self, table: &str, rs: &Ruleset) -> Result<Applied> {
+        self.lacks_features()?;
         if table != TABLE {
             let mut st = self.write()?;
             let applied = match st.others.get(table) {

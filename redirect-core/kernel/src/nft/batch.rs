@@ -157,6 +157,16 @@ impl Batch {
         message::write_nft(&mut self.bytes, msg, flags, seq);
     }
 
+    /// The batch without its end message, ready to send: the kernel answers every message,
+    /// then aborts the transaction (`NFNL_ABORT_VALIDATE`), committing nothing.
+    pub fn check_only(self) -> Encoded {
+        Encoded {
+            bytes: self.bytes,
+            labels: self.labels,
+            begin_seq: self.begin_seq,
+        }
+    }
+
     /// Append the end message: the batch, ready to send.
     pub fn finish(mut self) -> Encoded {
         let (flags, seq) = self.end_flags(Label::End);

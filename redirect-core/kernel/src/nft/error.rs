@@ -2,6 +2,8 @@
 
 use std::io;
 
+use super::feature::Feature;
+
 /// A result whose error is, by default, an nf_tables [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -40,4 +42,68 @@ pub enum Error {
         /// What to do about the errno ("; hint: ..."), or empty.
         hint: &'static str,
     },
+
+    /// The kernel lacks nf_tables features our table needs (a check-only probe found which):
+    /// nothing was committed.
+    #[error(transparent)]
+    MissingFeature(MissingFeature),
+}
+
+impl Error {
+    /// The missing features, when this is [`Error::MissingFeature`].
+    pub fn missing_feature(&self) -> Option<&MissingFeature> {
+        match self {
+            Error::MissingFeature(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// Kernel features our table needs and the kernel lacks, with the way out this layer knows
+/// (the modules to load); a program adds its own ([`MissingFeature::message_with`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.message_with(None))]
+pub struct MissingFeature {
+    /// What is missing, the first first (never empty).
+    pub features: Vec<Feature>,
+    /// The message the kernel refused and its errno, when the features were looked for after
+    /// a refusal; `None` when found before anything was sent.
+    pub refused: Option<(String, i32)>,
+}
+
+impl MissingFeature {
+    /// The modules to load, each once, in order.
+    pub fn modules(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for f in &self.features {
+            if !out.contains(&f.module.as_ref()) {
+                out.push(&f.module);
+            }
+        }
+        out
+    }
+
+    /// The message, with `alternative` (a program's other way out, "use --backend iptables")
+    /// after the modules to load.
+    pub fn message_with(&self, alternative: Option<&str>) -> String {
+        let names: Vec<String> = self.features.iter().map(|f| f.to_string()).collect();
+        let modules = self.modules();
+        let mut out = format!(
+            "the kernel lacks {}: load {} with 'modprobe {}'",
+            names.join(" and "),
+            if modules.len() == 1 { "it" } else { "them" },
+            modules.join(" ")
+        );
+        if let Some(alt) = alternative {
+            out.push_str(", or ");
+            out.push_str(alt);
+        }
+        if let Some((what, errno)) = &self.refused {
+            let cause = io::Error::from_raw_os_error(*errno);
+            out.push_str(&format!(
+                "; nf_tables refused {what}: {cause} (errno {errno})"
+            ));
+        }
+        out
+    }
 }

@@ -2,10 +2,11 @@
 
 use redirect_model::Ruleset;
 
-use super::error::{Error, Result};
+use super::error::{Error, MissingFeature, Result};
 use super::foreign::TableList;
-use super::socket::Socket;
+use super::socket::{self, Socket};
 use super::{dump, foreign, lower_named, state, update, Changes, Difference, Encoded, Features};
+use super::{probe, Feature};
 use super::{NftTable, TableState, TABLE};
 use crate::netns::Netns;
 use redirect_model::Family;
@@ -117,12 +118,42 @@ impl Nft {
         self.send(&batch, table).map(|()| Applied::Replaced)
     }
 
+    /// Send a batch for `table`. A refusal that can mean a missing kernel feature is looked
+    /// into with a check-only probe, which names the feature (only on failure: a success
+    /// costs nothing more).
     fn send(&self, batch: &Encoded, table: &NftTable) -> Result<()> {
-        let describe = |seq: u32| match batch.label_of(seq) {
+        let Some((seq, errno)) = self.sock.send_batch_answer(batch)? else {
+            return Ok(());
+        };
+        let label = batch.label_of(seq);
+        let what = match label {
             Some(l) => l.describe(table),
             None => format!("the batch (message {seq})"),
         };
-        self.sock.send_batch(batch, &describe)
+        let features = probe::diagnose(&self.sock, table, label, errno);
+        if features.is_empty() {
+            return Err(socket::rejected(what, errno));
+        }
+        Err(Error::MissingFeature(MissingFeature {
+            features,
+            refused: Some((what, errno)),
+        }))
+    }
+
+    /// The kernel features `table` needs that the kernel lacks (empty when none), asked with a
+    /// check-only batch that commits nothing (its table, [`super::PROBE_TABLE`], is never
+    /// created).
+    pub fn missing_features(&self, table: &NftTable) -> Result<Vec<Feature>> {
+        probe::missing(&self.sock, table)
+    }
+
+    /// Fails with [`Error::MissingFeature`] when the kernel lacks a feature that our table
+    /// `table` would need for `rs`, before anything is changed. The kernel is asked once per
+    /// process for a given set of features; that probe costs one RCU grace period (the kernel
+    /// waits for one whenever it aborts a batch: 4 to 27 ms measured), which is why `apply`
+    /// does not run it and probes only after a refusal. For a long-lived program's start.
+    pub fn check_features(&self, table: &str, rs: &Ruleset) -> Result<()> {
+        probe::check(&self.sock, &lower_named(rs, table))
     }
 
     /// Delete our table. Returns whether there was one.

@@ -116,6 +116,17 @@ pub(super) fn new_table(name: &str, create: bool) -> NfTablesMessage {
     NfTablesMessage::NewTable(TableMessage { attributes })
 }
 
+/// `add table` of a dormant table: its base chains hook nothing, so a probe that declares
+/// them has no hook to take back when the kernel aborts it (which waits for RCU).
+pub(super) fn new_dormant_table(name: &str) -> NfTablesMessage {
+    NfTablesMessage::NewTable(TableMessage {
+        attributes: vec![
+            TableAttribute::Name(name.into()),
+            TableAttribute::Flags(TableFlags::Dormant),
+        ],
+    })
+}
+
 pub(super) fn del_table(name: &str) -> NfTablesMessage {
     NfTablesMessage::DeleteTable(TableMessage {
         attributes: vec![TableAttribute::Name(name.into())],

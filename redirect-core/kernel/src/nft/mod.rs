@@ -36,11 +36,13 @@ mod elements;
 mod error;
 mod expr;
 mod extra;
+pub mod feature;
 mod foreign;
 mod handle;
 pub(crate) mod lower;
 mod message;
 mod nla_writer;
+mod probe;
 mod socket;
 mod state;
 #[cfg(feature = "testing")]
@@ -49,13 +51,15 @@ pub mod text;
 mod update;
 
 pub use batch::{Encoded, Label};
-pub use error::{Error, Result};
+pub use error::{Error, MissingFeature, Result};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
+pub use feature::Feature;
 pub use foreign::TableList;
 pub use handle::{Applied, Nft};
 pub use lower::{
     addr_elem, lower, lower_named, BaseSpec, ChainKind, NftChain, NftSet, NftTable, SetElem,
 };
+pub use probe::PROBE_TABLE;
 pub use redirect_model::table::TABLE;
 pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableState};
 #[cfg(feature = "testing")]

@@ -46,7 +46,7 @@ fn netlink_err(op: &'static str) -> impl Fn(io::Error) -> Error {
     }
 }
 
-fn rejected(what: String, errno: i32) -> Error {
+pub(super) fn rejected(what: String, errno: i32) -> Error {
     Error::Rejected {
         what,
         errno,
@@ -194,8 +194,15 @@ impl Socket {
     /// Send a batch and check the answer to every message that asked for one. `describe`
     /// names the message of a sequence number for the error. The first refusal is returned.
     pub fn send_batch(&self, batch: &Encoded, describe: Describe) -> Result<()> {
+        match self.send_batch_answer(batch)? {
+            Some((seq, errno)) => Err(rejected(describe(seq), errno)),
+            None => Ok(()),
+        }
+    }
+
+    /// One `sendmsg` of the whole batch (the send buffer must hold it, as nft ensures).
+    fn send_whole(&self, batch: &Encoded) -> Result<()> {
         let bytes = batch.bytes();
-        // The whole batch goes in one sendmsg: the send buffer must hold it, as nft ensures.
         let want = bytes.len() + 64 * 1024;
         if setsockopt(&self.sock, sockopt::SndBufForce, &want).is_err() {
             let _ = setsockopt(&self.sock, sockopt::SndBuf, &want);
@@ -209,10 +216,17 @@ impl Socket {
                 format!("sent {sent} of {} bytes of the batch", bytes.len()),
             )));
         }
-        let mut pending: BTreeSet<u32> = batch.labels().iter().map(|(s, _)| *s).collect();
-        if let Some(last) = pending.last() {
+        if let Some((last, _)) = batch.labels().last() {
             self.seq.set(self.seq.get().max(last.wrapping_add(1)));
         }
+        Ok(())
+    }
+
+    /// Send a batch; the first refusal, as (sequence number, errno), or `None` when the kernel
+    /// took it whole.
+    pub fn send_batch_answer(&self, batch: &Encoded) -> Result<Option<(u32, i32)>> {
+        self.send_whole(batch)?;
+        let mut pending: BTreeSet<u32> = batch.labels().iter().map(|(s, _)| *s).collect();
         let mut first_error: Option<(u32, i32)> = None;
         let mut buf = Vec::with_capacity(RECV_BUF);
         while !pending.is_empty() {
@@ -242,10 +256,33 @@ impl Socket {
                 }
             }
         }
-        match first_error {
-            Some((seq, errno)) => Err(rejected(describe(seq), errno)),
-            None => Ok(()),
+        Ok(first_error)
+    }
+
+    /// Send a check-only batch (no end: `Batch::check_only`) and return every refusal, as
+    /// (sequence number, errno). The kernel handles the batch within `sendmsg`, so every
+    /// answer is queued when it returns: they are read without waiting.
+    pub fn check_batch(&self, batch: &Encoded) -> Result<Vec<(u32, i32)>> {
+        self.send_whole(batch)?;
+        let mut pending: BTreeSet<u32> = batch.labels().iter().map(|(s, _)| *s).collect();
+        let mut refused = Vec::new();
+        let mut buf = Vec::with_capacity(RECV_BUF);
+        while !pending.is_empty() {
+            buf.clear();
+            match self.sock.recv(&mut buf, libc::MSG_DONTWAIT) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(netlink_err("receive nf_tables answers")(e)),
+            }
+            for r in self.parse(&buf, "receive nf_tables answers")? {
+                if let Received::Answer { seq, errno } = r {
+                    if (pending.remove(&seq) || seq == batch.begin_seq()) && errno != 0 {
+                        refused.push((seq, errno));
+                    }
+                }
+            }
         }
+        Ok(refused)
     }
 
     /// A request answered by one message (and an ACK); `Ok(None)` when the kernel answers
