@@ -111,6 +111,15 @@ impl Nft {
             match self.send(&batch, table) {
                 // The ruleset moved since it was read: read again.
                 Err(Error::Rejected { errno, .. }) if errno == libc::ERESTART => continue,
+                // An update that names an object the kernel no longer has (or already has),
+                // though its generation held: seen on Debian 12's 6.1 with 8 racing writers
+                // under emulation. Read again; the replace below depends on no read.
+                Err(Error::Rejected { errno, .. })
+                    if matches!(applied, Applied::Updated(_))
+                        && matches!(errno, libc::ENOENT | libc::EEXIST) =>
+                {
+                    continue
+                }
                 other => return other.map(|()| applied),
             }
         }
