@@ -246,7 +246,8 @@ echo "vm $name: kernel $kver ($(basename "$(ls "$pkgs"/debs/linux-image-*_"$arch
 
 # ---- x86_64: the same namespaces and rules on this machine's kernel (inspect --json only)
 if [ -z "$leave_out" ]; then
-  VM_ROLE=host VM_BIN="$x86" unshare -n sh scripts/lib/vm-guest.sh >"$work/host.log" 2>&1 \
+  # Its own network and mount namespaces, a /tmp of its own: the matrix runs VMs in parallel.
+  VM_ROLE=host VM_BIN="$x86" unshare -n -m sh -c 'mount -t tmpfs tmpfs /tmp && exec sh scripts/lib/vm-guest.sh' >"$work/host.log" 2>&1 \
     || { cat "$work/host.log" >&2; fail "the x86_64 side on this machine failed"; }
 fi
 

@@ -213,7 +213,13 @@ impl ProbeReport {
 
 /// Sends one probe through `topo`; see [`Outcome`].
 pub fn run_probe(topo: &Topology, probe: &Probe) -> Outcome {
-    run_probe_report(topo, probe).outcome
+    match run_probe_report(topo, probe).outcome {
+        // A second, patient look: on a slow machine (an emulated guest of the kernel matrix)
+        // a link's first IPv6 neighbour discovery can outlast the default timeouts; a probe
+        // the rules drop times out again.
+        Outcome::Timeout => run_probe_with(topo, probe, Timing::patient()),
+        outcome => outcome,
+    }
 }
 
 /// [`run_probe`] with other timeouts than the topology's.
