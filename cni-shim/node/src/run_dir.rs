@@ -30,7 +30,7 @@ mod tests {
 
     #[test]
     fn only_a_directory_its_owner_alone_may_write_is_taken() {
-        let base = tempfile_dir();
+        let base = tempfile_dir("owner");
         let run = base.join("run");
         ensure(&run).unwrap();
         assert_eq!(
@@ -61,7 +61,7 @@ mod tests {
 
     #[test]
     fn a_parent_others_may_write_is_refused_unless_sticky() {
-        let base = tempfile_dir().join("parents");
+        let base = tempfile_dir("parents");
         let shared = base.join("shared");
         fs::create_dir_all(&shared).unwrap();
         let run = shared.join("run");
@@ -92,8 +92,9 @@ mod tests {
         fs::remove_dir_all(&base).unwrap();
     }
 
-    fn tempfile_dir() -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("rdc-run-dir-{}", std::process::id()));
+    /// A folder of the test's own: the tests run in parallel and each removes its folder.
+    fn tempfile_dir(test: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("rdc-run-dir-{}-{test}", std::process::id()));
         fs::create_dir_all(&d).unwrap();
         d
     }
