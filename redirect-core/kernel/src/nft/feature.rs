@@ -1,6 +1,6 @@
 //! The kernel features our table uses that a kernel may lack: each chain type, set kind and
 //! expression our lowering writes, with the module that provides it and the first Linux release
-//! that has it in an `inet` table. A probe ([`super::probe`]) tells which ones a refused batch
+//! that has it in an `inet` table. A probe (the `probe` module) tells which ones a refused batch
 //! needed and the kernel lacks.
 
 use std::borrow::Cow;
