@@ -448,11 +448,10 @@ EOF
   ca_b64=$(base64 -w0 <"$dir/sa/ca.crt")
   # The fields of our entry, from the same settings.
   local entry_filter
-  # The entry's name is CNI_NETWORK_NAME (the OpenShift manifest's: istio-cni, as Multus looks
-  # it up).
+  # The entry's name is CNI_NETWORK_NAME, istio-cni unless set (Istio's, as Multus looks it up).
   entry_filter=$(jq -n --arg run "${cfg[CNI_AGENT_RUN_DIR]}" --arg ns "$POD_NAMESPACE" \
     --arg level "${cfg[PLUGIN_LOG_LEVEL]:-info}" --arg excl "${cfg[EXCLUDE_NAMESPACES]:-}" \
-    --arg name "${cfg[CNI_NETWORK_NAME]:-redirect-cni}" '
+    --arg name "${cfg[CNI_NETWORK_NAME]:-istio-cni}" '
       {type: "redirect-cni", name: $name, log_level: $level,
        cni_agent_run_dir: $run, kubeconfig: ($run + "/redirect-cni-kubeconfig"),
        exclude_namespaces: ($excl | split(",") | map(gsub("^ +| +$"; "")) | map(select(. != ""))),
