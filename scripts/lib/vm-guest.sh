@@ -103,44 +103,59 @@ probe() {
   shift
   check "$n" inns su -s /bin/sh proxy -c "set -f; $BIN/redirect-validate --run-validation --skip-rule-apply --probe-timeout 5s $*"
 }
-# listen PORT FILE [ns|root]: busybox nc accepting one connection, what it reads into FILE.
+# listen PORT FILE [ns|root]: busybox nc accepting one connection, what it reads into FILE;
+# fails when nothing listens on PORT after 10 s.
 listen() {
   rm -f "$2"
   if [ "${3:-ns}" = ns ]; then inns nc -l -p "$1" >"$2" </dev/null & else nc -l -p "$1" >"$2" </dev/null & fi
   L=$!
   i=0
-  while [ $i -lt 50 ]; do
+  while [ $i -lt 100 ]; do
     if [ "${3:-ns}" = ns ]; then inns netstat -ltn; else netstat -ltn; fi | grep -q ":$1 " && return 0
     sleep 0.1
     i=$((i + 1))
   done
+  return 1
 }
-# lands NAME FILE WORD: the listener got WORD (the connection landed there).
-lands() {
+# got FILE WORD: the listener got WORD within 3 s (the connection landed there); stops it.
+got() {
   i=0
-  while [ $i -lt 30 ] && ! grep -q "$3" "$2" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+  while [ $i -lt 30 ] && ! grep -q "$2" "$1" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
   kill $L 2>/dev/null
-  if grep -q "$3" "$2" 2>/dev/null; then ok "$1"; else bad "$1" "the listener got '$(cat "$2" 2>/dev/null)', not '$3'"; fi
+  grep -q "$2" "$1" 2>/dev/null
+}
+# landing NAME PORT ns|root WORD SENDER...: a listener on PORT, SENDER sends WORD; ok when the
+# listener got it. Three tries, each logged with the sender's exit code and time: a guest starved
+# by its neighbours (five TCG VMs on two cores) once let one connection get nothing. A capture
+# that is missing sends nothing there on any try.
+landing() {
+  n=$1 port=$2 where=$3 word=$4
+  shift 4
+  t=1
+  while :; do
+    if listen "$port" /tmp/l$port "$where"; then
+      t0=$(cut -d' ' -f1 /proc/uptime)
+      echo "$word" | "$@" >/dev/null 2>/tmp/send.$n
+      rc=$?
+      got /tmp/l$port "$word" && { ok "$n"; return; }
+      why="the listener got '$(cat /tmp/l$port 2>/dev/null)', not '$word' (sender exit $rc after $t0..$(cut -d' ' -f1 /proc/uptime) s uptime: $(tail -n 1 /tmp/send.$n))"
+    else
+      kill $L 2>/dev/null
+      why="nothing listened on $port after 10 s"
+    fi
+    [ $t -ge 3 ] && break
+    echo "VM-LOG $n: try $t: $why"
+    t=$((t + 1))
+  done
+  bad "$n" "$why (3 tries)"
 }
 # Outbound: the app (root, not 1337) connects to 10.96.0.99:80, a Service address nothing answers;
 # it must land on the proxy's 15001 inside the namespace.
-outbound() {
-  listen 15001 /tmp/l15001
-  echo "out-$1" | inns timeout 5 nc -w 3 10.96.0.99 80 >/dev/null 2>&1
-  lands "$1" /tmp/l15001 "out-$1"
-}
+outbound() { landing "$1" 15001 ns "out-$1" inns timeout 5 nc -w 3 10.96.0.99 80; }
 # Inbound: the root namespace connects to the pod's 10.33.N.5:8080; must land on 15006.
-inbound() {
-  listen 15006 /tmp/l15006
-  echo "in-$1" | timeout 5 nc -w 3 10.33.$NS.5 8080 >/dev/null 2>&1
-  lands "$1" /tmp/l15006 "in-$1"
-}
+inbound() { landing "$1" 15006 ns "in-$1" timeout 5 nc -w 3 10.33.$NS.5 8080; }
 # The proxy's own traffic (UID 1337) is not captured: it reaches the root namespace's 10.33.N.1:8000.
-bypass() {
-  listen 8000 /tmp/l8000 root
-  inns su -s /bin/sh proxy -c "echo proxy-$1 | timeout 5 nc -w 3 10.33.$NS.1 8000" >/dev/null 2>&1
-  lands "$1" /tmp/l8000 "proxy-$1"
-}
+bypass() { landing "$1" 8000 root "proxy-$1" inns su -s /bin/sh proxy -c "timeout 5 nc -w 3 10.33.$NS.1 8000"; }
 
 # The sidecar's annotations, for redirect-cni's runtimeConfig.
 STATUS='{\"initContainers\":[\"istio-validation\"],\"containers\":[\"istio-proxy\"],\"volumes\":[],\"imagePullSecrets\":null}'
