@@ -3,7 +3,7 @@
 #
 # containerd 2 for the CRI tests (deploy/cri: containerd driven through the CRI by a Rust client),
 # from Debian sid's packages, offline from the machine's point of view: the machine's own apt
-# sources are copied into a private apt state with their suites rewritten to `sid` (nothing
+# sources are copied into a private apt state with their release renamed `sid` (nothing
 # under /etc/apt or /var/lib/apt changes), and three packages are fetched with
 # `apt-get download` and unpacked with `dpkg-deb -x`:
 #   containerd                   containerd 2 and containerd-shim-runc-v2
@@ -15,6 +15,7 @@
 # Result: OUTDIR/{containerd,containerd-shim-runc-v2,ctr,api.proto,cni/*,VERSIONS}. A second run
 # with everything in place does nothing. On failure apt's log is printed and the exit code is 1.
 set -euo pipefail
+. "$(dirname "$0")/lib/apt-source.sh"
 
 OUT=${1:?usage: $0 OUTDIR}
 mkdir -p "$OUT"
@@ -38,43 +39,17 @@ command -v runc >/dev/null || { log "runc is missing: run scripts/install-kube.s
 
 WORK=$(mktemp -d /tmp/install-containerd2.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-aptd=$WORK/apt
-mkdir -p "$aptd/parts" "$aptd/state" "$aptd/lists/partial" "$aptd/cache/archives/partial" "$WORK/debs" "$WORK/x"
-touch "$aptd/state/status"
+mkdir -p "$WORK/debs" "$WORK/x"
 fail() {
   [ -f "$WORK/apt.log" ] && cat "$WORK/apt.log" >&2
   log "$*"
   exit 1
 }
 
-# The machine's sources, every suite rewritten to sid. A security suite (bookworm-security) has
-# no sid counterpart: its stanzas and lines are left out.
-shopt -s nullglob
-n=0
-for f in /etc/apt/sources.list.d/*.sources; do
-  awk 'BEGIN { RS = ""; ORS = "\n\n" }
-       /(^|\n)Suites:[^\n]*-security/ { next }
-       { gsub(/(^|\n)Suites:[^\n]*/, "\nSuites: sid"); sub(/^\n/, ""); print }' "$f" \
-    >"$aptd/parts/s$((n++)).sources"
-done
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-  [ -r "$f" ] || continue
-  # deb [opts] URI SUITE COMPONENTS...
-  awk '/^[[:space:]]*deb[[:space:]]/ {
-         i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
-         if ($(i + 1) ~ /-security/) next
-         $(i + 1) = "sid"; print }' "$f" >"$aptd/parts/s$((n++)).list"
-done
-shopt -u nullglob
-grep -qs . "$aptd"/parts/* || fail "no package source in /etc/apt to rewrite to sid"
-
-apto=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$aptd/parts"
-      -o "Dir::State=$aptd/state" -o "Dir::State::Lists=$aptd/lists" -o "Dir::State::status=$aptd/state/status"
-      -o "Dir::Cache=$aptd/cache" -o APT::Sandbox::User=root)
 started=$SECONDS
-log "reading sid's package lists (a private apt state in $aptd)"
-apt-get "${apto[@]}" -qq update >"$WORK/apt.log" 2>&1 || fail "apt could not read sid's package lists"
-(cd "$WORK/debs" && apt-get "${apto[@]}" -qq download "${pkgs[@]}" >>"$WORK/apt.log" 2>&1) \
+log "reading sid's package lists (a private apt state in $WORK/apt: this machine's sources, its release renamed sid)"
+apt_private sid "$(dpkg --print-architecture)" "$WORK" || fail "apt could not read sid's package lists"
+(cd "$WORK/debs" && apt-get "${APTO[@]}" -qq download "${pkgs[@]}" >>"$WORK/apt.log" 2>&1) \
   || fail "apt could not download ${pkgs[*]} from sid"
 for p in "${pkgs[@]}"; do
   deb=$(ls "$WORK"/debs/"${p}"_*.deb 2>/dev/null | head -1)

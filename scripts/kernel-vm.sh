@@ -32,6 +32,7 @@
 # and exits 0, or exits 1 when REDIRECT_REQUIRE_VMS=1 (the test command sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/apt-source.sh
 timeout_s=300
 arch=
 suite=
@@ -101,39 +102,17 @@ fi
 
 # ---- the suite's kernel and busybox, through a private apt state
 fetch_debs() {
-  local aptd="$pkgs/apt" mine f n=0
-  mine=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  local apto=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$aptd/parts"
-    -o "Dir::State=$aptd/state" -o "Dir::State::Lists=$aptd/lists" -o "Dir::State::status=$aptd/state/status"
-    -o "Dir::Cache=$aptd/cache" -o "APT::Architecture=$arch" -o "APT::Architectures::=$arch"
-    -o APT::Sandbox::User=root)
-  rm -rf "$aptd" "$pkgs/debs" "$pkgs/kpkg" "$pkgs/bb"
-  mkdir -p "$aptd/parts" "$aptd/state" "$aptd/lists/partial" "$aptd/cache/archives/partial" "$pkgs/debs"
-  touch "$aptd/state/status"
-  # This machine's sources, each entry of its own release only, that release renamed SUITE (its
-  # -updates and -security entries dropped: the release's own kernel is the one tested).
-  shopt -s nullglob
-  for f in /etc/apt/sources.list.d/*.sources; do
-    awk -v mine="$mine" -v suite="$suite" '
-      /^Suites:/ { keep = 0; for (i = 2; i <= NF; i++) if ($i == mine) keep = 1; $0 = "Suites: " suite }
-      { stanza = stanza $0 "\n" }
-      /^[[:space:]]*$/ { if (keep) printf "%s", stanza; stanza = ""; keep = 0 }
-      END { if (keep) printf "%s\n", stanza }' "$f" >"$aptd/parts/s$((n++)).sources"
-  done
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -r "$f" ] || continue
-    awk -v mine="$mine" -v suite="$suite" '$1 == "deb" && $3 == mine { $3 = suite; print }' "$f" >"$aptd/parts/s$((n++)).list"
-  done
-  shopt -u nullglob
-  apt-get "${apto[@]}" -qq update >"$pkgs/apt.log" 2>&1 || { cat "$pkgs/apt.log" >&2; skip "apt could not read $suite's $arch package lists"; }
+  rm -rf "$pkgs/debs" "$pkgs/kpkg" "$pkgs/bb"
+  mkdir -p "$pkgs/debs"
+  apt_private "$suite" "$arch" "$pkgs" || { cat "$pkgs/apt.log" >&2; skip "apt could not read $suite's $arch package lists"; }
   # linux-image-ARCH is a metapackage: its Depends names the current image.
-  kpkg=$(apt-cache "${apto[@]}" depends "linux-image-$arch" 2>>"$pkgs/apt.log" | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
+  kpkg=$(apt-cache "${APTO[@]}" depends "linux-image-$arch" 2>>"$pkgs/apt.log" | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
   [ -n "$kpkg" ] || { cat "$pkgs/apt.log" >&2; skip "no $arch kernel package (linux-image-$arch) in $suite"; }
   local extra=()
   [ "$arch" = amd64 ] || extra=(busybox-static)
-  (cd "$pkgs/debs" && apt-get "${apto[@]}" -qq download "$kpkg" "${extra[@]}" >>"../apt.log" 2>&1) \
+  (cd "$pkgs/debs" && apt-get "${APTO[@]}" -qq download "$kpkg" "${extra[@]}" >>"../apt.log" 2>&1) \
     || { cat "$pkgs/apt.log" >&2; skip "apt could not download $kpkg ${extra[*]} for $arch from $suite"; }
-  rm -rf "$aptd" # the package lists (~100 MB) are needed for the download only
+  rm -rf "$pkgs/apt" # the package lists (~100 MB) are needed for the download only
 }
 have_debs() {
   ls "$pkgs"/debs/linux-image-*_"$arch".deb >/dev/null 2>&1 || return 1
