@@ -391,6 +391,15 @@ fn run_with_stdin(mut c: Command, stdin: Option<&str>) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Runs `cmd` and returns its stdout; panics naming `what`, with the exit status and both outputs,
+/// when it fails or cannot start.
+pub fn run_checked(what: &str, cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    checked(what, out)
+}
+
 fn checked(what: &str, out: Output) -> String {
     assert!(
         out.status.success(),

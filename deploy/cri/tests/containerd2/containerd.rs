@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use cni_testkit::node::run_checked;
 use cri_client::v1::{
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
     PodSandboxConfig, PodSandboxMetadata, StatusRequest,
@@ -122,20 +123,6 @@ pub fn log(what: impl std::fmt::Display) {
         .unwrap()
         .as_secs_f64();
     eprintln!("[cri {t:.3}] {what}");
-}
-
-fn run(what: &str, cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The cgroup the test's sandboxes go under (cgroupfs), removed at the end.
@@ -318,7 +305,7 @@ impl Containerd {
         }
         let w = dir.join("cni-bin/redirect-cni");
         std::fs::write(&w, wrapper(&dir, cni_testkit::plugin_bin(), broken)).unwrap();
-        run("chmod", Command::new("chmod").arg("755").arg(&w));
+        run_checked("chmod", Command::new("chmod").arg("755").arg(&w));
         std::fs::write(dir.join("net.d/10-podnet.conflist"), conflist(&dir, broken)).unwrap();
         std::fs::write(dir.join("containerd.toml"), config(&dir)).unwrap();
         std::fs::write(dir.join("init.sh"), init_script(&dir, &tools)).unwrap();
@@ -519,7 +506,7 @@ impl Containerd {
 
     fn import_pause(&mut self, tools: &Path, sock: &Path) {
         let t = Instant::now();
-        run(
+        run_checked(
             "importing the pause image",
             Command::new(tools.join("ctr"))
                 .arg("-a")
@@ -538,7 +525,7 @@ impl Containerd {
 /// `scripts/build-node-images.sh` makes it for the real node's tests.
 fn pause_image(dir: &Path) {
     let catatonit = which("catatonit").unwrap();
-    run(
+    run_checked(
         "building the pause image",
         Command::new("python3")
             .arg(workspace().join("scripts/lib/oci-image.py"))
