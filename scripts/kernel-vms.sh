@@ -90,7 +90,7 @@ for n in "${only[@]}"; do
   if wait "${pid[$n]}"; then :; else failed+=("$n"); fi
 done
 for n in "${only[@]}"; do
-  grep -E '^(\[.*\] )?VM-TEST fail|^FAIL|^VM-LOG' "$out/$n.log" || true
+  grep -E '^(\[.*\] )?(VM-TEST fail|VM-LOG)|^FAIL' "$out/$n.log" || true
 done
 for n in "${only[@]}"; do
   grep -E "^vm $n: Linux" "$out/$n.log" || echo "vm $n: no result (see $out/$n.log)"
