@@ -21,5 +21,8 @@ bash scripts/build-node-images.sh target/node-images # deploy/tests/real_node.rs
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet # the library's docs build without a warning
+# ...and alone, as a user's `cargo doc -p redirect-core` (or docs.rs) builds them: without the
+# features that only the workspace's programs turn on.
+RUSTDOCFLAGS="-D warnings" cargo doc -p redirect-core --no-deps --quiet
 bash scripts/build-image.sh --rm-image
 bash scripts/demo.sh

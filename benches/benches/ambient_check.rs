@@ -48,7 +48,7 @@ fn ambient_check(c: &mut Criterion) {
             assert!(d.is_empty() && again == seen);
         })
     });
-    let nft = pod.run(redirect_core::handles::Nft::open).expect("socket");
+    let nft = pod.run(redirect_kernel::nft::Nft::open).expect("socket");
     g.bench_function("generation", |b| {
         b.iter(|| nft.generation().expect("generation"))
     });

@@ -56,7 +56,7 @@ fn apply(c: &mut Criterion) {
                     || {},
                     || {
                         timed(|| {
-                            redirect_core::handles::Nft::open()
+                            redirect_kernel::nft::Nft::open()
                                 .and_then(|n| n.apply(&rs))
                                 .map(drop)
                                 .expect("apply")
@@ -90,14 +90,14 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {
-                        redirect_core::handles::Nft::open()
+                        redirect_kernel::nft::Nft::open()
                             .and_then(|n| n.apply(&rs))
                             .map(drop)
                             .expect("first apply")
                     },
                     || {
                         timed(|| {
-                            redirect_core::handles::Nft::open()
+                            redirect_kernel::nft::Nft::open()
                                 .and_then(|n| n.apply(&rs))
                                 .map(drop)
                                 .expect("replace")
@@ -112,14 +112,14 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {
-                        redirect_core::handles::Nft::open()
+                        redirect_kernel::nft::Nft::open()
                             .and_then(|n| n.apply(&before))
                             .map(drop)
                             .expect("first apply")
                     },
                     || {
                         timed(|| {
-                            redirect_core::handles::Nft::open()
+                            redirect_kernel::nft::Nft::open()
                                 .and_then(|n| n.apply(&rs))
                                 .map(drop)
                                 .expect("update")
@@ -133,7 +133,7 @@ fn apply(c: &mut Criterion) {
                 in_fresh_namespaces(
                     iters,
                     || {
-                        redirect_core::handles::Nft::open()
+                        redirect_kernel::nft::Nft::open()
                             .and_then(|n| n.apply(&rs))
                             .map(drop)
                             .expect("apply")
@@ -141,7 +141,7 @@ fn apply(c: &mut Criterion) {
                     || {
                         timed(|| {
                             drop(
-                                redirect_core::handles::Nft::open()
+                                redirect_kernel::nft::Nft::open()
                                     .and_then(|n| n.read())
                                     .expect("read back"),
                             )

@@ -344,7 +344,7 @@ fn tainted_node_install_capture_and_uninstall() {
     assert_eq!(validation_status(&p)["restartCount"], 0, "{p}");
     let ns = std::fs::File::open(format!("/proc/{}/ns/net", proxy_pid("app"))).unwrap();
     assert!(
-        tables_in(&ns).contains(redirect_core::handles::TABLE),
+        tables_in(&ns).contains(redirect_core::view::TABLE),
         "{}",
         tables_in(&ns)
     );
@@ -457,7 +457,7 @@ fn deleting_calls_del(node: &Node, ns: &std::fs::File) {
         "--timeout=60s",
     ]);
     assert!(
-        !tables_in(ns).contains(redirect_core::handles::TABLE),
+        !tables_in(ns).contains(redirect_core::view::TABLE),
         "our table outlived the pod: {}",
         tables_in(ns)
     );

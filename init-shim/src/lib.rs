@@ -41,7 +41,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
         .and_then(|s| match s.network_namespace.clone() {
             Some(path) => redirect_core::Netns::open(&path)
                 .and_then(|ns| ns.run(move || run::run(s)))
-                .map_err(Failure::from)
+                .map_err(|e| Failure::from(redirect_core::Error::from(e)))
                 .and_then(|r| r),
             None => run::run(s),
         });

@@ -6,15 +6,13 @@ use std::io::Write;
 
 use tracing::{info, warn};
 
-use redirect_core::error::IstioError as Error;
 use redirect_core::error::MissingFeature;
-use redirect_core::handles::{self, Live};
-use redirect_core::pod_capture::{self, IstioRuleStore, LiveIstioRules, Resolution};
+use redirect_core::foreign::{describe, Foreign, Ours, OursBefore};
 use redirect_core::pod_facts::{self, HostAddress};
 use redirect_core::probe;
 use redirect_core::render::{iptables_restore_all, nft_script};
-use redirect_core::Ruleset;
-use redirect_core::SystemGroups;
+use redirect_core::view::{kernel_counts, routing_of, TABLE};
+use redirect_core::{Apply, Capture, Error, Namespace, Ruleset, SystemGroups};
 
 use crate::report;
 use redirect_core::cli::settings::{self, Backend, DryRunFormat, Settings};
@@ -36,15 +34,6 @@ pub struct Failure {
     /// Lines logged after the message, each an error line of its own (a log line is one
     /// event: see `redirect_program::logging`).
     pub details: Vec<String>,
-}
-
-impl From<pod_capture::ReconcileError> for Failure {
-    fn from(e: pod_capture::ReconcileError) -> Self {
-        match e {
-            pod_capture::ReconcileError::Kernel(e) => e.into(),
-            e => fail(e.to_string()),
-        }
-    }
 }
 
 impl From<Error> for Failure {
@@ -77,24 +66,6 @@ impl From<redirect_core::error::ConfigError> for Failure {
     }
 }
 
-/// The kernel crate's errors, as the Istio crate's.
-macro_rules! failure_from {
-    ($($t:ty),*) => {$(
-        impl From<$t> for Failure {
-            fn from(e: $t) -> Self {
-                Error::from(e).into()
-            }
-        }
-    )*};
-}
-
-failure_from!(
-    redirect_core::error::KernelError,
-    redirect_core::error::NamespaceError,
-    redirect_core::error::RulesError,
-    redirect_core::error::RoutesError
-);
-
 fn fail(message: String) -> Failure {
     Failure {
         code: EXIT_ERROR,
@@ -103,33 +74,18 @@ fn fail(message: String) -> Failure {
     }
 }
 
-/// What a run acts on: our table and the routes beside it, and Istio's rules.
-pub struct Target<'a> {
-    /// Our table, the routes beside it and the namespace's addresses.
-    pub kernel: &'a dyn redirect_core::Backend,
-    /// Istio's own tables and chains, which a run may have to find or remove.
-    pub istio: &'a dyn IstioRuleStore,
-}
-
 /// Run in the current namespace (the caller entered `--network-namespace` already).
 pub fn run(s: Settings) -> Result<(), Failure> {
-    let live = Live::open()?;
-    run_with(
-        s,
-        &Target {
-            kernel: &live,
-            istio: &LiveIstioRules(&live.nft),
-        },
-    )
+    run_with(s, &Namespace::current()?)
 }
 
 /// Run on `t`: the kernel (`run`), or a fake namespace in a test.
-pub fn run_with(mut s: Settings, t: &Target) -> Result<(), Failure> {
+pub fn run_with(mut s: Settings, t: &Namespace) -> Result<(), Failure> {
     let host = if s.cleanup_only {
         None
     } else {
         Some(pod_facts::detect_host_address(
-            &t.kernel.addresses()?,
+            &t.addresses()?,
             s.dual_stack,
         )?)
     };
@@ -170,29 +126,26 @@ pub fn run_with(mut s: Settings, t: &Target) -> Result<(), Failure> {
 }
 
 /// `--cleanup-only`: ours (table, routes, `::6`) and Istio's (nft tables, ISTIO_* chains).
-fn cleanup(s: &Settings, t: &Target) -> Result<(), Failure> {
+fn cleanup(s: &Settings, t: &Namespace) -> Result<(), Failure> {
     if s.dry_run {
-        let l = pod_capture::leftovers(t.kernel, t.istio)?;
+        let table = t.read(&Capture::Sidecar(s.config.clone()))?.is_some();
+        let istio = t.foreign()?;
         info!(
             "--dry-run: would remove: our table: {}; Istio nft tables: {:?}; Istio iptables chains: {}",
-            l.table,
-            l.istio.nft_tables,
-            pod_capture::describe(&l.istio.chains)
+            table,
+            istio.nft_tables,
+            describe(&istio.chains)
         );
         return Ok(());
     }
-    let (done, istio) = pod_capture::cleanup_with_istio(
-        t.kernel,
-        t.istio,
-        &redirect_core::handles::routing_of(&s.config),
-    )?;
+    let (done, istio) = t.clean_up_all(&routing_of(&s.config))?;
     info!(
         "cleanup: our table removed: {}; TPROXY routing removed: {:?}; ::6 removed from lo: {}; Istio nft tables removed: {:?}; Istio iptables chains removed: {}",
         done.table,
         done.tproxy,
         done.lo_v6,
         istio.nft_tables,
-        pod_capture::describe(&istio.chains)
+        describe(&istio.chains)
     );
     Ok(())
 }
@@ -233,58 +186,52 @@ fn print_stdout(text: &str) {
     let _ = out.flush();
 }
 
-fn flags(s: &Settings) -> pod_capture::Flags {
-    pod_capture::Flags {
-        reconcile: s.reconcile,
-        force_apply: s.force_apply,
+/// istio-iptables' flags as the one apply's policy: `--reconcile` replaces Istio's rules and
+/// ours for another config; `--force-apply` ours only; neither refuses both.
+fn policy(s: &Settings) -> Apply {
+    Apply {
+        foreign: if s.reconcile {
+            Foreign::Replace
+        } else {
+            Foreign::Refuse
+        },
+        ours: if s.reconcile || s.force_apply {
+            Ours::Replace
+        } else {
+            Ours::RefuseOther
+        },
     }
 }
 
-fn apply_native(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
-    let done = pod_capture::reconcile(t.kernel, t.istio, &s.config, rs, flags(s))?;
-    match done.resolution {
-        Resolution::Skip => {
-            info!("the rules are already in place; nothing to apply (--force-apply reapplies)")
-        }
-        Resolution::Apply { removes_istio, .. } => {
-            // Counted as the kernel holds them (with the per-family dispatch of the hooked
-            // chains), so the numbers are the ones `inspect` shows.
-            let table = handles::lower(rs);
+fn apply_native(s: &Settings, rs: &Ruleset, t: &Namespace) -> Result<(), Failure> {
+    let done = t.apply_with(&Capture::Sidecar(s.config.clone()), policy(s))?;
+    let removed_istio = !done.foreign_removed.is_empty();
+    if done.ours_before == OursBefore::Equal && !removed_istio {
+        info!("the rules are already in place; nothing to apply (--force-apply reapplies)")
+    } else {
+        // Counted as the kernel holds them (with the per-family dispatch of the hooked
+        // chains), so the numbers are the ones `inspect` shows.
+        let (rules, chains) = kernel_counts(rs);
+        info!("applied {rules} rules in {chains} chains to table inet {TABLE} in one transaction");
+        if removed_istio {
             info!(
-                "applied {} rules in {} chains to table inet {} in one transaction",
-                table.chains.iter().map(|c| c.rules.len()).sum::<usize>(),
-                table.chains.len(),
-                handles::TABLE
+                "--reconcile: removed Istio's nft tables {:?} and iptables chains {}",
+                done.foreign_removed.nft_tables,
+                describe(&done.foreign_removed.chains)
             );
-            if removes_istio {
-                info!(
-                    "--reconcile: removed Istio's nft tables {:?} and iptables chains {}",
-                    done.removed_istio.nft_tables,
-                    pod_capture::describe(&done.removed_istio.chains)
-                );
-            }
         }
     }
     print_stdout(&nft_script(rs));
     Ok(())
 }
 
-fn apply_iptables(s: &Settings, rs: &Ruleset, t: &Target) -> Result<(), Failure> {
-    let done = pod_capture::reconcile_iptables(
-        t.kernel,
-        &s.config,
-        rs,
-        flags(s),
-        s.force_iptables_binary,
-    )?;
-    if !done.removed_istio_chains.is_empty() {
-        info!(
-            "--reconcile: removed {}",
-            pod_capture::describe(&done.removed_istio_chains)
-        );
+fn apply_iptables(s: &Settings, rs: &Ruleset, t: &Namespace) -> Result<(), Failure> {
+    let done = t.apply_iptables(&s.config, policy(s), s.force_iptables_binary)?;
+    if !done.foreign_removed.is_empty() {
+        info!("--reconcile: removed {}", describe(&done.foreign_removed));
     }
     if done.removed_our_table {
-        info!("--reconcile: removed our nft table {}", handles::TABLE);
+        info!("--reconcile: removed our nft table {TABLE}");
     }
     for t in &done.tools {
         info!(

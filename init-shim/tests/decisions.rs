@@ -1,21 +1,21 @@
 //! redirect-init's decisions on a fake namespace (`redirect_core::testing::Fake`, Istio's rules
-//! in a `RefCell`): program, skip, refuse or replace, as the flags allow, and what each leaves.
+//! in a `FakeForeign`): program, skip, refuse or replace, as the flags allow, and what each leaves.
 //! No root and no kernel: where traffic would go is the model's evaluator over what the fake
 //! holds.
 
-use std::cell::RefCell;
 use std::ffi::OsString;
 use std::net::IpAddr;
 
 use init_shim::flags::{self, Parsed};
-use init_shim::run::{self, Failure, Target};
+use init_shim::run::{self, Failure};
 use init_shim::settings::Settings;
 use redirect_core::eval::{Flow, Verdict};
-use redirect_core::pod_capture::IstioRules;
-use redirect_core::pod_capture::{Leftover, Variant};
+use redirect_core::foreign::{ForeignRules as IstioRules, Leftover, Variant};
 use redirect_core::testing::Fake;
+use redirect_core::testing::FakeForeign;
 use redirect_core::Backend;
 use redirect_core::Family;
+use redirect_core::Namespace;
 
 /// Istio's sidecar arguments, and more.
 fn settings(extra: &[&str]) -> Settings {
@@ -37,18 +37,13 @@ fn fake() -> Fake {
     Fake::with_addresses(&["10.44.0.7".parse::<IpAddr>().unwrap()])
 }
 
-fn run(fake: &Fake, istio: &RefCell<IstioRules>, extra: &[&str]) -> Result<(), Failure> {
-    run::run_with(
-        settings(extra),
-        &Target {
-            kernel: fake,
-            istio,
-        },
-    )
+fn run(fake: &Fake, istio: &FakeForeign, extra: &[&str]) -> Result<(), Failure> {
+    let ns = Namespace::with_backend(Box::new(fake.clone())).with_foreign(istio.clone());
+    run::run_with(settings(extra), &ns)
 }
 
-fn no_istio() -> RefCell<IstioRules> {
-    RefCell::new(IstioRules::default())
+fn no_istio() -> FakeForeign {
+    FakeForeign::default()
 }
 
 fn outbound_port(fake: &Fake) -> Option<u16> {
@@ -114,17 +109,17 @@ fn our_rules_for_another_config_are_refused_unless_reconcile() {
 #[test]
 fn istio_rules_are_refused_then_replaced_after_ours_are_in() {
     let fake = fake();
-    let istio = RefCell::new(IstioRules {
+    let istio = FakeForeign::new(IstioRules {
         nft_tables: vec!["istio-proxy-nat".into()],
         chains: vec![istio_chain()],
     });
     let e = run(&fake, &istio, &["--force-apply"]).unwrap_err();
     assert!(e.message.contains("Istio's capture rules"), "{}", e.message);
     assert_eq!(fake.state().batches, 0, "nothing programmed");
-    assert!(!istio.borrow().is_empty(), "Istio's rules left alone");
+    assert!(!istio.rules().is_empty(), "Istio's rules left alone");
     run(&fake, &istio, &["--reconcile"]).unwrap();
     assert_eq!(outbound_port(&fake), Some(15001));
-    assert!(istio.borrow().is_empty(), "Istio's rules removed");
+    assert!(istio.rules().is_empty(), "Istio's rules removed");
 }
 
 #[test]

@@ -13,7 +13,7 @@ type Invocation = (Vec<String>, Vec<(String, String)>);
 /// Arguments, variables, and what the error must name.
 type BadCase<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<&'a str>);
 use init_shim::settings::{parse_go_duration, Backend, DryRunFormat, Settings};
-use redirect_core::pod_capture::Variant;
+use redirect_core::foreign::Variant;
 use redirect_core::pod_facts::HostAddress;
 use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
 

@@ -4,6 +4,8 @@
 //! - [`logging`]: the one `tracing` subscriber per process and our line format (escaped, one
 //!   event one line, a log file that never blocks).
 //! - [`env`](mod@env): the variables a program reads must be UTF-8 ([`env::check_utf8`]).
+//! - [`errors`]: an error with its causes, each once, for whatever shows it to an operator
+//!   ([`errors::chain`]).
 //!
 //! No unsafe code.
 
@@ -11,4 +13,5 @@
 #![deny(missing_docs)]
 
 pub mod env;
+pub mod errors;
 pub mod logging;

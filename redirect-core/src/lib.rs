@@ -59,15 +59,20 @@
 //!
 //! Every failure is an [`Error`] whose message names the value and the fix, once.
 //!
+//! Capture rules the namespace holds that we did not write (Istio's chains and tables in
+//! any of their forms) are a policy of the same apply: [`Namespace::apply_with`] refuses
+//! them (the default), keeps them, or replaces them once ours are in ([`Foreign`]), and
+//! [`Namespace::foreign`] reads them.
+//!
 //! For the programs built on it (and a user who needs Istio's own decisions), the same door
-//! holds, documented: [`cli`] (`istio-iptables`' flags and environment), [`mesh`] (the
-//! mesh's decision from a pod's annotations), [`pod_facts`] (what Istio derives in the pod),
-//! [`pod_capture`] (a sidecar's capture as Istio's programs run it: reconcile with Istio's
-//! rules, leftovers, clean-up), [`probe`] (Istio's validation probe and its diagnosis),
-//! [`ambient`] (ambient enrollment), [`handles`] (the kernel handles beneath [`Namespace`])
-//! and [`error`] (each layer's error). The layers beneath (the model, the kernel, Istio's
-//! side) are crates of their own that Cargo keeps apart; this crate names what it exposes of
-//! them, item by item.
+//! holds, documented: `cli` (`istio-iptables`' flags and environment, with the `cli`
+//! feature), [`mesh`] (the mesh's decision from a pod's annotations), [`pod_facts`] (what
+//! Istio derives in the pod), [`foreign`] (the apply's policy, and Istio's rules as found),
+//! [`probe`] (Istio's validation probe and its diagnosis), [`ambient`] (ambient enrollment),
+//! [`view`] (a namespace's capture for a person: [`Namespace::inspect`]) and [`error`] (what
+//! the one error's variants hold). The layers beneath (the model, the kernel, Istio's side)
+//! are crates of their own that Cargo keeps apart; this crate names what it exposes of them,
+//! item by item.
 //!
 //! Examples: `examples/plan.rs` (plan and print the rules for a config), `examples/capture.rs`
 //! (apply, check and remove a sidecar's capture in a network namespace) and
@@ -81,19 +86,20 @@ pub mod ambient;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod error;
-pub mod handles;
+pub mod foreign;
 pub mod mesh;
 mod namespace;
-pub mod pod_capture;
 pub mod pod_facts;
 pub mod probe;
+pub mod view;
 
 pub use error::{Error, Result};
+pub use foreign::{Applied, Apply, Foreign};
 pub use namespace::Namespace;
 
 pub use redirect_kernel::backend::Backend;
 pub use redirect_kernel::capture::{Cleaned, Mismatch};
-pub use redirect_kernel::netns::Netns;
+pub use redirect_kernel::netns::{current_netns_id, netns_id_of, Netns, NetnsId};
 pub use redirect_kernel::nft::{Difference, TableState};
 pub use redirect_kernel::routes::TproxyRouting;
 pub use redirect_kernel::sockopt::original_dst;
@@ -111,5 +117,6 @@ pub use ipnet;
 /// for a program's decisions tested without root.
 #[cfg(feature = "testing")]
 pub mod testing {
+    pub use crate::foreign::FakeForeign;
     pub use redirect_kernel::fake::{Fake, FakeState};
 }

@@ -1,21 +1,24 @@
 //! [`Namespace`]: one network namespace held open, where a [`Capture`] of any kind is applied,
 //! checked, read and removed, and the host probe's members added and removed. The routes and
 //! the table go together: the routes first, then the table in one atomic batch, the routes
-//! taken back when the table is refused (`kernel::capture`).
+//! taken back when the table is refused (`kernel::capture`). Rules we did not write are a
+//! policy of the same apply (`foreign`).
 
 use std::path::Path;
 
 use std::net::IpAddr;
 
+use redirect_istio::capture::{IstioRuleStore, LiveIstioRules, Refusal, Refused};
 use redirect_kernel::backend::{Backend, Live};
 use redirect_kernel::capture::{self as kernel_capture, Cleaned, Mismatch};
-use redirect_kernel::netns::Netns;
-use redirect_kernel::nft::TableState;
-use redirect_kernel::routes::TproxyRouting;
+use redirect_kernel::netns::{Netns, NetnsId};
+use redirect_kernel::nft::{self, Nft, TableState};
+use redirect_kernel::routes::{Routes, TproxyRouting};
 use redirect_kernel::SystemGroups;
-use redirect_model::{Capture, HostProbeConfig, Ruleset};
+use redirect_model::{Capture, HostProbeConfig, Ruleset, ValidConfig};
 
 use crate::error::Result;
+use crate::foreign::{Applied, Apply, Foreign, ForeignRules, Ours, OursBefore};
 
 /// A network namespace, opened once: work is done through the descriptor that was judged,
 /// never through the path again, so a path that changes between two calls cannot send it
@@ -23,6 +26,9 @@ use crate::error::Result;
 pub struct Namespace {
     netns: Option<Netns>,
     backend: Box<dyn Backend>,
+    /// Where foreign rules are read and removed: `None` for the kernel (read in the namespace
+    /// itself); a test's store in memory otherwise.
+    foreign: Option<Box<dyn IstioRuleStore + Send>>,
 }
 
 impl Namespace {
@@ -37,6 +43,7 @@ impl Namespace {
         Ok(Namespace {
             netns: Some(netns),
             backend,
+            foreign: None,
         })
     }
 
@@ -47,7 +54,21 @@ impl Namespace {
         Ok(Namespace {
             netns: Some(netns),
             backend,
+            foreign: None,
         })
+    }
+
+    /// A namespace the caller holds open and keeps: [`Namespace::from_netns`] of a second
+    /// descriptor of it.
+    pub fn open_in(netns: &Netns) -> Result<Namespace> {
+        Namespace::from_netns(netns.try_clone()?)
+    }
+
+    /// Whether nf_tables answers in the calling thread's namespace (a CNI STATUS): one dump of
+    /// its tables' families.
+    pub fn nf_tables_answers() -> Result<()> {
+        Nft::open()?.families_with_tables()?;
+        Ok(())
     }
 
     /// The calling thread's own namespace (an init container's, for instance).
@@ -55,28 +76,149 @@ impl Namespace {
         Ok(Namespace {
             netns: None,
             backend: Box::new(Live::open()?),
+            foreign: None,
         })
     }
 
     /// A namespace behind another backend: with the `testing` feature,
     /// `kernel::fake::Fake` keeps one in memory, so a program's decisions are tested
     /// without root.
+    /// Foreign rules are none, unless a test gives a store (`with_foreign`, feature `testing`).
     pub fn with_backend(backend: Box<dyn Backend>) -> Namespace {
         Namespace {
             netns: None,
             backend,
+            foreign: Some(Box::new(crate::foreign::NoForeign)),
         }
+    }
+
+    /// This namespace, its foreign rules held by `store` (`testing::FakeForeign`): a test of
+    /// a program's policy over Istio's rules, without root.
+    #[cfg(feature = "testing")]
+    pub fn with_foreign(mut self, store: crate::testing::FakeForeign) -> Namespace {
+        self.foreign = Some(Box::new(store));
+        self
     }
 
     /// Plan `capture` (a sidecar's owner group names from the host's group database) and
     /// program it: the routes it needs, then its table, all or nothing. Returns the ruleset
     /// applied. Every kind goes the same way: a sidecar's capture and ambient's in-pod rules
     /// in a pod's namespace, the host's probe SNAT (its members with it, in the same batch) in
-    /// the host's.
+    /// the host's. Capture rules we did not write are refused ([`Apply::default`]); see
+    /// [`Namespace::apply_with`] for the other policies.
     pub fn apply(&self, capture: &Capture) -> Result<Ruleset> {
+        Ok(self.apply_with(capture, Apply::default())?.ruleset)
+    }
+
+    /// [`Namespace::apply`] with a policy for what the namespace holds already: capture rules
+    /// we did not write ([`Foreign`]: refused, kept, or replaced after ours are in) and a
+    /// table of ours for another capture ([`Ours`]). A refusal changes nothing and names what
+    /// was found ([`Error::Refused`](crate::Error::Refused)).
+    pub fn apply_with(&self, capture: &Capture, how: Apply) -> Result<Applied> {
         let rs = capture.plan(&SystemGroups)?;
+        let foreign_found = match how.foreign {
+            Foreign::Keep => None,
+            Foreign::Refuse | Foreign::Replace => Some(self.foreign()?),
+        };
+        if let (Foreign::Refuse, Some(found)) = (how.foreign, &foreign_found) {
+            if !found.is_empty() {
+                return Err(Refused(Refusal::IstioRules(found.clone())).into());
+            }
+        }
+        let ours_before = match how.ours {
+            Ours::Replace => OursBefore::NotRead,
+            Ours::RefuseOther => self.ours_before(capture, &rs)?,
+        };
         kernel_capture::apply(self.backend(), capture, &rs)?;
-        Ok(rs)
+        let foreign_removed = match &foreign_found {
+            // Ours are in place first, so no packet goes uncaptured while theirs go.
+            Some(found) if how.foreign == Foreign::Replace && !found.is_empty() => {
+                self.remove_foreign()?
+            }
+            _ => ForeignRules::default(),
+        };
+        Ok(Applied {
+            ruleset: rs,
+            ours_before,
+            foreign_found,
+            foreign_removed,
+        })
+    }
+
+    fn ours_before(&self, capture: &Capture, rs: &Ruleset) -> Result<OursBefore> {
+        let Some(table) = self.read(capture)? else {
+            return Ok(OursBefore::Absent);
+        };
+        let differences = nft::compare(rs, Some(&table));
+        if differences.is_empty() {
+            return Ok(OursBefore::Equal);
+        }
+        Err(Refused(Refusal::OursDiffer { differences }).into())
+    }
+
+    /// The capture rules in this namespace that we did not write (see [`crate::foreign`]):
+    /// Istio's nftables tables over netlink; its iptables chains, looked for only where the
+    /// kernel holds iptables tables (with the node's `iptables-save`, run inside the
+    /// namespace).
+    pub fn foreign(&self) -> Result<ForeignRules> {
+        match &self.foreign {
+            Some(store) => Ok(store.read()?),
+            None => self.run(|| LiveIstioRules(&Nft::open()?).read())?,
+        }
+    }
+
+    /// Remove the capture rules we did not write, all of them; returns what went.
+    pub fn remove_foreign(&self) -> Result<ForeignRules> {
+        match &self.foreign {
+            Some(store) => Ok(store.remove()?),
+            None => self.run(|| LiveIstioRules(&Nft::open()?).remove())?,
+        }
+    }
+
+    /// A sidecar's `cfg` with IPv6 as Istio decides it for a pod: on when `dual_stack` and the
+    /// pod has an IPv6 address, or when its only address is IPv6. The addresses are `known`
+    /// ones (a CNI result's, IPv4 first) or, with none, this namespace's.
+    pub fn for_pod(
+        &self,
+        cfg: ValidConfig,
+        dual_stack: bool,
+        known: Option<&[IpAddr]>,
+    ) -> Result<ValidConfig> {
+        let read;
+        let addrs = match known.filter(|a| !a.is_empty()) {
+            Some(addrs) => addrs,
+            None => {
+                read = self.addresses()?;
+                &read
+            }
+        };
+        let host = redirect_istio::pod_facts::detect_host_address(addrs, dual_stack)?;
+        Ok(cfg.with_ipv6(host.ipv6))
+    }
+
+    /// Every address of every interface, in the kernel's order (IPv4 first).
+    pub fn addresses(&self) -> Result<Vec<IpAddr>> {
+        Ok(self.backend.addresses()?)
+    }
+
+    /// The addresses of a namespace held open, read without opening its nf_tables socket (a
+    /// scan over many namespaces for a pod's).
+    pub fn addresses_of(netns: &Netns) -> Result<Vec<IpAddr>> {
+        Ok(Routes::open_in(netns)?.addresses()?)
+    }
+
+    /// The namespace's identity: that of the file held open, or the calling thread's.
+    pub fn id(&self) -> Result<NetnsId> {
+        match &self.netns {
+            Some(ns) => Ok(ns.id()),
+            None => redirect_kernel::netns::current_netns_id().map_err(|source| {
+                redirect_kernel::netns::Error::Open {
+                    path: "/proc/thread-self/ns/net".into(),
+                    cause: source,
+                }
+                .into()
+            }),
+        }
     }
 
     /// How the namespace differs from `capture`: its table against the plan, rule by rule,
@@ -144,6 +286,24 @@ impl Namespace {
         Ok(kernel_capture::cleanup(self.backend(), routing)?)
     }
 
+    /// [`Namespace::clean_up`], then the capture rules we did not write (Istio's
+    /// `--cleanup-only`): Istio adds the same routes and `::6`, so they go too.
+    pub fn clean_up_all(&self, routing: &TproxyRouting) -> Result<(Cleaned, ForeignRules)> {
+        let ours = self.clean_up(routing)?;
+        Ok((ours, self.remove_foreign()?))
+    }
+
+    /// Our capture only, as CNI DEL removes it: when a table of ours is there, it goes with
+    /// Istio's TPROXY routing and `::6` (only a namespace we programmed has routes of ours);
+    /// whether it was there. Istio's rules are left to Istio.
+    pub fn remove_ours(&self) -> Result<bool> {
+        if self.backend.read_table()?.is_none() {
+            return Ok(false);
+        }
+        self.clean_up(&crate::foreign::TPROXY_ROUTING)?;
+        Ok(true)
+    }
+
     /// Run `f` inside the namespace, on a thread of its own (the caller's thread never
     /// changes namespace): to open a socket there, for instance. For [`Namespace::current`]
     /// and [`Namespace::with_backend`], `f` runs on the calling thread.
@@ -159,8 +319,73 @@ impl Namespace {
         self.netns.as_ref()
     }
 
-    /// The backend, for the layers' own jobs on this namespace (the Istio layer's policies).
+    /// The backend beneath: our tables, the routes beside them and the addresses, for a
+    /// caller that needs one piece.
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
+    }
+}
+
+impl Namespace {
+    /// Read the namespace's capture once, for a person (`redirect-validate inspect`): our
+    /// table, the capture rules we did not write, the TPROXY routing of `routing` in both
+    /// families and `::6`; judged against `expected`.
+    pub fn inspect(
+        &self,
+        routing: &TproxyRouting,
+        expected: crate::view::Expected,
+    ) -> Result<crate::view::Inspection> {
+        use crate::view::Expected;
+        let kernel = self.run(|| redirect_istio::validation::diagnosis::read_kernel(None))??;
+        let routes = kernel_capture::RoutesSeen::read_all(self.backend(), routing)?;
+        let differences = match expected {
+            Expected::Sidecar(cfg, rs) => kernel_capture::compare(
+                &redirect_model::sidecar_routes(cfg),
+                rs,
+                kernel.table.as_ref(),
+                &routes,
+            ),
+            Expected::Uncaptured => kernel_capture::compare_uncaptured(kernel.table.as_ref()),
+            Expected::Unknown => Vec::new(),
+        };
+        Ok(crate::view::Inspection {
+            kernel,
+            routes,
+            differences,
+        })
+    }
+}
+
+impl Namespace {
+    /// A sidecar's capture with the iptables backend (kernels without nf_tables,
+    /// `--backend iptables`): rendered as `iptables-restore` input and loaded with the node's
+    /// binaries (`force_binary`: legacy or nft; `None` chooses as Istio does), run inside the
+    /// namespace. Istio's chains are refused (iptables-restore cannot create them again)
+    /// unless `how.foreign` replaces them, which removes them first, with our nftables table.
+    pub fn apply_iptables(
+        &self,
+        cfg: &ValidConfig,
+        how: Apply,
+        force_binary: Option<crate::foreign::Variant>,
+    ) -> Result<crate::foreign::AppliedIptables> {
+        let rs = cfg.plan(&SystemGroups)?;
+        let flags = redirect_istio::capture::Flags {
+            reconcile: how.foreign == Foreign::Replace,
+            force_apply: how.ours == Ours::Replace,
+        };
+        let run = |k: &dyn Backend| {
+            redirect_istio::capture::reconcile_iptables(k, cfg, &rs, flags, force_binary)
+        };
+        let done = match &self.netns {
+            // The binaries act on the calling thread's namespace: run them inside this one.
+            Some(ns) => ns.run(|| run(&Live::open()?))??,
+            None => run(self.backend())?,
+        };
+        Ok(crate::foreign::AppliedIptables {
+            ruleset: rs,
+            tools: done.tools,
+            foreign_removed: done.removed_istio_chains,
+            removed_our_table: done.removed_our_table,
+        })
     }
 }

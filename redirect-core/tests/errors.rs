@@ -6,7 +6,9 @@
 use std::error::Error as _;
 use std::io;
 
-use redirect_core::{CaptureConfig, Error, Family, Namespace};
+use redirect_core::foreign::{ForeignRules, Ours};
+use redirect_core::testing::{Fake, FakeForeign};
+use redirect_core::{Apply, Capture, CaptureConfig, Error, Family, Foreign, Namespace};
 use redirect_kernel::{nft, routes};
 
 /// The messages of `e`'s chain, outermost first.
@@ -78,8 +80,36 @@ fn each_kind_prints_each_message_once() {
     };
     assert_once("Tool", &tool, "iptables-restore");
 
-    // Through the Istio layer's error, as the programs get them.
-    let via_istio: Error =
-        redirect_core::error::IstioError::from(nft::Error::ReadUnsettled { tries: 10 }).into();
-    assert_once("Rules via istio", &via_istio, "10 reads");
+    // The kernel layer's aggregate, as the layers beneath hand it up.
+    let via_kernel: Error =
+        redirect_kernel::Error::from(nft::Error::ReadUnsettled { tries: 10 }).into();
+    assert!(matches!(via_kernel, Error::Rules(_)));
+    assert_once("Rules via the kernel layer", &via_kernel, "10 reads");
+
+    // A refusal of the one apply: foreign rules, and ours for another capture.
+    let foreign = FakeForeign::new(ForeignRules {
+        nft_tables: vec!["istio-proxy-nat".into()],
+        chains: Vec::new(),
+    });
+    let pod = Namespace::with_backend(Box::new(Fake::default())).with_foreign(foreign);
+    let sidecar = Capture::Sidecar(CaptureConfig::istio_sidecar_default().validated().unwrap());
+    let refused = pod.apply(&sidecar).unwrap_err();
+    assert!(matches!(&refused, Error::Refused(r) if r.foreign().is_some()));
+    assert_once("Refused (foreign)", &refused, "istio-proxy-nat");
+
+    let pod = Namespace::with_backend(Box::new(Fake::default()));
+    pod.apply(&sidecar).unwrap();
+    let mut other = CaptureConfig::istio_sidecar_default();
+    other.envoy_port = 16001;
+    let refused = pod
+        .apply_with(
+            &Capture::Sidecar(other.validated().unwrap()),
+            Apply {
+                foreign: Foreign::Refuse,
+                ours: Ours::RefuseOther,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(&refused, Error::Refused(r) if r.ours_differ().is_some()));
+    assert_once("Refused (ours differ)", &refused, "another configuration");
 }

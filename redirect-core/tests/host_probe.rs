@@ -9,7 +9,7 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use redirect_core::handles::text;
+use redirect_core::view::text;
 use redirect_core::Netns;
 use redirect_core::TableState;
 use redirect_core::{render, Capture, HostProbeConfig, Namespace};

@@ -12,7 +12,7 @@ pub enum Error {
     /// Istio's flags or variables (typed by the core, which names the flag), planning, or
     /// reading the pod's address.
     #[error(transparent)]
-    Core(#[from] redirect_core::error::IstioError),
+    Core(#[from] redirect_core::Error),
 
     #[error("--{flag} {value:?}: {item:?} is not an IP address; expected e.g. 10.244.1.7,fd00::7")]
     IpList {
@@ -24,7 +24,7 @@ pub enum Error {
     #[error("--pod-ip {0:?}: no usable address (loopback and link-local ones do not count)")]
     NoPodAddress(Vec<IpAddr>),
 
-    #[error("--flow: {0}")]
+    #[error("--flow")]
     Flow(#[from] FlowError),
 
     #[error("--annotations {file}: {reason}")]
@@ -38,7 +38,7 @@ pub enum Error {
     #[error("--annotations: {0}; give the whole pod (`kubectl get pod -o json`) or the proxy UID with -u")]
     AnnotationsNeedPod(String),
 
-    #[error("--netns {path}: {source}; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net")]
+    #[error("--netns {path}: cannot open it; give the pod's namespace file, e.g. /proc/<pid of a pod process>/ns/net")]
     Netns {
         path: PathBuf,
         source: std::io::Error,
@@ -52,7 +52,7 @@ pub enum Error {
 
     /// Reading the namespace's rules failed (nf_tables needs CAP_NET_ADMIN there).
     #[error("{0} (inspect reads nf_tables over netlink: run it as root on the node)")]
-    KernelRead(redirect_core::error::IstioError),
+    KernelRead(redirect_core::Error),
 }
 
 impl From<redirect_core::error::ConfigError> for Error {
@@ -73,8 +73,73 @@ macro_rules! core_from {
 }
 
 core_from!(
-    redirect_core::error::KernelError,
     redirect_core::error::NamespaceError,
     redirect_core::error::RulesError,
     redirect_core::error::RoutesError
 );
+
+#[cfg(test)]
+mod tests {
+    //! One error, printed once: each variant that wraps another says its own context (the flag,
+    //! the path) and leaves the inner error to `source()`; walking the chain finds no message
+    //! twice, and the stderr line (`redirect_program::errors::chain`) shows each once.
+    //! `Core` (transparent) and `KernelRead` hold the core's `Error`, whose own chain
+    //! `redirect_core`'s tests walk: left out.
+
+    use super::Error;
+    use redirect_core::eval::Flow;
+
+    /// The messages of `e`'s chain, outermost first.
+    fn chain(e: &Error) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut next = std::error::Error::source(e);
+        while let Some(s) = next {
+            out.push(s.to_string());
+            next = s.source();
+        }
+        out
+    }
+
+    fn assert_once(kind: &str, e: &Error, names: &str) {
+        let msgs = chain(e);
+        assert!(msgs.len() > 1, "{kind}: no source: {msgs:?}");
+        for (i, outer) in msgs.iter().enumerate() {
+            for inner in &msgs[i + 1..] {
+                assert!(
+                    !outer.contains(inner.as_str()),
+                    "{kind}: a chain reporter would print {inner:?} twice: {msgs:#?}"
+                );
+            }
+        }
+        assert!(
+            msgs[0].contains(names),
+            "{kind}: {:?} does not name {names:?}",
+            msgs[0]
+        );
+        let line = redirect_program::errors::chain(e);
+        for m in &msgs {
+            assert_eq!(
+                line.matches(m.as_str()).count(),
+                1,
+                "{kind}: {m:?} is not shown once in {line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_wrapping_variant_prints_each_message_once() {
+        let flow = "sideways tcp 10.0.0.1:80".parse::<Flow>().unwrap_err();
+        let flow = Error::from(flow);
+        assert_once("Flow", &flow, "--flow");
+        assert!(
+            redirect_program::errors::chain(&flow).contains("sideways"),
+            "the flow given reaches the stderr line"
+        );
+
+        let netns = Error::Netns {
+            path: "/nonexistent/ns".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_once("Netns", &netns, "/nonexistent/ns");
+    }
+}

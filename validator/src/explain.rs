@@ -58,7 +58,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             EXIT_OK
         }
         Err(msg) => {
-            stderr_line("error", &msg.to_string());
+            stderr_line("error", &redirect_program::errors::chain(&msg));
             EXIT_ERROR
         }
     }

@@ -8,11 +8,11 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use redirect_core::error::NamespaceError;
-use redirect_core::handles::{self, text, Live, Routes, RoutesSeen};
 use redirect_core::mesh::Decision;
 use redirect_core::pod_facts::{self, HostAddress};
-use redirect_core::probe::{self, KernelView};
-use redirect_core::{Mismatch, Ruleset, TproxyRouting, ValidConfig};
+use redirect_core::probe::KernelView;
+use redirect_core::view::{self, table_flags, text, Inspection, TABLE};
+use redirect_core::{Mismatch, Namespace, Ruleset, TproxyRouting, ValidConfig};
 use serde::Serialize;
 
 use crate::Error;
@@ -81,7 +81,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             }
         }
         Err(msg) => {
-            stderr_line("error", &msg.to_string());
+            stderr_line("error", &redirect_program::errors::chain(&msg));
             EXIT_ERROR
         }
     }
@@ -107,8 +107,7 @@ fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
     let decision = pod_file::from_args(r, &settings)?;
     // The pod's address decides IPv6, as where the rules were written.
     let dual_stack = pod_file::dual_stack(decision.as_ref(), &settings);
-    let host = ns
-        .run(|| Routes::open().and_then(|r| r.addresses()))?
+    let host = Namespace::addresses_of(&ns)
         .ok()
         .and_then(|a| pod_facts::detect_host_address(&a, dual_stack).ok());
     let expected = match decision {
@@ -140,13 +139,11 @@ fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
         None => None,
     };
     let routing = match &expected {
-        Some((_, Expected::Rules(cfg, _))) => handles::routing_of(cfg),
-        _ => redirect_core::pod_capture::TPROXY_ROUTING,
+        Some((_, Expected::Rules(cfg, _))) => view::routing_of(cfg),
+        _ => redirect_core::foreign::TPROXY_ROUTING,
     };
     let want = expected.as_ref().map(|(_, e)| e);
-    let kernel = ns
-        .run(move || read(&routing, want))?
-        .map_err(Error::KernelRead)?;
+    let kernel = read(&ns, &routing, want).map_err(Error::KernelRead)?;
     Ok(report(path, host, kernel, expected))
 }
 
@@ -184,20 +181,21 @@ struct Kernel {
 }
 
 fn read(
+    ns: &redirect_core::Netns,
     routing: &TproxyRouting,
     want: Option<&Expected>,
-) -> redirect_core::error::IstioResult<Kernel> {
-    let view = probe::read_kernel(None)?;
-    // Read once: shown below, and judged against the expectation.
-    let routes = RoutesSeen::read_all(&Live::open()?, routing)?;
-    let differences = match want {
-        Some(Expected::Rules(cfg, rs)) => {
-            let needs = redirect_core::sidecar_routes(cfg);
-            handles::compare(&needs, rs, view.table.as_ref(), &routes)
-        }
-        Some(Expected::Nothing(_)) => handles::compare_uncaptured(view.table.as_ref()),
-        None => Vec::new(),
+) -> redirect_core::Result<Kernel> {
+    let expected = match want {
+        Some(Expected::Rules(cfg, rs)) => view::Expected::Sidecar(cfg, rs),
+        Some(Expected::Nothing(_)) => view::Expected::Uncaptured,
+        None => view::Expected::Unknown,
     };
+    // Read once: shown below, and judged against the expectation.
+    let Inspection {
+        kernel: view,
+        routes,
+        differences,
+    } = Namespace::open_in(ns)?.inspect(routing, expected)?;
     let tproxy = routes
         .tproxy
         .iter()
@@ -261,7 +259,7 @@ fn report(
             .table
             .as_ref()
             .filter(|t| t.flags != 0)
-            .map(|t| handles::table_flags(t.flags)),
+            .map(|t| table_flags(t.flags)),
         sets: k
             .table
             .as_ref()
@@ -305,12 +303,7 @@ fn text(f: &Report) -> String {
         s += &format!("pod address: {a}\n");
     }
     match &f.table {
-        None => {
-            s += &format!(
-                "table inet {}: absent (no capture rules of ours)\n",
-                handles::TABLE
-            )
-        }
+        None => s += &format!("table inet {}: absent (no capture rules of ours)\n", TABLE),
         Some(chains) => {
             let rules: usize = chains.iter().map(|c| c.rules.len()).sum();
             let flags = match &f.table_flags {
@@ -322,7 +315,7 @@ fn text(f: &Report) -> String {
             };
             s += &format!(
                 "table inet {}: {flags}{}, {}, {}\n",
-                handles::TABLE,
+                TABLE,
                 counted(chains.len(), "chain"),
                 counted(rules, "rule"),
                 counted(f.sets.len(), "set")

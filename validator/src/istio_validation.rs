@@ -56,11 +56,11 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             report.exit_code
         }
         Err(msg) => {
-            stderr_line("error", &msg.to_string());
+            stderr_line("error", &redirect_program::errors::chain(&msg));
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"passed": false, "exit_code": EXIT_ERROR, "error": msg.to_string()})
+                    serde_json::json!({"passed": false, "exit_code": EXIT_ERROR, "error": redirect_program::errors::chain(&msg)})
                 );
             }
             EXIT_ERROR
@@ -71,7 +71,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
 fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
     let mut s = args::settings(r)?;
     // Istio probes the family of the pod's address.
-    let addresses = redirect_core::handles::Routes::open()?.addresses()?;
+    let addresses = redirect_core::Namespace::current()?.addresses()?;
     let host = pod_facts::detect_host_address(&addresses, s.dual_stack)?;
     let nameservers = if s.wants_nameservers() {
         args::nameservers_of(std::path::Path::new("/etc/resolv.conf")).unwrap_or_default()

@@ -8,10 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use redirect_core::pod_capture::{Existing, LiveIstioRules};
-use redirect_core::SystemGroups;
-use redirect_kernel::backend::{Backend, Live};
-use redirect_kernel::capture;
+use redirect_core::{Apply, Capture, Foreign, Namespace, SystemGroups};
 use redirect_testkit::TestNetns;
 
 fn pod_ns() -> TestNetns {
@@ -28,7 +25,7 @@ fn us(t: Instant) -> u64 {
 fn ours(cfg: &redirect_core::ValidConfig) -> Vec<(&'static str, u64)> {
     let t_all = Instant::now();
     let t = Instant::now();
-    let live = Live::open().unwrap();
+    let live = Namespace::current().unwrap();
     let open = us(t);
     let t = Instant::now();
     let addrs = live.addresses().unwrap();
@@ -39,11 +36,16 @@ fn ours(cfg: &redirect_core::ValidConfig) -> Vec<(&'static str, u64)> {
     let rs = cfg.plan(&SystemGroups).unwrap();
     let plan = us(t);
     let t = Instant::now();
-    let found = Existing::read(&live, &LiveIstioRules(&live.nft), &rs).unwrap();
+    let capture = Capture::Sidecar(cfg.clone());
+    // What redirect-init's apply reads first: the foreign rules, then ours.
+    assert!(live.foreign().unwrap().is_empty());
+    assert!(live.read(&capture).unwrap().is_none());
     let existing = us(t);
-    assert!(found.ours.is_none());
     let t = Instant::now();
-    capture::apply(&live, &redirect_core::Capture::Sidecar(cfg.clone()), &rs).unwrap();
+    let applied = live
+        .apply_with(&capture, Apply::foreign(Foreign::Keep))
+        .unwrap();
+    assert_eq!(applied.ruleset, rs);
     let apply = us(t);
     vec![
         ("open sockets", open),

@@ -30,14 +30,14 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         }
         Ok(Parsed::Run(s)) => *s,
         Err(e) => {
-            tracing::error!("{e}");
+            tracing::error!("{}", redirect_program::errors::chain(&e));
             return 2;
         }
     };
     let stop = match StopHandle::new().and_then(|s| signals::stop_on_signals(&s).map(|()| s)) {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!("{e}");
+            tracing::error!("{}", redirect_program::errors::chain(&e));
             return 1;
         }
     };
@@ -45,7 +45,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     let agent = match Agent::start(&settings) {
         Ok(a) => a,
         Err(e) => {
-            tracing::error!("{e}");
+            tracing::error!("{}", redirect_program::errors::chain(&e));
             return if matches!(e, Error::InvalidSetting { .. }) {
                 2
             } else {
@@ -56,7 +56,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     match run(settings, &stop, &WatchOptions::default(), agent) {
         Ok(()) => 0,
         Err(e) => {
-            tracing::error!("{e}");
+            tracing::error!("{}", redirect_program::errors::chain(&e));
             1
         }
     }
@@ -78,7 +78,10 @@ pub fn run(
     if let Err(e) = &result {
         crate::agent::write_readiness(
             &run_dir.join(cni_protocol::events::READY_NAME),
-            &Readiness::NotReady(format!("the node agent exited: {e}")),
+            &Readiness::NotReady(format!(
+                "the node agent exited: {}",
+                redirect_program::errors::chain(e)
+            )),
         );
     }
     result

@@ -24,7 +24,7 @@ pub enum Error {
     },
 
     /// A file system call failed.
-    #[error("cannot {action} {path}: {source}")]
+    #[error("cannot {action} {path}")]
     Io {
         /// What was being done, as a verb (`write`, `remove`, ...).
         action: &'static str,

@@ -11,7 +11,7 @@ use cni_node::repair::in_place::{self, Outcome, Reach, RepairError};
 use redirect_core::eval::{Flow, Verdict};
 use redirect_core::mesh::MeshDefaults;
 use redirect_core::testing::Fake;
-use redirect_core::Backend;
+use redirect_core::Namespace;
 use redirect_core::Netns;
 use serde_json::{json, Value};
 
@@ -49,8 +49,8 @@ fn repair(fake: &Fake, pod: &k8s_openapi::api::core::v1::Pod) -> Result<Outcome,
         Ok(Netns::open(std::path::Path::new(OWN_NETNS)).unwrap())
     };
     let fake = fake.clone();
-    let open = move |_: &Netns| -> redirect_core::error::KernelResult<Box<dyn Backend>> {
-        Ok(Box::new(fake.clone()))
+    let open = move |_: &Netns| -> redirect_core::Result<Namespace> {
+        Ok(Namespace::with_backend(Box::new(fake.clone())))
     };
     let reach = Reach {
         find: &find,

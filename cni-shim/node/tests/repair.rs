@@ -25,8 +25,8 @@ use common::cluster::Cluster;
 use common::host_proc::{cgroupfs, FakeProc};
 use common::static_bin;
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::handles::netns_id_of;
 use redirect_core::mesh::{self, Decision, MeshDefaults};
+use redirect_core::netns_id_of;
 use redirect_core::CaptureConfig;
 use redirect_core::Netns;
 use redirect_testkit::binary::{self, Run};
@@ -249,7 +249,8 @@ fn a_pod_whose_namespace_is_not_found_is_a_failure_with_nothing_applied() {
     )
     .unwrap_err();
     assert!(matches!(err, RepairError::Netns { .. }), "{err:?}");
-    assert!(err.to_string().contains("10.55.7.9"), "{err}");
+    let text = redirect_program::errors::chain(&err);
+    assert!(text.contains("10.55.7.9"), "{text}");
     assert_eq!(
         redirect_kernel::testing::nft_in(ns.path()).read().unwrap(),
         None

@@ -30,7 +30,7 @@ pub fn plugin_main(
         env,
         stdin,
         env_error,
-        kernel: &redirect_core::handles::open_live,
+        kernel: &redirect_core::Namespace::open_in,
         started,
     };
     let (out, code) = match plugin::run(&inv) {

@@ -9,10 +9,11 @@ use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use redirect_core::error::{IstioError as CaptureError, KernelError, NamespaceError};
-use redirect_core::handles::{Nft, Opener};
+use redirect_core::error::NamespaceError;
 use redirect_core::mesh::{self, Decision, PodInfo};
-use redirect_core::{pod_capture, Backend, Netns, SystemGroups, ValidConfig};
+use redirect_core::{
+    Apply, Capture, Error as CaptureError, Foreign, Namespace, Netns, ValidConfig,
+};
 use redirect_program::logging::{self, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
@@ -54,6 +55,10 @@ fn log_as_configured(conf: &NetConf) {
     });
 }
 
+/// Opens the judged namespace: [`Namespace::open_in`] for the kernel; a test returns a
+/// namespace behind a fake.
+pub type Opener<'a> = &'a dyn Fn(&Netns) -> redirect_core::Result<Namespace>;
+
 /// The process's inputs.
 pub struct Invocation<'a> {
     /// Looks up an environment variable: `CNI_COMMAND`, `CNI_ARGS` and the rest.
@@ -63,7 +68,7 @@ pub struct Invocation<'a> {
     /// Set when one of `ENV_NAMES` is not UTF-8: read as unset, it would drop the pod's
     /// capture silently.
     pub env_error: Option<String>,
-    /// How a pod's namespace is reached: `redirect_core::handles::open_live`.
+    /// How a pod's namespace is reached: `redirect_core::Namespace::open_in`.
     pub kernel: Opener<'a>,
     /// When the process started: the event's whole time counts from here.
     pub started: Instant,
@@ -445,10 +450,10 @@ fn is_own(ns: &Netns) -> Result<bool, CniError> {
 
 fn kernel_error(what: &str, e: CaptureError) -> CniError {
     let code = match e {
-        CaptureError::Kernel(KernelError::Netns(
-            NamespaceError::Open { .. } | NamespaceError::NotNetns { .. },
-        )) => code::UNKNOWN_CONTAINER,
-        CaptureError::Model(_) => code::INVALID_CONFIG,
+        CaptureError::Namespace(NamespaceError::Open { .. } | NamespaceError::NotNetns { .. }) => {
+            code::UNKNOWN_CONTAINER
+        }
+        CaptureError::Config(_) => code::INVALID_CONFIG,
         _ => code::IO_FAILURE,
     };
     CniError::new(code, format!("{what}: {e}"), "")
@@ -474,9 +479,17 @@ fn prev_addresses(conf: &NetConf) -> Option<Vec<std::net::IpAddr>> {
 }
 
 /// The kernel side of the judged namespace.
-fn open(call: &Call, netns: &Netns, what: &str) -> Result<Box<dyn Backend>, CniError> {
-    (call.inv.kernel)(netns).map_err(|e| kernel_error(what, e.into()))
+fn open(call: &Call, netns: &Netns, what: &str) -> Result<Namespace, CniError> {
+    (call.inv.kernel)(netns).map_err(|e| kernel_error(what, e))
 }
+
+/// ADD's policy over what the namespace holds: the runtime made it for this sandbox moments
+/// ago, so no other capture layer can be in it yet, and nothing is read for one
+/// ([`Foreign::Keep`] costs nothing); ours from an earlier ADD are updated in place.
+const ADD_POLICY: Apply = Apply {
+    foreign: Foreign::Keep,
+    ours: redirect_core::foreign::Ours::Replace,
+};
 
 fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let stdout = passthrough(&conf.cni_version, conf.prev_result.as_ref());
@@ -494,17 +507,13 @@ fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let what = "programming the pod's capture";
     let k = open(call, &netns, what)?;
     let known = prev_addresses(conf);
-    let (cfg, _) = call
+    let cfg = call
         .timed(
             |p| &mut p.apply_us,
             || {
-                pod_capture::apply_to_pod(
-                    k.as_ref(),
-                    cfg,
-                    dual_stack,
-                    &SystemGroups,
-                    known.as_deref(),
-                )
+                let cfg = k.for_pod(cfg, dual_stack, known.as_deref())?;
+                k.apply_with(&Capture::Sidecar(cfg.clone()), ADD_POLICY)?;
+                Ok(cfg)
             },
         )
         .map_err(|e| kernel_error(what, e))?;
@@ -776,7 +785,7 @@ fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
     }
     let k = open(call, &ns, what)?;
     let removed = call
-        .timed(|p| &mut p.apply_us, || remove_ours(k.as_ref()))
+        .timed(|p| &mut p.apply_us, || k.remove_ours())
         .map_err(|e| kernel_error(what, e))?;
     let outcome = if removed {
         "rules removed"
@@ -785,15 +794,6 @@ fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
     };
     info!("DEL {netns}: {outcome}");
     Ok(outcome)
-}
-
-/// Only a namespace we programmed has routes and `::6` of ours.
-fn remove_ours(k: &dyn Backend) -> Result<bool, CaptureError> {
-    if k.read_table()?.is_none() {
-        return Ok(false);
-    }
-    redirect_core::handles::cleanup(k, &redirect_core::pod_capture::TPROXY_ROUTING)?;
-    Ok(true)
 }
 
 /// CHECK: the namespace's rules must be what the pod's annotations ask for.
@@ -811,10 +811,16 @@ fn check(call: &Call, conf: &NetConf) -> Result<String, CniError> {
     let what = "reading the pod's capture back";
     let k = open(call, &netns, what)?;
     let known = prev_addresses(conf);
-    let (_, diff) = call
+    let diff = call
         .timed(
             |p| &mut p.read_back_us,
-            || pod_capture::check_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, known.as_deref()),
+            || {
+                k.check(&Capture::Sidecar(k.for_pod(
+                    cfg,
+                    dual_stack,
+                    known.as_deref(),
+                )?))
+            },
         )
         .map_err(|e| kernel_error(what, e))?;
     if diff.is_empty() {
@@ -843,15 +849,13 @@ fn status(conf: &NetConf) -> Result<(), CniError> {
             ),
         ));
     }
-    Nft::open()
-        .and_then(|nft| nft.families_with_tables())
-        .map_err(|e| {
-            CniError::new(
-                code::NOT_AVAILABLE,
-                format!("nf_tables does not answer: {e}"),
-                "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
-            )
-        })?;
+    Namespace::nf_tables_answers().map_err(|e| {
+        CniError::new(
+            code::NOT_AVAILABLE,
+            format!("nf_tables does not answer: {e}"),
+            "the kernel needs nf_tables (modprobe nf_tables nft_redir nft_tproxy nft_ct nft_nat)",
+        )
+    })?;
     info!("STATUS: ready");
     Ok(())
 }

@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use cni_plugin::plugin::{self, Invocation};
 use redirect_core::eval::{Flow, Verdict};
 use redirect_core::testing::Fake;
-use redirect_core::Backend;
 use redirect_core::Family;
+use redirect_core::Namespace;
 use redirect_core::Netns;
 use serde_json::{json, Value};
 
@@ -50,8 +50,8 @@ fn plugin(fake: &Fake, command: &str, stdin: &[u8]) -> (i32, String) {
         }
     };
     let fake = fake.clone();
-    let open = move |_: &Netns| -> redirect_core::error::KernelResult<Box<dyn Backend>> {
-        Ok(Box::new(fake.clone()))
+    let open = move |_: &Netns| -> redirect_core::Result<Namespace> {
+        Ok(Namespace::with_backend(Box::new(fake.clone())))
     };
     let inv = Invocation {
         env: &env,

@@ -49,7 +49,7 @@ pub enum ZdsError {
     },
     /// The connection failed or timed out; it was closed, and ztunnel gets the pod with the
     /// snapshot of its next connection.
-    #[error("ztunnel's connection failed during {request}: {source}; the connection was closed (the pod goes with the next connection's snapshot)")]
+    #[error("ztunnel's connection failed during {request}; the connection was closed (the pod goes with the next connection's snapshot)")]
     Connection {
         /// The request under way, as [`WorkloadRequest::describe`] names it.
         request: String,

@@ -1,26 +1,49 @@
-//! The Istio crate's errors: the model's and the kernel's, and a tool (an iptables binary) that
-//! failed. Every message names what was wrong, the value, and what to do about it.
+//! One error type for the library and the programs on it (`redirect_core::Error` is this
+//! one). Each variant holds the error of the part that failed, which names the value and the
+//! fix, and is transparent: `Display` is that message and `source()` is that error's own
+//! source, so a chain reporter (anyhow's `{:#}`, a program's own) prints each message once.
+//! Match on the variant (and its error) when a caller needs more than the message.
+
+use redirect_kernel::{netns, nft, routes};
+
+use crate::capture::Refused;
 
 /// A result whose error is this crate's [`Error`] by default.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What can go wrong in this crate: a bad config value, the kernel, or an iptables tool.
+/// Why capture could not be planned, applied, read or removed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
-    /// A configuration value that cannot be planned.
+    /// A config value that cannot be planned: the field, the value, and what is accepted.
     #[error(transparent)]
-    Model(#[from] redirect_model::Error),
+    Config(redirect_model::Error),
 
-    /// The kernel refused, or a namespace could not be entered.
+    /// The namespace could not be opened, is not a network namespace, or could not be entered.
     #[error(transparent)]
-    Kernel(#[from] redirect_kernel::Error),
+    Namespace(netns::Error),
 
-    /// A rendered ruleset could not be loaded by an external tool, or the tool is missing.
+    /// nftables refused our table, or a read of it did not settle.
+    #[error(transparent)]
+    Rules(nft::Error),
+
+    /// The routes beside the rules (TPROXY policy routing, `::6` on `lo`) or the interfaces'
+    /// addresses could not be read or written.
+    #[error(transparent)]
+    Routes(routes::Error),
+
+    /// What the namespace holds needs another policy: capture rules we did not write, or
+    /// ours for another capture. Nothing was changed.
+    #[error(transparent)]
+    Refused(Refused),
+
+    /// An external tool failed: the iptables backend's `iptables-restore`, or the node's
+    /// `iptables-save` listing Istio's chains.
     #[error("{tool} failed: {detail}")]
     Tool {
-        /// The binary that failed, e.g. `iptables-nft-restore`.
+        /// The binary, as run (e.g. `iptables-nft-restore`).
         tool: String,
-        /// What went wrong, and what to do about it.
+        /// What it printed, or why it could not run, and what to do about it.
         detail: String,
     },
 }
@@ -28,28 +51,51 @@ pub enum Error {
 impl Error {
     /// The kernel features found missing, when nf_tables refused our table for lacking them
     /// (a program adds its own way out: `MissingFeature::message_with`).
-    pub fn missing_feature(&self) -> Option<&redirect_kernel::nft::MissingFeature> {
+    pub fn missing_feature(&self) -> Option<&nft::MissingFeature> {
         match self {
-            Error::Kernel(e) => e.missing_feature(),
+            Error::Rules(e) => e.missing_feature(),
             _ => None,
         }
     }
 }
 
-impl From<redirect_kernel::nft::Error> for Error {
-    fn from(e: redirect_kernel::nft::Error) -> Self {
-        Error::Kernel(e.into())
+impl From<Refused> for Error {
+    fn from(e: Refused) -> Self {
+        Error::Refused(e)
     }
 }
 
-impl From<redirect_kernel::routes::Error> for Error {
-    fn from(e: redirect_kernel::routes::Error) -> Self {
-        Error::Kernel(e.into())
+impl From<redirect_model::Error> for Error {
+    fn from(e: redirect_model::Error) -> Self {
+        Error::Config(e)
     }
 }
 
-impl From<redirect_kernel::netns::Error> for Error {
-    fn from(e: redirect_kernel::netns::Error) -> Self {
-        Error::Kernel(e.into())
+impl From<netns::Error> for Error {
+    fn from(e: netns::Error) -> Self {
+        Error::Namespace(e)
+    }
+}
+
+impl From<nft::Error> for Error {
+    fn from(e: nft::Error) -> Self {
+        Error::Rules(e)
+    }
+}
+
+impl From<routes::Error> for Error {
+    fn from(e: routes::Error) -> Self {
+        Error::Routes(e)
+    }
+}
+
+impl From<redirect_kernel::Error> for Error {
+    fn from(e: redirect_kernel::Error) -> Self {
+        match e {
+            redirect_kernel::Error::Netns(e) => e.into(),
+            redirect_kernel::Error::Nft(e) => e.into(),
+            redirect_kernel::Error::Routes(e) => e.into(),
+            redirect_kernel::Error::Model(e) => e.into(),
+        }
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletUidError {
     /// The directory could not be listed.
-    #[error("cannot list {path}: {source}; kubelet's UID is read from the host's /proc: mount the host's /proc into the agent (hostPID: true, or a hostPath volume of /proc) and pass its path")]
+    #[error("cannot list {path}; kubelet's UID is read from the host's /proc: mount the host's /proc into the agent (hostPID: true, or a hostPath volume of /proc) and pass its path")]
     Proc {
         /// The `/proc` directory given.
         path: PathBuf,

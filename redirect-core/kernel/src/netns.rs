@@ -156,6 +156,20 @@ impl Netns {
         &self.path
     }
 
+    /// The same namespace held by a second descriptor (dup: the same namespace whatever the
+    /// path names by now).
+    pub fn try_clone(&self) -> Result<Netns> {
+        let file = self.file.try_clone().map_err(|cause| Error::Open {
+            path: self.path.clone(),
+            cause,
+        })?;
+        Ok(Netns {
+            file,
+            path: self.path.clone(),
+            id: self.id,
+        })
+    }
+
     /// A second descriptor of the same namespace (for another process: ztunnel gets one).
     pub fn try_clone_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         Ok(self.file.try_clone()?.into())

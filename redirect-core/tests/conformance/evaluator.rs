@@ -977,7 +977,7 @@ fn run_flows(cfg: &CaptureConfig, specs: &[FlowSpec]) -> Result<Run, String> {
         .and_then(|pod| {
             Ok(redirect_kernel::capture::apply_in(
                 pod.backend(),
-                redirect_core::handles::TABLE,
+                redirect_core::view::TABLE,
                 &redirect_core::sidecar_routes(cfg),
                 &rs,
             )?)

@@ -172,8 +172,9 @@ pub fn write_readiness(path: &Path, verdict: &Readiness) {
     let text = verdict.text();
     if let Err(e) = write_atomic(path, text.as_bytes(), FileAttrs::mode(0o644)) {
         tracing::warn!(
-            "{}: {e}; the plugin's STATUS cannot see the agent's readiness",
-            path.display()
+            "{}: {}; the plugin's STATUS cannot see the agent's readiness",
+            path.display(),
+            redirect_program::errors::chain(&e)
         );
     }
 }
@@ -378,7 +379,10 @@ fn host_probe(s: &Settings, mut dp: Dataplane) -> Dataplane {
     let uid = match redirect_core::ambient::kubelet_uid(proc) {
         Ok(uid) => uid,
         Err(e) => {
-            tracing::error!("ambient: no probe SNAT on this node: {e}");
+            tracing::error!(
+                "ambient: no probe SNAT on this node: {}",
+                redirect_program::errors::chain(&e)
+            );
             return dp;
         }
     };

@@ -270,7 +270,10 @@ impl Controller {
                 Ok(()) => state.queue.forget(&uid),
                 Err(why) => {
                     self.metrics.ambient_failed();
-                    tracing::warn!("ambient: pod {uid}: {why}; trying again");
+                    tracing::warn!(
+                        "ambient: pod {uid}: {}; trying again",
+                        redirect_program::errors::chain(&why)
+                    );
                     state.queue.retry(&uid, Instant::now());
                 }
             }
@@ -466,7 +469,10 @@ impl Controller {
             Ok(n) => n,
             Err(e) if rules == Rules::Leave || rules == Rules::KeepIfSame => {
                 // Enrolled before: ztunnel keeps serving it as it is.
-                tracing::warn!("ambient: pod {who}: {e}; ztunnel is told to keep it");
+                tracing::warn!(
+                    "ambient: pod {who}: {}; ztunnel is told to keep it",
+                    redirect_program::errors::chain(&e)
+                );
                 let (r, cfg) = (pods::pod_ref(pod), self.pod_config(pod)?);
                 return Ok(self
                     .with_dataplane(move |dp| dp.enroll(&r, None, &cfg, rules))
@@ -480,7 +486,10 @@ impl Controller {
             .with_dataplane(move |dp| dp.enroll(&r, Some((netns, Binding::Search)), &cfg, rules))
             .await?;
         if let Some(e) = refused {
-            tracing::warn!("ambient: pod {who}: {e}");
+            tracing::warn!(
+                "ambient: pod {who}: {}",
+                redirect_program::errors::chain(&e)
+            );
         }
         tracing::info!("ambient: pod {who} enrolled ({stage:?})");
         Ok(stage)
@@ -543,7 +552,10 @@ impl Controller {
         let netns = match self.search(&uid, ip).await {
             Ok(n) => n,
             Err(e) => {
-                tracing::warn!("ambient: pod {who}: its in-pod rules could not be removed: {e}");
+                tracing::warn!(
+                    "ambient: pod {who}: its in-pod rules could not be removed: {}",
+                    redirect_program::errors::chain(&e)
+                );
                 return;
             }
         };

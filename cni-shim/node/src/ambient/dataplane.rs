@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
-use redirect_core::{AmbientConfig, Capture, HostProbeConfig, Namespace, Netns};
+use redirect_core::{AmbientConfig, Apply, Capture, Foreign, HostProbeConfig, Namespace, Netns};
 
 pub(crate) use crate::node_view::{HostView, ReadBack, Repair, RepairKind, ZtunnelView};
 
@@ -25,6 +25,11 @@ use super::error::AmbientError;
 use super::identity::Binding;
 use zds::proto::WorkloadInfo;
 use zds::server::{Delivery, Held, ZdsError, ZdsServer};
+
+/// Ambient's policy over what a namespace holds: capture rules another layer wrote (Istio's
+/// in-pod rules, its host probe chain) are kept as they are, and nothing is read for them
+/// (today's behaviour, at no cost per pass); our own tables are updated in place.
+const AMBIENT_POLICY: Apply = Apply::foreign(Foreign::Keep);
 
 /// Who a pod is, for ztunnel and the logs; `ips` are the addresses checked to be its
 /// namespace's (those in the host's probe sets).
@@ -169,10 +174,13 @@ impl Dataplane {
     /// Programs the host's probe SNAT in the agent's namespace (the node's), its address sets
     /// empty: the pods enrolled after this fill them.
     pub fn set_host_probe(&mut self, cfg: HostProbeConfig) -> redirect_core::Result<()> {
-        Namespace::current()?.apply(&Capture::HostProbe {
-            config: cfg.clone(),
-            members: Vec::new(),
-        })?;
+        Namespace::current()?.apply_with(
+            &Capture::HostProbe {
+                config: cfg.clone(),
+                members: Vec::new(),
+            },
+            AMBIENT_POLICY,
+        )?;
         self.probe = Some(cfg);
         self.host.configured = true;
         self.host.members = Some(Vec::new());
@@ -237,7 +245,8 @@ impl Dataplane {
             Rules::Leave => Vec::new(),
         };
         if !differences.is_empty() {
-            ns.apply(&Capture::Ambient(cfg.clone())).map_err(failed)?;
+            ns.apply_with(&Capture::Ambient(cfg.clone()), AMBIENT_POLICY)
+                .map_err(failed)?;
         }
         self.pods.insert(
             pod.uid.clone(),
@@ -315,10 +324,11 @@ impl Dataplane {
         let ns = Namespace::current()?;
         let repair = match ns.members()? {
             None => {
-                ns.apply(&Capture::HostProbe {
+                let host = Capture::HostProbe {
                     config: cfg.clone(),
                     members: want.clone(),
-                })?;
+                };
+                ns.apply_with(&host, AMBIENT_POLICY)?;
                 Some(Repair {
                     at: SystemTime::now(),
                     kind: RepairKind::HostTable,
@@ -475,7 +485,7 @@ impl Dataplane {
             problems.push(p.to_string());
         }
         if let Err(e) = self.zds.del(uid) {
-            problems.push(e.to_string());
+            problems.push(redirect_program::errors::chain(&e));
         }
         let enrolled = self.pods.remove(uid)?;
         if !deleting {
@@ -530,12 +540,18 @@ impl Dataplane {
                     report.repairs.push((label, repair));
                 }
                 Ok(Delivery::Queued) => {}
-                Err(e) => report.problems.push(format!("pod {label}: {e}")),
+                Err(e) => report.problems.push(format!(
+                    "pod {label}: {}",
+                    redirect_program::errors::chain(&e)
+                )),
             }
         }
         for (uid, sent) in self.zds.release_leftovers() {
             if let Err(e) = sent {
-                report.problems.push(format!("released pod {uid}: {e}"));
+                report.problems.push(format!(
+                    "released pod {uid}: {}",
+                    redirect_program::errors::chain(&e)
+                ));
             }
         }
         report.took = started.elapsed();
@@ -575,7 +591,7 @@ impl Dataplane {
         let mut repair = None;
         let mut left = found.clone();
         if !found.is_empty() {
-            match ns.apply(&Capture::Ambient(e.cfg.clone())) {
+            match ns.apply_with(&Capture::Ambient(e.cfg.clone()), AMBIENT_POLICY) {
                 Ok(_) => {
                     // Read back once more: what is there now, and the generation to trust.
                     let (after, seen) = since(ns, &e.cfg, None);
@@ -633,7 +649,7 @@ impl Dataplane {
     }
 
     /// The enrolled pod (other than `except`) bound to namespace `id`.
-    pub fn bound_to(&self, id: redirect_core::handles::NetnsId, except: &str) -> Option<String> {
+    pub fn bound_to(&self, id: redirect_core::NetnsId, except: &str) -> Option<String> {
         self.pods
             .iter()
             .find(|(u, e)| *u != except && e.netns.as_ref().is_some_and(|n| n.id() == id))
@@ -641,7 +657,7 @@ impl Dataplane {
     }
 
     /// The enrolled pod `uid`'s namespace identity.
-    pub fn netns_id(&self, uid: &str) -> Option<redirect_core::handles::NetnsId> {
+    pub fn netns_id(&self, uid: &str) -> Option<redirect_core::NetnsId> {
         self.pods.get(uid)?.netns.as_ref().map(|n| n.id())
     }
 

@@ -7,8 +7,8 @@
 
 use std::net::IpAddr;
 
-use redirect_core::handles::{NetnsId, Routes};
 use redirect_core::Netns;
+use redirect_core::{Namespace, NetnsId};
 
 pub(crate) use crate::node_view::Binding;
 
@@ -105,8 +105,7 @@ pub fn holds(netns: &Netns, ips: &[IpAddr]) -> Result<bool, Refused> {
 }
 
 fn held_by(netns: &Netns) -> Result<Vec<IpAddr>, Refused> {
-    let routes = Routes::open_in(netns).map_err(|e| Refused::Read(e.to_string()))?;
-    routes.addresses().map_err(|e| Refused::Read(e.to_string()))
+    Namespace::addresses_of(netns).map_err(|e| Refused::Read(e.to_string()))
 }
 
 /// An address a pod is known by: not loopback, link-local, multicast or unspecified.

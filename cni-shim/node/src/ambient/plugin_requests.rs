@@ -313,7 +313,7 @@ impl Controller {
                 }
                 AddAnswer::Failed {
                     error: match refused {
-                        Some(e) => e.to_string(),
+                        Some(e) => redirect_program::errors::chain(&e),
                         None => format!(
                             "ztunnel is not connected to {}: an ambient pod cannot start without it",
                             self.settings.ztunnel_socket.display()

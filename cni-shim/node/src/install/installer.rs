@@ -111,7 +111,7 @@ impl Installer {
         let mut first_err = None;
         let mut keep = |r: Result<()>| {
             if let Err(e) = r {
-                tracing::error!("uninstall: {e}");
+                tracing::error!("uninstall: {}", redirect_program::errors::chain(&e));
                 first_err.get_or_insert(e);
             }
         };

@@ -99,7 +99,7 @@ pub fn run(
     };
     match (watched, cleaned) {
         (Err(e), Err(u)) => {
-            tracing::error!("{u}");
+            tracing::error!("{}", redirect_program::errors::chain(&u));
             Err(e)
         }
         (Err(e), Ok(())) => Err(e),

@@ -95,7 +95,10 @@ impl UndoRecord {
                 UndoRecord::default()
             }),
             Err(e) => {
-                tracing::warn!("ignoring the install state: {e}");
+                tracing::warn!(
+                    "ignoring the install state: {}",
+                    redirect_program::errors::chain(&e)
+                );
                 UndoRecord::default()
             }
         }

@@ -473,7 +473,7 @@ impl<'a> Watcher<'a> {
 
 /// Log an error unless it is the one logged last.
 fn report(e: Error, last_error: &mut String, opts: &WatchOptions) {
-    let text = e.to_string();
+    let text = redirect_program::errors::chain(&e);
     if text != *last_error {
         tracing::error!("{text}; retrying every {}s", opts.retry.as_secs().max(1));
         *last_error = text;

@@ -20,8 +20,8 @@ use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use redirect_core::handles::{self, NetnsId};
 use redirect_core::Netns;
+use redirect_core::NetnsId;
 
 /// A pod's network namespace, held open (its path, `Netns::path`, is where it was found:
 /// `<proc>/<pid>/ns/net` or a pin, for log lines).
@@ -67,7 +67,7 @@ pub enum FindError {
         processes: usize,
     },
     /// The host's `/proc`, or the agent's own namespace, could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// What could not be read.
         path: PathBuf,
@@ -132,7 +132,7 @@ pub fn find_by_uid(proc: &Path, uid: &str) -> Result<PodNetns, FindError> {
 
 /// The agent's own namespace, and the pod's processes, the oldest first.
 fn oldest_first(proc: &Path, uid: &str) -> Result<(NetnsId, Vec<PodProcess>), FindError> {
-    let own = handles::current_netns_id().map_err(|source| FindError::Read {
+    let own = redirect_core::current_netns_id().map_err(|source| FindError::Read {
         path: "/proc/thread-self/ns/net".into(),
         source,
     })?;
@@ -200,10 +200,7 @@ fn holding(path: &Path, ip: IpAddr, seen: &mut Vec<NetnsId>) -> Option<PodNetns>
         return None;
     }
     seen.push(ns.id());
-    let addrs = redirect_core::handles::Routes::open_in(&ns)
-        .ok()?
-        .addresses()
-        .ok()?;
+    let addrs = redirect_core::Namespace::addresses_of(&ns).ok()?;
     addrs.contains(&ip).then_some(ns)
 }
 

@@ -236,7 +236,7 @@ impl Controller {
             }
             // The error names the pod first; the log line does already.
             Ok(Err(e)) => {
-                let text = e.to_string();
+                let text = redirect_program::errors::chain(&e);
                 let prefix = format!("pod {who}: ");
                 Done::Failed(text.strip_prefix(&prefix).unwrap_or(&text).to_owned())
             }

@@ -6,11 +6,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::handles::{self, Opener};
 use redirect_core::mesh::{self, Decision, MeshDefaults, MeshError};
-use redirect_core::pod_capture;
-use redirect_core::Netns;
-use redirect_core::SystemGroups;
+use redirect_core::{Apply, Capture, Foreign, Namespace, Netns};
 
 use crate::pods::search::{self as pod_netns, FindError};
 pub use crate::pods::Places;
@@ -35,7 +32,7 @@ pub enum RepairError {
     #[error("pod {0} has no UID or no pod IP yet")]
     Incomplete(String),
     /// The pod's annotations do not give a capture the plugin would apply.
-    #[error("pod {pod}: {source}")]
+    #[error("pod {pod}")]
     Annotations {
         /// The pod.
         pod: String,
@@ -43,7 +40,7 @@ pub enum RepairError {
         source: MeshError,
     },
     /// The pod's network namespace was not found.
-    #[error("pod {pod}: {source}")]
+    #[error("pod {pod}")]
     Netns {
         /// The pod.
         pod: String,
@@ -51,14 +48,14 @@ pub enum RepairError {
         source: Box<FindError>,
     },
     /// Programming the capture in the namespace failed.
-    #[error("pod {pod}: programming its capture in {netns}: {source}")]
+    #[error("pod {pod}: programming its capture in {netns}", netns = netns.display())]
     Apply {
         /// The pod.
         pod: String,
         /// Where its namespace was found.
         netns: PathBuf,
         /// The failure.
-        source: redirect_core::error::IstioError,
+        source: redirect_core::Error,
     },
     /// The capture was applied, but the rules read back differ from it.
     #[error(
@@ -81,8 +78,9 @@ pub enum RepairError {
 pub struct Reach<'a> {
     /// Finds the namespace of the pod with this UID and IP.
     pub find: &'a dyn Fn(&str, IpAddr) -> Result<Netns, FindError>,
-    /// Opens the namespace's kernel side, where the capture is applied and read back.
-    pub open: Opener<'a>,
+    /// Opens the namespace's kernel side, where the capture is applied and read back
+    /// (`Namespace::open_in`).
+    pub open: &'a dyn Fn(&Netns) -> redirect_core::Result<Namespace>,
 }
 
 /// Repairs `pod` in place on the node: see the module's comment. `defaults` are the plugin's
@@ -91,7 +89,7 @@ pub fn repair(pod: &Pod, defaults: &MeshDefaults, places: &Places) -> Result<Out
     let find = |uid: &str, ip: IpAddr| pod_netns::find(&places.proc, &places.pins, uid, ip);
     let reach = Reach {
         find: &find,
-        open: &handles::open_live,
+        open: &Namespace::open_in,
     };
     repair_with(pod, defaults, &reach)
 }
@@ -146,21 +144,23 @@ pub fn repair_with(
     }
 }
 
+/// Repair's policy over what the pod's namespace holds: the pod started before our plugin was
+/// there, so rules another layer wrote are kept as they are (today's behaviour; the switch from
+/// Istio replaces them); ours for another config are updated in place, as ADD would.
+const REPAIR_POLICY: Apply = Apply {
+    foreign: Foreign::Keep,
+    ours: redirect_core::foreign::Ours::Replace,
+};
+
 /// The capture ADD would apply, then how the namespace differs from it, one line each.
 fn apply_and_read_back(
     ns: &Netns,
-    open: Opener,
+    open: &dyn Fn(&Netns) -> redirect_core::Result<Namespace>,
     cfg: redirect_core::ValidConfig,
     dual_stack: bool,
-) -> Result<Vec<String>, redirect_core::error::IstioError> {
-    let k = open(ns)?;
-    let (cfg, rs) = pod_capture::apply_to_pod(k.as_ref(), cfg, dual_stack, &SystemGroups, None)?;
-    Ok(redirect_core::handles::check(
-        k.as_ref(),
-        &redirect_core::Capture::Sidecar(cfg.clone()),
-        &rs,
-    )?
-    .iter()
-    .map(|d| d.to_string())
-    .collect())
+) -> redirect_core::Result<Vec<String>> {
+    let pod = open(ns)?;
+    let capture = Capture::Sidecar(pod.for_pod(cfg, dual_stack, None)?);
+    pod.apply_with(&capture, REPAIR_POLICY)?;
+    Ok(pod.check(&capture)?.iter().map(|d| d.to_string()).collect())
 }

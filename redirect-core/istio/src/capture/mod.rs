@@ -8,7 +8,7 @@ mod reconcile;
 
 pub use reconcile::{
     describe, reconcile, reconcile_iptables, resolve, Existing, Flags, IstioRuleStore, IstioRules,
-    LiveIstioRules, ReconcileError, Reconciled, ReconciledIptables, Refusal, Resolution,
+    LiveIstioRules, Reconciled, ReconciledIptables, Refusal, Refused, Resolution,
 };
 
 use std::net::IpAddr;

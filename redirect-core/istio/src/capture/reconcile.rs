@@ -143,7 +143,7 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::IstioRules(istio) => write!(
                 f,
-                "this namespace already holds Istio's capture rules (nft tables {:?}; iptables chains {}): both sets of rules would act on every packet. Rerun with --reconcile to replace them with ours, or with --cleanup-only to remove them",
+                "this namespace already holds Istio's capture rules (nft tables {:?}; iptables chains {}): both sets of rules would act on every packet. Replace them with ours (redirect-init --reconcile; the library's Foreign::Replace), or remove them (redirect-init --cleanup-only)",
                 istio.nft_tables,
                 describe(&istio.chains)
             ),
@@ -157,7 +157,7 @@ impl fmt::Display for Refusal {
                 };
                 write!(
                     f,
-                    "this namespace already has our rules for another configuration ({} differences: {}{more}). Rerun with --reconcile to replace them atomically",
+                    "this namespace already has our rules for another configuration ({} differences: {}{more}). Replace them atomically (redirect-init --reconcile or --force-apply; the library's Ours::Replace)",
                     differences.len(),
                     shown.join("; ")
                 )
@@ -171,15 +171,36 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// A run that did not program: refused, or the kernel failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    /// What was found needs a flag the run was not given; nothing was changed.
-    #[error("{0}")]
-    Refused(Refusal),
-    /// Reading, programming or removing failed (the kernel, or an iptables tool).
-    #[error(transparent)]
-    Kernel(#[from] Error),
+/// Why a run changed nothing: what it found needs another policy (a flag it was not given).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub Refusal);
+
+impl Refused {
+    /// The foreign rules that were found, when they are why.
+    pub fn foreign(&self) -> Option<&IstioRules> {
+        match &self.0 {
+            Refusal::IstioRules(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// How our table differs from the capture asked for, when that is why.
+    pub fn ours_differ(&self) -> Option<&[Difference]> {
+        match &self.0 {
+            Refusal::OursDiffer { differences } => Some(differences),
+            _ => None,
+        }
+    }
+
+    /// Istio's iptables chains that the iptables backend cannot create again, when that is
+    /// why.
+    pub fn chains(&self) -> Option<&[Leftover]> {
+        match &self.0 {
+            Refusal::IstioChains { chains } => Some(chains),
+            _ => None,
+        }
+    }
 }
 
 /// Istio's chains as one line for a message: `IPv4/nft/nat/ISTIO_OUTPUT, ...`, or `none`.
@@ -233,9 +254,9 @@ pub fn reconcile(
     cfg: &CaptureConfig,
     rs: &Ruleset,
     flags: Flags,
-) -> Result<Reconciled, ReconcileError> {
+) -> Result<Reconciled> {
     let found = Existing::read(k, istio, rs)?;
-    let resolution = resolve(&found, flags).map_err(ReconcileError::Refused)?;
+    let resolution = resolve(&found, flags).map_err(Refused)?;
     match resolution {
         Resolution::Apply { .. } => {
             capture::apply_in(k, TABLE, &sidecar_routes(cfg), rs).map_err(Error::from)?;
@@ -275,10 +296,10 @@ pub fn reconcile_iptables(
     rs: &Ruleset,
     flags: Flags,
     force_binary: Option<Variant>,
-) -> Result<ReconciledIptables, ReconcileError> {
+) -> Result<ReconciledIptables> {
     let chains = xtables::find_istio_leftovers()?;
     if !chains.is_empty() && !flags.reconcile {
-        return Err(ReconcileError::Refused(Refusal::IstioChains { chains }));
+        return Err(Refused(Refusal::IstioChains { chains }).into());
     }
     let removed_istio_chains = if chains.is_empty() {
         Vec::new()

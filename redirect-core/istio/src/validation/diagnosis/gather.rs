@@ -79,7 +79,7 @@ pub fn gather_facts(spec: &ProbeSpec, failure: &ProbeFailure, cfg: &ValidConfig)
     {
         Ok(k) => facts.kernel = Some(k),
         Err(e) => {
-            let denied = matches!(&e, crate::Error::Kernel(redirect_kernel::Error::Nft(redirect_kernel::nft::Error::Rejected { errno, .. })) if *errno == libc::EPERM)
+            let denied = matches!(&e, crate::Error::Rules(redirect_kernel::nft::Error::Rejected { errno, .. }) if *errno == libc::EPERM)
                 || e.to_string().contains("Operation not permitted");
             facts.kernel_unreadable = Some(if denied {
                 "reading nf_tables needs CAP_NET_ADMIN, which the validation container does not have".into()
