@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use redirect_istio::capture::{IstioRuleStore, LiveIstioRules, Refusal, Refused};
 use redirect_kernel::backend::{Backend, Live};
 use redirect_kernel::capture::{self as kernel_capture, Cleaned, Mismatch};
-use redirect_kernel::netns::{Netns, NetnsId};
+use redirect_kernel::netns::Netns;
 use redirect_kernel::nft::{self, Nft, TableState};
 use redirect_kernel::routes::{Routes, TproxyRouting};
 use redirect_kernel::SystemGroups;
@@ -207,20 +207,6 @@ impl Namespace {
         Ok(Routes::open_in(netns)?.addresses()?)
     }
 
-    /// The namespace's identity: that of the file held open, or the calling thread's.
-    pub fn id(&self) -> Result<NetnsId> {
-        match &self.netns {
-            Some(ns) => Ok(ns.id()),
-            None => redirect_kernel::netns::current_netns_id().map_err(|source| {
-                redirect_kernel::netns::Error::Open {
-                    path: "/proc/thread-self/ns/net".into(),
-                    cause: source,
-                }
-                .into()
-            }),
-        }
-    }
-
     /// How the namespace differs from `capture`: its table against the plan, rule by rule,
     /// and the routes it needs. Empty when it is exactly in place.
     pub fn check(&self, capture: &Capture) -> Result<Vec<Mismatch>> {
@@ -369,12 +355,10 @@ impl Namespace {
         force_binary: Option<crate::foreign::Variant>,
     ) -> Result<crate::foreign::AppliedIptables> {
         let rs = cfg.plan(&SystemGroups)?;
-        let flags = redirect_istio::capture::Flags {
-            reconcile: how.foreign == Foreign::Replace,
-            force_apply: how.ours == Ours::Replace,
-        };
+        // The iptables backend reads no earlier rules of ours: `how.ours` has no say here.
+        let replace = how.foreign == Foreign::Replace;
         let run = |k: &dyn Backend| {
-            redirect_istio::capture::reconcile_iptables(k, cfg, &rs, flags, force_binary)
+            redirect_istio::capture::reconcile_iptables(k, cfg, &rs, replace, force_binary)
         };
         let done = match &self.netns {
             // The binaries act on the calling thread's namespace: run them inside this one.

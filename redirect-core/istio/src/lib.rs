@@ -6,9 +6,8 @@
 //!   warnings about Istio's quirks ([`quirks`]), Go's forms ([`go`]).
 //! - Istio's own rules: its iptables chains ([`xtables`]: found, loaded, the leftovers scan) and
 //!   its nftables tables ([`tables`]), and its TPROXY routing values ([`TPROXY_ROUTING`]).
-//! - The policy on one namespace ([`capture`]): apply (the routes, then the table), check what
-//!   is there against a config, resolve what a run may do over rules already there (reconcile),
-//!   clean up.
+//! - Istio's rules as an apply meets them ([`capture`]): found and removed, described, why an
+//!   apply refused, and the iptables backend's run over them.
 //! - Istio's validation ([`validation`]): the probe and, when it fails, why.
 //! - Ambient: which pods are enrolled and what their annotations change ([`ambient`]), and
 //!   kubelet's UID for the host's probe SNAT ([`kubelet`], also `ambient::kubelet_uid`).

@@ -1,27 +1,17 @@
-//! Before a program run in a namespace that may hold rules already (ours from an earlier run,
-//! or Istio's): program, skip, or replace, as the flags allow. Two capture rule sets would both
-//! act on every packet, and rules of ours for another configuration would be silently kept, so
-//! both are refused unless the operator asked to replace them (`--reconcile`).
+//! Istio's rules in a namespace, found and removed, and why an apply over what a namespace
+//! holds refused: two capture rule sets would both act on every packet, and rules of ours for
+//! another configuration would be silently kept, so both are refused unless the caller asked
+//! to replace them (redirect-init's `--reconcile`). The policy itself is the facade's
+//! `Namespace::apply_with`; the iptables backend's own run is [`reconcile_iptables`].
 
-use std::cell::RefCell;
 use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::xtables::{self, Leftover, Tool, Variant};
 use redirect_kernel::backend::Backend;
 use redirect_kernel::capture;
-use redirect_kernel::nft::{self, Difference, Nft};
-use redirect_model::table::TABLE;
+use redirect_kernel::nft::{Difference, Nft};
 use redirect_model::{sidecar_routes, CaptureConfig, Ruleset};
-
-/// What the operator allowed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Flags {
-    /// Replace Istio's rules, or ours for another configuration (`--reconcile`).
-    pub reconcile: bool,
-    /// Program even when ours are already in place (`--force-apply`).
-    pub force_apply: bool,
-}
 
 /// Istio's capture rules in a namespace (or our iptables backend's, which look the same).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,8 +30,7 @@ impl IstioRules {
 }
 
 /// Where a run reads and removes Istio's rules: [`LiveIstioRules`] for the kernel and the
-/// host's iptables; a `RefCell<IstioRules>` holds them in memory for a test (removing empties
-/// it).
+/// host's iptables; a test's store holds them in memory (`redirect_core::testing::FakeForeign`).
 pub trait IstioRuleStore {
     /// Istio's tables and chains as they are now.
     fn read(&self) -> Result<IstioRules>;
@@ -73,52 +62,6 @@ impl IstioRuleStore for LiveIstioRules<'_> {
             chains: xtables::remove_istio_leftovers()?,
         })
     }
-}
-
-impl IstioRuleStore for RefCell<IstioRules> {
-    fn read(&self) -> Result<IstioRules> {
-        Ok(self.borrow().clone())
-    }
-
-    fn remove(&self) -> Result<IstioRules> {
-        Ok(self.take())
-    }
-}
-
-/// What the namespace holds before the run: ours, Istio's.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Existing {
-    /// Our table against the plan: `None` when there is no table of ours, empty when equal.
-    pub ours: Option<Vec<Difference>>,
-    /// Istio's tables and chains.
-    pub istio: IstioRules,
-}
-
-impl Existing {
-    /// One read of our table (compared with `rs`), and Istio's tables and chains.
-    pub fn read(k: &dyn Backend, istio: &dyn IstioRuleStore, rs: &Ruleset) -> Result<Existing> {
-        // A pod's first run finds no table: skip building the expected state to compare with.
-        let ours = k.read_table()?.map(|t| nft::compare(rs, Some(&t)));
-        Ok(Existing {
-            ours,
-            istio: istio.read()?,
-        })
-    }
-}
-
-/// What a run does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resolution {
-    /// Ours are in place and equal, and nothing else is: the routes beside them are ensured.
-    Skip,
-    /// Program the plan (creating our table, or replacing it atomically), then remove Istio's
-    /// when there are any, so no packet goes uncaptured in between.
-    Apply {
-        /// A table of ours is there already, and is replaced.
-        replaces_ours: bool,
-        /// Istio's rules are there, and go once ours are in place.
-        removes_istio: bool,
-    },
 }
 
 /// Why a run would not program.
@@ -215,90 +158,29 @@ pub fn describe(chains: &[Leftover]) -> String {
         .join(", ")
 }
 
-/// What a run of the nftables backend does about what it found, as the flags allow.
-pub fn resolve(found: &Existing, flags: Flags) -> Result<Resolution, Refusal> {
-    let istio = !found.istio.is_empty();
-    if istio && !flags.reconcile {
-        return Err(Refusal::IstioRules(found.istio.clone()));
-    }
-    match &found.ours {
-        Some(d) if d.is_empty() && !flags.force_apply && !istio => Ok(Resolution::Skip),
-        Some(d) if !d.is_empty() && !flags.reconcile && !flags.force_apply => {
-            Err(Refusal::OursDiffer {
-                differences: d.clone(),
-            })
-        }
-        ours => Ok(Resolution::Apply {
-            replaces_ours: ours.is_some(),
-            removes_istio: istio,
-        }),
-    }
-}
-
-/// What `reconcile` did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reconciled {
-    /// What the run decided: skip (the routes only) or apply.
-    pub resolution: Resolution,
-    /// Istio's tables and chains removed after ours were in place.
-    pub removed_istio: IstioRules,
-}
-
-/// Read what is there, resolve what to do, and program `rs` (planned from `cfg`) with the nftables
-/// backend; the routes beside the rules are ensured either way, and first (see
-/// `redirect_kernel::capture::apply`), so a run that finds its rules in place completes the routes a killed run
-/// left out.
-pub fn reconcile(
-    k: &dyn Backend,
-    istio: &dyn IstioRuleStore,
-    cfg: &CaptureConfig,
-    rs: &Ruleset,
-    flags: Flags,
-) -> Result<Reconciled> {
-    let found = Existing::read(k, istio, rs)?;
-    let resolution = resolve(&found, flags).map_err(Refused)?;
-    match resolution {
-        Resolution::Apply { .. } => {
-            capture::apply_in(k, TABLE, &sidecar_routes(cfg), rs).map_err(Error::from)?;
-        }
-        Resolution::Skip => capture::apply_routes(k, &sidecar_routes(cfg)).map_err(Error::from)?,
-    }
-    let removed_istio = match resolution {
-        // Ours are in place first, so no packet goes uncaptured while Istio's go.
-        Resolution::Apply {
-            removes_istio: true,
-            ..
-        } => istio.remove()?,
-        _ => IstioRules::default(),
-    };
-    Ok(Reconciled {
-        resolution,
-        removed_istio,
-    })
-}
-
 /// What `reconcile_iptables` did.
 #[derive(Clone, Debug)]
 pub struct ReconciledIptables {
     /// The binaries that loaded each family's rules.
     pub tools: Vec<Tool>,
-    /// Istio's chains removed (under `--reconcile`) before ours were loaded.
+    /// Istio's chains removed (`replace`) before ours were loaded.
     pub removed_istio_chains: Vec<Leftover>,
-    /// Our nftables table, removed under `--reconcile`.
+    /// Our nftables table, removed (`replace`).
     pub removed_our_table: bool,
 }
 
 /// The iptables backend's run: Istio's chains are refused (iptables-restore cannot create them
-/// again) unless `--reconcile` removes them first, with our nftables table.
+/// again) unless `replace` (redirect-init's `--reconcile`) removes them first, with our
+/// nftables table.
 pub fn reconcile_iptables(
     k: &dyn Backend,
     cfg: &CaptureConfig,
     rs: &Ruleset,
-    flags: Flags,
+    replace: bool,
     force_binary: Option<Variant>,
 ) -> Result<ReconciledIptables> {
     let chains = xtables::find_istio_leftovers()?;
-    if !chains.is_empty() && !flags.reconcile {
+    if !chains.is_empty() && !replace {
         return Err(Refused(Refusal::IstioChains { chains }).into());
     }
     let removed_istio_chains = if chains.is_empty() {
@@ -307,7 +189,7 @@ pub fn reconcile_iptables(
         xtables::remove_istio_leftovers()?;
         chains
     };
-    let removed_our_table = flags.reconcile && k.remove_table().map_err(Error::from)?;
+    let removed_our_table = replace && k.remove_table().map_err(Error::from)?;
     let tools = capture::routes_then(k, &sidecar_routes(cfg), || xtables::apply(rs, force_binary))?;
     Ok(ReconciledIptables {
         tools,
@@ -321,86 +203,18 @@ mod tests {
     use super::*;
     use redirect_model::Family;
 
-    fn chain() -> Leftover {
-        Leftover {
+    #[test]
+    fn refusals_name_the_flag_and_the_chains() {
+        let chain = Leftover {
             family: Family::V4,
             variant: Variant::Nft,
             table: "nat".into(),
             chain: "ISTIO_OUTPUT".into(),
             rules: 3,
             jumps: 1,
-        }
-    }
-
-    fn found(ours: Option<Vec<Difference>>, istio: bool) -> Existing {
-        Existing {
-            ours,
-            istio: IstioRules {
-                nft_tables: Vec::new(),
-                chains: if istio { vec![chain()] } else { Vec::new() },
-            },
-        }
-    }
-
-    const NONE: Flags = Flags {
-        reconcile: false,
-        force_apply: false,
-    };
-    const RECONCILE: Flags = Flags {
-        reconcile: true,
-        force_apply: false,
-    };
-    const FORCE: Flags = Flags {
-        reconcile: false,
-        force_apply: true,
-    };
-
-    fn apply(replaces_ours: bool, removes_istio: bool) -> Result<Resolution, Refusal> {
-        Ok(Resolution::Apply {
-            replaces_ours,
-            removes_istio,
-        })
-    }
-
-    #[test]
-    fn a_first_run_programs() {
-        assert_eq!(resolve(&found(None, false), NONE), apply(false, false));
-    }
-
-    #[test]
-    fn equal_rules_are_left_alone_unless_forced() {
-        let equal = found(Some(Vec::new()), false);
-        assert_eq!(resolve(&equal, NONE), Ok(Resolution::Skip));
-        assert_eq!(resolve(&equal, RECONCILE), Ok(Resolution::Skip));
-        assert_eq!(resolve(&equal, FORCE), apply(true, false));
-    }
-
-    #[test]
-    fn our_rules_for_another_config_need_a_flag() {
-        let differ = found(Some(vec![Difference::TableMissing]), false);
-        assert!(matches!(
-            resolve(&differ, NONE),
-            Err(Refusal::OursDiffer { differences }) if differences.len() == 1
-        ));
-        assert_eq!(resolve(&differ, RECONCILE), apply(true, false));
-        assert_eq!(resolve(&differ, FORCE), apply(true, false));
-    }
-
-    #[test]
-    fn istio_rules_need_reconcile_even_when_forced() {
-        for ours in [None, Some(Vec::new())] {
-            let f = found(ours.clone(), true);
-            assert!(matches!(resolve(&f, NONE), Err(Refusal::IstioRules(_))));
-            assert!(matches!(resolve(&f, FORCE), Err(Refusal::IstioRules(_))));
-            // Equal rules of ours are programmed again before Istio's go.
-            assert_eq!(resolve(&f, RECONCILE), apply(ours.is_some(), true));
-        }
-    }
-
-    #[test]
-    fn refusals_name_the_flag_and_the_chains() {
+        };
         let r = Refusal::IstioChains {
-            chains: vec![chain()],
+            chains: vec![chain],
         }
         .to_string();
         assert!(r.contains("nft/IPv4/nat/ISTIO_OUTPUT"), "{r}");
