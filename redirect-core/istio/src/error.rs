@@ -17,25 +17,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A config value that cannot be planned: the field, the value, and what is accepted.
     #[error(transparent)]
-    Config(redirect_model::Error),
+    Config(#[from] redirect_model::Error),
 
     /// The namespace could not be opened, is not a network namespace, or could not be entered.
     #[error(transparent)]
-    Namespace(netns::Error),
+    Namespace(#[from] netns::Error),
 
     /// nftables refused our table, or a read of it did not settle.
     #[error(transparent)]
-    Rules(nft::Error),
+    Rules(#[from] nft::Error),
 
     /// The routes beside the rules (TPROXY policy routing, `::6` on `lo`) or the interfaces'
     /// addresses could not be read or written.
     #[error(transparent)]
-    Routes(routes::Error),
+    Routes(#[from] routes::Error),
 
     /// What the namespace holds needs another policy: capture rules we did not write, or
     /// ours for another capture. Nothing was changed.
     #[error(transparent)]
-    Refused(Refused),
+    Refused(#[from] Refused),
 
     /// An external tool failed: the iptables backend's `iptables-restore`, or the node's
     /// `iptables-save` listing Istio's chains.
@@ -56,36 +56,6 @@ impl Error {
             Error::Rules(e) => e.missing_feature(),
             _ => None,
         }
-    }
-}
-
-impl From<Refused> for Error {
-    fn from(e: Refused) -> Self {
-        Error::Refused(e)
-    }
-}
-
-impl From<redirect_model::Error> for Error {
-    fn from(e: redirect_model::Error) -> Self {
-        Error::Config(e)
-    }
-}
-
-impl From<netns::Error> for Error {
-    fn from(e: netns::Error) -> Self {
-        Error::Namespace(e)
-    }
-}
-
-impl From<nft::Error> for Error {
-    fn from(e: nft::Error) -> Self {
-        Error::Rules(e)
-    }
-}
-
-impl From<routes::Error> for Error {
-    fn from(e: routes::Error) -> Self {
-        Error::Routes(e)
     }
 }
 
