@@ -486,10 +486,7 @@ fn open(call: &Call, netns: &Netns, what: &str) -> Result<Namespace, CniError> {
 /// ADD's policy over what the namespace holds: the runtime made it for this sandbox moments
 /// ago, so no other capture layer can be in it yet, and nothing is read for one
 /// ([`Foreign::Keep`] costs nothing); ours from an earlier ADD are updated in place.
-const ADD_POLICY: Apply = Apply {
-    foreign: Foreign::Keep,
-    ours: redirect_core::foreign::Ours::Replace,
-};
+const ADD_POLICY: Apply = Apply::foreign(Foreign::Keep);
 
 fn add(call: &Call, conf: &NetConf) -> Result<Answer, CniError> {
     let stdout = passthrough(&conf.cni_version, conf.prev_result.as_ref());

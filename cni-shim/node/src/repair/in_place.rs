@@ -147,10 +147,7 @@ pub fn repair_with(
 /// Repair's policy over what the pod's namespace holds: the pod started before our plugin was
 /// there, so rules another layer wrote are kept as they are (today's behaviour; the switch from
 /// Istio replaces them); ours for another config are updated in place, as ADD would.
-const REPAIR_POLICY: Apply = Apply {
-    foreign: Foreign::Keep,
-    ours: redirect_core::foreign::Ours::Replace,
-};
+const REPAIR_POLICY: Apply = Apply::foreign(Foreign::Keep);
 
 /// The capture ADD would apply, then how the namespace differs from it, one line each.
 fn apply_and_read_back(
