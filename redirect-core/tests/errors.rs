@@ -3,41 +3,13 @@
 //! standing inside the one before it, so a chain reporter (anyhow's `{:#}`, `eyre`, a
 //! program's own) prints each thing once; and the first message still names the value.
 
-use std::error::Error as _;
 use std::io;
 
 use redirect_core::foreign::{ForeignRules, Ours};
 use redirect_core::testing::{Fake, FakeForeign};
 use redirect_core::{Apply, Capture, CaptureConfig, Error, Family, Foreign, Namespace};
 use redirect_kernel::{nft, routes};
-
-/// The messages of `e`'s chain, outermost first.
-fn chain(e: &Error) -> Vec<String> {
-    let mut out = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        out.push(s.to_string());
-        next = s.source();
-    }
-    out
-}
-
-fn assert_once(kind: &str, e: &Error, names: &str) {
-    let msgs = chain(e);
-    for (i, outer) in msgs.iter().enumerate() {
-        for inner in &msgs[i + 1..] {
-            assert!(
-                !outer.contains(inner.as_str()),
-                "{kind}: a chain reporter would print {inner:?} twice: {msgs:#?}"
-            );
-        }
-    }
-    assert!(
-        msgs[0].contains(names),
-        "{kind}: {:?} does not name {names:?}",
-        msgs[0]
-    );
-}
+use redirect_testkit::errors::assert_each_message_once;
 
 #[test]
 fn each_kind_prints_each_message_once() {
@@ -45,13 +17,13 @@ fn each_kind_prints_each_message_once() {
     bad.envoy_port = 0;
     let config: Error = bad.validated().unwrap_err().into();
     assert!(matches!(config, Error::Config(_)));
-    assert_once("Config", &config, "0");
+    assert_each_message_once("Config", &config, "0");
 
     let namespace = Namespace::open("/nonexistent/redirect-errors-test")
         .err()
         .unwrap();
     assert!(matches!(namespace, Error::Namespace(_)));
-    assert_once("Namespace", &namespace, "/nonexistent/redirect-errors-test");
+    assert_each_message_once("Namespace", &namespace, "/nonexistent/redirect-errors-test");
 
     let rules: Error = nft::Error::Rejected {
         what: "our table".into(),
@@ -61,7 +33,7 @@ fn each_kind_prints_each_message_once() {
     }
     .into();
     assert!(matches!(rules, Error::Rules(_)));
-    assert_once("Rules", &rules, "our table");
+    assert_each_message_once("Rules", &rules, "our table");
 
     let routes: Error = routes::Error::Route {
         what: "adding the TPROXY rule".into(),
@@ -72,19 +44,19 @@ fn each_kind_prints_each_message_once() {
     }
     .into();
     assert!(matches!(routes, Error::Routes(_)));
-    assert_once("Routes", &routes, "TPROXY rule");
+    assert_each_message_once("Routes", &routes, "TPROXY rule");
 
     let tool = Error::Tool {
         tool: "iptables-restore".into(),
         detail: "exit 2".into(),
     };
-    assert_once("Tool", &tool, "iptables-restore");
+    assert_each_message_once("Tool", &tool, "iptables-restore");
 
     // The kernel layer's aggregate, as the layers beneath hand it up.
     let via_kernel: Error =
         redirect_kernel::Error::from(nft::Error::ReadUnsettled { tries: 10 }).into();
     assert!(matches!(via_kernel, Error::Rules(_)));
-    assert_once("Rules via the kernel layer", &via_kernel, "10 reads");
+    assert_each_message_once("Rules via the kernel layer", &via_kernel, "10 reads");
 
     // A refusal of the one apply: foreign rules, and ours for another capture.
     let foreign = FakeForeign::new(ForeignRules {
@@ -95,7 +67,7 @@ fn each_kind_prints_each_message_once() {
     let sidecar = Capture::Sidecar(CaptureConfig::istio_sidecar_default().validated().unwrap());
     let refused = pod.apply(&sidecar).unwrap_err();
     assert!(matches!(&refused, Error::Refused(r) if r.foreign().is_some()));
-    assert_once("Refused (foreign)", &refused, "istio-proxy-nat");
+    assert_each_message_once("Refused (foreign)", &refused, "istio-proxy-nat");
 
     let pod = Namespace::with_backend(Box::new(Fake::default()));
     pod.apply(&sidecar).unwrap();
@@ -111,5 +83,5 @@ fn each_kind_prints_each_message_once() {
         )
         .unwrap_err();
     assert!(matches!(&refused, Error::Refused(r) if r.ours_differ().is_some()));
-    assert_once("Refused (ours differ)", &refused, "another configuration");
+    assert_each_message_once("Refused (ours differ)", &refused, "another configuration");
 }

@@ -158,14 +158,19 @@ fn pod_with_istio(form: &str) -> Topology {
     topo
 }
 
+/// That connection, redirected to the pod's `port` with its original destination.
+fn captured_to(topo: &Topology, port: u16) -> Outcome {
+    Outcome::landed(
+        Side::Pod,
+        port,
+        Some(SocketAddr::new(topo.peer_addr(false), 80)),
+    )
+}
+
 fn istio_captures_outbound(topo: &Topology) {
     assert_eq!(
         outbound(topo),
-        Outcome::landed(
-            Side::Pod,
-            15001,
-            Some(SocketAddr::new(topo.peer_addr(false), 80))
-        ),
+        captured_to(topo, 15001),
         "Istio's rules capture the app's outbound connection"
     );
 }
@@ -213,11 +218,7 @@ fn istios_rules_in_each_form_are_found_refused_and_replaced() {
         );
         assert_eq!(
             outbound(&topo),
-            Outcome::landed(
-                Side::Pod,
-                15020,
-                Some(SocketAddr::new(topo.peer_addr(false), 80))
-            ),
+            captured_to(&topo, 15020),
             "{form}: our rules capture now"
         );
     }

@@ -34,6 +34,7 @@ pub mod bad_input;
 pub mod binary;
 pub mod configs;
 pub mod docs;
+pub mod errors;
 mod flow;
 mod landings;
 mod listeners;

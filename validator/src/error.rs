@@ -88,42 +88,12 @@ mod tests {
 
     use super::Error;
     use redirect_core::eval::Flow;
-
-    /// The messages of `e`'s chain, outermost first.
-    fn chain(e: &Error) -> Vec<String> {
-        let mut out = vec![e.to_string()];
-        let mut next = std::error::Error::source(e);
-        while let Some(s) = next {
-            out.push(s.to_string());
-            next = s.source();
-        }
-        out
-    }
+    use redirect_testkit::errors::{assert_each_message_once, assert_shown_once};
 
     fn assert_once(kind: &str, e: &Error, names: &str) {
-        let msgs = chain(e);
+        let msgs = assert_each_message_once(kind, e, names);
         assert!(msgs.len() > 1, "{kind}: no source: {msgs:?}");
-        for (i, outer) in msgs.iter().enumerate() {
-            for inner in &msgs[i + 1..] {
-                assert!(
-                    !outer.contains(inner.as_str()),
-                    "{kind}: a chain reporter would print {inner:?} twice: {msgs:#?}"
-                );
-            }
-        }
-        assert!(
-            msgs[0].contains(names),
-            "{kind}: {:?} does not name {names:?}",
-            msgs[0]
-        );
-        let line = redirect_program::errors::chain(e);
-        for m in &msgs {
-            assert_eq!(
-                line.matches(m.as_str()).count(),
-                1,
-                "{kind}: {m:?} is not shown once in {line:?}"
-            );
-        }
+        assert_shown_once(kind, &redirect_program::errors::chain(e), &msgs);
     }
 
     #[test]

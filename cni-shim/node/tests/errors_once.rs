@@ -17,43 +17,13 @@ use cni_node::repair::in_place::RepairError;
 use cni_node::Error;
 use redirect_core::ambient::KubeletUidError;
 use redirect_core::mesh::MeshError;
+use redirect_testkit::errors::{assert_each_message_once, assert_shown_once, messages};
 use zds::server::ZdsError;
 
-/// The messages of `e`'s chain, outermost first.
-fn chain(e: &dyn std::error::Error) -> Vec<String> {
-    let mut out = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        out.push(s.to_string());
-        next = s.source();
-    }
-    out
-}
-
 fn assert_once(kind: &str, e: &dyn std::error::Error, names: &str) {
-    let msgs = chain(e);
-    for (i, outer) in msgs.iter().enumerate() {
-        for inner in &msgs[i + 1..] {
-            assert!(
-                !outer.contains(inner.as_str()),
-                "{kind}: a chain reporter would print {inner:?} twice: {msgs:#?}"
-            );
-        }
-    }
-    assert!(
-        msgs[0].contains(names),
-        "{kind}: {:?} does not name {names:?}",
-        msgs[0]
-    );
+    let msgs = assert_each_message_once(kind, e, names);
     // What the log line (or the answer) shows: the whole chain, each message once.
-    let line = redirect_program::errors::chain(e);
-    for m in &msgs {
-        assert_eq!(
-            line.matches(m.as_str()).count(),
-            1,
-            "{kind}: {m:?} is not shown once in {line:?}"
-        );
-    }
+    assert_shown_once(kind, &redirect_program::errors::chain(e), &msgs);
 }
 
 fn denied() -> io::Error {
@@ -109,7 +79,12 @@ fn each_wrapping_error_prints_each_message_once() {
         source: Box::new(read_error()),
     };
     assert_once("RepairError::Netns (unreadable)", &unreadable, "shop/web");
-    assert_eq!(chain(&unreadable).len(), 3, "{:?}", chain(&unreadable));
+    assert_eq!(
+        messages(&unreadable).len(),
+        3,
+        "{:?}",
+        messages(&unreadable)
+    );
 
     let refused = redirect_core::Error::from(redirect_core::error::NamespaceError::Open {
         path: "/proc/42/ns/net".into(),
