@@ -107,11 +107,43 @@ fn our_rules_for_another_config_are_refused_unless_reconcile() {
 }
 
 #[test]
+fn rules_that_cannot_be_removed_are_not_replaced_and_nothing_is_programmed() {
+    let fake = fake();
+    let unread = "iptables-legacy IPv4 tables (nat) that no iptables-legacy-save here can read";
+    let istio = FakeForeign::new(IstioRules {
+        unread: vec![unread.into()],
+        ..Default::default()
+    });
+    let e = run(&fake, &istio, &["--reconcile"]).unwrap_err();
+    assert!(
+        e.message.contains("cannot be replaced here"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains(unread),
+        "names what it found: {}",
+        e.message
+    );
+    assert!(
+        e.message.contains("iptables-legacy-save"),
+        "says the way: {}",
+        e.message
+    );
+    assert_eq!(fake.state().batches, 0, "nothing programmed");
+    assert!(!istio.rules().is_empty(), "what was there is left alone");
+    // Refused by default too, naming them.
+    let e = run(&fake, &istio, &[]).unwrap_err();
+    assert!(e.message.contains(unread), "{}", e.message);
+}
+
+#[test]
 fn istio_rules_are_refused_then_replaced_after_ours_are_in() {
     let fake = fake();
     let istio = FakeForeign::new(IstioRules {
         nft_tables: vec!["istio-proxy-nat".into()],
         chains: vec![istio_chain()],
+        unread: Vec::new(),
     });
     let e = run(&fake, &istio, &["--force-apply"]).unwrap_err();
     assert!(e.message.contains("Istio's capture rules"), "{}", e.message);

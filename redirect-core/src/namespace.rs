@@ -120,10 +120,15 @@ impl Namespace {
             Foreign::Keep => None,
             Foreign::Refuse | Foreign::Replace => Some(self.foreign()?),
         };
-        if let (Foreign::Refuse, Some(found)) = (how.foreign, &foreign_found) {
-            if !found.is_empty() {
-                return Err(Refused(Refusal::IstioRules(found.clone())).into());
+        match (how.foreign, &foreign_found) {
+            (Foreign::Refuse, Some(found)) if !found.is_empty() => {
+                return Err(Refused(Refusal::IstioRules(Box::new(found.clone()))).into());
             }
+            // Replacing what cannot be removed would leave two captures: refused up front.
+            (Foreign::Replace, Some(found)) if !found.unread.is_empty() => {
+                return Err(Refused(Refusal::CannotReplace(Box::new(found.clone()))).into());
+            }
+            _ => {}
         }
         let ours_before = match how.ours {
             Ours::Replace => OursBefore::NotRead,

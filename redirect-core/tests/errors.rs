@@ -62,12 +62,25 @@ fn each_kind_prints_each_message_once() {
     let foreign = FakeForeign::new(ForeignRules {
         nft_tables: vec!["istio-proxy-nat".into()],
         chains: Vec::new(),
+        unread: Vec::new(),
     });
     let pod = Namespace::with_backend(Box::new(Fake::default())).with_foreign(foreign);
     let sidecar = Capture::Sidecar(CaptureConfig::istio_sidecar_default().validated().unwrap());
     let refused = pod.apply(&sidecar).unwrap_err();
     assert!(matches!(&refused, Error::Refused(r) if r.foreign().is_some()));
     assert_each_message_once("Refused (foreign)", &refused, "istio-proxy-nat");
+
+    // Rules that cannot be removed here, refused up front by a replace.
+    let unread = "iptables-legacy IPv4 tables (nat) that no iptables-legacy-save here can read";
+    let foreign = FakeForeign::new(ForeignRules {
+        unread: vec![unread.into()],
+        ..Default::default()
+    });
+    let pod = Namespace::with_backend(Box::new(Fake::default())).with_foreign(foreign);
+    let refused = pod
+        .apply_with(&sidecar, Apply::foreign(Foreign::Replace))
+        .unwrap_err();
+    assert_each_message_once("Refused (cannot replace)", &refused, unread);
 
     let pod = Namespace::with_backend(Box::new(Fake::default()));
     pod.apply(&sidecar).unwrap();

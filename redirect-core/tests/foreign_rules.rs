@@ -37,6 +37,7 @@ fn fake_with_istio() -> (Fake, FakeForeign, Namespace) {
     let istio = FakeForeign::new(ForeignRules {
         nft_tables: vec!["istio-proxy-nat".into()],
         chains: vec![istio_chain()],
+        unread: Vec::new(),
     });
     let ns = Namespace::with_backend(Box::new(fake.clone())).with_foreign(istio.clone());
     (fake, istio, ns)

@@ -662,3 +662,131 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
         Outcome::landed(Side::Peer, 80, None)
     );
 }
+
+/// iptables-nft's tables read and emptied over netlink, with no binary (what the node agent,
+/// whose image has none, does): for Istio's cases loaded with `iptables-nft-restore`, plus a
+/// rule and a chain of someone else's, the netlink read finds what `iptables-nft-save` finds,
+/// and the netlink removal leaves exactly what the binaries' removal leaves in a twin.
+/// Istio's TPROXY tail (mangle's CONNMARK rules, an xtables target) is the one shape the
+/// netlink read does not know: in `tproxy` it finds the chains and jumps, not those rules.
+#[test]
+fn iptables_nft_chains_are_read_and_removed_over_netlink_as_the_binaries_do() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let key = |l: &Leftover| {
+        (
+            l.family.to_string(),
+            l.table.clone(),
+            l.chain.clone(),
+            l.rules,
+            l.jumps,
+        )
+    };
+    let netlink = |ns: &TestNetns| {
+        redirect_testkit::run_in(ns.path(), || {
+            let nft = redirect_kernel::nft::Nft::open().unwrap();
+            nft.xtables_chains(&Family::ALL, "ISTIO_").unwrap().chains
+        })
+    };
+    let xt_key = |c: &redirect_kernel::nft::XtChain| {
+        (
+            c.family.to_string(),
+            c.table.clone(),
+            c.chain.clone(),
+            c.rules,
+            c.jumps,
+        )
+    };
+    for name in [
+        "basic-exclude-nic",
+        "ipnets-with-kube-virt-interfaces",
+        "tproxy",
+    ] {
+        let case = IstioCase::load(name);
+        let twins: Vec<Topology> = (0..2)
+            .map(|_| {
+                let t = Topology::for_case(&case);
+                load_istio_case_with(&t.pod, &case, Some("nft"));
+                t.pod.sh(
+                    "iptables-nft -t nat -N MINE && iptables-nft -t nat -A MINE -i eth1 -j RETURN",
+                );
+                t.pod
+                    .sh("iptables-nft -t nat -A POSTROUTING -o eth0 -j MINE");
+                t
+            })
+            .collect();
+        let (by_binary, by_netlink) = (&twins[0].pod, &twins[1].pod);
+
+        let mut want: Vec<_> =
+            redirect_testkit::run_in(by_binary.path(), xtables::find_istio_leftovers)
+                .unwrap()
+                .iter()
+                .map(key)
+                .collect();
+        let mut got: Vec<_> = netlink(by_netlink).iter().map(xt_key).collect();
+        want.sort();
+        got.sort();
+        if name == "tproxy" {
+            let chains = |v: &[(String, String, String, usize, usize)]| {
+                v.iter()
+                    .filter(|k| k.2.starts_with("ISTIO_"))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(chains(&got), chains(&want), "{name}");
+            assert!(!chains(&got).is_empty(), "{name}");
+        } else {
+            assert_eq!(
+                got, want,
+                "{name}: the netlink read equals iptables-nft-save's"
+            );
+        }
+
+        redirect_testkit::run_in(by_binary.path(), xtables::remove_istio_leftovers).unwrap();
+        let removed = redirect_testkit::run_in(by_netlink.path(), || {
+            let nft = redirect_kernel::nft::Nft::open().unwrap();
+            nft.remove_xtables_chains(&Family::ALL, "ISTIO_").unwrap()
+        });
+        assert_eq!(
+            removed.iter().map(xt_key).collect::<Vec<_>>().len(),
+            got.len(),
+            "{name}: removed what it found"
+        );
+        assert!(
+            netlink(by_netlink).is_empty(),
+            "{name}: nothing left to find"
+        );
+        for f in Family::ALL {
+            let (a, b) = (
+                save(by_binary, f, Variant::Nft),
+                save(by_netlink, f, Variant::Nft),
+            );
+            let (a, b) = (content(&a), content(&b));
+            if name == "tproxy" {
+                // The TPROXY tail stays with the netlink removal: everything else is equal.
+                let rest = |v: &[String]| {
+                    v.iter()
+                        .filter(|l| {
+                            !l.contains("CONNMARK") && !l.contains("MARK") && !l.contains("-m mark")
+                        })
+                        .cloned()
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(rest(&b), rest(&a), "{name} {f}");
+            } else {
+                assert_eq!(
+                    b, a,
+                    "{name} {f}: the same rules left as the binaries leave"
+                );
+            }
+            assert!(b.iter().all(|l| !l.contains("ISTIO_")), "{name} {f}: {b:?}");
+        }
+        assert!(
+            content(&save(by_netlink, Family::V4, Variant::Nft))
+                .iter()
+                .any(|l| l.contains("-A MINE -i eth1 -j RETURN")),
+            "someone else's chain stays"
+        );
+    }
+}

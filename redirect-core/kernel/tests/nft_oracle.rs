@@ -26,8 +26,9 @@ use proptest::prelude::*;
 
 use redirect_kernel::nft::{
     self, Base, ChainKind, CtKey, Encoded, Expr, Features, Label, MetaKey, NftSet, NftTable,
-    SetElem, Verdict,
+    SetElem, Verdict, XtFound,
 };
+use redirect_model::Family;
 use redirect_model::Hook;
 use redirect_model::Ruleset;
 use redirect_model::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection};
@@ -454,6 +455,46 @@ fn oracle(label: &Label, t: &NftTable, acked: bool) -> Vec<u8> {
         Label::FlushChain(name) => chain_flush(&t.name, name),
         Label::DeleteChain(name) => chain_delete(&t.name, name),
         Label::AddRule { chain, rule } => rule_msg(t, *chain, *rule),
+        Label::XtDeleteRule {
+            nfproto,
+            table,
+            chain,
+            handle,
+        } => {
+            let table = Table::new(cstr(table), family(*nfproto));
+            let chain = Chain::new(cstr(chain), &table);
+            let mut rule = Rule::new(&chain);
+            rule.set_handle(*handle);
+            built(|buf| unsafe { rule.write(buf as *mut c_void, 0, MsgType::Del) })
+        }
+        Label::XtFlushChain {
+            nfproto,
+            table,
+            chain,
+        } => {
+            let table = Table::new(cstr(table), family(*nfproto));
+            let chain = Chain::new(cstr(chain), &table);
+            let rule = Rule::new(&chain);
+            built(|buf| unsafe { rule.write(buf as *mut c_void, 0, MsgType::Del) })
+        }
+        Label::XtDeleteChain {
+            nfproto,
+            table,
+            chain,
+        } => {
+            let table = Table::new(cstr(table), family(*nfproto));
+            let chain = Chain::new(cstr(chain), &table);
+            built(|buf| unsafe { chain.write(buf as *mut c_void, 0, MsgType::Del) })
+        }
+    }
+}
+
+/// iptables-nft's families.
+fn family(nfproto: u8) -> ProtoFamily {
+    match nfproto {
+        2 => ProtoFamily::Ipv4,
+        10 => ProtoFamily::Ipv6,
+        other => panic!("not an iptables family: {other}"),
     }
 }
 
@@ -658,6 +699,37 @@ fn host_probe_table_and_its_members_encode_exactly_as_libnftnl() {
         compared += check(&batch, &t, "host update");
     }
     assert!(compared > 20, "{compared}");
+}
+
+#[test]
+fn removing_iptables_nft_chains_encodes_exactly_as_libnftnl() {
+    // Istio's chains in iptables-nft's tables of both families: jumps by handle, the chains
+    // flushed, then deleted.
+    let s = |x: &str| x.to_string();
+    let found = XtFound::of(
+        vec![
+            (Family::V4, s("nat"), s("PREROUTING"), 3),
+            (Family::V4, s("nat"), s("OUTPUT"), 0x1_0000_0002),
+            (Family::V6, s("mangle"), s("OUTPUT"), 7),
+        ],
+        vec![
+            (Family::V4, s("nat"), s("ISTIO_INBOUND")),
+            (Family::V4, s("nat"), s("ISTIO_OUTPUT")),
+            (Family::V6, s("mangle"), s("ISTIO_DIVERT")),
+        ],
+    );
+    for features in [
+        Features::of_release("5.10.0"),
+        Features::of_release("6.12.0"),
+    ] {
+        let batch = nft::testing::encode_xtables_removal(&found, features);
+        let compared = check(&batch, &NftTable::default(), "iptables-nft removal");
+        assert_eq!(
+            compared,
+            2 + 3 + 3 + 3,
+            "begin, 3 rules, 3 flushes, 3 deletes, end"
+        );
+    }
 }
 
 #[test]

@@ -20,12 +20,37 @@ pub struct IstioRules {
     pub nft_tables: Vec<String>,
     /// Istio's iptables chains, and its rules in built-in chains.
     pub chains: Vec<Leftover>,
+    /// iptables tables that are here but could not be read, one line each: iptables-legacy's
+    /// on a node without `iptables-legacy-save` (they may hold Istio's rules; they cannot be
+    /// removed either).
+    pub unread: Vec<String>,
 }
 
 impl IstioRules {
-    /// Whether there is neither an Istio table nor an Istio chain.
+    /// Whether there is neither an Istio table nor an Istio chain, nor a table that could not
+    /// be read.
     pub fn is_empty(&self) -> bool {
-        self.nft_tables.is_empty() && self.chains.is_empty()
+        self.nft_tables.is_empty() && self.chains.is_empty() && self.unread.is_empty()
+    }
+}
+
+impl fmt::Display for IstioRules {
+    /// `nft tables [..]; iptables chains ..; unread: ..`, the parts that are there.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if !self.nft_tables.is_empty() {
+            parts.push(format!("nft tables {}", self.nft_tables.join(", ")));
+        }
+        if !self.chains.is_empty() {
+            parts.push(format!("iptables chains {}", describe(&self.chains)));
+        }
+        if !self.unread.is_empty() {
+            parts.push(self.unread.join("; "));
+        }
+        if parts.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&parts.join("; "))
     }
 }
 
@@ -50,9 +75,11 @@ pub struct LiveIstioRules<'a>(
 impl IstioRuleStore for LiveIstioRules<'_> {
     fn read(&self) -> Result<IstioRules> {
         let list = self.0.tables()?;
+        let (chains, unread) = xtables::find_istio_leftovers_in(&list.families())?;
         Ok(IstioRules {
             nft_tables: crate::tables::istio_tables_in(&list),
-            chains: xtables::find_istio_leftovers_in(&list.families())?,
+            chains,
+            unread,
         })
     }
 
@@ -60,6 +87,7 @@ impl IstioRuleStore for LiveIstioRules<'_> {
         Ok(IstioRules {
             nft_tables: crate::tables::remove_istio_tables(self.0)?,
             chains: xtables::remove_istio_leftovers()?,
+            unread: Vec::new(),
         })
     }
 }
@@ -68,12 +96,15 @@ impl IstioRuleStore for LiveIstioRules<'_> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// Istio's rules are there and `--reconcile` was not given.
-    IstioRules(IstioRules),
+    IstioRules(Box<IstioRules>),
     /// Our rules for another configuration are there, and neither flag was given.
     OursDiffer {
         /// How our table differs from the plan.
         differences: Vec<Difference>,
     },
+    /// Istio's rules were to be replaced, but some cannot be read or removed here (iptables-legacy
+    /// tables with no binary): ours were not applied, theirs are as they were.
+    CannotReplace(Box<IstioRules>),
     /// The iptables backend finds `ISTIO_*` chains, which iptables-restore cannot create again.
     IstioChains {
         /// The chains (and Istio's rules in built-in chains) found.
@@ -86,9 +117,10 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::IstioRules(istio) => write!(
                 f,
-                "this namespace already holds Istio's capture rules (nft tables {:?}; iptables chains {}): both sets of rules would act on every packet. Replace them with ours (redirect-init --reconcile; the library's Foreign::Replace), or remove them (redirect-init --cleanup-only)",
+                "this namespace already holds Istio's capture rules (nft tables {:?}; iptables chains {}{}): both sets of rules would act on every packet. Replace them with ours (redirect-init --reconcile; the library's Foreign::Replace), or remove them (redirect-init --cleanup-only)",
                 istio.nft_tables,
-                describe(&istio.chains)
+                describe(&istio.chains),
+                istio.unread.iter().map(|u| format!("; {u}")).collect::<String>()
             ),
             Refusal::OursDiffer { differences } => {
                 // One line: it is logged, and a log line is one event.
@@ -105,6 +137,10 @@ impl fmt::Display for Refusal {
                     shown.join("; ")
                 )
             }
+            Refusal::CannotReplace(istio) => write!(
+                f,
+                "this namespace holds capture rules that cannot be replaced here ({istio}): nothing was changed, they still capture. Put iptables-legacy-save and iptables-legacy-restore on the node's PATH to replace them, or leave them (the library's Foreign::Keep; the agent's ADOPT_ISTIO=keep)"
+            ),
             Refusal::IstioChains { chains } => write!(
                 f,
                 "ISTIO_* chains exist already ({}); iptables-restore cannot create them again. Rerun with --reconcile to replace them, or --cleanup-only to remove them",
@@ -123,7 +159,7 @@ impl Refused {
     /// The foreign rules that were found, when they are why.
     pub fn foreign(&self) -> Option<&IstioRules> {
         match &self.0 {
-            Refusal::IstioRules(r) => Some(r),
+            Refusal::IstioRules(r) | Refusal::CannotReplace(r) => Some(r),
             _ => None,
         }
     }

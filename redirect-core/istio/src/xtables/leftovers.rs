@@ -250,7 +250,18 @@ fn has_tables(family: Family, variant: Variant, nft_families: &[Family]) -> Resu
     }
 }
 
-fn scan(nft_families: &[Family]) -> Result<Vec<TableScan>> {
+/// Where a family and variant's tables were read from.
+enum Source {
+    /// Its `-save`, one table at a time; removed with its `-restore`.
+    Binary(TableScan),
+    /// iptables-nft's tables over netlink, when there is no `iptables-nft-save`: what was
+    /// found in that family.
+    Netlink(Family, Vec<Leftover>),
+    /// iptables-legacy's tables, with no binary to read them: in words.
+    Unread(String),
+}
+
+fn scan(nft_families: &[Family]) -> Result<Vec<Source>> {
     let mut out = Vec::new();
     for family in Family::ALL {
         for variant in [Variant::Legacy, Variant::Nft] {
@@ -260,7 +271,10 @@ fn scan(nft_families: &[Family]) -> Result<Vec<TableScan>> {
             }
             let n = names(family, Some(variant));
             let dump = match run(&n.save, &[], None) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    out.extend(without_binary(family, variant, &n.save)?);
+                    continue;
+                }
                 Err(e) => return Err(tool_error(&n.save, spawn_failure(&n.save, &e))),
                 Ok(o) if !o.ok => return Err(tool_error(&n.save, o.failure())),
                 Ok(o) => o.stdout,
@@ -274,31 +288,86 @@ fn scan(nft_families: &[Family]) -> Result<Vec<TableScan>> {
             }
             let (version, _) = version_of(&n.save).map_err(|why| tool_error(&n.save, why))?;
             for (t, cleanup) in tables {
-                out.push(TableScan {
+                out.push(Source::Binary(TableScan {
                     family,
                     variant,
                     table: t.name,
                     restore: n.restore.clone(),
                     lock_wait: lock_wait(variant, &version),
                     cleanup,
-                });
+                }));
             }
         }
     }
     Ok(out)
 }
 
-pub(crate) fn find(nft_families: &[Family]) -> Result<Vec<Leftover>> {
-    Ok(scan(nft_families)?
-        .iter()
-        .flat_map(TableScan::leftovers)
-        .collect())
+/// A family and variant whose tables exist, with no `save` binary on the node: iptables-nft's
+/// are nf_tables tables, read over netlink; iptables-legacy's are named only.
+fn without_binary(family: Family, variant: Variant, save: &str) -> Result<Option<Source>> {
+    Ok(match variant {
+        Variant::Nft => {
+            let found = redirect_kernel::nft::Nft::open()?.xtables_chains(&[family], PREFIX)?;
+            (!found.chains.is_empty()).then(|| {
+                Source::Netlink(family, found.chains.into_iter().map(leftover_of).collect())
+            })
+        }
+        Variant::Legacy => Some(Source::Unread(format!(
+            "iptables-legacy {family} tables ({}) that no {save} here can read",
+            legacy_tables(family).join(", ")
+        ))),
+    })
 }
 
+/// The iptables-legacy tables of this thread's namespace, by name.
+fn legacy_tables(family: Family) -> Vec<String> {
+    let file = match family {
+        Family::V4 => "ip_tables_names",
+        Family::V6 => "ip6_tables_names",
+    };
+    std::fs::read_to_string(format!("/proc/thread-self/net/{file}"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What a scan found: Istio's chains, and the iptables tables that could not be read.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    pub leftovers: Vec<Leftover>,
+    /// One line per variant and family whose tables exist but could not be read (no binary).
+    pub unread: Vec<String>,
+}
+
+pub(crate) fn find(nft_families: &[Family]) -> Result<Found> {
+    let mut found = Found::default();
+    for source in scan(nft_families)? {
+        match source {
+            Source::Binary(t) => found.leftovers.extend(t.leftovers()),
+            Source::Netlink(_, l) => found.leftovers.extend(l),
+            Source::Unread(why) => found.unread.push(why),
+        }
+    }
+    Ok(found)
+}
+
+/// Removes what [`find`] finds. Tables that could not be read are left as they are (the
+/// caller knows them from [`find`]).
 pub(crate) fn remove() -> Result<Vec<Leftover>> {
     let mut removed = Vec::new();
-    let nft_families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
-    for f in scan(&nft_families)? {
+    let nft = redirect_kernel::nft::Nft::open()?;
+    let nft_families = nft.families_with_tables()?;
+    for source in scan(&nft_families)? {
+        let f = match source {
+            Source::Binary(f) => f,
+            Source::Netlink(family, _) => {
+                let went = nft.remove_xtables_chains(&[family], PREFIX)?;
+                removed.extend(went.into_iter().map(leftover_of));
+                continue;
+            }
+            Source::Unread(_) => continue,
+        };
         let mut args = vec!["--noflush"];
         if f.lock_wait {
             args.push("--wait=30");
@@ -328,6 +397,17 @@ pub(crate) fn remove() -> Result<Vec<Leftover>> {
         removed.extend(f.leftovers());
     }
     Ok(removed)
+}
+
+fn leftover_of(c: redirect_kernel::nft::XtChain) -> Leftover {
+    Leftover {
+        family: c.family,
+        variant: Variant::Nft,
+        table: c.table,
+        chain: c.chain,
+        rules: c.rules,
+        jumps: c.jumps,
+    }
 }
 
 fn summary(l: &[Leftover]) -> String {

@@ -140,13 +140,17 @@ pub fn apply(rs: &Ruleset, force: Option<Variant>) -> Result<Vec<Tool>> {
 /// `ISTIO_*` chains, the jumps to them, and Istio's rules in built-in chains.
 pub fn find_istio_leftovers() -> Result<Vec<Leftover>> {
     let families = redirect_kernel::nft::Nft::open()?.families_with_tables()?;
-    leftovers::find(&families)
+    Ok(leftovers::find(&families)?.leftovers)
 }
 
 /// [`find_istio_leftovers`] where the families that hold nf_tables tables (iptables-nft's)
 /// are known already (`TableList::families`).
-pub fn find_istio_leftovers_in(nft_families: &[Family]) -> Result<Vec<Leftover>> {
-    leftovers::find(nft_families)
+///
+/// Returns also, one line each, the iptables tables that could not be read: iptables-legacy's
+/// where the node has no `iptables-legacy-save` (iptables-nft's are read over netlink then).
+pub fn find_istio_leftovers_in(nft_families: &[Family]) -> Result<(Vec<Leftover>, Vec<String>)> {
+    let found = leftovers::find(nft_families)?;
+    Ok((found.leftovers, found.unread))
 }
 
 /// Remove what [`find_istio_leftovers`] finds, one `-restore --noflush` per table (each table

@@ -51,6 +51,35 @@ pub enum Label {
     FlushChain(String),
     /// `delete chain` of the chain by that name.
     DeleteChain(String),
+    /// `delete rule` by handle in a table of iptables-nft's (`nfproto` 2 `ip`, 10 `ip6`).
+    XtDeleteRule {
+        /// The table's family, as an `NFPROTO_*` number.
+        nfproto: u8,
+        /// The table (`nat`, `mangle`...).
+        table: String,
+        /// The rule's chain.
+        chain: String,
+        /// The rule's handle.
+        handle: u64,
+    },
+    /// `flush chain` in a table of iptables-nft's.
+    XtFlushChain {
+        /// The table's family, as an `NFPROTO_*` number.
+        nfproto: u8,
+        /// The table.
+        table: String,
+        /// The chain.
+        chain: String,
+    },
+    /// `delete chain` in a table of iptables-nft's.
+    XtDeleteChain {
+        /// The table's family, as an `NFPROTO_*` number.
+        nfproto: u8,
+        /// The table.
+        table: String,
+        /// The chain.
+        chain: String,
+    },
     /// `add rule`: one rule of one chain of the table.
     AddRule {
         /// The chain's index in the table.
@@ -86,6 +115,25 @@ impl Label {
             Label::AddChain(i) => format!("add chain {}", t.chains[*i].name),
             Label::FlushChain(name) => format!("flush chain {name}"),
             Label::DeleteChain(name) => format!("delete chain {name}"),
+            Label::XtDeleteRule {
+                nfproto,
+                table,
+                chain,
+                handle,
+            } => format!(
+                "delete rule {} {table} {chain} handle {handle}",
+                family_word(*nfproto)
+            ),
+            Label::XtFlushChain {
+                nfproto,
+                table,
+                chain,
+            } => format!("flush chain {} {table} {chain}", family_word(*nfproto)),
+            Label::XtDeleteChain {
+                nfproto,
+                table,
+                chain,
+            } => format!("delete chain {} {table} {chain}", family_word(*nfproto)),
             Label::AddRule { chain, rule } => {
                 let c = &t.chains[*chain];
                 format!(
@@ -96,6 +144,15 @@ impl Label {
                 )
             }
         }
+    }
+}
+
+/// `ip` or `ip6`, as nft names the family.
+fn family_word(nfproto: u8) -> &'static str {
+    if nfproto == 10 {
+        "ip6"
+    } else {
+        "ip"
     }
 }
 
@@ -155,6 +212,18 @@ impl Batch {
     pub fn push(&mut self, msg: NfTablesMessage, flags: u16, label: Label) {
         let seq = self.take_seq(label);
         message::write_nft(&mut self.bytes, msg, flags, seq);
+    }
+
+    /// Append one message for a table of another family (iptables-nft's `ip` and `ip6`).
+    pub fn push_in(
+        &mut self,
+        family: netlink_packet_netfilter::NetfilterProtoFamily,
+        msg: NfTablesMessage,
+        flags: u16,
+        label: Label,
+    ) {
+        let seq = self.take_seq(label);
+        message::write(&mut self.bytes, family, 0, msg, flags, seq);
     }
 
     /// The batch without its end message, ready to send: the kernel answers every message,

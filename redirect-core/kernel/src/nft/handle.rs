@@ -6,7 +6,7 @@ use super::error::{Error, MissingFeature, Result};
 use super::foreign::TableList;
 use super::socket::{self, Socket};
 use super::{dump, foreign, lower_named, state, update, Changes, Difference, Encoded, Features};
-use super::{probe, Feature};
+use super::{probe, xtables, Feature, XtChain, XtFound};
 use super::{NftTable, TableState, TABLE};
 use crate::netns::Netns;
 use redirect_model::Family;
@@ -251,6 +251,18 @@ impl Nft {
     /// Names of the `inet` tables whose name starts with `prefix`, in kernel order.
     pub fn inet_tables(&self, prefix: &str) -> Result<Vec<String>> {
         foreign::inet_tables(&self.sock, prefix)
+    }
+
+    /// iptables-nft's chains whose name starts with `prefix` in the `ip` and `ip6` tables of
+    /// `families`, the rules that jump to them and Istio's interface exclusions beside them, read
+    /// at one ruleset generation with no iptables binary (see `xtables`).
+    pub fn xtables_chains(&self, families: &[Family], prefix: &str) -> Result<XtFound> {
+        xtables::find(&self.sock, families, prefix)
+    }
+
+    /// Remove what [`Nft::xtables_chains`] finds, in one batch (all or none); returns what went.
+    pub fn remove_xtables_chains(&self, families: &[Family], prefix: &str) -> Result<Vec<XtChain>> {
+        xtables::remove(&self.sock, families, prefix)
     }
 
     /// Delete every `inet` table whose name starts with `prefix`, in one batch (all or none);

@@ -49,6 +49,7 @@ mod state;
 pub mod testing;
 pub mod text;
 mod update;
+mod xtables;
 
 pub use batch::{Encoded, Label};
 pub use error::{Error, MissingFeature, Result};
@@ -65,6 +66,7 @@ pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableS
 #[cfg(feature = "testing")]
 pub(crate) use update::changes;
 pub use update::Changes;
+pub use xtables::{XtChain, XtFound};
 
 use redirect_model::Ruleset;
 

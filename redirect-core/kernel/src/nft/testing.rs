@@ -54,3 +54,9 @@ pub fn encode_elements(t: &NftTable, delete: bool, features: Features) -> Encode
 pub fn encode_delete(first_seq: u32, features: Features) -> Encoded {
     update::delete_tables(&[TABLE.to_string()], first_seq, features)
 }
+
+/// The batch that removes iptables-nft's chains `found` holds (`Nft::remove_xtables_chains`),
+/// unbound to a generation.
+pub fn encode_xtables_removal(found: &super::XtFound, features: Features) -> Encoded {
+    super::xtables::removal(found, 1, None, features)
+}
