@@ -252,6 +252,8 @@ fn push(objs: &mut Objects, key: &str, pointer: &str, value: Value) {
 /// The DaemonSet without what only in-place repair needs: the three capabilities and the two
 /// host mounts (docs/deploy/README.md: "in delete or label mode ... can go").
 fn without_in_place_repair(o: &mut Objects) {
+    // Adopting Istio's pods needs the same rights: off unless cni.adoptIstio asks.
+    set(o, CM, "/data/ADOPT_ISTIO", json!("off"));
     remove(o, DS, &format!("{C}/securityContext/capabilities/add"));
     for name in ["host-proc", "netns-dir"] {
         remove_named(o, DS, &format!("{C}/volumeMounts"), name);
@@ -503,6 +505,19 @@ const MODES: &[Case] = &[
             set(o, CM, "/data/REPAIR_DELETE_PODS", json!("true"));
             set(o, CM, "/data/REPAIR_LABEL_PODS", json!("true"));
             without_in_place_repair(o);
+        },
+    },
+    Case {
+        name: "delete mode, adopting Istio's pods asked for: in-place rights",
+        args: &[
+            "--set",
+            "cni.repair.deletePods=true,cni.repair.repairPods=false,cni.adoptIstio=keep",
+        ],
+        files: &[K8S, "kubernetes/repair-delete-pods.yaml"],
+        edit: |o| {
+            set(o, CM, "/data/REPAIR_REPAIR_PODS", json!("false"));
+            set(o, CM, "/data/REPAIR_DELETE_PODS", json!("true"));
+            set(o, CM, "/data/ADOPT_ISTIO", json!("keep"));
         },
     },
     Case {

@@ -8,6 +8,7 @@
 
 #![deny(missing_docs)]
 
+pub mod adopt;
 pub mod agent;
 pub mod ambient;
 pub mod atomic_file;

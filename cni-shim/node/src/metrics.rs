@@ -8,6 +8,8 @@
 //!   events (`cni_protocol::events`);
 //! - `redirect_cni_add_duration_seconds` and `redirect_cni_add_phase_duration_seconds{phase}`:
 //!   histograms of ADD's whole time and of each phase (istio#60472);
+//! - `redirect_cni_adopted_pods_total{result,form}`: pods found holding Istio's rules
+//!   (`ADOPT_ISTIO`), replaced, kept or failed, by Istio's form;
 //! - `redirect_cni_repair_watch_up` and `redirect_cni_repair_watch_last_list_timestamp_seconds`:
 //!   whether the repair controller's watch of this node's pods works, and when it last listed
 //!   them (only while the controller runs), for an alert on an agent that cannot reach the API.
@@ -119,7 +121,14 @@ pub struct Metrics {
     add_phases: Histograms<PhaseLabels>,
     watch_up: Gauge,
     watch_listed: Gauge<f64, AtomicU64>,
+    adopted: Family<AdoptLabels, Counter>,
     ambient: AmbientMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdoptLabels {
+    result: &'static str,
+    form: &'static str,
 }
 
 /// Ambient mode's metrics (registered with [`Metrics::with_ambient`]).
@@ -220,6 +229,12 @@ impl Metrics {
                 watch_listed.clone(),
             );
         }
+        let adopted = Family::<AdoptLabels, Counter>::default();
+        registry.register(
+            "redirect_cni_adopted_pods",
+            "Pods found holding Istio's capture rules (ADOPT_ISTIO), by result (replaced: ours in place and Istio's removed; kept: left with Istio's rules; failed: retried) and Istio's form (nftables, iptables-nft, iptables-legacy)",
+            adopted.clone(),
+        );
         if let Some(r#type) = mode {
             for result in [Result::Success, Result::Fail] {
                 repaired
@@ -240,6 +255,7 @@ impl Metrics {
             add_phases,
             watch_up,
             watch_listed,
+            adopted,
             ambient: AmbientMetrics::default(),
         }
     }
@@ -298,6 +314,13 @@ impl Metrics {
             let _ = a.repairs.get_or_create(&KindLabels { kind });
         }
         self
+    }
+
+    /// One pod found holding Istio's rules: `result` replaced, kept or failed; `form` Istio's.
+    pub fn adopted(&self, result: &'static str, form: &'static str) {
+        self.adopted
+            .get_or_create(&AdoptLabels { result, form })
+            .inc();
     }
 
     /// One pass of the ambient controller, and how long it took.

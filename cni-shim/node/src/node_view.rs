@@ -43,6 +43,8 @@ pub(crate) enum RepairKind {
     Namespace,
     /// A pod the current ztunnel had not acked, sent again.
     Resent,
+    /// A sidecar pod held Istio's capture rules: ours applied, Istio's removed (`ADOPT_ISTIO`).
+    Adopted,
 }
 
 impl RepairKind {
@@ -54,6 +56,7 @@ impl RepairKind {
             RepairKind::PodRules => "pod_rules",
             RepairKind::Namespace => "namespace",
             RepairKind::Resent => "resent",
+            RepairKind::Adopted => "adopted",
         }
     }
 }
@@ -112,7 +115,8 @@ pub(crate) struct PodEntry {
     pub uid: String,
     pub kind: Kind,
     /// One word: ambient `enabled`, `pending`, `disconnected` (no ztunnel to ask), `kept`
-    /// (ztunnel keeps it, its namespace not found); sidecar `ok`, `broken`, `repaired`.
+    /// (ztunnel keeps it, its namespace not found); sidecar `ok`, `broken`, `repaired`,
+    /// `adopted` (Istio's rules replaced by ours), `istio` (Istio's rules kept).
     pub state: String,
     /// Why it needs an operator's attention; `None` when all is well.
     pub attention: Option<String>,

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
 use super::plugin_entry::PLUGIN_TYPE;
+use crate::adopt::AdoptIstio;
 use crate::ambient::AmbientSettings;
 use crate::pods::Places;
 use crate::repair::detect::{Action, Filter};
@@ -288,6 +289,15 @@ redirect_core::cli::flags! {
             "5",
             "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
         ),
+        ADOPT_ISTIO = s(
+            "adopt-istio",
+            Some("ADOPT_ISTIO"),
+            "replace",
+            "Pods on this node that hold Istio's capture rules (a node switched from istio-cni): \
+             replace (ours applied in place from the pod's annotations, then Istio's removed; no \
+             restart), keep (left capturing with Istio's rules, shown in the node view), or off \
+             (not looked for)",
+        ),
         REPAIR_HOST_PROC = s(
             "repair-host-proc",
             Some("REPAIR_HOST_PROC"),
@@ -477,6 +487,7 @@ impl Settings {
                 "the repair controller (REPAIR_ENABLED=true, the default)",
             ));
         }
+
         if self.untaint.is_some() && self.node_name.is_empty() && self.repair.node_name.is_empty() {
             return Err(needs_node("NODE_NAME", "--untaint-node"));
         }
@@ -746,6 +757,8 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
         label_selectors: v.string(&REPAIR_LABEL_SELECTORS),
         field_selectors: v.string(&REPAIR_FIELD_SELECTORS),
         max_attempts: v.number(&REPAIR_MAX_ATTEMPTS, 1..=100)? as u32,
+        adopt_istio: AdoptIstio::parse(&v.string(&ADOPT_ISTIO))
+            .map_err(|why| v.invalid(&ADOPT_ISTIO, why))?,
         places: Places {
             proc: v.string(&REPAIR_HOST_PROC).into(),
             pins: v.string(&REPAIR_NETNS_DIR).into(),

@@ -134,6 +134,12 @@ fn bad_installer_settings() {
             &["REPAIR_MAX_ATTEMPTS", "0"],
         ),
         (
+            "ADOPT_ISTIO is not a policy",
+            &[],
+            &[("ADOPT_ISTIO", "yes")],
+            &["ADOPT_ISTIO", "\"yes\"", "off, keep or replace"],
+        ),
+        (
             "repair attempts negative",
             &["--repair-max-attempts=-1"],
             &[],

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cni_node::adopt::AdoptIstio;
 use cni_node::metrics::Metrics;
 use cni_node::pods::queue::Backoff;
 use cni_node::pods::search::{find, FindError};
@@ -332,6 +333,7 @@ fn repair_settings(action: Action, proc: &Path) -> RepairSettings {
         label_selectors: String::new(),
         field_selectors: String::new(),
         max_attempts: 3,
+        adopt_istio: AdoptIstio::Off,
         places: Places {
             proc: proc.to_owned(),
             pins: "/nonexistent".into(),
@@ -1201,4 +1203,131 @@ fn a_forbidden_watch_is_logged_once_and_its_end_once() {
         .collect();
     assert_eq!(again.len(), 1, "{log}");
     assert!(again[0].contains("and 6 retries"), "{log}");
+}
+
+// ---- adoption: pods Istio's plugin set up, taken over in place (ADOPT_ISTIO) ----
+
+/// A running sidecar pod on this node, as Istio's plugin left it (its validation passed).
+fn running_object(name: &str, uid: &str, ip: &str) -> serde_json::Value {
+    let mut pod = pod_object(name, uid, ip, NODE, Validation::Running);
+    pod["status"]["phase"] = "Running".into();
+    pod
+}
+
+/// `redirect_cni_adopted_pods_total{result,form}` (0 when absent).
+fn adopted_total(text: &str, result: &str, form: &str) -> u64 {
+    let prefix = format!("redirect_cni_adopted_pods_total{{result=\"{result}\",form=\"{form}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// Istio's CNI rules for a pod of plugin defaults (its `cni/basic` golden), in `form`:
+/// `nft` or `legacy` through that iptables-restore, `native` as Istio 1.27+'s nftables table.
+fn with_istios_rules(ns: &TestNetns, form: &str) {
+    let data = redirect_testkit::istio::istio_testdata_dir();
+    match form {
+        "native" => {
+            let path = data.join("nftables").join("basic-exclude-nic.golden");
+            ns.sh(&format!("nft -f {}", path.display()));
+        }
+        variant => redirect_testkit::istio::iptables_restore_with(
+            ns,
+            false,
+            &data.join("cni").join("basic.restore"),
+            Some(variant),
+        ),
+    }
+}
+
+fn istios_rules_left(ns: &TestNetns) -> String {
+    let all = ns.sh("iptables-nft-save; iptables-legacy-save; nft list ruleset");
+    all.lines()
+        .filter(|l| l.contains("ISTIO_") || l.contains("istio-"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn adopting(mode: AdoptIstio, proc: &Path) -> RepairSettings {
+    let mut s = repair_settings(Action::Repair, proc);
+    s.enabled = false;
+    s.action = None;
+    s.adopt_istio = mode;
+    s
+}
+
+/// Three pods Istio's plugin set up (iptables-nft, iptables-legacy, native nftables) and one
+/// with no rule at all: with `replace`, each of the three gets the capture our ADD would apply
+/// and loses Istio's rules, counted by form; the fourth is left alone. With `keep`, nothing
+/// changes and the pods are counted as kept.
+#[test]
+fn the_controller_adopts_running_pods_holding_istios_rules_in_place() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    for mode in [AdoptIstio::Replace, AdoptIstio::Keep] {
+        let home = home("10.57.0.1");
+        let proc = FakeProc::new();
+        let forms = ["nft", "legacy", "native", "none"];
+        let uids: Vec<String> = (0..forms.len())
+            .map(|i| format!("aaaaaaaa-0000-0000-0000-00000000000{i}"))
+            .collect();
+        let pods: Vec<TestNetns> = forms
+            .iter()
+            .enumerate()
+            .map(|(i, form)| {
+                let ip = format!("10.57.0.{}", i + 10);
+                let ns = pod_ns(&[&ip]);
+                if *form != "none" {
+                    with_istios_rules(&ns, form);
+                }
+                proc.add(i as u32 + 1, &cgroupfs(&uids[i]), 5 + i as u64, ns.path());
+                home.cluster()
+                    .put_pod(running_object(&format!("web-{i}"), &uids[i], &ip));
+                ns
+            })
+            .collect();
+        let before: Vec<String> = pods.iter().map(istios_rules_left).collect();
+        let running = start_controller(&home, adopting(mode, proc.path()));
+        let counted = |result: &str| {
+            let text = running.metrics.encode();
+            ["iptables-nft", "iptables-legacy", "nftables"]
+                .iter()
+                .map(|f| adopted_total(&text, result, f))
+                .collect::<Vec<_>>()
+        };
+        match mode {
+            AdoptIstio::Replace => {
+                eventually("three pods adopted", WAIT, || {
+                    (counted("replaced") == [1, 1, 1]).then_some(())
+                });
+                for (i, ns) in pods.iter().enumerate().take(3) {
+                    assert!(has_rules(ns), "{}: our table", forms[i]);
+                    assert_eq!(
+                        istios_rules_left(ns),
+                        "",
+                        "{}: Istio's rules gone",
+                        forms[i]
+                    );
+                }
+            }
+            _ => {
+                eventually("three pods kept", WAIT, || {
+                    (counted("kept") == [1, 1, 1]).then_some(())
+                });
+                for (i, ns) in pods.iter().enumerate().take(3) {
+                    assert!(!has_rules(ns), "{}: no table of ours", forms[i]);
+                    assert_eq!(istios_rules_left(ns), before[i], "{}: untouched", forms[i]);
+                }
+            }
+        }
+        assert!(
+            !has_rules(&pods[3]),
+            "a pod holding nothing of Istio's is left alone"
+        );
+        assert_eq!(counted("failed"), [0, 0, 0]);
+        let text = running.metrics.encode();
+        assert!(!text.contains("result=\"failed\""), "{text}");
+    }
 }

@@ -55,7 +55,9 @@ impl Agent {
                 .then_some(settings.repair.action)
                 .flatten()
                 .map(|a| a.metric_type()),
-            settings.repair.enabled,
+            settings.repair.enabled
+                || (settings.repair.adopt_istio != crate::adopt::AdoptIstio::Off
+                    && !settings.repair.node_name.is_empty()),
         );
         if settings.ambient.enabled {
             metrics = metrics.with_ambient();
@@ -329,7 +331,18 @@ async fn with_client(
     if !s.repair.enabled {
         tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
     }
-    if !(s.repair.enabled || s.untaint.is_some() || zds.is_some()) {
+    let mut adopting = s.repair.adopt_istio != crate::adopt::AdoptIstio::Off;
+    if adopting && s.repair.node_name.is_empty() {
+        // Only the repair controller (on by default) makes a node name required.
+        tracing::warn!(
+            "ADOPT_ISTIO={} needs this node's name (NODE_NAME or REPAIR_NODE_NAME): pods holding \
+             Istio's rules are not looked for",
+            s.repair.adopt_istio.word()
+        );
+        adopting = false;
+    }
+    let sidecar_pods = s.repair.enabled || adopting;
+    if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
     }
     let client = match client(s).await {
@@ -344,10 +357,19 @@ async fn with_client(
         metrics,
         view,
     } = shared;
-    if s.repair.enabled {
+    if sidecar_pods {
+        let mut settings = s.repair.clone();
+        if !s.repair.enabled {
+            // Watching for adoption only: no repair action.
+            settings.action = None;
+        }
+        tracing::info!(
+            "pods holding Istio's capture rules: ADOPT_ISTIO={}",
+            s.repair.adopt_istio.word()
+        );
         let controller = Controller {
             client: client.clone(),
-            settings: s.repair.clone(),
+            settings,
             plugin,
             metrics: metrics.clone(),
             view: view.clone(),

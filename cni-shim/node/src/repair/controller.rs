@@ -24,6 +24,7 @@ use super::detect::{is_broken, Action};
 use super::in_place::{self, Outcome};
 use super::watch_health::WatchHealth;
 use super::RepairSettings;
+use crate::adopt::{self, AdoptIstio, Adopted};
 use crate::metrics::{Metrics, Result as Counted};
 use crate::node_view::{Kind, NodeView, PodEntry};
 use crate::node_view::{ReadBack, Repair, RepairKind};
@@ -133,6 +134,32 @@ impl Controller {
             state.queue.forget(uid);
             return;
         };
+        if state.wants_adoption(&pod, uid, &self.settings) {
+            match self.adopt(state, &pod, uid).await {
+                Done::Finished => {
+                    state.examined.insert(uid.to_owned());
+                }
+                Done::Failed(why) => {
+                    self.metrics.adopted("failed", "unknown");
+                    let next = state.queue.retry(uid, Instant::now());
+                    tracing::error!(
+                        "pod {}: adopting it failed: {why}; {}",
+                        pod_label(&pod),
+                        match next {
+                            Retry::After { delay, attempt } => format!(
+                                "retrying in {} ms (attempt {attempt} of {})",
+                                delay.as_millis(),
+                                self.settings.max_attempts
+                            ),
+                            Retry::GaveUp { attempts } => format!(
+                                "given up after {attempts} attempts, until the pod changes again"
+                            ),
+                        }
+                    );
+                    return;
+                }
+            }
+        }
         let Some(action) = self.settings.action else {
             state.queue.forget(uid);
             return;
@@ -244,6 +271,78 @@ impl Controller {
         }
     }
 
+    /// Adopts a pod that may hold Istio's rules (`crate::adopt`).
+    async fn adopt(&self, state: &mut State, pod: &Pod, uid: &str) -> Done {
+        let who = pod_label(pod);
+        let (ns, name) = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        if self.plugin.excluded(&ns, &name).is_some() {
+            return Done::Finished;
+        }
+        let (pod_copy, defaults, places, mode) = (
+            pod.clone(),
+            self.plugin.mesh.clone(),
+            self.settings.places.clone(),
+            self.settings.adopt_istio,
+        );
+        let result = tokio::task::spawn_blocking(move || {
+            let find = |uid: &str, ip: std::net::IpAddr| {
+                crate::pods::search::find(&places.proc, &places.pins, uid, ip)
+            };
+            let reach = in_place::Reach {
+                find: &find,
+                open: &redirect_core::Namespace::open_in,
+            };
+            adopt::adopt_with(&pod_copy, &defaults, &reach, mode)
+        })
+        .await;
+        let adopted = match result {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => {
+                let text = redirect_program::errors::chain(&e);
+                let prefix = format!("pod {who}: ");
+                return Done::Failed(text.strip_prefix(&prefix).unwrap_or(&text).to_owned());
+            }
+            Err(join) => return Done::Failed(format!("the adoption task failed: {join}")),
+        };
+        match adopted {
+            Adopted::Nothing | Adopted::NotCaptured(_) => {}
+            Adopted::Replaced { held, netns, took } => {
+                self.metrics.adopted("replaced", adopt::form(&held));
+                tracing::info!(
+                    "pod {who} adopted: it held Istio's rules ({held}); ours are in {} and read \
+                     back equal, Istio's removed ({} ms, no restart)",
+                    netns.display(),
+                    took.as_millis()
+                );
+                state.adoptions.insert(
+                    uid.to_owned(),
+                    Adoption::Replaced(Repair {
+                        at: std::time::SystemTime::now(),
+                        kind: RepairKind::Adopted,
+                        why: format!(
+                            "held Istio's rules ({held}): ours applied in {}, Istio's removed",
+                            netns.display()
+                        ),
+                    }),
+                );
+            }
+            Adopted::Kept { held, why } => {
+                self.metrics.adopted("kept", adopt::form(&held));
+                tracing::warn!("pod {who} holds Istio's rules ({held}), kept as they are: {why}");
+                state.adoptions.insert(
+                    uid.to_owned(),
+                    Adoption::Kept(format!(
+                        "holds Istio's rules ({held}), still capturing, kept: {why}"
+                    )),
+                );
+            }
+        }
+        Done::Finished
+    }
+
     async fn delete(&self, pod: &Pod) -> Done {
         let who = pod_label(pod);
         tracing::info!(
@@ -321,10 +420,18 @@ impl Controller {
             self.view.forget_sidecar(uid);
             return;
         };
-        let repair = state.last_repair.get(uid).cloned();
+        let adoption = state.adoptions.get(uid);
+        let repair = match adoption {
+            Some(Adoption::Replaced(r)) => Some(r.clone()),
+            _ => state.last_repair.get(uid).cloned(),
+        };
         let action = self.settings.action.unwrap_or(Action::Repair);
         let (word, attention) = if state.repaired.contains(uid) {
             ("repaired", None)
+        } else if let Some(Adoption::Kept(why)) = adoption {
+            ("istio", Some(why.clone()))
+        } else if let Some(Adoption::Replaced(_)) = adoption {
+            ("adopted", None)
         } else if is_broken(pod, &self.settings.filter, action) {
             (
                 "broken",
@@ -376,6 +483,18 @@ struct State {
     last_repair: HashMap<String, Repair>,
     /// UIDs seen in the current initial listing (to drop pods gone while the watch was down).
     listing: Option<HashSet<String>>,
+    /// Pods looked at for Istio's rules (`ADOPT_ISTIO`): once per pod while it lives.
+    examined: HashSet<String>,
+    /// What adoption did to each pod that held Istio's rules.
+    adoptions: HashMap<String, Adoption>,
+}
+
+/// What adoption did to a pod (the node view's).
+enum Adoption {
+    /// Istio's rules replaced by ours.
+    Replaced(Repair),
+    /// Istio's rules kept, and why.
+    Kept(String),
 }
 
 impl State {
@@ -386,6 +505,8 @@ impl State {
             repaired: HashSet::new(),
             last_repair: HashMap::new(),
             listing: None,
+            examined: HashSet::new(),
+            adoptions: HashMap::new(),
         }
     }
 
@@ -421,16 +542,27 @@ impl State {
         // The field selector names this node; a pod elsewhere is never ours to touch.
         let here = pod.spec.as_ref().and_then(|p| p.node_name.as_deref()) == Some(&s.node_name);
         let broken = here && s.action.is_some_and(|a| is_broken(&pod, &s.filter, a));
+        let adopt = here && self.wants_adoption(&pod, &uid, s);
         self.pods.insert(uid.clone(), pod);
-        if broken {
+        if broken || adopt {
             self.queue.add(&uid);
         }
+    }
+
+    /// Whether `pod` is to be looked at for Istio's rules: adoption is on, the pod is a
+    /// running sidecar pod with an address, not being deleted, and was not looked at yet.
+    fn wants_adoption(&self, pod: &Pod, uid: &str, s: &RepairSettings) -> bool {
+        s.adopt_istio != AdoptIstio::Off
+            && !self.examined.contains(uid)
+            && adopt::running_sidecar(pod, &s.filter.sidecar_annotation)
     }
 
     fn gone(&mut self, uid: &str) {
         self.pods.remove(uid);
         self.repaired.remove(uid);
         self.last_repair.remove(uid);
+        self.examined.remove(uid);
+        self.adoptions.remove(uid);
         self.queue.forget(uid);
     }
 }

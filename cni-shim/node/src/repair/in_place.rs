@@ -100,6 +100,49 @@ pub fn repair_with(
     defaults: &MeshDefaults,
     reach: &Reach,
 ) -> Result<Outcome, RepairError> {
+    let target = match locate(pod, defaults, reach)? {
+        Located::Capture(t) => t,
+        Located::NotCaptured(why) => return Ok(Outcome::NotCaptured(why)),
+    };
+    let netns = target.ns.path().to_owned();
+    match apply_and_read_back(&target.ns, reach.open, target.cfg, target.dual_stack) {
+        Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns }),
+        Ok(differences) => Err(RepairError::NotInKernel {
+            pod: target.label,
+            netns,
+            differences,
+        }),
+        Err(source) => Err(RepairError::Apply {
+            pod: target.label,
+            netns,
+            source,
+        }),
+    }
+}
+
+/// A pod the plugin would capture, with its capture and its namespace found on the node.
+pub struct Target {
+    /// `namespace/name`.
+    pub label: String,
+    /// The capture ADD would apply (before the pod's addresses decide IPv6).
+    pub cfg: redirect_core::ValidConfig,
+    /// Whether the plugin's settings ask for dual stack.
+    pub dual_stack: bool,
+    /// The pod's namespace.
+    pub ns: Netns,
+}
+
+/// What [`locate`] found.
+pub enum Located {
+    /// The plugin would capture it: here is how and where.
+    Capture(Box<Target>),
+    /// The plugin would not capture it, and why.
+    NotCaptured(String),
+}
+
+/// The capture ADD would apply to `pod` and its namespace, found through `reach`: what repair
+/// and adoption (`crate::adopt`) both start from.
+pub fn locate(pod: &Pod, defaults: &MeshDefaults, reach: &Reach) -> Result<Located, RepairError> {
     let label = format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or(""),
@@ -120,7 +163,7 @@ pub fn repair_with(
             config, dual_stack, ..
         }) => (*config, dual_stack),
         Ok(Decision::Skip(why)) | Ok(Decision::NeedSpec(why)) => {
-            return Ok(Outcome::NotCaptured(why));
+            return Ok(Located::NotCaptured(why));
         }
         Err(source) => return Err(RepairError::Annotations { pod: label, source }),
     };
@@ -128,20 +171,12 @@ pub fn repair_with(
         pod: label.clone(),
         source: Box::new(source),
     })?;
-    let netns = ns.path().to_owned();
-    match apply_and_read_back(&ns, reach.open, cfg, dual_stack) {
-        Ok(differences) if differences.is_empty() => Ok(Outcome::Repaired { netns }),
-        Ok(differences) => Err(RepairError::NotInKernel {
-            pod: label,
-            netns,
-            differences,
-        }),
-        Err(source) => Err(RepairError::Apply {
-            pod: label,
-            netns,
-            source,
-        }),
-    }
+    Ok(Located::Capture(Box::new(Target {
+        label,
+        cfg,
+        dual_stack,
+        ns,
+    })))
 }
 
 /// Repair's policy over what the pod's namespace holds: the pod started before our plugin was

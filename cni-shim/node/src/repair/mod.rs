@@ -35,6 +35,9 @@ pub struct RepairSettings {
     pub field_selectors: String,
     /// Attempts per pod before giving up until the pod changes again.
     pub max_attempts: u32,
+    /// `ADOPT_ISTIO`: what the controller does with pods holding Istio's rules
+    /// (`crate::adopt`); it runs for that alone when `enabled` is false.
+    pub adopt_istio: crate::adopt::AdoptIstio,
     /// Where repair mode looks for a pod's namespace.
     pub places: Places,
 }

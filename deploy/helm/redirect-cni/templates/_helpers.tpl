@@ -151,6 +151,10 @@ its name from CNI_NETWORK_NAME.
 {{- $_ := set $data "REPAIR_REPAIR_PODS" (toString $cni.repair.repairPods) }}
 {{- $_ := set $data "REPAIR_DELETE_PODS" (toString $cni.repair.deletePods) }}
 {{- $_ := set $data "REPAIR_LABEL_PODS" (toString $cni.repair.labelPods) }}
+{{- $adopt := include "redirect-cni.adoptIstio" . }}
+{{- if ne $adopt "replace" }}
+{{- $_ := set $data "ADOPT_ISTIO" $adopt }}
+{{- end }}
 {{- /* These three only when they differ from the installer's own default, so that the default
        ConfigMap is the plain manifest's. */}}
 {{- range $key, $v := dict
@@ -240,5 +244,22 @@ into a working deployment.
 {{- if ne . "openshift" -}}
 {{- fail (printf "global.platform=%s: this chart knows only openshift (it adds the SCC). Set cni.cniBinDir and cni.cniConfDir for %s yourself (Istio's files/profile-platform-%s.yaml names them) and leave global.platform unset" . . .) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* ADOPT_ISTIO: cni.adoptIstio, or with none, replace where the container has in-place
+       rights anyway (repair mode repair, ambient mode) and off otherwise. */ -}}
+{{- define "redirect-cni.adoptIstio" -}}
+{{- $cni := include "redirect-cni.cni" . | fromYaml -}}
+{{- $given := toString ($cni.adoptIstio | default "") -}}
+{{- if not (has $given (list "" "replace" "keep" "off")) -}}
+{{- fail (printf "cni.adoptIstio is %q: it must be replace, keep or off (or empty for the mode's default)" $given) -}}
+{{- end -}}
+{{- if ne $given "" -}}
+{{- $given -}}
+{{- else if or (eq (include "redirect-cni.repairMode" .) "repair") $cni.ambient.enabled -}}
+replace
+{{- else -}}
+off
 {{- end -}}
 {{- end -}}
