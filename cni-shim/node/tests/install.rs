@@ -1665,3 +1665,147 @@ fn binary_refuses_a_ztunnel_socket_folder_others_may_write() {
         assert!(!socket.exists(), "{needle}: a socket was made there");
     }
 }
+
+// ---- taking over Istio's config (a node switched from istio-cni) ----
+
+/// Istio's chained entry as its installer writes it (1.24–1.31), appended to Calico's list.
+fn calico_with_istio() -> Value {
+    let mut list: Value = serde_json::from_str(CALICO).unwrap();
+    list["plugins"].as_array_mut().unwrap().push(json!({
+        "type": "istio-cni",
+        "log_level": "info",
+        "cni_agent_run_dir": "/var/run/istio-cni",
+        "ambient_enabled": false,
+        "exclude_namespaces": ["kube-system"],
+        "kubernetes": {
+            "kubeconfig": "/etc/cni/net.d/ZZZ-istio-cni-kubeconfig",
+            "cni_bin_dir": "/opt/cni/bin",
+            "exclude_namespaces": ["kube-system"]
+        }
+    }));
+    list
+}
+
+/// Istio's uninstall: every entry of its type goes from the list (its `cleanup`).
+fn istios_uninstall(list: &Value) -> Value {
+    let mut out = list.clone();
+    out["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|p| p["type"] != "istio-cni");
+    out
+}
+
+#[test]
+fn istios_chained_entry_is_taken_over_in_place_and_not_brought_back() {
+    let node = Node::new();
+    let target = node.p("net/10-calico.conflist");
+    node.write(
+        "net/10-calico.conflist",
+        &serde_json::to_string_pretty(&calico_with_istio()).unwrap(),
+        0o644,
+    );
+    let s = node.settings(&[]);
+    let mut inst = Installer::new(s.clone()).unwrap();
+    assert_eq!(
+        inst.install().unwrap(),
+        ConfigStatus::Written(target.clone())
+    );
+    let after = json_of(&target);
+    let plugins = after["plugins"].as_array().unwrap();
+    assert_eq!(
+        plugins.len(),
+        4,
+        "Istio's entry replaced, not added to: {after:#}"
+    );
+    assert_eq!(plugins[3], plugin_entry(&s), "ours where Istio's was");
+    assert!(
+        plugins.iter().all(|p| p["type"] != "istio-cni"),
+        "{after:#}"
+    );
+    assert_eq!(plugins[3]["name"], "istio-cni", "the network's name kept");
+
+    // Installed again: nothing to do.
+    assert_eq!(
+        inst.install().unwrap(),
+        ConfigStatus::Unchanged(target.clone())
+    );
+    // Istio's uninstall (its DaemonSet removed after ours is in) leaves ours.
+    assert_eq!(istios_uninstall(&after), after);
+
+    // Our uninstall puts back the list without any capture plugin: Istio's entry is for
+    // Istio's installer to write again, with its binary.
+    inst.uninstall().unwrap();
+    let back = json_of(&target);
+    let calico: Value = serde_json::from_str(CALICO).unwrap();
+    assert_eq!(back, calico);
+}
+
+#[test]
+fn istios_entry_put_back_by_its_installer_is_taken_over_again() {
+    let node = Node::new();
+    let target = node.p("net/10-calico.conflist");
+    node.write("net/10-calico.conflist", CALICO, 0o644);
+    let s = node.settings(&[]);
+    let entry = plugin_entry(&s);
+    let ours_alone = |p: &Path| {
+        fs::read(p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| {
+                ours(&v) == vec![entry.clone()]
+                    && v["plugins"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .all(|p| p["type"] != "istio-cni")
+            })
+    };
+    let running = Running::start(s.clone(), fast_watch());
+    wait_until("the first install", Duration::from_secs(5), || {
+        ours_alone(&target)
+    });
+    // Istio's installer, still running during the switch, appends its entry again.
+    let mut with_istio = json_of(&target);
+    with_istio["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(calico_with_istio()["plugins"][3].clone());
+    fs::write(&target, serde_json::to_string_pretty(&with_istio).unwrap()).unwrap();
+    wait_until(
+        "Istio's entry taken over again",
+        Duration::from_secs(5),
+        || ours_alone(&target),
+    );
+    running.stop().unwrap();
+}
+
+#[test]
+fn istios_standalone_config_of_the_same_network_goes_once_ours_is_written() {
+    let node = Node::new();
+    let istio = json!({
+        "cniVersion": "0.3.1", "name": "istio-cni", "type": "istio-cni",
+        "log_level": "info", "kubernetes": {"kubeconfig": "/etc/cni/multus/net.d/ZZZ-istio-cni-kubeconfig"}
+    });
+    node.write("net/istio-cni.conf", &istio.to_string(), 0o644);
+    // Someone else's network of another name stays.
+    let other = json!({"cniVersion": "0.3.1", "name": "other", "type": "istio-cni"});
+    node.write("net/other.conf", &other.to_string(), 0o644);
+    let s = node.settings(&["--chained=false"]);
+    let mut inst = Installer::new(s.clone()).unwrap();
+    let path = node.p("net/redirect-cni.conf");
+    assert_eq!(inst.install().unwrap(), ConfigStatus::Written(path.clone()));
+    assert_eq!(json_of(&path)["name"], "istio-cni");
+    assert!(
+        !node.p("net/istio-cni.conf").exists(),
+        "Istio's config of the network goes"
+    );
+    assert_eq!(
+        json_of(&node.p("net/other.conf")),
+        other,
+        "another network's stays"
+    );
+    inst.uninstall().unwrap();
+    assert!(!path.exists());
+    assert!(!node.p("net/istio-cni.conf").exists(), "not brought back");
+}

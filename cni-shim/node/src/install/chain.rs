@@ -10,14 +10,40 @@ use crate::plugin_entry::is_ours;
 /// The name a converted `.conf` gets when it had none (Istio's).
 pub const DEFAULT_LIST_NAME: &str = "k8s-pod-network";
 
+/// The `type` of Istio's plugin, whose entry ours takes over.
+pub const ISTIO_TYPE: &str = "istio-cni";
+
+/// Whether a plugin entry is Istio's (by `type`).
+pub fn is_istio(plugin: &Value) -> bool {
+    plugin.get("type").and_then(Value::as_str) == Some(ISTIO_TYPE)
+}
+
 /// Whether `list` holds exactly one entry of ours and it equals `entry` (wherever it is, so
-/// that two installers that each want to be last do not fight).
+/// that two installers that each want to be last do not fight), and no entry of Istio's (two
+/// capture plugins would both program each pod).
 pub fn list_has_entry(list: &Value, entry: &Value) -> bool {
     let Some(plugins) = list.get("plugins").and_then(Value::as_array) else {
         return false;
     };
     let ours: Vec<&Value> = plugins.iter().filter(|p| is_ours(p)).collect();
-    ours.len() == 1 && ours[0] == entry
+    ours.len() == 1 && ours[0] == entry && !plugins.iter().any(is_istio)
+}
+
+/// Whether `list` holds an entry of Istio's.
+pub fn list_has_istio(list: &Value) -> bool {
+    list.get("plugins")
+        .and_then(Value::as_array)
+        .is_some_and(|p| p.iter().any(is_istio))
+}
+
+/// `list` without Istio's entries: what the file would be with no capture plugin, which an
+/// uninstall puts back (Istio's entry is for Istio's installer to write again, with its binary).
+pub fn without_istio(list: &Value) -> Value {
+    let mut out = list.clone();
+    if let Some(plugins) = out.get_mut("plugins").and_then(Value::as_array_mut) {
+        plugins.retain(|p| !is_istio(p));
+    }
+    out
 }
 
 /// Whether `list` holds any entry of ours.
@@ -36,15 +62,23 @@ pub fn remove_entries(list: &Value) -> Value {
     out
 }
 
-/// `list` with any old entry of ours removed and `entry` appended; everything else (the list's
-/// `cniVersion` included) kept.
+/// `list` with any old entry of ours removed and `entry` in: in place of Istio's entry when
+/// there is one (the takeover of a node switched from istio-cni: one write, so a pod is never
+/// set up without a capture plugin, and Istio's uninstall, which removes entries of its type,
+/// leaves ours), else appended; everything else (the list's `cniVersion` included) kept.
 pub fn chain_into_list(list: &Value, entry: &Value) -> Result<Value, String> {
     let mut out = remove_entries(list);
     let plugins = out
         .get_mut("plugins")
         .and_then(Value::as_array_mut)
         .ok_or("no \"plugins\" array")?;
-    plugins.push(entry.clone());
+    match plugins.iter().position(is_istio) {
+        Some(at) => {
+            plugins[at] = entry.clone();
+            plugins.retain(|p| !is_istio(p));
+        }
+        None => plugins.push(entry.clone()),
+    }
     Ok(out)
 }
 

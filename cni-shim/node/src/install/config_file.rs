@@ -140,10 +140,25 @@ impl CniConfig {
                     return Ok(ConfigStatus::Unchanged(target.to_path_buf()));
                 }
                 let new = chain::render(&chain::chain_into_list(&value, &self.entry).map_err(bad)?);
+                let istio = chain::list_has_istio(&value);
+                // Taking over Istio's entry, the file to put back is the list without it: its
+                // binary may be gone, and Istio's installer writes its entry itself.
+                let before = match istio {
+                    true => chain::render(&chain::without_istio(&value)),
+                    false => bytes.clone(),
+                };
                 self.record
-                    .note(target, Some((&bytes, attrs)), Some(new.clone()));
+                    .note(target, Some((&before, attrs)), Some(new.clone()));
                 self.record.save(&self.state_path)?;
                 atomic_file::write_atomic(target, &new, attrs)?;
+                if istio {
+                    tracing::info!(
+                        "took over Istio's entry (type {}) in {}: ours is in its place, in one \
+                         write; Istio's uninstall leaves it",
+                        chain::ISTIO_TYPE,
+                        target.display()
+                    );
+                }
                 Ok(ConfigStatus::Written(target.to_path_buf()))
             }
             ConfKind::Single => {
@@ -187,7 +202,41 @@ impl CniConfig {
             .note(&path, current.as_deref().zip(attrs), Some(desired.clone()));
         self.record.save(&self.state_path)?;
         atomic_file::write_atomic(&path, &desired, FileAttrs::mode(self.standalone_mode))?;
+        self.remove_istios_standalone(&path)?;
         Ok(ConfigStatus::Written(path))
+    }
+
+    /// After ours is written: Istio's standalone config of the same network name in another
+    /// file goes (Multus finds a network by name, so one of the two was there at every moment;
+    /// Istio's uninstall, which deletes its own file, then finds nothing to delete). Not
+    /// recorded: an uninstall does not bring back a config whose binary may be gone.
+    fn remove_istios_standalone(&self, ours: &Path) -> Result<()> {
+        let name = self.standalone.get("name").and_then(Value::as_str);
+        let Ok(entries) = std::fs::read_dir(&self.net_dir) else {
+            return Ok(());
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path == ours || conf_select::conf_kind(&path) != Some(ConfKind::Single) {
+                continue;
+            }
+            let Some(bytes) = atomic_file::read_if_exists(&path)? else {
+                continue;
+            };
+            let Ok(conf) = serde_json::from_slice::<Value>(&bytes) else {
+                continue;
+            };
+            if chain::is_istio(&conf) && conf.get("name").and_then(Value::as_str) == name {
+                atomic_file::remove(&path)?;
+                tracing::info!(
+                    "took over Istio's standalone config {} (network {}): ours is {}",
+                    path.display(),
+                    name.unwrap_or(""),
+                    ours.display()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Undo what was changed: the exact bytes when nothing touched our files since, else our
