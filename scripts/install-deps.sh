@@ -6,7 +6,7 @@
 # toolchain (musl-tools, cross compilers) is installed by scripts/build-static.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(libnftnl-dev libmnl-dev pkg-config nftables iptables iproute2 python3 time)
+pkgs=(libnftnl-dev libmnl-dev pkg-config nftables iptables ipset iproute2 python3 time)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -95,7 +95,7 @@ pub mod view;
 
 pub use error::{Error, Result};
 pub use foreign::{Applied, Apply, Foreign};
-pub use namespace::Namespace;
+pub use namespace::{IstioHost, Namespace};
 
 pub use redirect_kernel::backend::Backend;
 pub use redirect_kernel::capture::{Cleaned, Mismatch};

@@ -17,7 +17,7 @@ use redirect_kernel::routes::{Routes, TproxyRouting};
 use redirect_kernel::SystemGroups;
 use redirect_model::{Capture, HostProbeConfig, Ruleset, ValidConfig};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::foreign::{Applied, Apply, Foreign, ForeignRules, Ours, OursBefore};
 
 /// A network namespace, opened once: work is done through the descriptor that was judged,
@@ -178,6 +178,50 @@ impl Namespace {
             Some(store) => Ok(store.remove()?),
             None => self.run(|| LiveIstioRules(&Nft::open()?).remove())?,
         }
+    }
+
+    /// Istio's ambient rules on the node, removed from this (the node's) namespace once ours
+    /// hold there: its tables and chains as [`Namespace::remove_foreign`] removes them (the
+    /// probe SNAT chain `ISTIO_POSTRT`, its `inet istio-*` tables), then its probe IP sets
+    /// (`istio-inpod-probes-v4`, `-v6`), which only that chain used. iptables-legacy rules
+    /// with no binary to read them stay; [`IstioHost::rules`] names them as unread. Returns
+    /// what went.
+    pub fn remove_istio_host(&self) -> Result<IstioHost> {
+        let rules = self.remove_foreign()?;
+        let mut sets = Vec::new();
+        for set in redirect_istio::ambient::PROBE_SETS {
+            let gone = self
+                .run(|| redirect_kernel::ipset::destroy(set))?
+                .map_err(|cause| Error::IpSet {
+                    set: set.into(),
+                    op: "destroy",
+                    cause,
+                })?;
+            if gone {
+                sets.push(set.to_owned());
+            }
+        }
+        Ok(IstioHost { rules, sets })
+    }
+
+    /// Istio's ambient rules on the node as [`Namespace::remove_istio_host`] would find them,
+    /// removing nothing.
+    pub fn istio_host(&self) -> Result<IstioHost> {
+        let rules = self.foreign()?;
+        let mut sets = Vec::new();
+        for set in redirect_istio::ambient::PROBE_SETS {
+            let here = self
+                .run(|| redirect_kernel::ipset::exists(set))?
+                .map_err(|cause| Error::IpSet {
+                    set: set.into(),
+                    op: "read",
+                    cause,
+                })?;
+            if here {
+                sets.push(set.to_owned());
+            }
+        }
+        Ok(IstioHost { rules, sets })
     }
 
     /// A sidecar's `cfg` with IPv6 as Istio decides it for a pod: on when `dual_stack` and the
@@ -376,5 +420,32 @@ impl Namespace {
             foreign_removed: done.removed_istio_chains,
             removed_our_table: done.removed_our_table,
         })
+    }
+}
+
+/// Istio's ambient rules on a node: its probe SNAT tables and chains, and its probe IP sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IstioHost {
+    /// Its tables and chains (and iptables tables that could not be read).
+    pub rules: ForeignRules,
+    /// Its IP sets, by name.
+    pub sets: Vec<String>,
+}
+
+impl IstioHost {
+    /// Whether nothing of Istio's is there.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.sets.is_empty()
+    }
+}
+
+impl std::fmt::Display for IstioHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.rules.is_empty(), self.sets.is_empty()) {
+            (true, true) => f.write_str("none"),
+            (false, true) => write!(f, "{}", self.rules),
+            (true, false) => write!(f, "IP sets {}", self.sets.join(", ")),
+            (false, false) => write!(f, "{}; IP sets {}", self.rules, self.sets.join(", ")),
+        }
     }
 }

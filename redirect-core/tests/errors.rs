@@ -51,6 +51,12 @@ fn each_kind_prints_each_message_once() {
         detail: "exit 2".into(),
     };
     assert_each_message_once("Tool", &tool, "iptables-restore");
+    let set = Error::IpSet {
+        set: "istio-inpod-probes-v4".into(),
+        op: "destroy",
+        cause: io::Error::from_raw_os_error(libc::EBUSY),
+    };
+    assert_each_message_once("IpSet", &set, "istio-inpod-probes-v4");
 
     // The kernel layer's aggregate, as the layers beneath hand it up.
     let via_kernel: Error =

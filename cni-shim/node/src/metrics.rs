@@ -173,6 +173,17 @@ struct StageLabels {
     stage: &'static str,
 }
 
+/// `redirect_cni_adopted_pods_total`, registered.
+fn register_adopted(registry: &mut Registry) -> Family<AdoptLabels, Counter> {
+    let adopted = Family::<AdoptLabels, Counter>::default();
+    registry.register(
+        "redirect_cni_adopted_pods",
+        "Pods found holding Istio's capture rules (ADOPT_ISTIO), by result (replaced: ours in place and Istio's removed; kept: left with Istio's rules; failed: retried) and Istio's form (nftables, iptables-nft, iptables-legacy)",
+        adopted.clone(),
+    );
+    adopted
+}
+
 impl Metrics {
     /// The metrics, with the counters of the repair controller's `mode` (its `type` label:
     /// `repair`, `delete`, `label`; if any) present at zero from the start; the watch's gauges
@@ -229,12 +240,7 @@ impl Metrics {
                 watch_listed.clone(),
             );
         }
-        let adopted = Family::<AdoptLabels, Counter>::default();
-        registry.register(
-            "redirect_cni_adopted_pods",
-            "Pods found holding Istio's capture rules (ADOPT_ISTIO), by result (replaced: ours in place and Istio's removed; kept: left with Istio's rules; failed: retried) and Istio's form (nftables, iptables-nft, iptables-legacy)",
-            adopted.clone(),
-        );
+        let adopted = register_adopted(&mut registry);
         if let Some(r#type) = mode {
             for result in [Result::Success, Result::Fail] {
                 repaired

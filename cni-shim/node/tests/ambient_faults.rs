@@ -611,3 +611,106 @@ fn a_restart_writes_nothing_to_unchanged_pods() {
         );
     }
 }
+
+/// Istio's ambient in-pod rules, in the shape its agent writes them (`ISTIO_PRERT` and
+/// `ISTIO_OUTPUT` chains in iptables-nft's mangle and nat, reached from the built-in chains), or
+/// its native nftables table `inet istio-ambient-nat`.
+fn istios_in_pod_rules(ns: &TestNetns, form: &str) {
+    match form {
+        "iptables-nft" => ns.sh(
+            "iptables-nft -t mangle -N ISTIO_PRERT && iptables-nft -t mangle -A PREROUTING -j ISTIO_PRERT && \
+             iptables-nft -t mangle -A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff && \
+             iptables-nft -t nat -N ISTIO_OUTPUT && iptables-nft -t nat -A OUTPUT -j ISTIO_OUTPUT && \
+             iptables-nft -t nat -A ISTIO_OUTPUT -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+        ),
+        _ => ns.sh(
+            "nft add table inet istio-ambient-nat && \
+             nft add chain inet istio-ambient-nat output '{ type nat hook output priority -100; }' && \
+             nft add rule inet istio-ambient-nat output meta l4proto tcp meta mark and 0xfff != 0x539 redirect to :15001",
+        ),
+    };
+}
+
+/// Istio's host probe SNAT in its iptables form: the probe set and `ISTIO_POSTRT`, reached
+/// first from nat POSTROUTING.
+fn istios_host_rules(host: &TestNetns) {
+    host.sh(
+        "ipset create istio-inpod-probes-v4 hash:ip comment && \
+         iptables-nft -t nat -N ISTIO_POSTRT && iptables-nft -t nat -I POSTROUTING 1 -j ISTIO_POSTRT && \
+         iptables-nft -t nat -A ISTIO_POSTRT -m owner --socket-exists -p tcp \
+           -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127",
+    );
+}
+
+fn istio_left(ns: &TestNetns) -> String {
+    ns.sh("iptables-nft-save; nft list ruleset; ipset list -n")
+        .lines()
+        .filter(|l| l.contains("ISTIO_") || l.contains("istio-"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Item 10 (issue 45): a node Istio's agent set up in ambient mode, taken over by ours with
+/// `ADOPT_ISTIO=replace` (the default): each running pod holding Istio's in-pod rules (each
+/// form) gets ours and loses Istio's, ztunnel is handed every pod and never told to delete one,
+/// and Istio's host probe chain and IP set go once our probe table holds.
+#[test]
+fn a_node_istio_set_up_in_ambient_mode_is_adopted_in_place() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    istios_host_rules(&n.host);
+    let forms = ["iptables-nft", "nftables"];
+    let pods: Vec<TestPod> = forms
+        .iter()
+        .enumerate()
+        .map(|(i, form)| {
+            let p = pod(
+                &n,
+                &format!("a{i}"),
+                &format!("10.77.0.{}", 20 + i),
+                4200 + i as u32,
+                true,
+            );
+            istios_in_pod_rules(&p.netns, form);
+            assert_ne!(istio_left(&p.netns), "", "{form}: Istio's rules loaded");
+            p
+        })
+        .collect();
+    let agent = n.agent_with(MONITORED);
+    let z = TestZtunnel::start(&n.socket);
+    for (p, form) in pods.iter().zip(forms) {
+        wait_enabled(&n, p, &z);
+        assert!(has_rules(&p.netns), "{form}: our table");
+        assert_eq!(
+            istio_left(&p.netns),
+            "",
+            "{form}: Istio's in-pod rules gone"
+        );
+        assert!(z.lands(&p.netns, &p.uid), "{form}: traffic reaches ztunnel");
+    }
+    eventually("Istio's host rules gone", || {
+        istio_left(&n.host).is_empty().then_some(())
+    });
+    assert!(
+        !probe_members(&n.host).is_empty() || pods.is_empty(),
+        "our probe set holds the pods"
+    );
+    let seen = z.seen();
+    assert!(
+        seen.iter().all(|s| !s.starts_with("del")),
+        "ztunnel was told to delete: {seen:?}"
+    );
+    eventually("the adoptions counted", || {
+        let m = metrics(&n);
+        (common::metric(
+            &m,
+            "redirect_cni_ambient_repairs_total",
+            &["kind=\"adopted\""],
+        ) >= 3.0)
+            .then_some(())
+    });
+    drop(agent);
+}

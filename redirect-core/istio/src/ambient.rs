@@ -25,6 +25,10 @@ pub const REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interface
 /// not acknowledged it).
 pub const REDIRECTION: &str = "ambient.istio.io/redirection";
 
+/// The IP sets Istio's ambient agent keeps kubelet's probe addresses in, on the host (its
+/// `cni/pkg/ipset`): matched by its probe SNAT chain, and ours to remove once that is gone.
+pub const PROBE_SETS: [&str; 2] = ["istio-inpod-probes-v4", "istio-inpod-probes-v6"];
+
 /// What the enrollment decision reads of a pod.
 #[derive(Clone, Copy, Debug)]
 pub struct PodView<'a> {

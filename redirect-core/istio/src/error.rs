@@ -37,6 +37,18 @@ pub enum Error {
     #[error(transparent)]
     Refused(#[from] Refused),
 
+    /// One of Istio's IP sets (its host probe sets) could not be read or destroyed.
+    #[error("IP set {set}: could not {op} it")]
+    IpSet {
+        /// The set's name.
+        set: String,
+        /// What was tried: `read` or `destroy`.
+        op: &'static str,
+        /// The kernel's answer.
+        #[source]
+        cause: std::io::Error,
+    },
+
     /// An external tool failed: the iptables backend's `iptables-restore`, or the node's
     /// `iptables-save` listing Istio's chains.
     #[error("{tool} failed: {detail}")]

@@ -29,6 +29,7 @@ pub mod backend;
 pub mod capture;
 #[cfg(feature = "testing")]
 pub mod fake;
+pub mod ipset;
 pub mod netns;
 pub mod nft;
 pub mod routes;

@@ -469,7 +469,10 @@ fn ambient_start(
         excluded: s.exclude_namespaces.clone(),
         places: s.repair.places.clone(),
         metrics,
-        dataplane: Arc::new(std::sync::Mutex::new(host_probe(s, Dataplane::new(zds)))),
+        dataplane: Arc::new(std::sync::Mutex::new(host_probe(
+            s,
+            Dataplane::new(zds).with_adoption(s.repair.adopt_istio),
+        ))),
         requests,
         view,
     };

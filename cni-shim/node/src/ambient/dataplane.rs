@@ -17,7 +17,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
+use redirect_core::foreign::ForeignRules;
 use redirect_core::{AmbientConfig, Apply, Capture, Foreign, HostProbeConfig, Namespace, Netns};
+
+use crate::adopt::AdoptIstio;
 
 pub(crate) use crate::node_view::{HostView, ReadBack, Repair, RepairKind, ZtunnelView};
 
@@ -26,9 +29,12 @@ use super::identity::Binding;
 use zds::proto::WorkloadInfo;
 use zds::server::{Delivery, Held, ZdsError, ZdsServer};
 
-/// Ambient's policy over what a namespace holds: capture rules another layer wrote (Istio's
-/// in-pod rules, its host probe chain) are kept as they are, and nothing is read for them
-/// (today's behaviour, at no cost per pass); our own tables are updated in place.
+/// Ambient's policy over what a namespace holds when nothing is adopted (`ADOPT_ISTIO` keep or
+/// off), and always for the host's probe table: capture rules another layer wrote (Istio's
+/// in-pod rules, its host probe chain) are kept as they are, and nothing is read for them (at
+/// no cost per pass); our own tables are updated in place. With `ADOPT_ISTIO=replace` a pod's
+/// rules are applied with `Foreign::Replace` ([`Dataplane::apply_pod`]), and Istio's host
+/// rules are removed once ours hold ([`Dataplane::set_host_probe`]).
 const AMBIENT_POLICY: Apply = Apply::foreign(Foreign::Keep);
 
 /// Who a pod is, for ztunnel and the logs; `ips` are the addresses checked to be its
@@ -158,6 +164,8 @@ pub struct Dataplane {
     /// Repairs made between passes (an ADD that found the host table gone), reported by the
     /// next pass.
     between: Vec<(String, Repair)>,
+    /// `ADOPT_ISTIO`: what to do with Istio's in-pod and host rules.
+    adopt: AdoptIstio,
 }
 
 impl Dataplane {
@@ -168,7 +176,57 @@ impl Dataplane {
             probe: None,
             host: HostView::default(),
             between: Vec::new(),
+            adopt: AdoptIstio::Off,
         }
+    }
+
+    /// The same, taking Istio's rules over as `adopt` says (`ADOPT_ISTIO`).
+    pub fn with_adoption(mut self, adopt: AdoptIstio) -> Dataplane {
+        self.adopt = adopt;
+        self
+    }
+
+    /// Applies ambient `cfg` in a pod's namespace: with `ADOPT_ISTIO=replace`, Istio's in-pod
+    /// rules found there are removed once ours hold (those that cannot be removed here are
+    /// kept, with a warning); returns what of Istio's went.
+    fn apply_pod(
+        adopt: AdoptIstio,
+        ns: &Namespace,
+        cfg: &AmbientConfig,
+        label: &str,
+    ) -> redirect_core::Result<ForeignRules> {
+        let capture = Capture::Ambient(cfg.clone());
+        if adopt != AdoptIstio::Replace {
+            ns.apply_with(&capture, AMBIENT_POLICY)?;
+            return Ok(ForeignRules::default());
+        }
+        match ns.apply_with(&capture, Apply::foreign(Foreign::Replace)) {
+            Ok(applied) => Ok(applied.foreign_removed),
+            Err(redirect_core::Error::Refused(r)) if r.foreign().is_some() => {
+                tracing::warn!(
+                    "ambient: pod {label}: Istio's in-pod rules are kept beside ours: {r}"
+                );
+                ns.apply_with(&capture, AMBIENT_POLICY)?;
+                Ok(ForeignRules::default())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The repair that records an adoption, logged.
+    fn adopted(label: &str, removed: &ForeignRules) -> Option<Repair> {
+        if removed.is_empty() {
+            return None;
+        }
+        tracing::info!(
+            "ambient: pod {label} adopted: it held Istio's in-pod rules ({removed}), removed once \
+             ours held"
+        );
+        Some(Repair {
+            at: SystemTime::now(),
+            kind: RepairKind::Adopted,
+            why: format!("held Istio's in-pod rules ({removed}): replaced by ours"),
+        })
     }
 
     /// Programs the host's probe SNAT in the agent's namespace (the node's), its address sets
@@ -185,7 +243,50 @@ impl Dataplane {
         self.host.configured = true;
         self.host.members = Some(Vec::new());
         self.host.checked_at = Some(SystemTime::now());
+        if self.adopt == AdoptIstio::Replace {
+            self.remove_istio_host();
+        }
         Ok(())
+    }
+
+    /// Istio's probe SNAT on the node (its chain or table, its IP sets), removed now that ours
+    /// holds: both would SNAT the same probes, and Istio's would stay forever. A failure is
+    /// logged, not fatal: Istio's rules SNAT to the same address as ours.
+    fn remove_istio_host(&mut self) {
+        let went = Namespace::current().and_then(|ns| ns.remove_istio_host());
+        match went {
+            Ok(went) if went.is_empty() => {}
+            Ok(went) => {
+                let unread = &went.rules.unread;
+                let mut removed = went.clone();
+                removed.rules.unread = Vec::new();
+                if !removed.is_empty() {
+                    tracing::info!(
+                        "ambient: Istio's host probe rules removed, ours hold: {removed}"
+                    );
+                    self.between.push((
+                        "host".into(),
+                        Repair {
+                            at: SystemTime::now(),
+                            kind: RepairKind::Adopted,
+                            why: format!("Istio's host probe rules removed: {removed}"),
+                        },
+                    ));
+                }
+                if !unread.is_empty() {
+                    tracing::warn!(
+                        "ambient: the node also holds {}: Istio's probe SNAT may be there; it \
+                         SNATs to the same address as ours, and stays",
+                        unread.join("; ")
+                    );
+                }
+            }
+            Err(e) => tracing::error!(
+                "ambient: Istio's host probe rules could not be removed ({}); they SNAT the same \
+                 probes as ours and stay",
+                redirect_program::errors::chain(&e)
+            ),
+        }
     }
 
     pub fn zds(&self) -> &ZdsServer {
@@ -244,9 +345,13 @@ impl Dataplane {
             Rules::KeepIfSame => differences(&ns, &Capture::Ambient(cfg.clone())),
             Rules::Leave => Vec::new(),
         };
+        let mut adopted = None;
         if !differences.is_empty() {
-            ns.apply_with(&Capture::Ambient(cfg.clone()), AMBIENT_POLICY)
-                .map_err(failed)?;
+            let removed = Self::apply_pod(self.adopt, &ns, cfg, &pod.label()).map_err(failed)?;
+            adopted = Self::adopted(&pod.label(), &removed);
+        }
+        if let Some(r) = &adopted {
+            self.between.push((pod.label(), r.clone()));
         }
         self.pods.insert(
             pod.uid.clone(),
@@ -262,7 +367,7 @@ impl Dataplane {
                     at: SystemTime::now(),
                     differences: Vec::new(),
                 }),
-                repair: None,
+                repair: adopted,
             },
         );
         self.zds.set(&pod.uid, pod.info(), Some(fd));
@@ -561,6 +666,7 @@ impl Dataplane {
     /// Reads pod `uid`'s rules back and programs them again when they differ (or, for rules
     /// left as found at start, when the table is gone).
     fn converge_rules(&mut self, uid: &str, report: &mut PassReport) -> Option<(String, Repair)> {
+        let adopt = self.adopt;
         let e = self.pods.get_mut(uid)?;
         let label = e.pod.label();
         if e.kernel.is_none() {
@@ -591,17 +697,17 @@ impl Dataplane {
         let mut repair = None;
         let mut left = found.clone();
         if !found.is_empty() {
-            match ns.apply_with(&Capture::Ambient(e.cfg.clone()), AMBIENT_POLICY) {
-                Ok(_) => {
+            match Self::apply_pod(adopt, ns, &e.cfg, &label) {
+                Ok(removed) => {
                     // Read back once more: what is there now, and the generation to trust.
                     let (after, seen) = since(ns, &e.cfg, None);
                     e.seen = seen;
                     left = after;
-                    repair = Some(Repair {
+                    repair = Self::adopted(&label, &removed).or(Some(Repair {
                         at: now,
                         kind: RepairKind::PodRules,
                         why: summary(&found),
-                    });
+                    }));
                 }
                 Err(err) => report
                     .problems

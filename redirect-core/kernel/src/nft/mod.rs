@@ -68,6 +68,18 @@ pub(crate) use update::changes;
 pub use update::Changes;
 pub use xtables::{XtChain, XtFound};
 
+/// One nfnetlink message (header and `nfgenmsg` included) appended to `out`: for the other
+/// netfilter subsystems we speak (`crate::ipset`).
+pub(crate) fn write_message(
+    out: &mut Vec<u8>,
+    family: netlink_packet_netfilter::NetfilterProtoFamily,
+    inner: netlink_packet_netfilter::NetfilterMessageInner,
+    flags: u16,
+    seq: u32,
+) {
+    message::write(out, family, 0, inner, flags, seq);
+}
+
 use redirect_model::Ruleset;
 
 /// What the running kernel's nf_tables does that the encoder must match. Read once where a
