@@ -257,10 +257,21 @@ impl Namespace {
     }
 
     /// How the namespace differs from `capture`: its table against the plan, rule by rule,
-    /// and the routes it needs. Empty when it is exactly in place.
+    /// the routes it needs, and, in a pod's namespace, capture rules another layer wrote
+    /// ([`Namespace::foreign`], reported as [`Mismatch::Foreign`]). Empty when it is exactly in
+    /// place.
     pub fn check(&self, capture: &Capture) -> Result<Vec<Mismatch>> {
         let rs = capture.plan(&SystemGroups)?;
-        Ok(kernel_capture::check(self.backend(), capture, &rs)?)
+        let mut found = kernel_capture::check(self.backend(), capture, &rs)?;
+        // In a pod's namespace, another layer's capture beside ours is a difference too. The
+        // node's own namespace holds other iptables tables (kube-proxy's) by design.
+        if !matches!(capture, Capture::HostProbe { .. }) {
+            let foreign = self.foreign()?;
+            if !foreign.is_empty() {
+                found.push(Mismatch::Foreign(foreign.to_string()));
+            }
+        }
+        Ok(found)
     }
 
     /// [`Namespace::check`] for a caller that checks again and again (the node agent's pass

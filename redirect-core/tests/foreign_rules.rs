@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use redirect_core::foreign::{ForeignRules, Leftover, Ours, OursBefore, Variant};
 use redirect_core::testing::{Fake, FakeForeign};
-use redirect_core::{Apply, Capture, CaptureConfig, Error, Family, Foreign, Namespace};
+use redirect_core::{Apply, Capture, CaptureConfig, Error, Family, Foreign, Mismatch, Namespace};
 use redirect_testkit::istio::{iptables_restore_with, istio_testdata_dir};
 use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
 
@@ -235,5 +235,15 @@ fn kept_rules_stay_and_are_reported() {
     ns.apply_with(&sidecar(15020), Apply::foreign(Foreign::Keep))
         .unwrap();
     assert_eq!(ns.foreign().unwrap().nft_tables, ["istio-proxy-nat"]);
+    // Ours are in place; check says the other capture is there too.
+    let found = ns.check(&sidecar(15020)).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        matches!(&found[0], Mismatch::Foreign(what) if what.contains("istio-proxy-nat")),
+        "{found:?}"
+    );
+    assert!(found[0].to_string().contains("both act on every packet"));
+    // Once they go, check is clean.
+    ns.remove_foreign().unwrap();
     assert!(ns.check(&sidecar(15020)).unwrap().is_empty());
 }

@@ -24,13 +24,19 @@ pub enum Mismatch {
     LoV6Missing,
     /// Our table is there, but the pod should have no capture at all.
     Unwanted,
+    /// Capture rules another layer wrote (Istio's) are in the namespace too, in words: both
+    /// act on every packet.
+    Foreign(String),
 }
 
 impl Mismatch {
     /// Whether the difference is in our table (as opposed to the routes beside it, which a
     /// run re-adds without touching the rules).
     pub fn is_rules(&self) -> bool {
-        matches!(self, Mismatch::Rules(_) | Mismatch::Unwanted)
+        matches!(
+            self,
+            Mismatch::Rules(_) | Mismatch::Unwanted | Mismatch::Foreign(_)
+        )
     }
 }
 
@@ -44,6 +50,10 @@ impl fmt::Display for Mismatch {
                 f,
                 "table inet {} exists, but the pod should have no capture rules",
                 nft::TABLE
+            ),
+            Mismatch::Foreign(what) => write!(
+                f,
+                "capture rules we did not write are here too ({what}): both act on every packet"
             ),
         }
     }
