@@ -947,3 +947,237 @@ fn ambient_pod_enrolled_by_label_survives_restarts_and_is_released() {
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(landed(&node, "web"), after, "released, but still captured");
 }
+
+// ---- issue 45: a node Istio's plugin set up, switched to ours with no pod restarted ----
+
+/// Istio's plugin on the node, as its installer leaves it: an `istio-cni` entry at the end of
+/// the chain, and the plugin itself. The plugin is a stand-in that loads Istio's own rules for
+/// a pod of plugin defaults the way Istio's programs load them: its CNI golden `cni/basic`
+/// with `iptables-<form>-restore` (pods named `nft-*` and `legacy-*`), or its native nftables
+/// golden with `nft -f` (`native-*`; Istio 1.28+). The goldens are read from
+/// `../shared/testdata/istio`.
+fn istio_on(node: &Node) {
+    let data = redirect_testkit::istio::istio_testdata_dir();
+    let dir = node.dir().join("opt/istio");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(data.join("cni/basic.restore"), dir.join("basic.restore")).unwrap();
+    std::fs::copy(
+        data.join("nftables/kube-virt-interfaces.golden"),
+        dir.join("native.nft"),
+    )
+    .unwrap();
+    let plugin = node.dir().join("opt/cni/bin/istio-cni");
+    std::fs::write(
+        &plugin,
+        r#"#!/bin/sh
+# Istio's plugin, stood in: Istio's golden rules into the pod, then the result passed on.
+conf=$(cat)
+case $CNI_COMMAND in
+ADD)
+  case "$CNI_ARGS" in
+  *K8S_POD_NAME=native-*) nsenter --net="$CNI_NETNS" nft -f /opt/istio/native.nft || exit 1 ;;
+  *K8S_POD_NAME=legacy-*) nsenter --net="$CNI_NETNS" iptables-legacy-restore --noflush /opt/istio/basic.restore || exit 1 ;;
+  *K8S_POD_NAMESPACE=kube-system*) ;;
+  *) nsenter --net="$CNI_NETNS" iptables-nft-restore --noflush /opt/istio/basic.restore || exit 1 ;;
+  esac
+  echo "$conf" | python3 -c 'import json, sys
+c = json.load(sys.stdin)
+r = c.get("prevResult") or {}
+r["cniVersion"] = c["cniVersion"]
+print(json.dumps(r))' ;;
+VERSION) echo '{"cniVersion": "1.0.0", "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]}' ;;
+esac
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut list: Value = serde_json::from_str(&node.read(CONFLIST).unwrap()).unwrap();
+    list["plugins"].as_array_mut().unwrap().push(json!({
+        "type": "istio-cni", "log_level": "info", "cni_agent_run_dir": "/var/run/istio-cni",
+        "ambient_enabled": false, "exclude_namespaces": ["kube-system"],
+        "kubernetes": {"kubeconfig": "/etc/cni/net.d/ZZZ-istio-cni-kubeconfig",
+            "cni_bin_dir": "/opt/cni/bin", "exclude_namespaces": ["kube-system"]}
+    }));
+    let out = node.sh(&format!(
+        "cat > {CONFLIST}.tmp <<'EOF'\n{}\nEOF\nmv {CONFLIST}.tmp {CONFLIST}",
+        serde_json::to_string_pretty(&list).unwrap()
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An injected pod whose app connects 20 times a second.
+fn looping_pod(name: &str) -> String {
+    let mut spec = injected_pod_spec();
+    spec["containers"][0]["args"] = json!(["connect", "10.96.0.99:80", "--every", "0.05"]);
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": injected_annotations()},
+        "spec": spec})
+    .to_string()
+}
+
+/// What the pod's namespace holds, as `nft list tables` and each iptables variant's save print it.
+fn rules_in(pod: &str) -> String {
+    let net = format!("--net=/proc/{}/ns/net", proxy_pid(pod));
+    let mut all = String::new();
+    for cmd in [
+        &["nft", "list", "tables"][..],
+        &["iptables-nft-save"],
+        &["iptables-legacy-save"],
+    ] {
+        let out = std::process::Command::new("nsenter")
+            .arg(&net)
+            .args(cmd)
+            .output()
+            .unwrap();
+        all.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    all
+}
+
+fn holds_istios(rules: &str) -> bool {
+    rules.contains("ISTIO_") || rules.contains("istio-proxy")
+}
+
+/// Every container's restart count of the pod, and its UID: the same sandbox, nothing restarted.
+fn restarts(p: &Value) -> (String, Vec<u64>) {
+    let counts = ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|k| p["status"][k].as_array().cloned().unwrap_or_default())
+        .map(|c| c["restartCount"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    (uid(p).to_string(), counts)
+}
+
+/// Every connection of the app since its first captured one landed on the proxy.
+fn never_lost(node: &Node, pod: &str) -> usize {
+    let log = app_log(node, pod);
+    let first = log
+        .lines()
+        .position(|l| l.ends_with(CAPTURED))
+        .unwrap_or(usize::MAX);
+    let after: Vec<&str> = log.lines().skip(first).collect();
+    let lost: Vec<&&str> = after.iter().filter(|l| !l.ends_with(CAPTURED)).collect();
+    assert!(
+        lost.is_empty(),
+        "pod {pod}: {} of {} connections not captured through the switch: {:?}",
+        lost.len(),
+        after.len(),
+        &lost[..lost.len().min(5)]
+    );
+    after.len()
+}
+
+/// Istio set the node up (its config entry, sidecar pods holding its rules in each form, apps
+/// connecting 20 times a second); installing the chart switches it: the config entry taken
+/// over, the iptables-nft and native nftables pods captured by our table with Istio's rules
+/// gone, the iptables-legacy pod kept (the agent's image has no iptables-legacy-save) and
+/// shown, no container restarted, no connection lost, and a pod created during the switch
+/// captured by ours.
+#[test]
+fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
+    let Some((_one, node)) = node("switch", Options::default()) else {
+        return;
+    };
+    istio_on(&node);
+    let forms = ["nft-0", "legacy-0", "native-0"];
+    for p in forms {
+        node.apply(&looping_pod(p));
+    }
+    for p in forms {
+        captured_from_start(&node, p);
+        assert!(
+            holds_istios(&rules_in(p)),
+            "{p}: Istio's rules: {}",
+            rules_in(p)
+        );
+        assert!(!rules_in(p).contains(redirect_core::view::TABLE), "{p}");
+    }
+    let before: Vec<(String, Vec<u64>)> = forms.iter().map(|p| restarts(&pod(&node, p))).collect();
+
+    let switch = Instant::now();
+    node.helm(&[
+        "install",
+        "redirect-cni",
+        "deploy/helm/redirect-cni",
+        "-n",
+        "kube-system",
+        "--set",
+        "global.hub=localhost",
+        "--set",
+        "global.tag=test",
+        "--set",
+        "global.imagePullPolicy=Never",
+    ]);
+    // A pod created while the agent starts: whichever plugin sets it up, it ends with ours.
+    node.apply(&looping_pod("during-0"));
+    agent_ready(&node);
+    eventually(
+        &node,
+        "the iptables-nft and native pods adopted",
+        60,
+        || {
+            let replaced = |form| {
+                node.metric(
+                    "redirect_cni_adopted_pods_total",
+                    &[r#"result="replaced""#, &format!(r#"form="{form}""#)],
+                )
+            };
+            (replaced("iptables-nft") >= 1.0 && replaced("nftables") >= 1.0).then_some(())
+        },
+    );
+    eprintln!(
+        "the switch: helm install to both pods adopted in {:.1} s",
+        switch.elapsed().as_secs_f64()
+    );
+    // Let the loops run on our rules.
+    std::thread::sleep(Duration::from_secs(3));
+
+    let list: Value = serde_json::from_str(&node.read(CONFLIST).unwrap()).unwrap();
+    let types: Vec<&str> = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["type"].as_str())
+        .collect();
+    assert!(types.contains(&"redirect-cni"), "{types:?}");
+    assert!(
+        !types.contains(&"istio-cni"),
+        "Istio's entry taken over: {types:?}"
+    );
+    for p in ["nft-0", "native-0", "during-0"] {
+        let rules = rules_in(p);
+        assert!(
+            rules.contains(redirect_core::view::TABLE),
+            "{p}: our table: {rules}"
+        );
+        assert!(!holds_istios(&rules), "{p}: Istio's rules gone: {rules}");
+    }
+    // iptables-legacy with no binary in the agent's image: kept, capturing, counted.
+    assert!(
+        holds_istios(&rules_in("legacy-0")),
+        "{}",
+        rules_in("legacy-0")
+    );
+    assert!(
+        node.metric(
+            "redirect_cni_adopted_pods_total",
+            &[r#"result="kept""#, r#"form="iptables-legacy""#]
+        ) >= 1.0
+    );
+    for (p, was) in forms.iter().zip(&before) {
+        assert_eq!(
+            &restarts(&pod(&node, p)),
+            was,
+            "{p}: same pod, nothing restarted"
+        );
+        let made = never_lost(&node, p);
+        eprintln!("pod {p}: {made} connections through the switch, none lost");
+    }
+    captured_from_start(&node, "during-0");
+    never_lost(&node, "during-0");
+}

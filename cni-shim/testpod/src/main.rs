@@ -104,9 +104,14 @@ fn connect(args: &[String]) -> i32 {
         return 2;
     };
     let every = match args.get(1..) {
-        Some([flag, secs]) if flag == "--every" => {
-            secs.parse::<u64>().ok().map(Duration::from_secs)
-        }
+        // Fractions too: 0.05 is 20 connections a second.
+        Some([flag, secs]) if flag == "--every" => match secs.parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => Some(Duration::from_secs_f64(s)),
+            _ => {
+                eprintln!("testpod connect: --every {secs:?}: a number of seconds above 0");
+                return 2;
+            }
+        },
         Some([]) | None => None,
         _ => {
             eprintln!("testpod connect: only --every SECONDS may follow the address");
