@@ -40,6 +40,14 @@ impl Output {
 /// Runs `bin args...`, feeding `stdin` if given. The error is only for a binary that could not
 /// be started; a non-zero exit is an `Output` with `ok == false`.
 pub(crate) fn run(bin: &str, args: &[&str], stdin: Option<&str>) -> io::Result<Output> {
+    // A node without the binary (the agent's image has none) answers NotFound from a look at
+    // PATH: spawning only to learn that forks the whole process, milliseconds per call.
+    if !bin.contains('/') && !on_path(bin) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{bin}: not on PATH"),
+        ));
+    }
     let mut cmd = Command::new(bin);
     cmd.args(args)
         .stdout(Stdio::piped())
@@ -136,4 +144,16 @@ mod tests {
         let e = run("rdt-no-such-binary", &[], None).err().unwrap();
         assert!(spawn_failure("rdt-no-such-binary", &e).contains("not installed"));
     }
+}
+
+/// Whether an executable file `bin` is in a folder of `PATH`.
+fn on_path(bin: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(bin))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
 }
