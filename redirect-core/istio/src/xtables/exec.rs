@@ -37,6 +37,18 @@ impl Output {
     }
 }
 
+/// Whether an executable file `bin` is in a folder of `PATH`.
+fn on_path(bin: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(bin))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
 /// Runs `bin args...`, feeding `stdin` if given. The error is only for a binary that could not
 /// be started; a non-zero exit is an `Output` with `ok == false`.
 pub(crate) fn run(bin: &str, args: &[&str], stdin: Option<&str>) -> io::Result<Output> {
@@ -144,16 +156,4 @@ mod tests {
         let e = run("rdt-no-such-binary", &[], None).err().unwrap();
         assert!(spawn_failure("rdt-no-such-binary", &e).contains("not installed"));
     }
-}
-
-/// Whether an executable file `bin` is in a folder of `PATH`.
-fn on_path(bin: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let Some(path) = std::env::var_os("PATH") else {
-        return false;
-    };
-    std::env::split_paths(&path).any(|dir| {
-        std::fs::metadata(dir.join(bin))
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
 }
