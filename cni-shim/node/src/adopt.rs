@@ -13,7 +13,7 @@ use redirect_core::foreign::{ForeignRules, Variant};
 use redirect_core::mesh::MeshDefaults;
 use redirect_core::{Apply, Capture, Error, Foreign};
 
-use crate::repair::in_place::{locate, Located, Reach, RepairError};
+use crate::pods::capture::{locate, Located, PodCaptureError as RepairError, Reach};
 
 /// `ADOPT_ISTIO`: what the agent does with pods that hold Istio's capture rules.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -181,6 +181,16 @@ fn register_adopted(registry: &mut Registry) -> Family<AdoptLabels, Counter> {
         "Pods found holding Istio's capture rules (ADOPT_ISTIO), by result (replaced: ours in place and Istio's removed; kept: left with Istio's rules; failed: retried) and Istio's form (nftables, iptables-nft, iptables-legacy)",
         adopted.clone(),
     );
+    // Present at zero from the start, for alerts and dashboards (a failure's form is unknown).
+    for form in ["nftables", "iptables-nft", "iptables-legacy"] {
+        for result in ["replaced", "kept"] {
+            let _ = adopted.get_or_create(&AdoptLabels { result, form });
+        }
+    }
+    let _ = adopted.get_or_create(&AdoptLabels {
+        result: "failed",
+        form: "unknown",
+    });
     adopted
 }
 

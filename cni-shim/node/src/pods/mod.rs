@@ -5,6 +5,7 @@
 //! while the watch was down) and the per-pod work queue with its backoff (`queue`). Neither
 //! controller reaches into the other: what they share is here.
 
+pub mod capture;
 pub mod queue;
 pub mod search;
 
