@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the build and the kernel tests need (Debian/Ubuntu, as root).
 # libnftnl/libmnl: the test oracle of our nf_tables encoder (dev-dependencies only; no binary
-# links them). nftables/iptables/iproute2/time: used only by tests and comparisons (loading
+# links them). nftables/iptables/ipset/iproute2/time: used only by tests and comparisons (loading
 # Istio's rules, checking our renderings), never by our binaries. The static builds' own
 # toolchain (musl-tools, cross compilers) is installed by scripts/build-static.sh.
 set -euo pipefail
