@@ -1010,6 +1010,26 @@ esac
     );
 }
 
+/// The agent's view of the node's pods (`/debug/node`).
+fn node_view(node: &Node) -> Value {
+    let out = node
+        .command("curl")
+        .args([
+            "-fsS",
+            "--max-time",
+            "5",
+            &format!("http://{}:15014/debug/node", cni_testkit::node::NODE_IP),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// An injected pod whose app connects 20 times a second.
 fn looping_pod(name: &str) -> String {
     let mut spec = injected_pod_spec();
@@ -1168,6 +1188,30 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
             "redirect_cni_adopted_pods_total",
             &[r#"result="kept""#, r#"form="iptables-legacy""#]
         ) >= 1.0
+    );
+    // The node view says what each pod held and what became of it.
+    let view = node_view(&node);
+    let entry = |name: &str| {
+        view["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not in the node view: {view:#}"))
+    };
+    for p in ["nft-0", "native-0"] {
+        let e = entry(p);
+        assert_eq!(e["state"], "adopted", "{e:#}");
+        assert_eq!(e["last_repair"]["kind"], "adopted", "{e:#}");
+    }
+    let legacy = entry("legacy-0");
+    assert_eq!(legacy["state"], "istio", "{legacy:#}");
+    assert!(
+        legacy["attention"]
+            .as_str()
+            .is_some_and(|a| a.contains("iptables-legacy")),
+        "{legacy:#}"
     );
     for (p, was) in forms.iter().zip(&before) {
         assert_eq!(
