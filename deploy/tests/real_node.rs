@@ -57,6 +57,12 @@ fn pods_summary(node: &Node) -> String {
 /// The chart with its default values, but for the image (the one the suite built, imported
 /// into containerd, never pulled) and `flags` (helm's: `--set`, `-f`).
 fn install(node: &Node, flags: &[&str]) {
+    install_chart(node, flags);
+    agent_ready(node);
+}
+
+/// `helm install` of the chart as [`install`] does it, without waiting for the agent.
+fn install_chart(node: &Node, flags: &[&str]) {
     let mut args = vec![
         "install",
         "redirect-cni",
@@ -72,7 +78,6 @@ fn install(node: &Node, flags: &[&str]) {
     ];
     args.extend_from_slice(flags);
     node.helm(&args);
-    agent_ready(node);
 }
 
 fn agent_ready(node: &Node) {
@@ -1120,19 +1125,7 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     let before: Vec<(String, Vec<u64>)> = forms.iter().map(|p| restarts(&pod(&node, p))).collect();
 
     let switch = Instant::now();
-    node.helm(&[
-        "install",
-        "redirect-cni",
-        "deploy/helm/redirect-cni",
-        "-n",
-        "kube-system",
-        "--set",
-        "global.hub=localhost",
-        "--set",
-        "global.tag=test",
-        "--set",
-        "global.imagePullPolicy=Never",
-    ]);
+    install_chart(&node, &[]);
     // A pod created while the agent starts: whichever plugin sets it up, it ends with ours.
     node.apply(&looping_pod("during-0"));
     agent_ready(&node);

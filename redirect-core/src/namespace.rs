@@ -188,19 +188,7 @@ impl Namespace {
     /// what went.
     pub fn remove_istio_host(&self) -> Result<IstioHost> {
         let rules = self.remove_foreign()?;
-        let mut sets = Vec::new();
-        for set in redirect_istio::ambient::PROBE_SETS {
-            let gone = self
-                .run(|| redirect_kernel::ipset::destroy(set))?
-                .map_err(|cause| Error::IpSet {
-                    set: set.into(),
-                    op: "destroy",
-                    cause,
-                })?;
-            if gone {
-                sets.push(set.to_owned());
-            }
-        }
+        let sets = self.probe_sets("destroy", redirect_kernel::ipset::destroy)?;
         Ok(IstioHost { rules, sets })
     }
 
@@ -208,20 +196,29 @@ impl Namespace {
     /// removing nothing.
     pub fn istio_host(&self) -> Result<IstioHost> {
         let rules = self.foreign()?;
+        let sets = self.probe_sets("read", redirect_kernel::ipset::exists)?;
+        Ok(IstioHost { rules, sets })
+    }
+
+    /// Istio's probe IP sets for which `op` (run inside the namespace: `read` is
+    /// `ipset::exists`, `destroy` is `ipset::destroy`) answered true.
+    fn probe_sets(
+        &self,
+        op: &'static str,
+        f: fn(&str) -> std::io::Result<bool>,
+    ) -> Result<Vec<String>> {
         let mut sets = Vec::new();
         for set in redirect_istio::ambient::PROBE_SETS {
-            let here = self
-                .run(|| redirect_kernel::ipset::exists(set))?
-                .map_err(|cause| Error::IpSet {
-                    set: set.into(),
-                    op: "read",
-                    cause,
-                })?;
-            if here {
+            let yes = self.run(|| f(set))?.map_err(|cause| Error::IpSet {
+                set: set.into(),
+                op,
+                cause,
+            })?;
+            if yes {
                 sets.push(set.to_owned());
             }
         }
-        Ok(IstioHost { rules, sets })
+        Ok(sets)
     }
 
     /// A sidecar's `cfg` with IPv6 as Istio decides it for a pod: on when `dual_stack` and the

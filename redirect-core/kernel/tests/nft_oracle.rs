@@ -460,33 +460,39 @@ fn oracle(label: &Label, t: &NftTable, acked: bool) -> Vec<u8> {
             table,
             chain,
             handle,
-        } => {
-            let table = Table::new(cstr(table), family(*nfproto));
-            let chain = Chain::new(cstr(chain), &table);
-            let mut rule = Rule::new(&chain);
+        } => in_xt_chain(*nfproto, table, chain, |chain| {
+            let mut rule = Rule::new(chain);
             rule.set_handle(*handle);
             built(|buf| unsafe { rule.write(buf as *mut c_void, 0, MsgType::Del) })
-        }
+        }),
         Label::XtFlushChain {
             nfproto,
             table,
             chain,
-        } => {
-            let table = Table::new(cstr(table), family(*nfproto));
-            let chain = Chain::new(cstr(chain), &table);
-            let rule = Rule::new(&chain);
+        } => in_xt_chain(*nfproto, table, chain, |chain| {
+            let rule = Rule::new(chain);
             built(|buf| unsafe { rule.write(buf as *mut c_void, 0, MsgType::Del) })
-        }
+        }),
         Label::XtDeleteChain {
             nfproto,
             table,
             chain,
-        } => {
-            let table = Table::new(cstr(table), family(*nfproto));
-            let chain = Chain::new(cstr(chain), &table);
+        } => in_xt_chain(*nfproto, table, chain, |chain| {
             built(|buf| unsafe { chain.write(buf as *mut c_void, 0, MsgType::Del) })
-        }
+        }),
     }
+}
+
+/// libnftnl's message `f` builds for the chain `chain` of iptables-nft's table `table`.
+fn in_xt_chain(
+    nfproto: u8,
+    table: &str,
+    chain: &str,
+    f: impl FnOnce(&Chain) -> Vec<u8>,
+) -> Vec<u8> {
+    let table = Table::new(cstr(table), family(nfproto));
+    let chain = Chain::new(cstr(chain), &table);
+    f(&chain)
 }
 
 /// iptables-nft's families.

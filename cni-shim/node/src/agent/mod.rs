@@ -55,9 +55,7 @@ impl Agent {
                 .then_some(settings.repair.action)
                 .flatten()
                 .map(|a| a.metric_type()),
-            settings.repair.enabled
-                || (settings.repair.adopt_istio != crate::adopt::AdoptIstio::Off
-                    && !settings.repair.node_name.is_empty()),
+            settings.repair.enabled || settings.repair.adopting(),
         );
         if settings.ambient.enabled {
             metrics = metrics.with_ambient();
@@ -331,15 +329,14 @@ async fn with_client(
     if !s.repair.enabled {
         tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
     }
-    let mut adopting = s.repair.adopt_istio != crate::adopt::AdoptIstio::Off;
-    if adopting && s.repair.node_name.is_empty() {
+    let adopting = s.repair.adopting();
+    if !adopting && s.repair.adopt_istio != crate::adopt::AdoptIstio::Off {
         // Only the repair controller (on by default) makes a node name required.
         tracing::warn!(
             "ADOPT_ISTIO={} needs this node's name (NODE_NAME or REPAIR_NODE_NAME): pods holding \
              Istio's rules are not looked for",
             s.repair.adopt_istio.word()
         );
-        adopting = false;
     }
     let sidecar_pods = s.repair.enabled || adopting;
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {

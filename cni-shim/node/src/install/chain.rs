@@ -31,33 +31,37 @@ pub fn list_has_entry(list: &Value, entry: &Value) -> bool {
 
 /// Whether `list` holds an entry of Istio's.
 pub fn list_has_istio(list: &Value) -> bool {
-    list.get("plugins")
-        .and_then(Value::as_array)
-        .is_some_and(|p| p.iter().any(is_istio))
+    has_plugin(list, is_istio)
 }
 
 /// `list` without Istio's entries: what the file would be with no capture plugin, which an
 /// uninstall puts back (Istio's entry is for Istio's installer to write again, with its binary).
 pub fn without_istio(list: &Value) -> Value {
-    let mut out = list.clone();
-    if let Some(plugins) = out.get_mut("plugins").and_then(Value::as_array_mut) {
-        plugins.retain(|p| !is_istio(p));
-    }
-    out
+    without(list, is_istio)
 }
 
 /// Whether `list` holds any entry of ours.
 pub fn list_has_any_entry(list: &Value) -> bool {
-    list.get("plugins")
-        .and_then(Value::as_array)
-        .is_some_and(|p| p.iter().any(is_ours))
+    has_plugin(list, is_ours)
 }
 
 /// `list` without any entry of ours.
 pub fn remove_entries(list: &Value) -> Value {
+    without(list, is_ours)
+}
+
+/// Whether `list` has a plugin entry `pick` picks.
+fn has_plugin(list: &Value, pick: fn(&Value) -> bool) -> bool {
+    list.get("plugins")
+        .and_then(Value::as_array)
+        .is_some_and(|p| p.iter().any(pick))
+}
+
+/// `list` without the plugin entries `pick` picks; everything else kept.
+fn without(list: &Value, pick: fn(&Value) -> bool) -> Value {
     let mut out = list.clone();
     if let Some(plugins) = out.get_mut("plugins").and_then(Value::as_array_mut) {
-        plugins.retain(|p| !is_ours(p));
+        plugins.retain(|p| !pick(p));
     }
     out
 }

@@ -52,6 +52,12 @@ impl RepairSettings {
         }
     }
 
+    /// Whether pods holding Istio's rules are looked for: `ADOPT_ISTIO` is not `off`, and the
+    /// node's name is known (without it the watch cannot be narrowed to this node).
+    pub fn adopting(&self) -> bool {
+        self.adopt_istio != crate::adopt::AdoptIstio::Off && !self.node_name.is_empty()
+    }
+
     /// The mode's name in logs and in the metric's `type` label.
     pub fn mode(&self) -> &'static str {
         match self.action {
