@@ -5,7 +5,8 @@
 //!   what Istio derives inside the pod ([`pod_facts`]: proxy UID, IPv6, DNS servers), the
 //!   warnings about Istio's quirks ([`quirks`]), Go's forms ([`go`]).
 //! - Istio's own rules: its iptables chains ([`xtables`]: found, loaded, the leftovers scan) and
-//!   its nftables tables ([`tables`]), and its TPROXY routing values ([`TPROXY_ROUTING`]).
+//!   its nftables tables ([`tables`]), the tables its native nftables backend writes for a
+//!   config ([`nft_form`], for a hand-back), and its TPROXY routing values ([`TPROXY_ROUTING`]).
 //! - Istio's rules as an apply meets them ([`capture`]): found and removed, described, why an
 //!   apply refused, and the iptables backend's run over them.
 //! - Istio's validation ([`validation`]): the probe and, when it fails, why.
@@ -23,6 +24,7 @@ mod error;
 pub mod go;
 pub mod kubelet;
 pub mod mesh;
+pub mod nft_form;
 pub mod pod;
 pub mod pod_facts;
 pub mod quirks;

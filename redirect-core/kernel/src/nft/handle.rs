@@ -165,6 +165,37 @@ impl Nft {
         probe::check(&self.sock, &lower_named(rs, table))
     }
 
+    /// Write someone else's tables (`tables`, each replaced whole) and delete our table, in one
+    /// batch bound to the generation our table was read at: the hand-back of a namespace to
+    /// Istio. Returns whether our table was there.
+    pub fn hand_over(&self, tables: &[NftTable]) -> Result<bool> {
+        let sock = &self.sock;
+        for _ in 0..APPLY_TRIES {
+            let (genid, ours) = match dump::table_at(sock, &self.table) {
+                Ok(read) => read,
+                Err(Error::ReadUnsettled { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            let remove = ours.is_some().then_some(self.table.as_str());
+            let (seq, features) = (sock.next_seq(), sock.features());
+            let batch = update::hand_over(tables, remove, seq, Some(genid), features);
+            match sock.send_batch_answer(&batch)? {
+                None => return Ok(remove.is_some()),
+                Some((_, errno)) if errno == libc::ERESTART => continue,
+                Some((seq, errno)) => {
+                    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+                    let what = format!(
+                        "writing the tables {} in place of {} (message {seq})",
+                        names.join(", "),
+                        self.table
+                    );
+                    return Err(socket::rejected(what, errno));
+                }
+            }
+        }
+        Err(Error::ReadUnsettled { tries: APPLY_TRIES })
+    }
+
     /// Delete our table. Returns whether there was one.
     pub fn remove(&self) -> Result<bool> {
         self.remove_named(&self.table)

@@ -31,6 +31,9 @@ const NFNL_BATCH_GENID: u16 = 1;
 const NF_ACCEPT: u32 = 1;
 /// `NFT_SET_INTERVAL`.
 pub(super) const SET_INTERVAL: u32 = 4;
+/// `NFT_SET_ANONYMOUS | NFT_SET_CONSTANT`: a set written inline in a rule (`{ 53, 15008 }`),
+/// named `__set<N>` as nft names them; only Istio's form (`hand_over`) writes one.
+const SET_ANONYMOUS_CONSTANT: u32 = 1 | 2;
 
 /// The message kinds a batch sends for our table, with the flags each carries.
 pub(super) mod flags {
@@ -194,7 +197,10 @@ pub(super) fn new_rule(
 }
 
 pub(super) fn new_set(table: &str, s: &NftSet) -> NfTablesMessage {
-    let flags = if s.interval { SET_INTERVAL } else { 0 };
+    let mut flags = if s.interval { SET_INTERVAL } else { 0 };
+    if s.name.starts_with("__set") {
+        flags |= SET_ANONYMOUS_CONSTANT;
+    }
     NfTablesMessage::NewSet(SetMessage {
         attributes: vec![
             SetAttribute::Table(table.into()),

@@ -98,6 +98,39 @@ pub fn replace(t: &NftTable, first_seq: u32, features: Features) -> Encoded {
     b.finish()
 }
 
+/// Someone else's tables (Istio's, handed back) written whole, each replaced as [`replace`]
+/// does, and our table `remove` deleted, in one batch bound to `genid`: the namespace goes
+/// from ours to theirs with no moment between.
+pub fn hand_over(
+    tables: &[NftTable],
+    remove: Option<&str>,
+    first_seq: u32,
+    genid: Option<u32>,
+    features: Features,
+) -> Encoded {
+    let mut b = Batch::new(first_seq, genid, features);
+    for t in tables {
+        b.push(
+            message::new_table(&t.name, false),
+            flags::ADD_TABLE,
+            Label::AddTable,
+        );
+        let del = Label::DeleteTable(t.name.clone());
+        b.push(message::del_table(&t.name), flags::DELETE, del);
+        b.push(
+            message::new_table(&t.name, false),
+            flags::ADD_TABLE,
+            Label::AddTable,
+        );
+        fill(&mut b, t);
+    }
+    if let Some(name) = remove {
+        let del = Label::DeleteTable(name.to_string());
+        b.push(message::del_table(name), flags::DELETE, del);
+    }
+    b.finish()
+}
+
 /// Every set, chain and rule of `t`, into a table that is empty in this transaction.
 fn fill(b: &mut Batch, t: &NftTable) {
     for si in 0..t.sets.len() {

@@ -1,0 +1,77 @@
+//! What the tests of Istio's data share: a case's configuration as a `CaptureConfig`.
+
+use std::net::IpAddr;
+
+use redirect_model::{
+    parse::parse_cidr_selection, parse::parse_cidrs, parse::parse_groups,
+    parse::parse_port_selection, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection,
+};
+use redirect_testkit::istio::IstioCase;
+/// The case's configuration as a `CaptureConfig`, through our own parsers of Istio's syntax.
+pub fn config_of(case: &IstioCase) -> CaptureConfig {
+    let s = |k: &str| {
+        case.raw
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let b = |k: &str| case.raw.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+    let ids = |k: &'static str| redirect_model::parse::parse_ids(k, &s(k)).unwrap();
+    let mut servers: Vec<IpAddr> = case.dns_servers_v4.iter().map(|a| IpAddr::V4(*a)).collect();
+    servers.extend(case.dns_servers_v6.iter().map(|a| IpAddr::V6(*a)));
+    let groups_exclude = match parse_groups("x", &s("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE")) {
+        Ok(Selection::List(l)) => l,
+        _ => Vec::<GroupRef>::new(),
+    };
+    let cfg = CaptureConfig {
+        envoy_port: s("envoy-port").parse().unwrap(),
+        inbound_capture_port: s("inbound-capture-port").parse().unwrap(),
+        inbound_tunnel_port: s("inbound-tunnel-port").parse().unwrap(),
+        proxy_uids: ids("proxy-uid"),
+        proxy_gids: ids("proxy-gid"),
+        mode: InterceptionMode::parse("m", &s("istio-inbound-interception-mode")).unwrap(),
+        inbound_ports: parse_port_selection("b", &s("istio-inbound-ports")).unwrap(),
+        inbound_exclude_ports: redirect_model::parse::parse_ports(
+            "d",
+            &s("istio-local-exclude-ports"),
+        )
+        .unwrap(),
+        outbound_include_cidrs: parse_cidr_selection("i", &s("istio-service-cidr")).unwrap(),
+        outbound_exclude_cidrs: parse_cidrs("x", &s("istio-service-exclude-cidr")).unwrap(),
+        outbound_include_ports: redirect_model::parse::parse_ports("q", &s("istio-outbound-ports"))
+            .unwrap(),
+        outbound_exclude_ports: redirect_model::parse::parse_ports(
+            "o",
+            &s("istio-local-outbound-ports-exclude"),
+        )
+        .unwrap(),
+        exclude_interfaces: redirect_model::parse::parse_interfaces(
+            "c",
+            &s("istio-exclude-interfaces"),
+        )
+        .unwrap(),
+        reroute_interfaces: redirect_model::parse::parse_interfaces(
+            "k",
+            &s("kube-virt-interfaces"),
+        )
+        .unwrap(),
+        tproxy_mark: s("istio-inbound-tproxy-mark").parse().unwrap(),
+        tproxy_route_table: s("istio-inbound-tproxy-route-table").parse().unwrap(),
+        dns: DnsCapture::from_istio(b("redirect-dns"), b("capture-all-dns"), &servers),
+        drop_invalid: b("drop-invalid"),
+        owner_groups_include: parse_groups("g", &s("ISTIO_OUTBOUND_OWNER_GROUPS")).unwrap(),
+        owner_groups_exclude: groups_exclude,
+        ipv4_loopback_cidr: redirect_model::parse::parse_loopback_cidr(
+            "l",
+            &s("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
+        )
+        .unwrap(),
+        ipv6: b("enable-ipv6"),
+        bypass_uids: Vec::new(),
+        bypass_gids: Vec::new(),
+    };
+    cfg.validate()
+        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    cfg
+}
