@@ -144,6 +144,15 @@ impl Rule<'_> {
             Item::CtMark(v) => {
                 e.extend([Expr::Ct(CtKey::Mark), cmp(true, v.to_ne_bytes().to_vec())])
             }
+            _ => self.statement(item),
+        }
+        Ok(())
+    }
+
+    /// What a rule does: counter, marks, zones, NAT, TPROXY, verdict.
+    fn statement(&mut self, item: &Item) {
+        let e = &mut self.exprs;
+        match item {
             Item::Counter => e.push(Expr::Counter),
             Item::MarkSet(v) => e.extend([
                 Expr::Imm(v.to_ne_bytes().to_vec()),
@@ -168,8 +177,8 @@ impl Rule<'_> {
                 Verdict::Drop => NftVerdict::Drop,
                 Verdict::Jump(c) => NftVerdict::Jump((*c).to_string()),
             })),
+            _ => unreachable!("a match is lowered by `item`"),
         }
-        Ok(())
     }
 
     /// `meta l4proto` unless the rule matched it already, then the port's two bytes.
