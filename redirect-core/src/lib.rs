@@ -62,7 +62,9 @@
 //! Capture rules the namespace holds that we did not write (Istio's chains and tables in
 //! any of their forms) are a policy of the same apply: [`Namespace::apply_with`] refuses
 //! them (the default), keeps them, or replaces them once ours are in ([`Foreign`]), and
-//! [`Namespace::foreign`] reads them.
+//! [`Namespace::foreign`] reads them. The way back is [`Namespace::hand_back`]: our table
+//! replaced, in one batch, by the tables Istio's own nftables backend writes for the same
+//! config ([`HandedBack`]).
 //!
 //! For the programs built on it (and a user who needs Istio's own decisions), the same door
 //! holds, documented: `cli` (`istio-iptables`' flags and environment, with the `cli`
@@ -87,6 +89,7 @@ pub mod ambient;
 pub mod cli;
 pub mod error;
 pub mod foreign;
+mod hand_back;
 pub mod mesh;
 mod namespace;
 pub mod pod_facts;
@@ -95,6 +98,7 @@ pub mod view;
 
 pub use error::{Error, Result};
 pub use foreign::{Applied, Apply, Foreign};
+pub use hand_back::HandedBack;
 pub use namespace::{IstioHost, Namespace};
 
 pub use redirect_kernel::backend::Backend;

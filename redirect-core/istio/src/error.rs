@@ -37,6 +37,11 @@ pub enum Error {
     #[error(transparent)]
     Refused(#[from] Refused),
 
+    /// A capture that cannot be handed back in Istio's form: what has no equivalent in
+    /// Istio's rules, and what to do. Nothing was changed.
+    #[error(transparent)]
+    HandBack(#[from] crate::nft_form::Unsupported),
+
     /// One of Istio's IP sets (its host probe sets) could not be read or destroyed.
     #[error("IP set {set}: could not {op} it")]
     IpSet {

@@ -11,7 +11,7 @@ use redirect_model::{Family, NamedSet, Ruleset};
 
 use crate::error::Result;
 use crate::netns::Netns;
-use crate::nft::{self, Applied, Nft, TableState};
+use crate::nft::{self, Applied, Nft, NftTable, TableState};
 use crate::routes::{Routes, TproxyRouting, TproxyState};
 
 /// One network namespace, as capture reads and writes it. `Send`: a program may keep one open
@@ -49,6 +49,9 @@ pub trait Backend: Send {
     fn remove_table(&self) -> Result<bool> {
         self.remove_named(TABLE)
     }
+    /// Someone else's tables written whole in place of our table, in one batch (a hand-back
+    /// to Istio, `Nft::hand_over`); whether our table was there.
+    fn hand_over(&self, tables: &[NftTable]) -> Result<bool>;
     /// The TPROXY rule and route of `r` in `family`.
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState>;
     /// Add what is missing of the TPROXY rule and route in each family.
@@ -118,6 +121,9 @@ impl Backend for Live {
     }
     fn generation(&self) -> Result<Option<u32>> {
         Ok(Some(self.nft.generation()?))
+    }
+    fn hand_over(&self, tables: &[NftTable]) -> Result<bool> {
+        Ok(self.nft.hand_over(tables)?)
     }
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
         Ok(self.routes.read_tproxy(r, family)?)

@@ -217,6 +217,16 @@ impl Backend for Fake {
         Ok(n)
     }
 
+    /// Our table goes in one batch; the tables written in its place are not kept (a fake
+    /// holds our tables only).
+    fn hand_over(&self, _tables: &[crate::nft::NftTable]) -> Result<bool> {
+        let mut st = self.write()?;
+        st.ruleset = None;
+        let had = st.table.take().is_some();
+        st.batches += 1;
+        Ok(had)
+    }
+
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
         let st = self.lock();
         Ok(st
