@@ -521,6 +521,26 @@ const MODES: &[Case] = &[
         },
     },
     Case {
+        name: "hand-back at uninstall: the variable",
+        args: &["--set", "cni.handBackOnUninstall=nftables"],
+        files: &[K8S],
+        edit: |o| set(o, CM, "/data/HAND_BACK_ON_UNINSTALL", json!("nftables")),
+    },
+    Case {
+        name: "delete mode, hand-back at uninstall asked for: in-place rights",
+        args: &[
+            "--set",
+            "cni.repair.deletePods=true,cni.repair.repairPods=false,cni.handBackOnUninstall=nftables",
+        ],
+        files: &[K8S, "kubernetes/repair-delete-pods.yaml"],
+        edit: |o| {
+            set(o, CM, "/data/REPAIR_REPAIR_PODS", json!("false"));
+            set(o, CM, "/data/REPAIR_DELETE_PODS", json!("true"));
+            set(o, CM, "/data/ADOPT_ISTIO", json!("off"));
+            set(o, CM, "/data/HAND_BACK_ON_UNINSTALL", json!("nftables"));
+        },
+    },
+    Case {
         name: "repair mode wins over delete mode: no delete RBAC",
         args: &["--set", "cni.repair.deletePods=true"],
         files: &[K8S],
@@ -2351,6 +2371,20 @@ fn an_istio_cni_attachment_without_config_runs_our_plugin_under_multus() {
         by_old_name.is_err(),
         "no network redirect-cni: {by_old_name:?}"
     );
+}
+
+/// `cni.handBackOnUninstall` takes off or nftables; Istio's iptables forms (not written yet)
+/// and anything else fail the render, naming the value and what to do.
+#[test]
+fn a_hand_back_form_that_cannot_be_written_fails_the_render() {
+    for bad in ["iptables-nft", "iptables-legacy", "yes"] {
+        let set = format!("cni.handBackOnUninstall={bad}");
+        let err = template(NS, &["--set", &set]).unwrap_err();
+        for want in [bad, "off or nftables", "nativeNftables=true"] {
+            assert!(err.contains(want), "{bad}: {err}");
+        }
+    }
+    assert!(template(NS, &["--set", "cni.handBackOnUninstall=nftables"]).is_ok());
 }
 
 /// The lookup of the test above, on folders made for it: it can fail, and it follows libcni's

@@ -17,12 +17,15 @@ use crate::Error;
 use cni_protocol::events::Readiness;
 
 /// `redirect-cni-node [flags]`: `args` are the arguments after the binary (a leading
-/// `install`, as `redirect-cni install` passes it, is skipped), `env` looks up environment
-/// variables. Returns the
+/// `install`, as `redirect-cni install` passes it, is skipped; a leading `hand-back` runs
+/// [`crate::hand_back::main`] instead), `env` looks up environment variables. Returns the
 /// exit code: 0 after a clean stop (SIGTERM/SIGINT) or `--help`, 1 on failure, 2 on bad flags.
 pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     // `level<TAB>message` on stderr, from info up, the agent's lines and kube's warnings too.
     redirect_program::logging::install(Sink::stderr(None, LevelFilter::INFO));
+    if args.first().is_some_and(|a| a == "hand-back") {
+        return crate::hand_back::main(args[1..].to_vec(), env);
+    }
     let settings = match settings::parse(args, env) {
         Ok(Parsed::Info(text)) => {
             print!("{text}");
@@ -117,9 +120,29 @@ impl install::Progress for WithAgent {
             Stop::Keep(why) => Some(why),
             Stop::Remove(why) => {
                 tracing::info!("not an upgrade: {why}");
+                if let Some(form) = self.1.hand_back_on_uninstall {
+                    hand_back_at_uninstall(&self.1, form);
+                }
                 None
             }
         }
+    }
+}
+
+/// `HAND_BACK_ON_UNINSTALL`: the node's pods handed back before our entry goes. A failure is
+/// logged (each pod named); the uninstall goes on, and the pods not handed back keep our
+/// table until they are recreated.
+fn hand_back_at_uninstall(settings: &Settings, form: crate::hand_back::HandBackForm) {
+    match crate::hand_back::run(settings, form) {
+        Ok(s) if s.failed == 0 => {}
+        Ok(s) => tracing::warn!(
+            "{} pods were not handed back (named above): they keep our table until recreated",
+            s.failed
+        ),
+        Err(e) => tracing::warn!(
+            "the hand-back at uninstall did not run: {}; the pods keep our table until recreated",
+            redirect_program::errors::chain(&e)
+        ),
     }
 }
 

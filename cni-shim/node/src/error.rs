@@ -58,6 +58,11 @@ pub enum Error {
     #[error("cannot set up the watch: {0}")]
     Watch(String),
 
+    /// The API server could not be asked what a command needs (the node's pods, for the
+    /// hand-back).
+    #[error("{0}")]
+    Api(String),
+
     /// The run directory could let another user change what the plugin and the agent read.
     #[error("the run directory {path} (CNI_AGENT_RUN_DIR) is {what}: another user could replace the plugin's kubeconfig, the agent's status file or the install record in it; make it a directory owned by root with mode 0755 (chown root:root; chmod 0755), below folders only root may write (or sticky ones, as /tmp), and start the agent again")]
     UnsafeRunDir {

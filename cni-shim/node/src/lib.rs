@@ -14,6 +14,7 @@ pub mod ambient;
 pub mod atomic_file;
 pub mod daemon;
 pub mod error;
+pub mod hand_back;
 pub mod install;
 pub mod kube_client;
 pub mod metrics;

@@ -289,6 +289,15 @@ redirect_core::cli::flags! {
             "5",
             "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
         ),
+        HAND_BACK_ON_UNINSTALL = s(
+            "hand-back-on-uninstall",
+            Some("HAND_BACK_ON_UNINSTALL"),
+            "off",
+            "At an uninstall (told apart from an upgrade as --safe-upgrade does), before our \
+             entry is removed: off, or nftables (every pod of the node we capture handed back to \
+             Istio in place, in the tables Istio's native nftables backend writes for it, as \
+             `redirect-cni-node hand-back` does)",
+        ),
         ADOPT_ISTIO = s(
             "adopt-istio",
             Some("ADOPT_ISTIO"),
@@ -436,6 +445,9 @@ pub struct Settings {
     pub cleanup_on_exit: bool,
     /// `--safe-upgrade`: keep the plugin for the next agent when the DaemonSet stays.
     pub safe_upgrade: bool,
+    /// `HAND_BACK_ON_UNINSTALL`: the form the node's pods are handed back to Istio in at an
+    /// uninstall; `None` for off.
+    pub hand_back_on_uninstall: Option<crate::hand_back::HandBackForm>,
     /// This pod (`POD_NAME`); empty when not given.
     pub pod_name: String,
     /// This node (`NODE_NAME`); empty when not given.
@@ -650,6 +662,7 @@ fn settings(v: &Values) -> Result<Settings> {
         plugin_config,
         cleanup_on_exit: v.boolean(&CLEANUP_ON_EXIT)?,
         safe_upgrade: v.boolean(&SAFE_UPGRADE)?,
+        hand_back_on_uninstall: hand_back_on_uninstall(v)?,
         pod_name: v.string(&POD_NAME).trim().to_string(),
         node_name,
         repair,
@@ -764,6 +777,27 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
             pins: v.string(&REPAIR_NETNS_DIR).into(),
         },
     })
+}
+
+/// `HAND_BACK_ON_UNINSTALL`: off, or a form; only where an uninstall can be told from a
+/// restart (a restart handing every pod back would undo our capture node-wide).
+fn hand_back_on_uninstall(v: &Values) -> Result<Option<crate::hand_back::HandBackForm>> {
+    let value = v.string(&HAND_BACK_ON_UNINSTALL);
+    if value.trim() == "off" {
+        return Ok(None);
+    }
+    let form = crate::hand_back::HandBackForm::parse(&value).map_err(|why| {
+        v.invalid(
+            &HAND_BACK_ON_UNINSTALL,
+            format!("expected off or nftables: {why}"),
+        )
+    })?;
+    if !v.boolean(&CLEANUP_ON_EXIT)? || !v.boolean(&SAFE_UPGRADE)? {
+        let why = "it needs CLEANUP_ON_EXIT=true and SAFE_UPGRADE=true, which tell an uninstall \
+                   from a restart (else every restart would hand the node back)";
+        return Err(v.invalid(&HAND_BACK_ON_UNINSTALL, why.into()));
+    }
+    Ok(Some(form))
 }
 
 /// The taint to remove once the plugin is in place, when untainting is on.

@@ -140,6 +140,22 @@ fn bad_installer_settings() {
             &["ADOPT_ISTIO", "\"yes\"", "off, keep or replace"],
         ),
         (
+            "HAND_BACK_ON_UNINSTALL in a form not written yet",
+            &[],
+            &[("HAND_BACK_ON_UNINSTALL", "iptables-nft")],
+            &[
+                "HAND_BACK_ON_UNINSTALL",
+                "iptables-nft",
+                "nativeNftables=true",
+            ],
+        ),
+        (
+            "HAND_BACK_ON_UNINSTALL where an uninstall cannot be told from a restart",
+            &["--safe-upgrade=false"],
+            &[("HAND_BACK_ON_UNINSTALL", "nftables")],
+            &["HAND_BACK_ON_UNINSTALL", "SAFE_UPGRADE=true"],
+        ),
+        (
             "repair attempts negative",
             &["--repair-max-attempts=-1"],
             &[],

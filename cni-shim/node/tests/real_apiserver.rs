@@ -499,3 +499,187 @@ fn the_plugin_reads_real_pods_with_the_agents_rbac() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+/// A pod running on `ip` as kubelet reports it.
+fn run_pod(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
+    patch_status(
+        cp,
+        namespace,
+        name,
+        json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+    );
+}
+
+/// `redirect-cni-node hand-back` with the agent's flags and variables (as `kubectl exec` in
+/// the agent's container gives them), against the real API server: (exit code, stderr).
+fn hand_back_cmd(cp: &ControlPlane, sa: &Path, proc: &Path, extra: &[&str]) -> (i32, String) {
+    let node = tempfile::tempdir().unwrap();
+    let dir = |d: &str| {
+        let p = node.path().join(d);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let out = std::process::Command::new(node_bin())
+        .arg("hand-back")
+        .args(extra)
+        .arg("--chained-cni-plugin=false")
+        .arg("--mounted-cni-net-dir")
+        .arg(dir("net"))
+        .arg("--cni-bin-dir")
+        .arg(dir("bin"))
+        .arg("--cni-agent-run-dir")
+        .arg(dir("run"))
+        .arg("--service-account-dir")
+        .arg(sa)
+        .arg("--repair-host-proc")
+        .arg(proc)
+        .env_clear()
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", cp.port().to_string())
+        .env("NODE_NAME", NODE)
+        .env("POD_NAMESPACE", SYSTEM)
+        .env("REPAIR_NETNS_DIR", "/nonexistent")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn istio_tables(ns: &TestNetns) -> Vec<String> {
+    ns.sh("nft list tables")
+        .lines()
+        .filter(|l| l.contains("istio-proxy-"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The hand-back command on a node: each running pod our capture holds (from the API server,
+/// this node's only) gets Istio's native nftables tables in place of our table and passes
+/// Istio's validation probe; a pod without a sidecar and a pod of another node are not touched;
+/// a form that cannot be written is refused first, naming what to do, with nothing changed.
+#[test]
+fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let (cp, sa) = deployed();
+    cp.namespace("shop");
+    let proc = FakeProc::new();
+    let places = cni_node::pods::Places {
+        proc: proc.path().to_owned(),
+        pins: "/nonexistent".into(),
+    };
+    let mut pods = Vec::new();
+    for (i, name) in ["web-0", "web-1"].iter().enumerate() {
+        let ip = format!("10.58.1.{}", i + 2);
+        let stored = create(&cp, &new_pod("shop", name, None));
+        let uid = stored["metadata"]["uid"].as_str().unwrap().to_owned();
+        let ns = pod_ns(&ip);
+        proc.add(i as u32 + 1, &cgroupfs(&uid), 1, ns.path());
+        run_pod(&cp, "shop", name, &ip);
+        // Ours in place, as our plugin's ADD would have written it.
+        let pod = serde_json::from_value(cp.get(&["pod", name, "-n", "shop"])).unwrap();
+        let defaults = redirect_core::mesh::MeshDefaults::default();
+        cni_node::repair::in_place::repair(&pod, &defaults, &places).unwrap();
+        assert!(has_rules(&ns), "{name}: ours is not in place");
+        pods.push(ns);
+    }
+    let mut plain = new_pod("shop", "plain-0", None);
+    plain["metadata"]["annotations"] = json!({"sidecar.istio.io/inject": "false"});
+    create(&cp, &plain);
+    run_pod(&cp, "shop", "plain-0", "10.58.1.9");
+    let mut elsewhere = new_pod("shop", "elsewhere-0", None);
+    elsewhere["spec"]["nodeName"] = "worker-9".into();
+    create(&cp, &elsewhere);
+    run_pod(&cp, "shop", "elsewhere-0", "10.58.1.8");
+
+    let (code, err) = hand_back_cmd(&cp, sa.path(), proc.path(), &["--form", "iptables-nft"]);
+    assert_eq!(code, 2, "{err}");
+    for want in ["--form", "iptables-nft", "nativeNftables=true"] {
+        assert!(
+            err.contains(want),
+            "the refusal does not name {want:?}: {err}"
+        );
+    }
+    assert!(
+        pods.iter().all(has_rules),
+        "a refused hand-back changed a pod"
+    );
+
+    let (code, err) = hand_back_cmd(&cp, sa.path(), proc.path(), &[]);
+    assert_eq!(code, 0, "{err}");
+    for ns in &pods {
+        assert!(!has_rules(ns), "ours is still there:\n{err}");
+        // The fixture captures DNS (raw) and redirects (nat); no TPROXY, so no mangle table.
+        let want = ["table inet istio-proxy-nat", "table inet istio-proxy-raw"];
+        assert_eq!(istio_tables(ns), want, "{err}");
+        let validate = common::static_bin("redirect-validate");
+        let run = redirect_testkit::binary::Run::args(&[]).user(1337, 1337);
+        let probe = redirect_testkit::binary::run_in(validate.to_str().unwrap(), ns, &run);
+        assert_eq!(
+            probe.code, 0,
+            "Istio's probe in a handed-back pod: {probe:?}"
+        );
+    }
+    for name in ["web-0", "web-1"] {
+        let line = format!("pod shop/{name} handed back: Istio's tables istio-proxy-nat");
+        assert!(err.contains(&line), "no line {line:?}:\n{err}");
+    }
+    assert!(err.contains("2 handed back"), "{err}");
+    assert!(
+        !err.contains("elsewhere-0"),
+        "a pod of another node was looked at:\n{err}"
+    );
+    assert!(err.contains("shop/plain-0 left alone"), "{err}");
+
+    // Run again: nothing of ours is left, nothing changes.
+    let (code, again) = hand_back_cmd(&cp, sa.path(), proc.path(), &[]);
+    assert_eq!(code, 0, "{again}");
+    assert!(
+        again.contains("0 handed back, 2 held nothing of ours"),
+        "{again}"
+    );
+
+    // At an uninstall (no POD_NAME: the stop cannot be told from one, so it is one), the agent
+    // with HAND_BACK_ON_UNINSTALL hands back what it holds before its entry goes.
+    let pod = serde_json::from_value(cp.get(&["pod", "web-0", "-n", "shop"])).unwrap();
+    let defaults = redirect_core::mesh::MeshDefaults::default();
+    pods[0].sh("nft delete table inet istio-proxy-nat; nft delete table inet istio-proxy-raw");
+    cni_node::repair::in_place::repair(&pod, &defaults, &places).unwrap();
+    assert!(has_rules(&pods[0]));
+    let node = tempfile::tempdir().unwrap();
+    let mut agent = common::agent::Agent::start(&common::agent::AgentSpec {
+        cp: &cp,
+        sa: sa.path(),
+        proc: proc.path(),
+        node: node.path(),
+        node_name: NODE,
+        bin: Path::new(node_bin()),
+        plugin: Path::new(common::plugin_bin()),
+        extra: &["--adopt-istio=off"],
+        api_port: None,
+        netns: None,
+        env: &[("HAND_BACK_ON_UNINSTALL", "nftables")],
+        umask: None,
+    });
+    agent.line_with(&["wrote the CNI config"]);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    eventually("the agent stopped", || agent.exited());
+    let log = agent.log();
+    assert!(log.contains("pod shop/web-0 handed back"), "{log}");
+    assert!(
+        log.contains("1 handed back, 1 held nothing of ours"),
+        "{log}"
+    );
+    assert!(
+        !has_rules(&pods[0]),
+        "ours is still there after the uninstall:\n{log}"
+    );
+    assert!(log.contains("removing what was installed"), "{log}");
+}

@@ -206,7 +206,7 @@ fn bind(port: u16) -> Result<Option<TcpListener>> {
 }
 
 /// The plugin's own config entry, parsed as the plugin parses it.
-fn plugin_conf(settings: &Settings) -> Result<NetConf> {
+pub(crate) fn plugin_conf(settings: &Settings) -> Result<NetConf> {
     let text = standalone_conf(settings).to_string();
     cni_protocol::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
         setting: "PLUGIN_CONFIG_JSON",

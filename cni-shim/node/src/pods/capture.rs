@@ -56,6 +56,19 @@ pub enum PodCaptureError {
         /// How they differ, one line each.
         differences: Vec<String>,
     },
+    /// Istio's tables were written in place of ours, but the namespace reads back otherwise.
+    #[error(
+        "pod {pod}: handed back in {netns}, but it reads back otherwise ({}): run the hand-back \
+         again, or roll the pod", differences.join("; ")
+    )]
+    NotHandedBack {
+        /// The pod.
+        pod: String,
+        /// Where its namespace was found.
+        netns: PathBuf,
+        /// What is not as written, one line each.
+        differences: Vec<String>,
+    },
 }
 
 /// How a repair or an adoption reaches a pod's namespace: finds it from the pod's UID and IP,

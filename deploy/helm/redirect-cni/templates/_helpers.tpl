@@ -151,6 +151,10 @@ its name from CNI_NETWORK_NAME.
 {{- $_ := set $data "REPAIR_REPAIR_PODS" (toString $cni.repair.repairPods) }}
 {{- $_ := set $data "REPAIR_DELETE_PODS" (toString $cni.repair.deletePods) }}
 {{- $_ := set $data "REPAIR_LABEL_PODS" (toString $cni.repair.labelPods) }}
+{{- $handBack := include "redirect-cni.handBack" . }}
+{{- if ne $handBack "off" }}
+{{- $_ := set $data "HAND_BACK_ON_UNINSTALL" $handBack }}
+{{- end }}
 {{- $adopt := include "redirect-cni.adoptIstio" . }}
 {{- if ne $adopt "replace" }}
 {{- $_ := set $data "ADOPT_ISTIO" $adopt }}
@@ -245,6 +249,17 @@ into a working deployment.
 {{- fail (printf "global.platform=%s: this chart knows only openshift (it adds the SCC). Set cni.cniBinDir and cni.cniConfDir for %s yourself (Istio's files/profile-platform-%s.yaml names them) and leave global.platform unset" . . .) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* HAND_BACK_ON_UNINSTALL: cni.handBackOnUninstall, off or nftables (Istio's iptables forms
+       are not written yet, and say so). */ -}}
+{{- define "redirect-cni.handBack" -}}
+{{- $cni := include "redirect-cni.cni" . | fromYaml -}}
+{{- $given := toString ($cni.handBackOnUninstall | default "off") -}}
+{{- if not (has $given (list "off" "nftables")) -}}
+{{- fail (printf "cni.handBackOnUninstall is %q: it must be off or nftables (Istio's iptables forms cannot be written yet: install Istio's CNI with values.global.nativeNftables=true)" $given) -}}
+{{- end -}}
+{{- $given -}}
 {{- end -}}
 
 {{- /* ADOPT_ISTIO: cni.adoptIstio, or with none, replace where the container has in-place

@@ -1,0 +1,202 @@
+//! `redirect-cni-node hand-back [--form nftables]`, with the agent's own flags and variables:
+//! the node's pods listed from the API server (this node's only), each running pod our plugin
+//! captures handed back (`super::hand_back_with`), one log line per pod, a summary, exit 0
+//! when every pod was handed back, 1 when one failed (each named), 2 on bad input, with
+//! nothing changed.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use super::{hand_back_with, HandBackForm, HandedBackPod};
+use crate::error::{Error, Result};
+use crate::pods::capture::Reach;
+use crate::settings::{self, Parsed, Settings};
+
+/// What a node's hand-back did, pod by pod.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Pods now holding Istio's tables instead of ours.
+    pub handed_back: usize,
+    /// Pods holding no table of ours (nothing done).
+    pub not_ours: usize,
+    /// Pods our plugin does not capture, or not running (left alone).
+    pub left_alone: usize,
+    /// Pods that could not be handed back (each logged with why).
+    pub failed: usize,
+}
+
+/// The command: see the module's comment. `args` follow `hand-back`.
+pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    let (form, rest) = match split_form(args, env) {
+        Ok(split) => split,
+        Err(e) => {
+            tracing::error!("{e}");
+            return 2;
+        }
+    };
+    let settings = match settings::parse(rest, env) {
+        Ok(Parsed::Info(text)) => {
+            print!("{text}");
+            return 0;
+        }
+        Ok(Parsed::Run(s)) => *s,
+        Err(e) => {
+            tracing::error!("{}", redirect_program::errors::chain(&e));
+            return 2;
+        }
+    };
+    match run(&settings, form) {
+        Ok(s) if s.failed == 0 => 0,
+        Ok(_) => 1,
+        Err(e) => {
+            tracing::error!("{}", redirect_program::errors::chain(&e));
+            if matches!(e, Error::InvalidSetting { .. }) {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+/// `--form X` / `--form=X` taken out of `args` (else `HAND_BACK_FORM`, else nftables).
+fn split_form(
+    args: Vec<OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(HandBackForm, Vec<OsString>)> {
+    let mut value = env("HAND_BACK_FORM").map(|v| ("HAND_BACK_FORM", v));
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let text = a.to_string_lossy().into_owned();
+        if text == "--form" {
+            let v = it
+                .next()
+                .ok_or_else(|| Error::Usage("--form needs a value: nftables".into()))?;
+            value = Some(("--form", v.to_string_lossy().into_owned()));
+        } else if let Some(v) = text.strip_prefix("--form=") {
+            value = Some(("--form", v.to_string()));
+        } else {
+            rest.push(a);
+        }
+    }
+    let form = match value {
+        None => HandBackForm::default(),
+        Some((setting, v)) => HandBackForm::parse(&v).map_err(|reason| Error::InvalidSetting {
+            setting,
+            value: v,
+            reason,
+        })?,
+    };
+    Ok((form, rest))
+}
+
+/// Hands back every pod of the node (see the module's comment) in `form`.
+pub fn run(settings: &Settings, form: HandBackForm) -> Result<Summary> {
+    let plugin = crate::agent::plugin_conf(settings)?;
+    let node = settings.node().to_string();
+    if node.is_empty() {
+        return Err(Error::InvalidSetting {
+            setting: "NODE_NAME",
+            value: String::new(),
+            reason: "the hand-back lists this node's pods by name: set NODE_NAME from the \
+                     downward API (spec.nodeName)"
+                .into(),
+        });
+    }
+    let pods = list_pods(settings, &node)?;
+    tracing::info!(
+        "handing back the pods of node {node} to Istio ({} form): {} pods listed",
+        form.word(),
+        pods.len()
+    );
+    let places = settings.repair.places.clone();
+    let find =
+        |uid: &str, ip: IpAddr| crate::pods::search::find(&places.proc, &places.pins, uid, ip);
+    let reach = Reach {
+        find: &find,
+        open: &redirect_core::Namespace::open_in,
+    };
+    let mut summary = Summary::default();
+    for pod in &pods {
+        one_pod(pod, &plugin, &reach, &mut summary);
+    }
+    tracing::info!(
+        "hand-back of node {node}: {} handed back, {} held nothing of ours, {} left alone, {} failed",
+        summary.handed_back,
+        summary.not_ours,
+        summary.left_alone,
+        summary.failed
+    );
+    Ok(summary)
+}
+
+fn one_pod(
+    pod: &Pod,
+    plugin: &cni_protocol::cni::conf::NetConf,
+    reach: &Reach,
+    summary: &mut Summary,
+) {
+    let (ns, name) = (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    );
+    if !running_pod(pod) || plugin.excluded(&ns, &name).is_some() {
+        summary.left_alone += 1;
+        return;
+    }
+    match hand_back_with(pod, &plugin.mesh, reach) {
+        Ok(HandedBackPod::Done {
+            tables,
+            netns,
+            took,
+        }) => {
+            summary.handed_back += 1;
+            tracing::info!(
+                "pod {ns}/{name} handed back: Istio's tables {} in {} in place of ours ({} ms, \
+                 no restart)",
+                tables.join(", "),
+                netns.display(),
+                took.as_millis()
+            );
+        }
+        Ok(HandedBackPod::NotOurs) => summary.not_ours += 1,
+        Ok(HandedBackPod::NotCaptured(why)) => {
+            summary.left_alone += 1;
+            tracing::info!("pod {ns}/{name} left alone: our plugin does not capture it ({why})");
+        }
+        Err(e) => {
+            summary.failed += 1;
+            tracing::error!("{}", redirect_program::errors::chain(&e));
+        }
+    }
+}
+
+/// A running pod with an address, not on the host's network, not being deleted.
+fn running_pod(pod: &Pod) -> bool {
+    let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+    let status = pod.status.as_ref();
+    let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+    let ip = status.and_then(|s| s.pod_ip.as_deref()).is_some();
+    !host_network && running && ip && pod.metadata.deletion_timestamp.is_none()
+}
+
+fn list_pods(settings: &Settings, node: &str) -> Result<Vec<Pod>> {
+    let failed = |what: String| Error::Api(format!("cannot list the pods of node {node}: {what}"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    runtime.block_on(async {
+        let client = crate::agent::client(settings).await.map_err(failed)?;
+        let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let list = Api::<Pod>::all(client)
+            .list(&params)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(list.items)
+    })
+}
