@@ -8,9 +8,13 @@
 //! to the pod's port 15001, where a listener counts what arrives: a connection that fails or
 //! lands elsewhere is lost.
 //!
+//! Then the way back: every pod handed back to Istio's native nftables tables
+//! (`cni_node::hand_back::hand_back_with`: the same decision, Istio's tables written in place of
+//! ours in one batch, read back), the loop still running.
+//!
 //! `cargo bench -p cni-node --bench adopt_switch` (root; 110 pods, a full node). `cargo test`
-//! runs it with 3 pods. Prints the per-pod times (median, 90th percentile, max), the whole
-//! switch, and the loop's connections made and lost. Istio's golden is read from
+//! runs it with 3 pods. Prints the per-pod times (median, 90th percentile, max), each whole
+//! switch, and the loop's connections made and lost through both. Istio's golden is read from
 //! `../shared/testdata/istio`; without it, it fails naming the folder.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -19,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cni_node::adopt::{adopt_with, AdoptIstio, Adopted};
+use cni_node::hand_back::{hand_back_with, HandedBackPod};
 use cni_node::repair::in_place::Reach;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
@@ -99,6 +104,9 @@ fn main() {
     let _ = std::fs::remove_dir(&empty);
     // The loops run on ours for a while.
     std::thread::sleep(Duration::from_millis(500));
+    let (mut back, back_whole) = hand_back_all(&namespaces, &defaults);
+    // And on Istio's tables for a while.
+    std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let (mut made, mut lost) = (0, 0);
     for l in loops {
@@ -110,6 +118,7 @@ fn main() {
     for (what, times) in [
         ("over netlink (no binary, as the agent)", &mut each),
         ("with the node's iptables-nft binaries", &mut with_binaries),
+        ("handed back to Istio's nftables tables", &mut back),
     ] {
         if times.is_empty() {
             continue;
@@ -129,11 +138,40 @@ fn main() {
         ms(whole)
     );
     println!(
-        "adopt_switch: the loop of {LOOPED} pods at 20/s through the switch: {made} connections, \
-         {lost} lost"
+        "adopt_switch: the hand-back of the {pods} pods, one after the other: {:.0} ms",
+        ms(back_whole)
+    );
+    println!(
+        "adopt_switch: the loop of {LOOPED} pods at 20/s through both switches: {made} \
+         connections, {lost} lost"
     );
     assert!(made > 0, "the loop made no connection");
     assert_eq!(lost, 0, "connections lost during the switch");
+}
+
+/// Every pod handed back, one after the other: each one's time, and the whole.
+fn hand_back_all(namespaces: &[TestNetns], defaults: &MeshDefaults) -> (Vec<Duration>, Duration) {
+    let mut times = Vec::new();
+    let whole = Instant::now();
+    for (i, ns) in namespaces.iter().enumerate() {
+        let pod = pod_object(i, &format!("10.58.{}.{}", i / 200, i % 200 + 2));
+        let path = ns.path().to_owned();
+        let find = move |_: &str, _: IpAddr| -> Result<Netns, cni_node::pods::search::FindError> {
+            Ok(Netns::open(&path).expect("the pod's namespace"))
+        };
+        let reach = Reach {
+            find: &find,
+            open: &Namespace::open_in,
+        };
+        let t = Instant::now();
+        let done = hand_back_with(&pod, defaults, &reach);
+        times.push(t.elapsed());
+        match done {
+            Ok(HandedBackPod::Done { .. }) => {}
+            other => panic!("pod {i}: {other:?}"),
+        }
+    }
+    (times, whole.elapsed())
 }
 
 /// A sidecar pod as the API would show it: Istio's injection annotation, running.
