@@ -12,6 +12,7 @@ use crate::agent::upgrade::Stop;
 use crate::agent::Agent;
 use crate::install::{self, signals, StopHandle, WatchOptions};
 use crate::metrics::Install;
+use crate::pods::KnownPods;
 use crate::settings::{self, Parsed, Settings};
 use crate::Error;
 use cni_protocol::events::Readiness;
@@ -75,7 +76,8 @@ pub fn run(
     agent: Agent,
 ) -> crate::Result<()> {
     let run_dir = settings.cni_agent_run_dir.clone();
-    let with_agent = WithAgent(RefCell::new(Some(agent)), settings.clone());
+    let known = agent.known_pods();
+    let with_agent = WithAgent(RefCell::new(Some(agent)), settings.clone(), known);
     let result = install::run(settings, stop, opts, &with_agent);
     drop(with_agent);
     if let Err(e) = &result {
@@ -90,8 +92,9 @@ pub fn run(
     result
 }
 
-/// The installer's progress, told to the agent (stopped when the uninstall begins).
-struct WithAgent(RefCell<Option<Agent>>, Settings);
+/// The installer's progress, told to the agent (stopped when the uninstall begins), and the
+/// pods its watch last listed (for the hand-back at an uninstall).
+struct WithAgent(RefCell<Option<Agent>>, Settings, Option<KnownPods>);
 
 impl install::Progress for WithAgent {
     fn ready(&self, verdict: &Readiness) {
@@ -121,7 +124,7 @@ impl install::Progress for WithAgent {
             Stop::Remove(why) => {
                 tracing::info!("not an upgrade: {why}");
                 if let Some(form) = self.1.hand_back_on_uninstall {
-                    hand_back_at_uninstall(&self.1, form);
+                    hand_back_at_uninstall(&self.1, form, self.2.as_ref());
                 }
                 None
             }
@@ -132,8 +135,12 @@ impl install::Progress for WithAgent {
 /// `HAND_BACK_ON_UNINSTALL`: the node's pods handed back before our entry goes. A failure is
 /// logged (each pod named); the uninstall goes on, and the pods not handed back keep our
 /// table until they are recreated.
-fn hand_back_at_uninstall(settings: &Settings, form: crate::hand_back::HandBackForm) {
-    match crate::hand_back::run(settings, form) {
+fn hand_back_at_uninstall(
+    settings: &Settings,
+    form: crate::hand_back::HandBackForm,
+    known: Option<&KnownPods>,
+) {
+    match crate::hand_back::run(settings, form, known) {
         Ok(s) if s.failed == 0 => {}
         Ok(s) => tracing::warn!(
             "{} pods were not handed back (named above): they keep our table until recreated",

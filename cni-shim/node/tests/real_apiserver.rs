@@ -665,6 +665,11 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         umask: None,
     });
     agent.line_with(&["wrote the CNI config"]);
+    // The watch has listed the node's pods; then `helm uninstall` takes the RBAC with the
+    // DaemonSet, so the stop's own list is refused and the hand-back falls back on the watch's.
+    agent.line_with(&["starting the repair controller"]);
+    std::thread::sleep(Duration::from_secs(2));
+    cp.kubectl_ok(&["delete", "clusterrolebinding", "redirect-cni"]);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(agent.pid() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -673,6 +678,10 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     eventually("the agent stopped", || agent.exited());
     let log = agent.log();
     assert!(log.contains("pod shop/web-0 handed back"), "{log}");
+    assert!(
+        log.contains("pods the agent's watch last listed"),
+        "the fallback: {log}"
+    );
     assert!(
         log.contains("1 handed back, 1 held nothing of ours"),
         "{log}"

@@ -451,6 +451,7 @@ fn start_controller_with(
                     .await
                     .unwrap();
                 let controller = Controller {
+                    known: None,
                     client: kube::Client::try_from(config).unwrap(),
                     settings,
                     plugin: plugin_conf(),

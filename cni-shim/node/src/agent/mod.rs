@@ -39,6 +39,8 @@ pub struct Agent {
     /// Where the plugin's STATUS reads the agent's readiness.
     ready_file: PathBuf,
     thread: Option<JoinHandle<()>>,
+    /// The node's pods as the pod watch last saw them (`HAND_BACK_ON_UNINSTALL` only).
+    known: Option<crate::pods::KnownPods>,
 }
 
 impl Agent {
@@ -72,7 +74,11 @@ impl Agent {
         );
         let (stop, stop_rx) = signal::channel(false);
         let (ready, ready_rx) = signal::channel(false);
+        let known = settings
+            .hand_back_on_uninstall
+            .map(|_| crate::pods::KnownPods::default());
         let parts = Parts {
+            known: known.clone(),
             settings: settings.clone(),
             plugin,
             metrics: metrics.clone(),
@@ -92,7 +98,14 @@ impl Agent {
             metrics,
             ready_file,
             thread: Some(thread),
+            known,
         })
+    }
+
+    /// The node's pods as the agent's pod watch last listed them, kept when
+    /// `HAND_BACK_ON_UNINSTALL` asks (the hand-back's fallback once the API is gone).
+    pub fn known_pods(&self) -> Option<crate::pods::KnownPods> {
+        self.known.clone()
     }
 
     /// The installer's verdict: the plugin is installed (or not any more, and why). Written to
@@ -230,6 +243,7 @@ struct Parts {
     view: NodeView,
     stop: signal::Receiver<bool>,
     ready: signal::Receiver<bool>,
+    known: Option<crate::pods::KnownPods>,
 }
 
 impl Parts {
@@ -290,6 +304,7 @@ impl Parts {
             plugin: self.plugin.clone(),
             metrics: self.metrics.clone(),
             view: self.view.clone(),
+            known: self.known.clone(),
         };
         with_client(
             s,
@@ -315,6 +330,7 @@ struct Shared {
     plugin: Arc<NetConf>,
     metrics: Metrics,
     view: NodeView,
+    known: Option<crate::pods::KnownPods>,
 }
 
 /// The parts that talk to the API server: the repair controller, ambient mode, the untaint.
@@ -338,7 +354,9 @@ async fn with_client(
             s.repair.adopt_istio.word()
         );
     }
-    let sidecar_pods = s.repair.enabled || adopting;
+    // The hand-back at an uninstall keeps the pods the watch lists (its fallback).
+    let keeping = shared.known.is_some() && !s.repair.node_name.is_empty();
+    let sidecar_pods = s.repair.enabled || adopting || keeping;
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
     }
@@ -353,6 +371,7 @@ async fn with_client(
         plugin,
         metrics,
         view,
+        known,
     } = shared;
     if sidecar_pods {
         let mut settings = s.repair.clone();
@@ -372,6 +391,7 @@ async fn with_client(
             view: view.clone(),
             backoff: Backoff::default(),
             watch_backoff: crate::repair::watch_health::WATCH_BACKOFF,
+            known,
         };
         tasks.spawn(controller.run(stop.clone()));
     }

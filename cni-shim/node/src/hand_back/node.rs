@@ -13,6 +13,7 @@ use kube::api::{Api, ListParams};
 use super::{hand_back_with, HandBackForm, HandedBackPod};
 use crate::error::{Error, Result};
 use crate::pods::capture::Reach;
+use crate::pods::KnownPods;
 use crate::settings::{self, Parsed, Settings};
 
 /// What a node's hand-back did, pod by pod.
@@ -48,7 +49,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             return 2;
         }
     };
-    match run(&settings, form) {
+    match run(&settings, form, None) {
         Ok(s) if s.failed == 0 => 0,
         Ok(_) => 1,
         Err(e) => {
@@ -94,8 +95,10 @@ fn split_form(
     Ok((form, rest))
 }
 
-/// Hands back every pod of the node (see the module's comment) in `form`.
-pub fn run(settings: &Settings, form: HandBackForm) -> Result<Summary> {
+/// Hands back every pod of the node (see the module's comment) in `form`. The pods are listed
+/// from the API server; when it does not answer and `known` holds the pods the agent's watch
+/// last listed (at an uninstall, whose `helm uninstall` takes the RBAC away too), those.
+pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -> Result<Summary> {
     let plugin = crate::agent::plugin_conf(settings)?;
     let node = settings.node().to_string();
     if node.is_empty() {
@@ -107,7 +110,18 @@ pub fn run(settings: &Settings, form: HandBackForm) -> Result<Summary> {
                 .into(),
         });
     }
-    let pods = list_pods(settings, &node)?;
+    let pods = match (list_pods(settings, &node), known.map(KnownPods::get)) {
+        (Ok(pods), _) => pods,
+        (Err(e), Some(last)) if !last.is_empty() => {
+            tracing::warn!(
+                "{}: handing back the {} pods the agent's watch last listed",
+                redirect_program::errors::chain(&e),
+                last.len()
+            );
+            last
+        }
+        (Err(e), _) => return Err(e),
+    };
     tracing::info!(
         "handing back the pods of node {node} to Istio ({} form): {} pods listed",
         form.word(),

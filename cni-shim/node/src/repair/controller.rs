@@ -49,6 +49,8 @@ pub struct Controller {
     pub watch_backoff: Backoff,
     /// Where the sidecar pods are shown (`/debug/node`).
     pub view: NodeView,
+    /// Where the pods last listed are kept for the hand-back at an uninstall, when asked for.
+    pub known: Option<crate::pods::KnownPods>,
 }
 
 /// What one attempt at a pod came to.
@@ -102,6 +104,9 @@ impl Controller {
                         let touched = touched(&event);
                         let relisted = matches!(event, Event::InitDone);
                         state.observe(event, &self.settings);
+                        if let Some(known) = &self.known {
+                            known.set(state.pods.values().cloned().collect());
+                        }
                         if relisted {
                             self.view.keep_sidecars(|u| state.pods.contains_key(u));
                         }
