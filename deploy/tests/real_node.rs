@@ -1102,7 +1102,7 @@ fn never_lost(node: &Node, pod: &str) -> usize {
 /// over, the iptables-nft and native nftables pods captured by our table with Istio's rules
 /// gone, the iptables-legacy pod kept (the agent's image has no iptables-legacy-save) and
 /// shown, no container restarted, no connection lost, and a pod created during the switch
-/// captured by ours.
+/// captured by ours. Then handed back to Istio on the same node ([`hand_back`]).
 #[test]
 fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     let Some((_one, node)) = node("switch", Options::default()) else {
@@ -1217,4 +1217,83 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     }
     captured_from_start(&node, "during-0");
     never_lost(&node, "during-0");
+    hand_back(&node);
+}
+
+/// The way back on the same node (after the switch above): adoption off and the hand-back
+/// asked for, the agent restarted (an upgrade: it keeps the plugin and hands nothing back),
+/// then `helm uninstall`: each pod ours held now holds Istio's native nftables tables and not
+/// ours, the iptables-legacy pod still Istio's, no container restarted, no connection lost.
+/// Seen failing with the hand-back left off (`cni.handBackOnUninstall=off`): "nft-0: Istio's
+/// tables" (the pod still held ours).
+fn hand_back(node: &Node) {
+    let pods = ["nft-0", "legacy-0", "native-0", "during-0"];
+    let before: Vec<(String, Vec<u64>)> = pods.iter().map(|p| restarts(&pod(node, p))).collect();
+    node.helm(&[
+        "upgrade",
+        "redirect-cni",
+        "deploy/helm/redirect-cni",
+        "-n",
+        "kube-system",
+        "--reuse-values",
+        "--set",
+        "cni.adoptIstio=off",
+        "--set",
+        "cni.handBackOnUninstall=nftables",
+    ]);
+    node.kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "restart",
+        "ds/redirect-cni-node",
+    ]);
+    agent_ready(node);
+    for p in ["nft-0", "native-0", "during-0"] {
+        assert!(
+            rules_in(p).contains(redirect_core::view::TABLE),
+            "{p}: a restart handed back: {}",
+            rules_in(p)
+        );
+    }
+    let back = Instant::now();
+    node.helm(&["uninstall", "redirect-cni", "-n", "kube-system"]);
+    eventually(node, "the node agent gone", 60, || {
+        node.get(&["pods", "-n", "kube-system"]).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    });
+    eprintln!(
+        "the hand-back: helm uninstall to the agent gone in {:.1} s",
+        back.elapsed().as_secs_f64()
+    );
+    for p in ["nft-0", "native-0", "during-0"] {
+        let rules = rules_in(p);
+        assert!(
+            rules.contains("table inet istio-proxy-nat"),
+            "{p}: Istio's tables: {rules}"
+        );
+        assert!(
+            !rules.contains(redirect_core::view::TABLE),
+            "{p}: ours gone: {rules}"
+        );
+    }
+    assert!(
+        holds_istios(&rules_in("legacy-0")),
+        "{}",
+        rules_in("legacy-0")
+    );
+    // Let the loops run on Istio's tables.
+    std::thread::sleep(Duration::from_secs(3));
+    for (p, was) in pods.iter().zip(&before) {
+        assert_eq!(
+            &restarts(&pod(node, p)),
+            was,
+            "{p}: same pod, nothing restarted"
+        );
+        let made = never_lost(node, p);
+        eprintln!("pod {p}: {made} connections through both switches, none lost");
+    }
 }
