@@ -6,7 +6,8 @@
 //!   warnings about Istio's quirks ([`quirks`]), Go's forms ([`go`]).
 //! - Istio's own rules: its iptables chains ([`xtables`]: found, loaded, the leftovers scan) and
 //!   its nftables tables ([`tables`]), the tables its native nftables backend writes for a
-//!   config ([`nft_form`], for a hand-back), and its TPROXY routing values ([`TPROXY_ROUTING`]).
+//!   config ([`nft_form`], for a hand-back), the rules its iptables backend writes for a config
+//!   ([`iptables_form`]), and its TPROXY routing values ([`TPROXY_ROUTING`]).
 //! - Istio's rules as an apply meets them ([`capture`]): found and removed, described, why an
 //!   apply refused, and the iptables backend's run over them.
 //! - Istio's validation ([`validation`]): the probe and, when it fails, why.
@@ -22,6 +23,7 @@ pub mod capture;
 pub mod cli;
 mod error;
 pub mod go;
+pub mod iptables_form;
 pub mod kubelet;
 pub mod mesh;
 pub mod nft_form;
