@@ -2373,18 +2373,22 @@ fn an_istio_cni_attachment_without_config_runs_our_plugin_under_multus() {
     );
 }
 
-/// `cni.handBackOnUninstall` takes off or nftables; Istio's iptables forms (not written yet)
-/// and anything else fail the render, naming the value and what to do.
+/// `cni.handBackOnUninstall` takes off, iptables-nft or nftables; iptables-legacy (which the
+/// agent's image cannot write) and anything else fail the render, naming the value and what to
+/// do.
 #[test]
 fn a_hand_back_form_that_cannot_be_written_fails_the_render() {
-    for bad in ["iptables-nft", "iptables-legacy", "yes"] {
+    for bad in ["iptables-legacy", "yes"] {
         let set = format!("cni.handBackOnUninstall={bad}");
         let err = template(NS, &["--set", &set]).unwrap_err();
-        for want in [bad, "off or nftables", "nativeNftables=true"] {
+        for want in [bad, "off, iptables-nft or nftables", "nativeNftables=true"] {
             assert!(err.contains(want), "{bad}: {err}");
         }
     }
-    assert!(template(NS, &["--set", "cni.handBackOnUninstall=nftables"]).is_ok());
+    for good in ["iptables-nft", "nftables"] {
+        let set = format!("cni.handBackOnUninstall={good}");
+        assert!(template(NS, &["--set", &set]).is_ok(), "{good}");
+    }
 }
 
 /// The lookup of the test above, on folders made for it: it can fail, and it follows libcni's

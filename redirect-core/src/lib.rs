@@ -63,8 +63,9 @@
 //! any of their forms) are a policy of the same apply: [`Namespace::apply_with`] refuses
 //! them (the default), keeps them, or replaces them once ours are in ([`Foreign`]), and
 //! [`Namespace::foreign`] reads them. The way back is [`Namespace::hand_back`]: our table
-//! replaced, in one batch, by the tables Istio's own nftables backend writes for the same
-//! config ([`HandedBack`]).
+//! replaced, in one batch, by Istio's own rules for the same config, in the form chosen
+//! ([`IstioForm`]: its iptables rules as iptables-nft keeps them, or its native nftables
+//! tables; [`HandedBack`]).
 //!
 //! For the programs built on it (and a user who needs Istio's own decisions), the same door
 //! holds, documented: `cli` (`istio-iptables`' flags and environment, with the `cli`
@@ -98,7 +99,7 @@ pub mod view;
 
 pub use error::{Error, Result};
 pub use foreign::{Applied, Apply, Foreign};
-pub use hand_back::HandedBack;
+pub use hand_back::{HandedBack, IstioForm};
 pub use namespace::{IstioHost, Namespace};
 
 pub use redirect_kernel::backend::Backend;

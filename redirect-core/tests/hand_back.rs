@@ -1,16 +1,19 @@
 //! The hand-back through the door (`Namespace::hand_back`): a pod's capture of ours replaced by
-//! Istio's native nftables tables for the same config, in fresh network namespaces. What is
-//! written equals what `nft -f` makes of the rules as Istio writes them; ours is gone; a
-//! config Istio has no rule for is refused and the namespace is left as it was. (Equality with
-//! Istio's own goldens, case by case, is redirect-istio's `tests/nft_form.rs`.)
+//! Istio's rules for the same config, in each of Istio's forms, in fresh network namespaces.
+//! What is written equals what Istio's own loading makes of the rules as Istio writes them
+//! (`nft -f` of its nftables script; `iptables-nft-restore` of its restore files); ours is
+//! gone; a config Istio has no rule for, and a namespace holding Istio's rules already, are
+//! refused and the namespace is left as it was. (Equality with Istio's own goldens, case by
+//! case, is redirect-istio's `tests/nft_form.rs` and `tests/iptables_form.rs`.)
 
-use redirect_core::{Capture, CaptureConfig, InterceptionMode, Namespace};
+use redirect_core::{Capture, CaptureConfig, InterceptionMode, IstioForm, Namespace};
+use redirect_istio::iptables_form::{IstioIptables, XtRule};
 use redirect_istio::nft_form::IstioNft;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
 /// The script Istio would pipe to `nft -f` for `cfg`: tables, chains, then every rule in its
 /// final place.
-fn istio_script(cfg: &CaptureConfig) -> String {
+fn nft_script(cfg: &CaptureConfig) -> String {
     let nft = IstioNft::build(cfg).unwrap();
     let mut out = Vec::new();
     for t in &nft.tables {
@@ -40,49 +43,135 @@ fn istio_script(cfg: &CaptureConfig) -> String {
     out.join("\n") + "\n"
 }
 
+/// One family's restore input as Istio writes it: per table, its user chains, then its rules
+/// as Istio issues them.
+fn restore(rules: &[XtRule]) -> String {
+    let mut out = String::new();
+    for table in ["mangle", "nat", "raw"] {
+        let mine: Vec<&XtRule> = rules.iter().filter(|r| r.table == table).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("*{table}\n"));
+        let mut user: Vec<&str> = Vec::new();
+        for r in &mine {
+            if r.chain.starts_with("ISTIO_") && !user.contains(&r.chain) {
+                user.push(r.chain);
+            }
+        }
+        for c in user {
+            out.push_str(&format!("-N {c}\n"));
+        }
+        for r in mine {
+            match r.insert {
+                Some(n) => out.push_str(&format!("-I {} {n} {}\n", r.chain, r.args.join(" "))),
+                None => out.push_str(&format!("-A {} {}\n", r.chain, r.args.join(" "))),
+            }
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Istio's rules for `cfg` in `form`, loaded as Istio loads them, in `ns`.
+fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
+    let dir =
+        std::env::temp_dir().join(format!("rdt-handback-{}-{}", std::process::id(), ns.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    match form {
+        IstioForm::Nftables => {
+            ns.sh(&format!("nft -f {}", file("istio.nft", nft_script(cfg))));
+        }
+        IstioForm::IptablesNft => {
+            let xt = IstioIptables::build(cfg).unwrap();
+            let v4 = file("v4", restore(&xt.v4));
+            ns.sh(&format!("iptables-nft-restore --noflush {v4}"));
+            if let Some(v6) = &xt.v6 {
+                let v6 = file("v6", restore(v6));
+                ns.sh(&format!("ip6tables-nft-restore --noflush {v6}"));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn listing(ns: &TestNetns) -> String {
-    ns.sh("nft list ruleset")
+    [
+        "nft list ruleset",
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+    ]
+    .iter()
+    .map(|cmd| {
+        ns.sh(cmd)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| match l.find(" [") {
+                Some(i) if l.starts_with(':') => l[..i].to_string(),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+    .collect::<Vec<_>>()
+    .join("\n")
 }
 
 #[test]
-fn a_pod_is_handed_back_in_istios_form_or_refused_unchanged() {
+fn a_pod_is_handed_back_in_each_of_istios_forms_or_refused_unchanged() {
     if !kernel_tests_enabled() {
         return;
     }
     let mut cfg = CaptureConfig::istio_sidecar_default();
-    for mode in [InterceptionMode::Redirect, InterceptionMode::Tproxy] {
-        cfg.mode = mode;
-        cfg.ipv6 = mode == InterceptionMode::Tproxy;
-        let istio = TestNetns::new();
-        let script = std::env::temp_dir().join(format!("rdt-handback-{}.nft", std::process::id()));
-        std::fs::write(&script, istio_script(&cfg)).unwrap();
-        istio.sh(&format!("nft -f {}", script.display()));
-        let _ = std::fs::remove_file(&script);
+    for form in [IstioForm::Nftables, IstioForm::IptablesNft] {
+        for mode in [InterceptionMode::Redirect, InterceptionMode::Tproxy] {
+            cfg.mode = mode;
+            cfg.ipv6 = mode == InterceptionMode::Tproxy;
+            let istio = TestNetns::new();
+            load_istios(&istio, &cfg, form);
 
-        let ns = TestNetns::new();
-        let pod = Namespace::open(ns.path()).unwrap();
-        pod.apply(&Capture::Sidecar(cfg.clone().validated().unwrap()))
-            .unwrap();
-        let before = listing(&ns);
-        assert!(before.contains("table inet redirect_capture"), "{before}");
-        let mut bypass = cfg.clone();
-        bypass.bypass_uids = vec![4000];
-        let refused = pod.hand_back(&bypass).unwrap_err().to_string();
-        assert!(refused.contains("bypass"), "{refused}");
-        assert_eq!(
-            listing(&ns),
-            before,
-            "a refused hand-back changed the namespace"
-        );
+            let ns = TestNetns::new();
+            let pod = Namespace::open(ns.path()).unwrap();
+            pod.apply(&Capture::Sidecar(cfg.clone().validated().unwrap()))
+                .unwrap();
+            let before = listing(&ns);
+            assert!(before.contains("table inet redirect_capture"), "{before}");
+            let mut bypass = cfg.clone();
+            bypass.bypass_uids = vec![4000];
+            let refused = pod.hand_back(&bypass, form).unwrap_err().to_string();
+            assert!(refused.contains("bypass"), "{refused}");
+            assert_eq!(
+                listing(&ns),
+                before,
+                "a refused hand-back changed the namespace"
+            );
 
-        let done = pod.hand_back(&cfg).unwrap();
-        assert!(done.had_ours, "{mode:?}");
-        let after = listing(&ns);
-        assert!(
-            !after.contains("table inet redirect_capture"),
-            "ours is still there:\n{after}"
-        );
-        assert_eq!(after, listing(&istio), "{mode:?}: not Istio's tables");
-        assert_eq!(done.tables, IstioNft::build(&cfg).unwrap().table_names());
+            let done = pod.hand_back(&cfg, form).unwrap();
+            assert!(done.had_ours, "{form:?} {mode:?}");
+            let after = listing(&ns);
+            assert!(
+                !after.contains("redirect_capture"),
+                "ours is still there:\n{after}"
+            );
+            assert_eq!(
+                after,
+                listing(&istio),
+                "{form:?} {mode:?}: not Istio's rules"
+            );
+
+            // Istio's rules are there now: a second hand-back would double them.
+            let again = pod.hand_back(&cfg, form).unwrap_err().to_string();
+            assert!(again.contains("holds Istio's rules already"), "{again}");
+            assert_eq!(
+                listing(&ns),
+                after,
+                "a refused hand-back changed the namespace"
+            );
+        }
     }
 }

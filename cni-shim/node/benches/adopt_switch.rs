@@ -8,9 +8,10 @@
 //! to the pod's port 15001, where a listener counts what arrives: a connection that fails or
 //! lands elsewhere is lost.
 //!
-//! Then the way back: every pod handed back to Istio's native nftables tables
-//! (`cni_node::hand_back::hand_back_with`: the same decision, Istio's tables written in place of
-//! ours in one batch, read back), the loop still running.
+//! Then the way back: every pod handed back to Istio (`cni_node::hand_back::hand_back_with`:
+//! the same decision, Istio's rules written in place of ours in one batch, read back), the first
+//! half in Istio's iptables form as iptables-nft keeps it, the second in its native nftables
+//! tables, the loop still running.
 //!
 //! `cargo bench -p cni-node --bench adopt_switch` (root; 110 pods, a full node). `cargo test`
 //! runs it with 3 pods. Prints the per-pod times (median, 90th percentile, max), each whole
@@ -27,7 +28,7 @@ use cni_node::hand_back::{hand_back_with, HandedBackPod};
 use cni_node::repair::in_place::Reach;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
-use redirect_core::{Namespace, Netns};
+use redirect_core::{IstioForm, Namespace, Netns};
 use redirect_testkit::istio::{iptables_restore_with, istio_testdata_dir};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -104,7 +105,7 @@ fn main() {
     let _ = std::fs::remove_dir(&empty);
     // The loops run on ours for a while.
     std::thread::sleep(Duration::from_millis(500));
-    let (mut back, back_whole) = hand_back_all(&namespaces, &defaults);
+    let (mut back_xt, mut back, back_whole) = hand_back_all(&namespaces, &defaults);
     // And on Istio's tables for a while.
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
@@ -118,7 +119,11 @@ fn main() {
     for (what, times) in [
         ("over netlink (no binary, as the agent)", &mut each),
         ("with the node's iptables-nft binaries", &mut with_binaries),
-        ("handed back to Istio's nftables tables", &mut back),
+        (
+            "handed back in Istio's iptables form (iptables-nft)",
+            &mut back_xt,
+        ),
+        ("handed back in Istio's nftables tables", &mut back),
     ] {
         if times.is_empty() {
             continue;
@@ -149,11 +154,22 @@ fn main() {
     assert_eq!(lost, 0, "connections lost during the switch");
 }
 
-/// Every pod handed back, one after the other: each one's time, and the whole.
-fn hand_back_all(namespaces: &[TestNetns], defaults: &MeshDefaults) -> (Vec<Duration>, Duration) {
-    let mut times = Vec::new();
+/// Every pod handed back, one after the other, the first half in iptables-nft's form and the
+/// second in nftables': each one's time (per form), and the whole.
+fn hand_back_all(
+    namespaces: &[TestNetns],
+    defaults: &MeshDefaults,
+) -> (Vec<Duration>, Vec<Duration>, Duration) {
+    let (mut xt, mut times) = (Vec::new(), Vec::new());
     let whole = Instant::now();
     for (i, ns) in namespaces.iter().enumerate() {
+        if i == namespaces.len() / 2 {
+            xt = std::mem::take(&mut times);
+        }
+        let form = match i < namespaces.len() / 2 {
+            true => IstioForm::IptablesNft,
+            false => IstioForm::Nftables,
+        };
         let pod = pod_object(i, &format!("10.58.{}.{}", i / 200, i % 200 + 2));
         let path = ns.path().to_owned();
         let find = move |_: &str, _: IpAddr| -> Result<Netns, cni_node::pods::search::FindError> {
@@ -164,14 +180,14 @@ fn hand_back_all(namespaces: &[TestNetns], defaults: &MeshDefaults) -> (Vec<Dura
             open: &Namespace::open_in,
         };
         let t = Instant::now();
-        let done = hand_back_with(&pod, defaults, &reach);
+        let done = hand_back_with(&pod, defaults, &reach, form);
         times.push(t.elapsed());
         match done {
             Ok(HandedBackPod::Done { .. }) => {}
             other => panic!("pod {i}: {other:?}"),
         }
     }
-    (times, whole.elapsed())
+    (xt, times, whole.elapsed())
 }
 
 /// A sidecar pod as the API would show it: Istio's injection annotation, running.

@@ -137,7 +137,7 @@ impl install::Progress for WithAgent {
 /// table until they are recreated.
 fn hand_back_at_uninstall(
     settings: &Settings,
-    form: crate::hand_back::HandBackForm,
+    form: redirect_core::IstioForm,
     known: Option<&KnownPods>,
 ) {
     match crate::hand_back::run(settings, form, known) {

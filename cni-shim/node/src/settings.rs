@@ -289,13 +289,21 @@ redirect_core::cli::flags! {
             "5",
             "Attempts per pod before the controller gives up until the pod changes again (1 to 100)",
         ),
+        HAND_BACK_FORM = s(
+            "hand-back-form",
+            Some("HAND_BACK_FORM"),
+            "iptables-nft",
+            "For `redirect-cni-node hand-back`: the form of Istio's rules each pod is handed back \
+             in, iptables-nft (Istio's default: its ISTIO_* chains as iptables-nft keeps them) or \
+             nftables (Istio's native tables)",
+        ),
         HAND_BACK_ON_UNINSTALL = s(
             "hand-back-on-uninstall",
             Some("HAND_BACK_ON_UNINSTALL"),
             "off",
             "At an uninstall (told apart from an upgrade as --safe-upgrade does), before our \
-             entry is removed: off, or nftables (every pod of the node we capture handed back to \
-             Istio in place, in the tables Istio's native nftables backend writes for it, as \
+             entry is removed: off, iptables-nft or nftables (every pod of the node we capture \
+             handed back to Istio in place, in that form of Istio's own rules for it, as \
              `redirect-cni-node hand-back` does)",
         ),
         ADOPT_ISTIO = s(
@@ -447,7 +455,9 @@ pub struct Settings {
     pub safe_upgrade: bool,
     /// `HAND_BACK_ON_UNINSTALL`: the form the node's pods are handed back to Istio in at an
     /// uninstall; `None` for off.
-    pub hand_back_on_uninstall: Option<crate::hand_back::HandBackForm>,
+    pub hand_back_on_uninstall: Option<redirect_core::IstioForm>,
+    /// `HAND_BACK_FORM`: the form `redirect-cni-node hand-back` writes.
+    pub hand_back_form: redirect_core::IstioForm,
     /// This pod (`POD_NAME`); empty when not given.
     pub pod_name: String,
     /// This node (`NODE_NAME`); empty when not given.
@@ -663,6 +673,8 @@ fn settings(v: &Values) -> Result<Settings> {
         cleanup_on_exit: v.boolean(&CLEANUP_ON_EXIT)?,
         safe_upgrade: v.boolean(&SAFE_UPGRADE)?,
         hand_back_on_uninstall: hand_back_on_uninstall(v)?,
+        hand_back_form: parse_form(&v.string(&HAND_BACK_FORM))
+            .map_err(|why| v.invalid(&HAND_BACK_FORM, why))?,
         pod_name: v.string(&POD_NAME).trim().to_string(),
         node_name,
         repair,
@@ -781,23 +793,36 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
 
 /// `HAND_BACK_ON_UNINSTALL`: off, or a form; only where an uninstall can be told from a
 /// restart (a restart handing every pod back would undo our capture node-wide).
-fn hand_back_on_uninstall(v: &Values) -> Result<Option<crate::hand_back::HandBackForm>> {
+fn hand_back_on_uninstall(v: &Values) -> Result<Option<redirect_core::IstioForm>> {
     let value = v.string(&HAND_BACK_ON_UNINSTALL);
     if value.trim() == "off" {
         return Ok(None);
     }
-    let form = crate::hand_back::HandBackForm::parse(&value).map_err(|why| {
-        v.invalid(
-            &HAND_BACK_ON_UNINSTALL,
-            format!("expected off or nftables: {why}"),
-        )
-    })?;
+    let form = parse_form(&value)
+        .map_err(|why| v.invalid(&HAND_BACK_ON_UNINSTALL, format!("off, or {why}")))?;
     if !v.boolean(&CLEANUP_ON_EXIT)? || !v.boolean(&SAFE_UPGRADE)? {
         let why = "it needs CLEANUP_ON_EXIT=true and SAFE_UPGRADE=true, which tell an uninstall \
                    from a restart (else every restart would hand the node back)";
         return Err(v.invalid(&HAND_BACK_ON_UNINSTALL, why.into()));
     }
     Ok(Some(form))
+}
+
+/// `HAND_BACK_FORM` (and `HAND_BACK_ON_UNINSTALL`): which of Istio's forms a pod is
+/// handed back in: `iptables-nft` (Istio's default) or `nftables` (Istio ≥ 1.28 with
+/// `values.global.nativeNftables=true`). iptables-legacy is named and refused: its tables can
+/// only be written by `iptables-legacy-restore`, which the agent's image does not have.
+pub fn parse_form(s: &str) -> Result<redirect_core::IstioForm, String> {
+    match s.trim() {
+        "iptables-nft" => Ok(redirect_core::IstioForm::IptablesNft),
+        "nftables" => Ok(redirect_core::IstioForm::Nftables),
+        "iptables-legacy" => Err("iptables-legacy cannot be written without \
+             iptables-legacy-restore, which the agent's image does not have: install Istio's CNI \
+             on iptables-nft (its default on nodes with nf_tables) or with \
+             values.global.nativeNftables=true, and hand back with iptables-nft or nftables"
+            .into()),
+        _ => Err("expected iptables-nft or nftables".into()),
+    }
 }
 
 /// The taint to remove once the plugin is in place, when untainting is on.

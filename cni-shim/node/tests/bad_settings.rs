@@ -140,19 +140,29 @@ fn bad_installer_settings() {
             &["ADOPT_ISTIO", "\"yes\"", "off, keep or replace"],
         ),
         (
-            "HAND_BACK_ON_UNINSTALL in a form not written yet",
+            "HAND_BACK_ON_UNINSTALL in a form the agent's image cannot write",
             &[],
-            &[("HAND_BACK_ON_UNINSTALL", "iptables-nft")],
+            &[("HAND_BACK_ON_UNINSTALL", "iptables-legacy")],
             &[
                 "HAND_BACK_ON_UNINSTALL",
-                "iptables-nft",
+                "iptables-legacy",
                 "nativeNftables=true",
+            ],
+        ),
+        (
+            "HAND_BACK_FORM the agent's image cannot write",
+            &["--hand-back-form", "iptables-legacy"],
+            &[],
+            &[
+                "hand-back-form",
+                "iptables-legacy",
+                "iptables-nft or nftables",
             ],
         ),
         (
             "HAND_BACK_ON_UNINSTALL where an uninstall cannot be told from a restart",
             &["--safe-upgrade=false"],
-            &[("HAND_BACK_ON_UNINSTALL", "nftables")],
+            &[("HAND_BACK_ON_UNINSTALL", "iptables-nft")],
             &["HAND_BACK_ON_UNINSTALL", "SAFE_UPGRADE=true"],
         ),
         (

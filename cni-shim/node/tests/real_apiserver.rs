@@ -595,9 +595,14 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     create(&cp, &elsewhere);
     run_pod(&cp, "shop", "elsewhere-0", "10.58.1.8");
 
-    let (code, err) = hand_back_cmd(&cp, sa.path(), proc.path(), &["--form", "iptables-nft"]);
+    let (code, err) = hand_back_cmd(
+        &cp,
+        sa.path(),
+        proc.path(),
+        &["--hand-back-form", "iptables-legacy"],
+    );
     assert_eq!(code, 2, "{err}");
-    for want in ["--form", "iptables-nft", "nativeNftables=true"] {
+    for want in ["hand-back-form", "iptables-legacy", "nativeNftables=true"] {
         assert!(
             err.contains(want),
             "the refusal does not name {want:?}: {err}"
@@ -608,13 +613,19 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         "a refused hand-back changed a pod"
     );
 
+    // Istio's default form: its iptables rules, as iptables-nft keeps them.
     let (code, err) = hand_back_cmd(&cp, sa.path(), proc.path(), &[]);
     assert_eq!(code, 0, "{err}");
     for ns in &pods {
         assert!(!has_rules(ns), "ours is still there:\n{err}");
-        // The fixture captures DNS (raw) and redirects (nat); no TPROXY, so no mangle table.
-        let want = ["table inet istio-proxy-nat", "table inet istio-proxy-raw"];
-        assert_eq!(istio_tables(ns), want, "{err}");
+        let saved = ns.sh("iptables-nft-save");
+        for chain in [
+            "-A ISTIO_OUTPUT ",
+            "-A ISTIO_OUTPUT_DNS ",
+            "-A ISTIO_INBOUND ",
+        ] {
+            assert!(saved.contains(chain), "{chain}:\n{saved}\n{err}");
+        }
         let validate = common::static_bin("redirect-validate");
         let run = redirect_testkit::binary::Run::args(&[]).user(1337, 1337);
         let probe = redirect_testkit::binary::run_in(validate.to_str().unwrap(), ns, &run);
@@ -624,7 +635,7 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         );
     }
     for name in ["web-0", "web-1"] {
-        let line = format!("pod shop/{name} handed back: Istio's tables istio-proxy-nat");
+        let line = format!("pod shop/{name} handed back: Istio's tables ip nat");
         assert!(err.contains(&line), "no line {line:?}:\n{err}");
     }
     assert!(err.contains("2 handed back"), "{err}");
@@ -643,10 +654,11 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     );
 
     // At an uninstall (no POD_NAME: the stop cannot be told from one, so it is one), the agent
-    // with HAND_BACK_ON_UNINSTALL hands back what it holds before its entry goes.
+    // with HAND_BACK_ON_UNINSTALL hands back what it holds before its entry goes, here in
+    // Istio's native nftables form.
     let pod = serde_json::from_value(cp.get(&["pod", "web-0", "-n", "shop"])).unwrap();
     let defaults = redirect_core::mesh::MeshDefaults::default();
-    pods[0].sh("nft delete table inet istio-proxy-nat; nft delete table inet istio-proxy-raw");
+    pods[0].sh("nft delete table ip nat; nft delete table ip raw");
     cni_node::repair::in_place::repair(&pod, &defaults, &places).unwrap();
     assert!(has_rules(&pods[0]));
     let node = tempfile::tempdir().unwrap();
@@ -691,4 +703,6 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         "ours is still there after the uninstall:\n{log}"
     );
     assert!(log.contains("removing what was installed"), "{log}");
+    let want = ["table inet istio-proxy-nat", "table inet istio-proxy-raw"];
+    assert_eq!(istio_tables(&pods[0]), want, "{log}");
 }

@@ -2,7 +2,12 @@
 //! `testdata/istio/iptables/` (its `.restore`, and its `.restore6` when the case has IPv6) and
 //! of `testdata/istio/cni/`, each chain holds, rule for rule and word for word, what Istio's
 //! restore file leaves in it once its inserts are placed. Addresses are compared as addresses
-//! (Istio writes a resolver as `/etc/resolv.conf` spells it). No kernel.
+//! (Istio writes a resolver as `/etc/resolv.conf` spells it).
+//!
+//! Then in the kernel: written over netlink in place of our table (`Nft::hand_over_xt`), the
+//! tables equal, expression for expression (`nft --debug=netlink list ruleset`) and line for
+//! line (`iptables-nft-save`, `ip6tables-nft-save`), what `iptables-nft-restore` makes of
+//! Istio's restore files in a fresh namespace, and our table is gone.
 
 mod common;
 
@@ -10,7 +15,11 @@ use std::collections::BTreeMap;
 
 use common::config_of;
 use redirect_istio::iptables_form::{chains, IstioIptables};
-use redirect_testkit::istio::{list_cases, list_cni_cases, IstioCase};
+use redirect_kernel::nft::Nft;
+use redirect_testkit::istio::{
+    group_gid, list_cases, list_cni_cases, load_istio_case_with, IstioCase,
+};
+use redirect_testkit::{kernel_tests_enabled, plan_with, TestNetns};
 
 fn word(w: &str) -> String {
     match w.parse::<ipnet::IpNet>() {
@@ -110,6 +119,91 @@ fn istios_iptables_rules_equal_what_each_golden_leaves_in_each_chain() {
     assert!(
         wrong.is_empty(),
         "{} differ:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+/// What a namespace holds, handles left out: every expression of every rule, then each
+/// family's iptables-nft-save without its comments and counters.
+fn listing(ns: &TestNetns) -> String {
+    let nft = ns
+        .sh("nft --debug=netlink list ruleset")
+        .lines()
+        .map(|l| {
+            // `ip[6] <table> <chain> <handle> [<position>]`: the handles are the kernel's.
+            let rule_head = l.starts_with("ip") && l.split(' ').count() > 3 && !l.contains('@');
+            match rule_head {
+                true => l.split(' ').take(3).collect::<Vec<_>>().join(" "),
+                false => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let save = |bin: &str| {
+        ns.sh(bin)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| match l.find(" [") {
+                Some(i) if l.starts_with(':') => l[..i].to_string(),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "{nft}\n{}\n{}",
+        save("iptables-nft-save"),
+        save("ip6tables-nft-save")
+    )
+}
+
+#[test]
+fn handed_back_iptables_tables_are_what_iptables_nft_restore_makes_of_each_golden() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let groups = |n: &str| group_gid(n);
+    let mut wrong = Vec::new();
+    let all = list_cases().into_iter().map(|n| IstioCase::load(&n));
+    for case in all.chain(
+        list_cni_cases()
+            .into_iter()
+            .map(|n| IstioCase::load_cni(&n)),
+    ) {
+        let cfg = config_of(&case);
+        let tables = IstioIptables::build(&cfg).unwrap().lower(&groups).unwrap();
+        let istio = TestNetns::new();
+        load_istio_case_with(&istio, &case, Some("nft"));
+        let handed = TestNetns::new();
+        let rs = plan_with(&cfg, &groups).unwrap();
+        let had_ours = handed.run(|| {
+            let nft = Nft::open().unwrap();
+            nft.apply(&rs).unwrap();
+            nft.hand_over_xt(&tables)
+        });
+        match had_ours {
+            Ok(true) => {}
+            other => {
+                wrong.push(format!("{}: {other:?}", case.name));
+                continue;
+            }
+        }
+        let (want, got) = (listing(&istio), listing(&handed));
+        if want != got {
+            let diff: Vec<String> = want
+                .lines()
+                .zip(got.lines())
+                .filter(|(a, b)| a != b)
+                .take(6)
+                .map(|(a, b)| format!("  istio: {a}\n  ours:  {b}"))
+                .collect();
+            wrong.push(format!("{}:\n{}", case.name, diff.join("\n")));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} cases differ:\n{}",
         wrong.len(),
         wrong.join("\n")
     );

@@ -52,6 +52,9 @@ pub trait Backend: Send {
     /// Someone else's tables written whole in place of our table, in one batch (a hand-back
     /// to Istio, `Nft::hand_over`); whether our table was there.
     fn hand_over(&self, tables: &[NftTable]) -> Result<bool>;
+    /// iptables-nft's tables written in place of our table, in one batch (a hand-back to
+    /// Istio's iptables form, `Nft::hand_over_xt`); whether our table was there.
+    fn hand_over_xt(&self, tables: &[nft::XtTable]) -> Result<bool>;
     /// The TPROXY rule and route of `r` in `family`.
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState>;
     /// Add what is missing of the TPROXY rule and route in each family.
@@ -124,6 +127,9 @@ impl Backend for Live {
     }
     fn hand_over(&self, tables: &[NftTable]) -> Result<bool> {
         Ok(self.nft.hand_over(tables)?)
+    }
+    fn hand_over_xt(&self, tables: &[nft::XtTable]) -> Result<bool> {
+        Ok(self.nft.hand_over_xt(tables)?)
     }
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
         Ok(self.routes.read_tproxy(r, family)?)

@@ -227,6 +227,11 @@ impl Backend for Fake {
         Ok(had)
     }
 
+    /// As [`Fake::hand_over`]: our table goes; iptables-nft's tables are not kept.
+    fn hand_over_xt(&self, _tables: &[crate::nft::XtTable]) -> Result<bool> {
+        self.hand_over(&[])
+    }
+
     fn read_tproxy(&self, r: &TproxyRouting, family: Family) -> Result<TproxyState> {
         let st = self.lock();
         Ok(st

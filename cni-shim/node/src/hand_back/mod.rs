@@ -1,51 +1,23 @@
 //! The hand-back (`redirect-cni-node hand-back`, and `HAND_BACK_ON_UNINSTALL` at an
 //! uninstall): every pod of the node our capture holds is given back to Istio in place, in the
-//! form Istio's own native nftables backend writes for the pod's config (from its annotations,
-//! as our plugin's ADD decided it), our table removed in the same batch, so no packet sees
-//! neither and no pod restarts. Istio's agent, starting after, finds its rules in place. The
-//! CNI config entry is left to Istio's installer.
+//! form Istio itself writes for the pod's config (from its annotations, as our plugin's ADD
+//! decided it): its iptables rules as iptables-nft keeps them, or its native nftables tables.
+//! Our table is removed in the same batch, so no packet sees neither and no pod restarts.
+//! Istio's agent, starting after, finds its rules in place. The CNI config entry is left to
+//! Istio's installer.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
-use redirect_core::Error as CoreError;
+use redirect_core::{Error as CoreError, IstioForm};
 
 use crate::pods::capture::{locate, Located, PodCaptureError, Reach};
 
 mod node;
 
 pub use node::{main, run, Summary};
-
-/// `HAND_BACK_FORM` / `--form`: which of Istio's forms a pod is handed back in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HandBackForm {
-    /// Istio's native nftables tables (`values.global.nativeNftables=true`, Istio ≥ 1.28).
-    #[default]
-    Nftables,
-}
-
-impl HandBackForm {
-    /// `nftables`; Istio's iptables forms are named and refused (not built yet).
-    pub fn parse(s: &str) -> Result<HandBackForm, String> {
-        match s.trim() {
-            "nftables" | "" => Ok(HandBackForm::Nftables),
-            f @ ("iptables-nft" | "iptables-legacy") => Err(format!(
-                "the {f} form cannot be written yet: install Istio's CNI with \
-                 values.global.nativeNftables=true and hand back with --form nftables"
-            )),
-            _ => Err("expected nftables".into()),
-        }
-    }
-
-    /// The setting's value.
-    pub fn word(self) -> &'static str {
-        match self {
-            HandBackForm::Nftables => "nftables",
-        }
-    }
-}
 
 /// What handing one pod back did.
 #[derive(Debug)]
@@ -70,6 +42,7 @@ pub fn hand_back_with(
     pod: &Pod,
     defaults: &MeshDefaults,
     reach: &Reach,
+    form: IstioForm,
 ) -> Result<HandedBackPod, PodCaptureError> {
     let target = match locate(pod, defaults, reach)? {
         Located::Capture(t) => t,
@@ -94,20 +67,19 @@ pub fn hand_back_with(
     let cfg = ns
         .for_pod(target.cfg, target.dual_stack, None)
         .map_err(failed)?;
-    let done = ns.hand_back(&cfg).map_err(failed)?;
-    let held = ns.foreign().map_err(failed)?;
-    let missing: Vec<String> = done
-        .tables
-        .iter()
-        .filter(|t| !held.nft_tables.contains(t))
-        .map(|t| format!("Istio's table {t} is not there"))
-        .collect();
+    let done = ns.hand_back(&cfg, form).map_err(failed)?;
+    let mut differences = Vec::new();
+    if ns.foreign().map_err(failed)?.is_empty() {
+        differences.push(format!(
+            "Istio's rules ({}) are not there",
+            done.tables.join(", ")
+        ));
+    }
     let ours_left = ns
         .backend()
         .read_table()
         .map_err(|e| failed(e.into()))?
         .is_some();
-    let mut differences = missing;
     if ours_left {
         differences.push("our table is still there".into());
     }

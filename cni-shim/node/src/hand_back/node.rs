@@ -1,4 +1,5 @@
-//! `redirect-cni-node hand-back [--form nftables]`, with the agent's own flags and variables:
+//! `redirect-cni-node hand-back [--hand-back-form iptables-nft|nftables]`, with the agent's own
+//! flags and variables:
 //! the node's pods listed from the API server (this node's only), each running pod our plugin
 //! captures handed back (`super::hand_back_with`), one log line per pod, a summary, exit 0
 //! when every pod was handed back, 1 when one failed (each named), 2 on bad input, with
@@ -10,11 +11,12 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::{hand_back_with, HandBackForm, HandedBackPod};
+use super::{hand_back_with, HandedBackPod};
 use crate::error::{Error, Result};
 use crate::pods::capture::Reach;
 use crate::pods::KnownPods;
 use crate::settings::{self, Parsed, Settings};
+use redirect_core::IstioForm;
 
 /// What a node's hand-back did, pod by pod.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -31,14 +33,7 @@ pub struct Summary {
 
 /// The command: see the module's comment. `args` follow `hand-back`.
 pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
-    let (form, rest) = match split_form(args, env) {
-        Ok(split) => split,
-        Err(e) => {
-            tracing::error!("{e}");
-            return 2;
-        }
-    };
-    let settings = match settings::parse(rest, env) {
+    let settings = match settings::parse(args, env) {
         Ok(Parsed::Info(text)) => {
             print!("{text}");
             return 0;
@@ -49,7 +44,7 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             return 2;
         }
     };
-    match run(&settings, form, None) {
+    match run(&settings, settings.hand_back_form, None) {
         Ok(s) if s.failed == 0 => 0,
         Ok(_) => 1,
         Err(e) => {
@@ -63,42 +58,10 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-/// `--form X` / `--form=X` taken out of `args` (else `HAND_BACK_FORM`, else nftables).
-fn split_form(
-    args: Vec<OsString>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(HandBackForm, Vec<OsString>)> {
-    let mut value = env("HAND_BACK_FORM").map(|v| ("HAND_BACK_FORM", v));
-    let mut rest = Vec::new();
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let text = a.to_string_lossy().into_owned();
-        if text == "--form" {
-            let v = it
-                .next()
-                .ok_or_else(|| Error::Usage("--form needs a value: nftables".into()))?;
-            value = Some(("--form", v.to_string_lossy().into_owned()));
-        } else if let Some(v) = text.strip_prefix("--form=") {
-            value = Some(("--form", v.to_string()));
-        } else {
-            rest.push(a);
-        }
-    }
-    let form = match value {
-        None => HandBackForm::default(),
-        Some((setting, v)) => HandBackForm::parse(&v).map_err(|reason| Error::InvalidSetting {
-            setting,
-            value: v,
-            reason,
-        })?,
-    };
-    Ok((form, rest))
-}
-
 /// Hands back every pod of the node (see the module's comment) in `form`. The pods are listed
 /// from the API server; when it does not answer and `known` holds the pods the agent's watch
 /// last listed (at an uninstall, whose `helm uninstall` takes the RBAC away too), those.
-pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -> Result<Summary> {
+pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> Result<Summary> {
     let plugin = crate::agent::plugin_conf(settings)?;
     let node = settings.node().to_string();
     if node.is_empty() {
@@ -136,7 +99,7 @@ pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -
     };
     let mut summary = Summary::default();
     for pod in &pods {
-        one_pod(pod, &plugin, &reach, &mut summary);
+        one_pod(pod, &plugin, (&reach, form), &mut summary);
     }
     tracing::info!(
         "hand-back of node {node}: {} handed back, {} held nothing of ours, {} left alone, {} failed",
@@ -151,7 +114,7 @@ pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -
 fn one_pod(
     pod: &Pod,
     plugin: &cni_protocol::cni::conf::NetConf,
-    reach: &Reach,
+    (reach, form): (&Reach, IstioForm),
     summary: &mut Summary,
 ) {
     let (ns, name) = (
@@ -162,7 +125,7 @@ fn one_pod(
         summary.left_alone += 1;
         return;
     }
-    match hand_back_with(pod, &plugin.mesh, reach) {
+    match hand_back_with(pod, &plugin.mesh, reach, form) {
         Ok(HandedBackPod::Done {
             tables,
             netns,

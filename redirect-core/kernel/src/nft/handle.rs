@@ -196,6 +196,40 @@ impl Nft {
         Err(Error::ReadUnsettled { tries: APPLY_TRIES })
     }
 
+    /// Write iptables-nft's tables (`tables`: added, or their chains and rules added to the
+    /// table already there) and delete our table, in one batch bound to the generation our
+    /// table was read at: the hand-back of a namespace to Istio's iptables form. Returns whether
+    /// our table was there.
+    pub fn hand_over_xt(&self, tables: &[super::XtTable]) -> Result<bool> {
+        let sock = &self.sock;
+        for _ in 0..APPLY_TRIES {
+            let (genid, ours) = match dump::table_at(sock, &self.table) {
+                Ok(read) => read,
+                Err(Error::ReadUnsettled { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            let remove: Vec<String> = ours.iter().map(|_| self.table.clone()).collect();
+            let (seq, features) = (sock.next_seq(), sock.features());
+            let batch = super::xt_write::hand_over(tables, &remove, seq, Some(genid), features);
+            match sock.send_batch_answer(&batch)? {
+                None => return Ok(!remove.is_empty()),
+                Some((_, errno)) if errno == libc::ERESTART => continue,
+                Some((seq, errno)) => {
+                    let what = format!(
+                        "writing iptables-nft's tables in place of {} (message {seq}: {})",
+                        self.table,
+                        batch
+                            .label_of(seq)
+                            .map(|l| format!("{l:?}"))
+                            .unwrap_or_default()
+                    );
+                    return Err(socket::rejected(what, errno));
+                }
+            }
+        }
+        Err(Error::ReadUnsettled { tries: APPLY_TRIES })
+    }
+
     /// Delete our table. Returns whether there was one.
     pub fn remove(&self) -> Result<bool> {
         self.remove_named(&self.table)

@@ -49,6 +49,7 @@ mod state;
 pub mod testing;
 pub mod text;
 mod update;
+mod xt_write;
 mod xtables;
 
 pub use batch::{Encoded, Label};
@@ -66,6 +67,7 @@ pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableS
 #[cfg(feature = "testing")]
 pub(crate) use update::changes;
 pub use update::Changes;
+pub use xt_write::{XtChainSpec, XtRuleSpec, XtTable};
 pub use xtables::{XtChain, XtFound};
 
 /// One nfnetlink message (header and `nfgenmsg` included) appended to `out`: for the other

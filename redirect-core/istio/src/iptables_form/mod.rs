@@ -3,10 +3,10 @@
 //! read to learn its behaviour): what a hand-back in that form must leave in each chain.
 //!
 //! [`IstioIptables::build`] gives each family's rules as Istio's builder issues them (appends
-//! and inserts); [`IstioIptables::chains`] the state they leave, chain by chain. Not yet written
-//! over netlink (iptables-nft's encoding of `owner`, `multiport`, `conntrack`, `REDIRECT`,
-//! `TPROXY`, `CT` and the marks); a hand-back uses Istio's native nftables form
-//! ([`crate::nft_form`]).
+//! and inserts); [`chains`] the state they leave, chain by chain; [`IstioIptables::lower`] the
+//! tables as iptables-nft keeps them (`lower`: its expressions, and its xtables matches and
+//! targets with their data as iptables 1.8 builds it), for one batch over netlink
+//! (`Nft::hand_over_xt`).
 
 use std::collections::BTreeMap;
 
@@ -14,6 +14,9 @@ use ipnet::IpNet;
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection, DNS_AGENT_PORT};
 
 use crate::nft_form::Unsupported;
+
+mod lower;
+mod xt_info;
 
 /// One rule as Istio issues it: appended, or inserted at a 1-based position.
 #[derive(Clone, Debug, PartialEq, Eq)]
