@@ -1222,10 +1222,11 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
 
 /// The way back on the same node (after the switch above): adoption off and the hand-back
 /// asked for, the agent restarted (an upgrade: it keeps the plugin and hands nothing back),
-/// then `helm uninstall`: each pod ours held now holds Istio's native nftables tables and not
-/// ours, the iptables-legacy pod still Istio's, no container restarted, no connection lost.
-/// Seen failing with the hand-back left off (`cni.handBackOnUninstall=off`): "nft-0: Istio's
-/// tables" (the pod still held ours).
+/// then `helm uninstall`: each pod ours held now holds Istio's iptables rules as iptables-nft
+/// keeps them (Istio's default form, written by the agent with no binary) and not ours, the
+/// iptables-legacy pod still Istio's, no container restarted, no connection lost. Seen failing
+/// with the hand-back left off (`cni.handBackOnUninstall=off`): "nft-0: Istio's rules" (the pod
+/// still held ours).
 fn hand_back(node: &Node) {
     let pods = ["nft-0", "legacy-0", "native-0", "during-0"];
     let before: Vec<(String, Vec<u64>)> = pods.iter().map(|p| restarts(&pod(node, p))).collect();
@@ -1239,7 +1240,7 @@ fn hand_back(node: &Node) {
         "--set",
         "cni.adoptIstio=off",
         "--set",
-        "cni.handBackOnUninstall=nftables",
+        "cni.handBackOnUninstall=iptables-nft",
     ]);
     node.kubectl(&[
         "-n",
@@ -1272,8 +1273,8 @@ fn hand_back(node: &Node) {
     for p in ["nft-0", "native-0", "during-0"] {
         let rules = rules_in(p);
         assert!(
-            rules.contains("table inet istio-proxy-nat"),
-            "{p}: Istio's tables: {rules}"
+            rules.contains("-A ISTIO_OUTPUT ") && rules.contains("-A ISTIO_REDIRECT "),
+            "{p}: Istio's rules: {rules}"
         );
         assert!(
             !rules.contains(redirect_core::view::TABLE),
