@@ -127,12 +127,7 @@ impl IstioIptables {
     /// Istio's iptables rules for `cfg`. Refused for what Istio has no rule for (our bypass
     /// UIDs and GIDs).
     pub fn build(cfg: &CaptureConfig) -> Result<IstioIptables, Unsupported> {
-        if !cfg.bypass_uids.is_empty() || !cfg.bypass_gids.is_empty() {
-            return Err(Unsupported {
-                what: "a bypass UID or GID".into(),
-                fix: "remove the bypass from the pod's settings, then hand it back".into(),
-            });
-        }
+        crate::nft_form::refuse_bypass(cfg)?;
         let mut b = Builder {
             v4: Vec::new(),
             v6: Vec::new(),

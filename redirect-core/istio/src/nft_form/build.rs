@@ -26,6 +26,17 @@ pub struct Unsupported {
     pub fix: String,
 }
 
+/// Our bypass UIDs and GIDs have no rule in any of Istio's forms: refused.
+pub(crate) fn refuse_bypass(cfg: &CaptureConfig) -> Result<(), Unsupported> {
+    if cfg.bypass_uids.is_empty() && cfg.bypass_gids.is_empty() {
+        return Ok(());
+    }
+    Err(Unsupported {
+        what: "a bypass UID or GID".into(),
+        fix: "remove the bypass from the pod's settings, then hand it back".into(),
+    })
+}
+
 struct Pending {
     table: IstioTable,
     chain: &'static str,
@@ -180,12 +191,7 @@ impl IstioNft {
     /// The tables Istio's nftables backend writes for `cfg`. Refused for what Istio has no
     /// rule for (our bypass UIDs and GIDs).
     pub fn build(cfg: &CaptureConfig) -> Result<IstioNft, Unsupported> {
-        if !cfg.bypass_uids.is_empty() || !cfg.bypass_gids.is_empty() {
-            return Err(Unsupported {
-                what: "a bypass UID or GID".into(),
-                fix: "remove the bypass from the pod's settings, then hand it back".into(),
-            });
-        }
+        refuse_bypass(cfg)?;
         let mut b = Builder {
             ipv6: cfg.ipv6,
             rules: Vec::new(),

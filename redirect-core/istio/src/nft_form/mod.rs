@@ -18,6 +18,7 @@ use redirect_model::{ChainKind, CtStates, Hook, L4};
 mod build;
 mod lower;
 
+pub(crate) use build::refuse_bypass;
 pub use build::Unsupported;
 
 /// One of Istio's three tables.

@@ -169,6 +169,34 @@ impl Nft {
     /// batch bound to the generation our table was read at: the hand-back of a namespace to
     /// Istio. Returns whether our table was there.
     pub fn hand_over(&self, tables: &[NftTable]) -> Result<bool> {
+        let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+        let what = format!("writing the tables {}", names.join(", "));
+        self.in_place_of_ours(&what, |remove, seq, genid, features| {
+            update::hand_over(tables, remove, seq, Some(genid), features)
+        })
+    }
+
+    /// Write iptables-nft's tables (`tables`: added, or their chains and rules added to the
+    /// table already there) and delete our table, in one batch bound to the generation our
+    /// table was read at: the hand-back of a namespace to Istio's iptables form. Returns whether
+    /// our table was there.
+    pub fn hand_over_xt(&self, tables: &[super::XtTable]) -> Result<bool> {
+        self.in_place_of_ours(
+            "writing iptables-nft's tables",
+            |remove, seq, genid, features| {
+                let remove: Vec<String> = remove.iter().map(|n| n.to_string()).collect();
+                super::xt_write::hand_over(tables, &remove, seq, Some(genid), features)
+            },
+        )
+    }
+
+    /// One batch from `build` (given our table's name when it is there, to delete), bound to
+    /// the generation our table was read at, read again and rebuilt when the ruleset moved.
+    fn in_place_of_ours(
+        &self,
+        what: &str,
+        build: impl Fn(Option<&str>, u32, u32, Features) -> Encoded,
+    ) -> Result<bool> {
         let sock = &self.sock;
         for _ in 0..APPLY_TRIES {
             let (genid, ours) = match dump::table_at(sock, &self.table) {
@@ -177,51 +205,16 @@ impl Nft {
                 Err(e) => return Err(e),
             };
             let remove = ours.is_some().then_some(self.table.as_str());
-            let (seq, features) = (sock.next_seq(), sock.features());
-            let batch = update::hand_over(tables, remove, seq, Some(genid), features);
+            let batch = build(remove, sock.next_seq(), genid, sock.features());
             match sock.send_batch_answer(&batch)? {
                 None => return Ok(remove.is_some()),
                 Some((_, errno)) if errno == libc::ERESTART => continue,
                 Some((seq, errno)) => {
-                    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+                    let label = batch.label_of(seq).map(|l| format!(": {l:?}"));
                     let what = format!(
-                        "writing the tables {} in place of {} (message {seq})",
-                        names.join(", "),
-                        self.table
-                    );
-                    return Err(socket::rejected(what, errno));
-                }
-            }
-        }
-        Err(Error::ReadUnsettled { tries: APPLY_TRIES })
-    }
-
-    /// Write iptables-nft's tables (`tables`: added, or their chains and rules added to the
-    /// table already there) and delete our table, in one batch bound to the generation our
-    /// table was read at: the hand-back of a namespace to Istio's iptables form. Returns whether
-    /// our table was there.
-    pub fn hand_over_xt(&self, tables: &[super::XtTable]) -> Result<bool> {
-        let sock = &self.sock;
-        for _ in 0..APPLY_TRIES {
-            let (genid, ours) = match dump::table_at(sock, &self.table) {
-                Ok(read) => read,
-                Err(Error::ReadUnsettled { .. }) => break,
-                Err(e) => return Err(e),
-            };
-            let remove: Vec<String> = ours.iter().map(|_| self.table.clone()).collect();
-            let (seq, features) = (sock.next_seq(), sock.features());
-            let batch = super::xt_write::hand_over(tables, &remove, seq, Some(genid), features);
-            match sock.send_batch_answer(&batch)? {
-                None => return Ok(!remove.is_empty()),
-                Some((_, errno)) if errno == libc::ERESTART => continue,
-                Some((seq, errno)) => {
-                    let what = format!(
-                        "writing iptables-nft's tables in place of {} (message {seq}: {})",
+                        "{what} in place of {} (message {seq}{})",
                         self.table,
-                        batch
-                            .label_of(seq)
-                            .map(|l| format!("{l:?}"))
-                            .unwrap_or_default()
+                        label.unwrap_or_default()
                     );
                     return Err(socket::rejected(what, errno));
                 }
