@@ -3,8 +3,9 @@
 //! config, built here rule for rule so that a node can be handed back to Istio with the rules
 //! Istio itself would write (its agent then finds nothing to change).
 //!
-//! - [`IstioNft::build`]: the tables for a [`CaptureConfig`], in their final order (Istio's
-//!   inserts already placed), each chain with its rules and each table only if it has one.
+//! - [`IstioNft::build`]: the tables for a
+//!   [`CaptureConfig`](redirect_model::CaptureConfig), in their final order (Istio's inserts
+//!   already placed), each chain with its rules and each table only if it has one.
 //! - [`IstioNft::rule_lines`]: the rules as Istio writes them (`add rule inet ...`), one per
 //!   line, which Istio's goldens hold.
 //! - [`IstioNft::lower`]: the tables as nf_tables objects, expression for expression what `nft`
