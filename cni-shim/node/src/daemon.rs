@@ -24,9 +24,8 @@ use cni_protocol::events::Readiness;
 pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     // `level<TAB>message` on stderr, from info up, the agent's lines and kube's warnings too.
     redirect_program::logging::install(Sink::stderr(None, LevelFilter::INFO));
-    if args.first().is_some_and(|a| a == "hand-back") {
-        return crate::hand_back::main(args[1..].to_vec(), env);
-    }
+    let hand_back = args.first().is_some_and(|a| a == "hand-back");
+    let args = if hand_back { args[1..].to_vec() } else { args };
     let settings = match settings::parse(args, env) {
         Ok(Parsed::Info(text)) => {
             print!("{text}");
@@ -38,6 +37,9 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             return 2;
         }
     };
+    if hand_back {
+        return crate::hand_back::main(&settings);
+    }
     let stop = match StopHandle::new().and_then(|s| signals::stop_on_signals(&s).map(|()| s)) {
         Ok(s) => s,
         Err(e) => {

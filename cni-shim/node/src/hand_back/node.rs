@@ -5,7 +5,6 @@
 //! when every pod was handed back, 1 when one failed (each named), 2 on bad input, with
 //! nothing changed.
 
-use std::ffi::OsString;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -15,7 +14,7 @@ use super::{hand_back_with, HandedBackPod};
 use crate::error::{Error, Result};
 use crate::pods::capture::Reach;
 use crate::pods::KnownPods;
-use crate::settings::{self, Parsed, Settings};
+use crate::settings::Settings;
 use redirect_core::IstioForm;
 
 /// What a node's hand-back did, pod by pod.
@@ -31,20 +30,10 @@ pub struct Summary {
     pub failed: usize,
 }
 
-/// The command: see the module's comment. `args` follow `hand-back`.
-pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
-    let settings = match settings::parse(args, env) {
-        Ok(Parsed::Info(text)) => {
-            print!("{text}");
-            return 0;
-        }
-        Ok(Parsed::Run(s)) => *s,
-        Err(e) => {
-            tracing::error!("{}", redirect_program::errors::chain(&e));
-            return 2;
-        }
-    };
-    match run(&settings, settings.hand_back_form, None) {
+/// The command, with the settings `redirect-cni-node`'s own parse gave (see the module's
+/// comment).
+pub fn main(settings: &Settings) -> i32 {
+    match run(settings, settings.hand_back_form, None) {
         Ok(s) if s.failed == 0 => 0,
         Ok(_) => 1,
         Err(e) => {

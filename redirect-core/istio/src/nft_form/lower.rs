@@ -7,14 +7,12 @@
 
 use ipnet::IpNet;
 use redirect_kernel::nft::{
-    BaseSpec, CtKey, Expr, MetaKey, NftChain, NftSet, NftTable, SetElem, Verdict as NftVerdict,
+    BaseSpec, CtKey, Expr, MetaKey, NftChain, NftSet, NftTable, Verdict as NftVerdict,
 };
 use redirect_model::{CtStates, GroupResolver, L4};
 
 use super::{IstioNft, Item, Unsupported, Verdict};
 
-/// `inet_service`, nft's key type of a port.
-const INET_SERVICE: u32 = 13;
 const IFNAMSIZ: usize = 16;
 
 struct Rule<'a> {
@@ -98,21 +96,7 @@ impl Rule<'_> {
                 let name = format!("__set{}", self.table.sets.len());
                 let id = *self.next_id;
                 *self.next_id += 1;
-                self.table.sets.push(NftSet {
-                    name: name.clone(),
-                    id,
-                    key_type: INET_SERVICE,
-                    key_len: 2,
-                    interval: false,
-                    size: None,
-                    elements: ports
-                        .iter()
-                        .map(|p| SetElem {
-                            key: p.to_be_bytes().to_vec(),
-                            interval_end: false,
-                        })
-                        .collect(),
-                });
+                self.table.sets.push(NftSet::ports(name.clone(), id, ports));
                 self.exprs.push(Expr::Lookup {
                     set: name,
                     invert: true,

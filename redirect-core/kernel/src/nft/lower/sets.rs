@@ -209,20 +209,29 @@ fn lower_set(set: &NamedSet, id: u32) -> NftSet {
 
 /// A short port list as it is: 2-byte keys, for which the kernel picks its bitmap.
 fn plain_ports(set: &NamedSet, id: u32, ports: &[u16]) -> NftSet {
-    NftSet {
-        name: set.name.clone(),
-        id,
-        key_type: TYPE_INET_SERVICE,
-        key_len: 2,
-        interval: false,
-        size: None,
-        elements: ports
-            .iter()
-            .map(|p| SetElem {
-                key: p.to_be_bytes().to_vec(),
-                interval_end: false,
-            })
-            .collect(),
+    NftSet::ports(set.name.clone(), id, ports)
+}
+
+impl NftSet {
+    /// A set of ports as they are (`inet_service` keys, 2 bytes, big-endian), named `name`,
+    /// with batch id `id`: our short port lists, and the inline `{ 53, 15008 }` of Istio's
+    /// nftables form.
+    pub fn ports(name: String, id: u32, ports: &[u16]) -> NftSet {
+        NftSet {
+            name,
+            id,
+            key_type: TYPE_INET_SERVICE,
+            key_len: 2,
+            interval: false,
+            size: None,
+            elements: ports
+                .iter()
+                .map(|p| SetElem {
+                    key: p.to_be_bytes().to_vec(),
+                    interval_end: false,
+                })
+                .collect(),
+        }
     }
 }
 
