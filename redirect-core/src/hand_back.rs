@@ -1,12 +1,12 @@
 //! The hand-back: a namespace we capture, given back to Istio in the form Istio itself writes
 //! for the same config (its native nftables tables, or its iptables rules as iptables-nft keeps
 //! them), so that Istio's agent, starting after us, finds its rules in place and nothing to
-//! change.
+//! change. Sidecar pods go back in either form; ambient pods in Istio's default one.
 
 use redirect_istio::iptables_form::IstioIptables;
 use redirect_istio::nft_form::{IstioNft, Unsupported};
 use redirect_kernel::SystemGroups;
-use redirect_model::CaptureConfig;
+use redirect_model::{AmbientConfig, CaptureConfig};
 
 use crate::error::{Error, Result};
 use crate::namespace::Namespace;
@@ -51,29 +51,56 @@ impl Namespace {
     /// double).
     pub fn hand_back(&self, cfg: &CaptureConfig, form: IstioForm) -> Result<HandedBack> {
         cfg.validate()?;
-        let held = self.foreign()?;
-        if !held.is_empty() {
-            return Err(Error::HandBack(Unsupported {
-                what: format!("a namespace that holds Istio's rules already ({held})"),
-                fix: "remove them (or leave the pod to Istio as it is) before handing back".into(),
-            }));
-        }
-        let backend = self.backend();
-        let (tables, had_ours) = match form {
+        self.refuse_istio_held()?;
+        match form {
             IstioForm::Nftables => {
                 let istio = IstioNft::build(cfg)?;
                 let lowered = istio.lower(&SystemGroups)?;
-                (istio.table_names(), backend.hand_over(&lowered)?)
+                let had_ours = self.backend().hand_over(&lowered)?;
+                Ok(HandedBack {
+                    tables: istio.table_names(),
+                    had_ours,
+                })
             }
-            IstioForm::IptablesNft => {
-                let lowered = IstioIptables::build(cfg)?.lower(&SystemGroups)?;
-                let names = lowered
-                    .iter()
-                    .map(|t| format!("{} {}", t.family.nft_name(), t.name))
-                    .collect();
-                (names, backend.hand_over_xt(&lowered)?)
-            }
-        };
+            IstioForm::IptablesNft => self.hand_over_xt(IstioIptables::build(cfg)?),
+        }
+    }
+
+    /// Istio's ambient in-pod rules for `cfg` (an enrolled pod's), in place of our in-pod
+    /// table, in one batch as [`Namespace::hand_back`]. The policy routing of ztunnel's
+    /// replies (mark `0x111`, table 100) is Istio's too and stays; so do ztunnel's sockets in
+    /// the pod. Only Istio's default iptables form: its nftables form of ambient is refused,
+    /// naming the form to use; so is a namespace that holds Istio's rules already.
+    pub fn hand_back_ambient(&self, cfg: &AmbientConfig, form: IstioForm) -> Result<HandedBack> {
+        cfg.plan()?;
+        if form == IstioForm::Nftables {
+            return Err(Error::HandBack(Unsupported {
+                what: "an ambient pod in Istio's nftables form (not built yet)".into(),
+                fix: "hand ambient pods back in Istio's default form, iptables-nft".into(),
+            }));
+        }
+        self.refuse_istio_held()?;
+        self.hand_over_xt(IstioIptables::ambient(cfg))
+    }
+
+    fn refuse_istio_held(&self) -> Result<()> {
+        let held = self.foreign()?;
+        if held.is_empty() {
+            return Ok(());
+        }
+        Err(Error::HandBack(Unsupported {
+            what: format!("a namespace that holds Istio's rules already ({held})"),
+            fix: "remove them (or leave the pod to Istio as it is) before handing back".into(),
+        }))
+    }
+
+    fn hand_over_xt(&self, istio: IstioIptables) -> Result<HandedBack> {
+        let lowered = istio.lower(&SystemGroups)?;
+        let tables = lowered
+            .iter()
+            .map(|t| format!("{} {}", t.family.nft_name(), t.name))
+            .collect();
+        let had_ours = self.backend().hand_over_xt(&lowered)?;
         Ok(HandedBack { tables, had_ours })
     }
 }

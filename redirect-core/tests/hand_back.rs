@@ -4,10 +4,14 @@
 //! (`nft -f` of its nftables script; `iptables-nft-restore` of its restore files); ours is
 //! gone; a config Istio has no rule for, and a namespace holding Istio's rules already, are
 //! refused and the namespace is left as it was. (Equality with Istio's own goldens, case by
-//! case, is redirect-istio's `tests/nft_form.rs` and `tests/iptables_form.rs`.)
+//! case, is redirect-istio's `tests/nft_form.rs` and `tests/iptables_form.rs`.) An ambient pod
+//! goes back in Istio's iptables form with ztunnel's reply routing kept; its nftables form is
+//! refused.
 
-use redirect_core::{Capture, CaptureConfig, InterceptionMode, IstioForm, Namespace};
-use redirect_istio::iptables_form::{IstioIptables, XtRule};
+use redirect_core::{
+    AmbientConfig, Capture, CaptureConfig, InterceptionMode, IstioForm, Namespace,
+};
+use redirect_istio::iptables_form::{restore_file, IstioIptables};
 use redirect_istio::nft_form::IstioNft;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -43,36 +47,6 @@ fn nft_script(cfg: &CaptureConfig) -> String {
     out.join("\n") + "\n"
 }
 
-/// One family's restore input as Istio writes it: per table, its user chains, then its rules
-/// as Istio issues them.
-fn restore(rules: &[XtRule]) -> String {
-    let mut out = String::new();
-    for table in ["mangle", "nat", "raw"] {
-        let mine: Vec<&XtRule> = rules.iter().filter(|r| r.table == table).collect();
-        if mine.is_empty() {
-            continue;
-        }
-        out.push_str(&format!("*{table}\n"));
-        let mut user: Vec<&str> = Vec::new();
-        for r in &mine {
-            if r.chain.starts_with("ISTIO_") && !user.contains(&r.chain) {
-                user.push(r.chain);
-            }
-        }
-        for c in user {
-            out.push_str(&format!("-N {c}\n"));
-        }
-        for r in mine {
-            match r.insert {
-                Some(n) => out.push_str(&format!("-I {} {n} {}\n", r.chain, r.args.join(" "))),
-                None => out.push_str(&format!("-A {} {}\n", r.chain, r.args.join(" "))),
-            }
-        }
-        out.push_str("COMMIT\n");
-    }
-    out
-}
-
 /// Istio's rules for `cfg` in `form`, loaded as Istio loads them, in `ns`.
 fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
     let dir =
@@ -89,10 +63,10 @@ fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
         }
         IstioForm::IptablesNft => {
             let xt = IstioIptables::build(cfg).unwrap();
-            let v4 = file("v4", restore(&xt.v4));
+            let v4 = file("v4", restore_file(&xt.v4));
             ns.sh(&format!("iptables-nft-restore --noflush {v4}"));
             if let Some(v6) = &xt.v6 {
-                let v6 = file("v6", restore(v6));
+                let v6 = file("v6", restore_file(v6));
                 ns.sh(&format!("ip6tables-nft-restore --noflush {v6}"));
             }
         }
@@ -173,5 +147,77 @@ fn a_pod_is_handed_back_in_each_of_istios_forms_or_refused_unchanged() {
                 "a refused hand-back changed the namespace"
             );
         }
+    }
+}
+
+#[test]
+fn an_ambient_pod_is_handed_back_in_istios_iptables_form_with_its_routing_kept() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    for cfg in [
+        AmbientConfig::default(),
+        AmbientConfig {
+            dns_capture: false,
+            ipv6: false,
+            bypass_inbound: true,
+            virtual_interfaces: vec!["kubevirt0".into()],
+            ..AmbientConfig::default()
+        },
+    ] {
+        let istio = TestNetns::new();
+        let rules = IstioIptables::ambient(&cfg);
+        let dir = std::env::temp_dir().join(format!("rdt-handback-amb-{}", istio.name()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (bin, rules) in [
+            ("iptables-nft-restore", Some(&rules.v4)),
+            ("ip6tables-nft-restore", rules.v6.as_ref()),
+        ] {
+            if let Some(rules) = rules {
+                let path = dir.join(bin);
+                std::fs::write(&path, restore_file(rules)).unwrap();
+                istio.sh(&format!("{bin} --noflush {}", path.display()));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let ns = TestNetns::new();
+        let pod = Namespace::open(ns.path()).unwrap();
+        pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+        let routing = |ns: &TestNetns| {
+            ns.sh("ip rule list; ip route show table 100; ip -6 rule list; ip -6 route show table 100 2>&1 || true")
+        };
+        let (before, routes) = (listing(&ns), routing(&ns));
+        assert!(routes.contains("lookup 100"), "{routes}");
+
+        // (Without IPv6, table 100 has no IPv6 route and `ip -6` says so: the same before and
+        // after.)
+        // Istio's nftables form of ambient is not built: refused, nothing changed.
+        let refused = pod
+            .hand_back_ambient(&cfg, IstioForm::Nftables)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("iptables-nft"), "{refused}");
+        assert_eq!(
+            listing(&ns),
+            before,
+            "a refused hand-back changed the namespace"
+        );
+
+        let done = pod.hand_back_ambient(&cfg, IstioForm::IptablesNft).unwrap();
+        assert!(done.had_ours);
+        let after = listing(&ns);
+        assert!(
+            !after.contains("redirect_"),
+            "ours is still there:\n{after}"
+        );
+        assert_eq!(after, listing(&istio), "{cfg:?}: not Istio's in-pod rules");
+        assert_eq!(routing(&ns), routes, "ztunnel's reply routing changed");
+
+        let again = pod
+            .hand_back_ambient(&cfg, IstioForm::IptablesNft)
+            .unwrap_err()
+            .to_string();
+        assert!(again.contains("holds Istio's rules already"), "{again}");
     }
 }

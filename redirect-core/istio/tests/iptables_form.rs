@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::config_of;
+use common::{config_of, listing};
 use redirect_istio::iptables_form::{chains, IstioIptables};
 use redirect_kernel::nft::Nft;
 use redirect_testkit::istio::{
@@ -122,40 +122,6 @@ fn istios_iptables_rules_equal_what_each_golden_leaves_in_each_chain() {
         wrong.len(),
         wrong.join("\n")
     );
-}
-
-/// What a namespace holds, handles left out: every expression of every rule, then each
-/// family's iptables-nft-save without its comments and counters.
-fn listing(ns: &TestNetns) -> String {
-    let nft = ns
-        .sh("nft --debug=netlink list ruleset")
-        .lines()
-        .map(|l| {
-            // `ip[6] <table> <chain> <handle> [<position>]`: the handles are the kernel's.
-            let rule_head = l.starts_with("ip") && l.split(' ').count() > 3 && !l.contains('@');
-            match rule_head {
-                true => l.split(' ').take(3).collect::<Vec<_>>().join(" "),
-                false => l.to_string(),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let save = |bin: &str| {
-        ns.sh(bin)
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| match l.find(" [") {
-                Some(i) if l.starts_with(':') => l[..i].to_string(),
-                _ => l.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    format!(
-        "{nft}\n{}\n{}",
-        save("iptables-nft-save"),
-        save("ip6tables-nft-save")
-    )
 }
 
 #[test]

@@ -52,8 +52,19 @@ fn lower_family(
         if used.is_empty() {
             continue;
         }
-        let (built_in, user): (Vec<&str>, Vec<&str>) =
+        let (built_in, mut user): (Vec<&str>, Vec<&str>) =
             used.iter().partition(|c| BUILT_IN.contains(c));
+        // Then the chains only jumped to (an ingress pod's empty ISTIO_PRERT), as Istio's
+        // restore file creates them.
+        for target in rules
+            .iter()
+            .filter(|r| r.table == table)
+            .filter_map(XtRule::jump)
+        {
+            if target.starts_with("ISTIO_") && !user.contains(&target) {
+                user.push(target);
+            }
+        }
         let mut specs = Vec::new();
         for name in user.into_iter().chain(built_in) {
             let mut lowered = Vec::new();
@@ -103,8 +114,8 @@ fn base(table: &str, chain: &str) -> Option<BaseSpec> {
 /// What a rule says, read from its words.
 #[derive(Default)]
 struct Parsed {
-    iif: Option<String>,
-    oif: Option<String>,
+    iif: Option<(String, bool)>,
+    oif: Option<(String, bool)>,
     proto: Option<u8>,
     src: Option<(IpNet, bool)>,
     dst: Option<(IpNet, bool)>,
@@ -140,10 +151,10 @@ fn lower_rule(
     let p = parse(line, family, groups)?;
     let mut e = Vec::new();
     for (key, name) in [(MetaKey::IifName, &p.iif), (MetaKey::OifName, &p.oif)] {
-        if let Some(n) = name {
+        if let Some((n, neg)) = name {
             let mut data = n.as_bytes().to_vec();
             data.push(0);
-            e.extend([Expr::Meta(key), cmp(true, data)]);
+            e.extend([Expr::Meta(key), cmp(!neg, data)]);
         }
     }
     if let Some(proto) = p.proto {
@@ -204,15 +215,27 @@ fn parse(line: &str, family: Family, groups: &dyn GroupResolver) -> Result<Parse
                 i -= 1;
                 continue;
             }
-            "-i" => p.iif = Some(arg.to_string()),
-            "-o" => p.oif = Some(arg.to_string()),
+            "-i" => p.iif = Some((arg.to_string(), neg)),
+            "-o" => p.oif = Some((arg.to_string(), neg)),
             "-p" => p.proto = Some(proto_number(arg).ok_or_else(|| bad(arg))?),
             "-s" | "-d" => {
-                let net = arg.parse::<IpNet>().map_err(|_| bad(arg))?.trunc();
+                // Istio writes a host without its length (`-s 169.254.7.127`).
+                let net = match arg.parse::<std::net::IpAddr>() {
+                    Ok(a) => IpNet::from(a),
+                    Err(_) => arg.parse::<IpNet>().map_err(|_| bad(arg))?.trunc(),
+                };
                 let slot = if w == "-s" { &mut p.src } else { &mut p.dst };
                 *slot = Some((net, neg));
             }
-            "-m" => module = arg,
+            "-m" => {
+                module = arg;
+                // `-m tcp` with no option of its own: iptables-nft keeps it as the xtables
+                // match (every port), where its options become native expressions.
+                let next = words.get(i).copied().unwrap_or("");
+                if arg == "tcp" && !matches!(next, "--dport" | "--sport" | "!") {
+                    p.matches.push(xt("match", "tcp", 0, info::tcp_any()));
+                }
+            }
             "-j" => {
                 p.target = target(&words[i - 2..], family).ok_or_else(|| bad(arg))?;
                 break;
@@ -273,18 +296,18 @@ fn match_option(
             e.push(xt("match", "owner", 1, info::owner(gid, id, neg)));
         }
         ("mark", "--mark") => {
-            let v: u32 = arg.parse().ok()?;
-            e.extend([
-                Expr::Meta(MetaKey::Mark),
-                cmp(!neg, v.to_ne_bytes().to_vec()),
-            ]);
+            // iptables-nft's own: the mask only when it is not every bit.
+            let (v, mask) = value_mask(arg)?;
+            e.push(Expr::Meta(MetaKey::Mark));
+            if mask != u32::MAX {
+                e.push(Expr::Mask(mask.to_ne_bytes().to_vec()));
+            }
+            e.push(cmp(!neg, v.to_ne_bytes().to_vec()));
         }
-        ("connmark", "--mark") => e.push(xt(
-            "match",
-            "connmark",
-            1,
-            info::connmark(arg.parse().ok()?),
-        )),
+        ("connmark", "--mark") => {
+            let (v, mask) = value_mask(arg)?;
+            e.push(xt("match", "connmark", 1, info::connmark(v, mask, neg)));
+        }
         ("conntrack", "--ctstate") => {
             let bits = arg.split(',').try_fold(0u16, |acc, s| {
                 Some(
@@ -301,6 +324,22 @@ fn match_option(
         _ => return None,
     }
     Some(())
+}
+
+/// A number as iptables reads it: decimal, or hexadecimal after `0x`.
+fn number(s: &str) -> Option<u32> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// `value[/mask]`; no mask is every bit.
+fn value_mask(s: &str) -> Option<(u32, u32)> {
+    match s.split_once('/') {
+        Some((v, m)) => Some((number(v)?, number(m)?)),
+        None => Some((number(s)?, u32::MAX)),
+    }
 }
 
 /// `-j ...` (from `-j` on) as expressions.
@@ -330,12 +369,23 @@ fn target(words: &[&str], family: Family) -> Option<Vec<Expr>> {
             2,
             info::connmark_target(false),
         )]),
-        ("CONNMARK", "--restore-mark") => Some(vec![xt(
-            "target",
-            "CONNMARK",
-            2,
-            info::connmark_target(true),
-        )]),
+        ("CONNMARK", "--restore-mark") => {
+            // `--nfmask`/`--ctmask`, when given, must be every bit: what the default is.
+            let masks = &words[3.min(words.len())..];
+            let all = masks.chunks(2).all(
+                |kv| matches!(kv, ["--nfmask" | "--ctmask", v] if number(v) == Some(u32::MAX)),
+            );
+            all.then(|| vec![xt("target", "CONNMARK", 2, info::connmark_target(true))])
+        }
+        ("CONNMARK", "--set-xmark") => {
+            let (v, mask) = value_mask(opt(3))?;
+            Some(vec![xt(
+                "target",
+                "CONNMARK",
+                2,
+                info::connmark_set(v, mask),
+            )])
+        }
         ("TPROXY", "--tproxy-mark") => {
             let (mark, mask) = opt(3).split_once('/')?;
             let mask = u32::from_str_radix(mask.trim_start_matches("0x"), 16).ok()?;

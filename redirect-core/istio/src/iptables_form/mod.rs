@@ -15,6 +15,7 @@ use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection, DNS
 
 use crate::nft_form::Unsupported;
 
+mod ambient;
 mod lower;
 mod xt_info;
 
@@ -38,6 +39,50 @@ pub struct IstioIptables {
     pub v4: Vec<XtRule>,
     /// `ip6tables`' rules, when the config has IPv6.
     pub v6: Option<Vec<XtRule>>,
+}
+
+/// The restore file Istio writes for one family's `rules` (what it pipes to
+/// `iptables-restore --noflush`): per table (mangle, nat, raw), the chains it creates (those
+/// with rules, then those only jumped to), its rules as issued, `COMMIT`.
+pub fn restore_file(rules: &[XtRule]) -> String {
+    let mut out = String::new();
+    for table in ["mangle", "nat", "raw"] {
+        let mine: Vec<&XtRule> = rules.iter().filter(|r| r.table == table).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("* {table}\n"));
+        let mut made: Vec<&str> = Vec::new();
+        for c in mine
+            .iter()
+            .map(|r| r.chain)
+            .chain(mine.iter().filter_map(|r| r.jump()))
+        {
+            if c.starts_with("ISTIO_") && !made.contains(&c) {
+                made.push(c);
+                out.push_str(&format!("-N {c}\n"));
+            }
+        }
+        for r in mine {
+            let head = match r.insert {
+                Some(n) => format!("-I {} {n}", r.chain),
+                None => format!("-A {}", r.chain),
+            };
+            out.push_str(&format!("{head} {}\n", r.args.join(" ")));
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+impl XtRule {
+    /// The chain the rule jumps to (`-j X` at its end), if any.
+    pub fn jump(&self) -> Option<&str> {
+        match self.args.as_slice() {
+            [.., j, target] if j == "-j" => Some(target),
+            _ => None,
+        }
+    }
 }
 
 /// Each chain's rules once `rules` are applied in order, by (table, chain).

@@ -42,6 +42,13 @@ pub fn multiport_dports(ports: &[u16], invert: bool) -> Vec<u8> {
     layout(48, &[(0, &count), (2, &list), (47, &[u8::from(invert)])])
 }
 
+/// `tcp` revision 0 (`struct xt_tcp`, 12 bytes) with no option: every source and
+/// destination port (`0:65535`, host order).
+pub fn tcp_any() -> Vec<u8> {
+    let any = [0u16.to_ne_bytes(), u16::MAX.to_ne_bytes()].concat();
+    layout(16, &[(0, &any), (4, &any)])
+}
+
 /// `conntrack` revision 3 (`struct xt_conntrack_mtinfo3`, 164 bytes): `--ctstate` with the
 /// state bits (INVALID 1, ESTABLISHED 2, RELATED 4).
 pub fn conntrack_state(states: u16) -> Vec<u8> {
@@ -52,9 +59,12 @@ pub fn conntrack_state(states: u16) -> Vec<u8> {
     )
 }
 
-/// `connmark` revision 1 (`struct xt_connmark_mtinfo1`, 12 bytes): `--mark v`.
-pub fn connmark(mark: u32) -> Vec<u8> {
-    layout(16, &[(0, &ne32(mark)), (4, &ne32(u32::MAX))])
+/// `connmark` revision 1 (`struct xt_connmark_mtinfo1`, 9 bytes): `[!] --mark v[/m]`.
+pub fn connmark(mark: u32, mask: u32, invert: bool) -> Vec<u8> {
+    layout(
+        16,
+        &[(0, &ne32(mark)), (4, &ne32(mask)), (8, &[u8::from(invert)])],
+    )
 }
 
 /// `REDIRECT` revision 0, `--to-ports p`: IPv4's `struct nf_nat_ipv4_multi_range_compat` (20
@@ -80,6 +90,12 @@ pub fn connmark_target(restore: bool) -> Vec<u8> {
         16,
         &[(4, &ne32(u32::MAX)), (8, &ne32(u32::MAX)), (14, &[mode])],
     )
+}
+
+/// `CONNMARK` revision 2, `--set-xmark v/m` (mode 0): the connection mark's bits in `m`
+/// set to `v`'s.
+pub fn connmark_set(mark: u32, mask: u32) -> Vec<u8> {
+    layout(16, &[(0, &ne32(mark)), (4, &ne32(mask))])
 }
 
 /// `TPROXY` revision 1 (`struct xt_tproxy_target_info_v1`, 28 bytes): `--tproxy-mark v/m

@@ -1,4 +1,8 @@
-//! What the tests of Istio's data share: a case's configuration as a `CaptureConfig`.
+//! What the tests of Istio's data share: a case's configuration as a `CaptureConfig`, and
+//! what a namespace's xtables tables hold, for comparing ours with iptables-nft-restore's.
+
+// Each test file uses a part of it.
+#![allow(dead_code)]
 
 use std::net::IpAddr;
 
@@ -7,6 +11,8 @@ use redirect_model::{
     parse::parse_port_selection, CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selection,
 };
 use redirect_testkit::istio::IstioCase;
+use redirect_testkit::TestNetns;
+
 /// The case's configuration as a `CaptureConfig`, through our own parsers of Istio's syntax.
 pub fn config_of(case: &IstioCase) -> CaptureConfig {
     let s = |k: &str| {
@@ -74,4 +80,38 @@ pub fn config_of(case: &IstioCase) -> CaptureConfig {
     cfg.validate()
         .unwrap_or_else(|e| panic!("{}: {e}", case.name));
     cfg
+}
+
+/// What a namespace holds, handles left out: every expression of every rule, then each
+/// family's iptables-nft-save without its comments and counters.
+pub fn listing(ns: &TestNetns) -> String {
+    let nft = ns
+        .sh("nft --debug=netlink list ruleset")
+        .lines()
+        .map(|l| {
+            // `ip[6] <table> <chain> <handle> [<position>]`: the handles are the kernel's.
+            let rule_head = l.starts_with("ip") && l.split(' ').count() > 3 && !l.contains('@');
+            match rule_head {
+                true => l.split(' ').take(3).collect::<Vec<_>>().join(" "),
+                false => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let save = |bin: &str| {
+        ns.sh(bin)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| match l.find(" [") {
+                Some(i) if l.starts_with(':') => l[..i].to_string(),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "{nft}\n{}\n{}",
+        save("iptables-nft-save"),
+        save("ip6tables-nft-save")
+    )
 }
