@@ -5,15 +5,17 @@
 //! gone; a config Istio has no rule for, and a namespace holding Istio's rules already, are
 //! refused and the namespace is left as it was. (Equality with Istio's own goldens, case by
 //! case, is redirect-istio's `tests/nft_form.rs` and `tests/iptables_form.rs`.) An ambient pod
-//! goes back in Istio's iptables form with ztunnel's reply routing kept; its nftables form is
-//! refused.
+//! goes back in Istio's iptables form with ztunnel's reply routing kept, each probe landing
+//! where it landed under ours; its nftables form is refused.
 
 use redirect_core::{
     AmbientConfig, Capture, CaptureConfig, InterceptionMode, IstioForm, Namespace,
 };
 use redirect_istio::iptables_form::{restore_file, IstioIptables};
 use redirect_istio::nft_form::IstioNft;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{
+    kernel_tests_enabled, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
+};
 
 /// The script Istio would pipe to `nft -f` for `cfg`: tables, chains, then every rule in its
 /// final place.
@@ -76,7 +78,7 @@ fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
 
 fn listing(ns: &TestNetns) -> String {
     [
-        "nft list ruleset",
+        "nft -s list ruleset",
         "iptables-nft-save",
         "ip6tables-nft-save",
     ]
@@ -181,13 +183,32 @@ fn an_ambient_pod_is_handed_back_in_istios_iptables_form_with_its_routing_kept()
         }
         let _ = std::fs::remove_dir_all(&dir);
 
-        let ns = TestNetns::new();
+        let topo = Topology::basic();
+        let ns = &topo.pod;
         let pod = Namespace::open(ns.path()).unwrap();
         pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+        // Where the app's and the peer's packets go: to ztunnel's ports, under ours and then
+        // under Istio's rules alike.
+        let app = From::Pod {
+            uid: 1000,
+            gid: 1000,
+        };
+        let probes = [
+            Probe::tcp(app.clone(), "10.77.0.1:80".parse().unwrap()),
+            Probe::tcp(app.clone(), "[fd77::1]:80".parse().unwrap()),
+            Probe::udp(app.clone(), "10.77.0.1:53".parse().unwrap()),
+            Probe::tcp(app, "10.77.0.1:53".parse().unwrap()),
+            Probe::tcp(From::Peer, "10.77.0.2:8080".parse().unwrap()),
+        ];
+        let landed = run_probes(&topo, &probes);
+        assert_eq!(
+            landed[0],
+            Outcome::landed(Side::Pod, 15001, Some("10.77.0.1:80".parse().unwrap()))
+        );
         let routing = |ns: &TestNetns| {
             ns.sh("ip rule list; ip route show table 100; ip -6 rule list; ip -6 route show table 100 2>&1 || true")
         };
-        let (before, routes) = (listing(&ns), routing(&ns));
+        let (before, routes) = (listing(ns), routing(ns));
         assert!(routes.contains("lookup 100"), "{routes}");
 
         // (Without IPv6, table 100 has no IPv6 route and `ip -6` says so: the same before and
@@ -199,20 +220,25 @@ fn an_ambient_pod_is_handed_back_in_istios_iptables_form_with_its_routing_kept()
             .to_string();
         assert!(refused.contains("iptables-nft"), "{refused}");
         assert_eq!(
-            listing(&ns),
+            listing(ns),
             before,
             "a refused hand-back changed the namespace"
         );
 
         let done = pod.hand_back_ambient(&cfg, IstioForm::IptablesNft).unwrap();
         assert!(done.had_ours);
-        let after = listing(&ns);
+        let after = listing(ns);
         assert!(
             !after.contains("redirect_"),
             "ours is still there:\n{after}"
         );
         assert_eq!(after, listing(&istio), "{cfg:?}: not Istio's in-pod rules");
-        assert_eq!(routing(&ns), routes, "ztunnel's reply routing changed");
+        assert_eq!(routing(ns), routes, "ztunnel's reply routing changed");
+        assert_eq!(
+            run_probes(&topo, &probes),
+            landed,
+            "{cfg:?}: a packet goes elsewhere under Istio's rules"
+        );
 
         let again = pod
             .hand_back_ambient(&cfg, IstioForm::IptablesNft)

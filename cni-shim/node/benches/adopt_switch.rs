@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cni_node::adopt::{adopt_with, AdoptIstio, Adopted};
-use cni_node::hand_back::{hand_back_with, HandedBackPod};
+use cni_node::hand_back::{hand_back_with, Bases, HandedBackPod};
 use cni_node::repair::in_place::Reach;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
@@ -180,7 +180,12 @@ fn hand_back_all(
             open: &Namespace::open_in,
         };
         let t = Instant::now();
-        let done = hand_back_with(&pod, defaults, &reach, form);
+        let ambient = redirect_core::AmbientConfig::default();
+        let bases = Bases {
+            mesh: defaults,
+            ambient: &ambient,
+        };
+        let done = hand_back_with(&pod, bases, &reach, form);
         times.push(t.elapsed());
         match done {
             Ok(HandedBackPod::Done { .. }) => {}

@@ -555,9 +555,10 @@ fn istio_tables(ns: &TestNetns) -> Vec<String> {
         .collect()
 }
 
-/// The hand-back command on a node: each running pod our capture holds (from the API server,
-/// this node's only) gets Istio's native nftables tables in place of our table and passes
-/// Istio's validation probe; a pod without a sidecar and a pod of another node are not touched;
+/// The hand-back command on a node: each running sidecar pod our capture holds (from the API
+/// server, this node's only) gets Istio's rules in place of our table and passes Istio's
+/// validation probe; an ambient pod our agent enrolled gets the in-pod rules Istio's agent
+/// writes, its routing kept; a pod without a sidecar and a pod of another node are not touched;
 /// a form that cannot be written is refused first, naming what to do, with nothing changed.
 #[test]
 fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
@@ -586,6 +587,25 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         assert!(has_rules(&ns), "{name}: ours is not in place");
         pods.push(ns);
     }
+    // An ambient pod our agent enrolled: our in-pod rules, and the annotation the agent set.
+    let mut amb = new_pod("shop", "amb-0", None);
+    amb["metadata"]["annotations"] = json!({"ambient.istio.io/redirection": "enabled"});
+    amb["metadata"]["labels"] = json!({"istio.io/dataplane-mode": "ambient"});
+    let stored = create(&cp, &amb);
+    let amb_ns = pod_ns("10.58.1.5");
+    proc.add(
+        3,
+        &cgroupfs(stored["metadata"]["uid"].as_str().unwrap()),
+        1,
+        amb_ns.path(),
+    );
+    run_pod(&cp, "shop", "amb-0", "10.58.1.5");
+    let ambient = redirect_core::Capture::Ambient(redirect_core::AmbientConfig::default());
+    redirect_core::Namespace::open(amb_ns.path())
+        .unwrap()
+        .apply(&ambient)
+        .unwrap();
+    assert!(has_rules(&amb_ns), "amb-0: ours is not in place");
     let mut plain = new_pod("shop", "plain-0", None);
     plain["metadata"]["annotations"] = json!({"sidecar.istio.io/inject": "false"});
     create(&cp, &plain);
@@ -638,7 +658,21 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         let line = format!("pod shop/{name} handed back: Istio's tables ip nat");
         assert!(err.contains(&line), "no line {line:?}:\n{err}");
     }
-    assert!(err.contains("2 handed back"), "{err}");
+    // The ambient pod: Istio's in-pod rules (its agent's iptables form), ztunnel's routing kept.
+    assert!(!has_rules(&amb_ns), "amb-0: ours is still there:\n{err}");
+    let saved = amb_ns.sh("iptables-nft-save");
+    for rule in [
+        "-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff",
+        "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+    ] {
+        assert!(saved.contains(rule), "amb-0: no {rule:?}:\n{saved}\n{err}");
+    }
+    assert!(amb_ns
+        .sh("ip rule list")
+        .contains("fwmark 0x111/0xfff lookup 100"));
+    let line = "pod shop/amb-0 handed back: Istio's tables ip mangle, ip nat, ip raw, ip6 mangle";
+    assert!(err.contains(line), "no line {line:?}:\n{err}");
+    assert!(err.contains("3 handed back"), "{err}");
     assert!(
         !err.contains("elsewhere-0"),
         "a pod of another node was looked at:\n{err}"
@@ -649,7 +683,7 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     let (code, again) = hand_back_cmd(&cp, sa.path(), proc.path(), &[]);
     assert_eq!(code, 0, "{again}");
     assert!(
-        again.contains("0 handed back, 2 held nothing of ours"),
+        again.contains("0 handed back, 3 held nothing of ours"),
         "{again}"
     );
 
@@ -695,7 +729,7 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         "the fallback: {log}"
     );
     assert!(
-        log.contains("1 handed back, 1 held nothing of ours"),
+        log.contains("1 handed back, 2 held nothing of ours"),
         "{log}"
     );
     assert!(

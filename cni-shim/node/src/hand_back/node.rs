@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::{hand_back_with, HandedBackPod};
+use super::{hand_back_with, Bases, HandedBackPod};
 use crate::error::{Error, Result};
 use crate::pods::capture::Reach;
 use crate::pods::KnownPods;
@@ -88,7 +88,11 @@ pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> R
     };
     let mut summary = Summary::default();
     for pod in &pods {
-        one_pod(pod, &plugin, (&reach, form), &mut summary);
+        let bases = Bases {
+            mesh: &plugin.mesh,
+            ambient: &settings.ambient.base,
+        };
+        one_pod(pod, &plugin, (bases, &reach, form), &mut summary);
     }
     tracing::info!(
         "hand-back of node {node}: {} handed back, {} held nothing of ours, {} left alone, {} failed",
@@ -103,7 +107,7 @@ pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> R
 fn one_pod(
     pod: &Pod,
     plugin: &cni_protocol::cni::conf::NetConf,
-    (reach, form): (&Reach, IstioForm),
+    (bases, reach, form): (Bases, &Reach, IstioForm),
     summary: &mut Summary,
 ) {
     let (ns, name) = (
@@ -114,7 +118,7 @@ fn one_pod(
         summary.left_alone += 1;
         return;
     }
-    match hand_back_with(pod, &plugin.mesh, reach, form) {
+    match hand_back_with(pod, bases, reach, form) {
         Ok(HandedBackPod::Done {
             tables,
             netns,
