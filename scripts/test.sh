@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+# One build, never rebuilt piecemeal: incremental caches would only take disk (CI's is small).
+export CARGO_INCREMENTAL=0
 cargo fmt --all --check # the style holds: format and lints first, before the long runs
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 bash scripts/build-static.sh --aarch64

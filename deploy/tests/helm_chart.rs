@@ -2373,7 +2373,7 @@ fn an_istio_cni_attachment_without_config_runs_our_plugin_under_multus() {
     );
 }
 
-/// `cni.handBackOnUninstall` takes off, iptables-nft or nftables; iptables-legacy (which the
+/// `cni.handBackOnUninstall` takes off, as-adopted, iptables-nft or nftables; iptables-legacy (which the
 /// agent's image cannot write) and anything else fail the render, naming the value and what to
 /// do.
 #[test]
@@ -2381,11 +2381,15 @@ fn a_hand_back_form_that_cannot_be_written_fails_the_render() {
     for bad in ["iptables-legacy", "yes"] {
         let set = format!("cni.handBackOnUninstall={bad}");
         let err = template(NS, &["--set", &set]).unwrap_err();
-        for want in [bad, "off, iptables-nft or nftables", "nativeNftables=true"] {
+        for want in [
+            bad,
+            "off, as-adopted, iptables-nft or nftables",
+            "nativeNftables=true",
+        ] {
             assert!(err.contains(want), "{bad}: {err}");
         }
     }
-    for good in ["iptables-nft", "nftables"] {
+    for good in ["as-adopted", "iptables-nft", "nftables"] {
         let set = format!("cni.handBackOnUninstall={good}");
         assert!(template(NS, &["--set", &set]).is_ok(), "{good}");
     }

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cni_testkit::node::{Node, Options};
+use redirect_istio::iptables_form::{restore_file, IstioIptables};
 use redirect_testkit::kernel_tests_enabled;
 use serde_json::{json, Value};
 
@@ -252,15 +253,20 @@ fn crash_looping(node: &Node, name: &str) -> Value {
     p
 }
 
-/// The host PID of a process of the pod (its proxy), found by the pod's name (kubelet sets
-/// HOSTNAME) and the proxy's command line.
+/// The host PID of a process of the pod (a sidecar pod's proxy, an ambient pod's server),
+/// found by the pod's name (kubelet sets HOSTNAME) and the process's command line.
 fn proxy_pid(pod: &str) -> u32 {
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if cmdline != b"/testpod\0listen\x0015001,15006\0" {
+        // A sidecar pod's proxy, or an ambient pod's server.
+        let ours = [
+            &b"/testpod\0listen\x0015001,15006\0"[..],
+            b"/testpod\0listen\x008080\0",
+        ];
+        if !ours.contains(&cmdline.as_slice()) {
             continue;
         }
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
@@ -971,6 +977,11 @@ fn istio_on(node: &Node) {
         dir.join("native.nft"),
     )
     .unwrap();
+    // An ambient pod's in-pod rules, as Istio's agent writes them for the chart's defaults.
+    let ambient = IstioIptables::ambient(&redirect_core::AmbientConfig::default());
+    std::fs::write(dir.join("ambient.restore"), restore_file(&ambient.v4)).unwrap();
+    let v6 = ambient.v6.expect("IPv6 is on by default");
+    std::fs::write(dir.join("ambient6.restore"), restore_file(&v6)).unwrap();
     let plugin = node.dir().join("opt/cni/bin/istio-cni");
     std::fs::write(
         &plugin,
@@ -982,6 +993,14 @@ ADD)
   case "$CNI_ARGS" in
   *K8S_POD_NAME=native-*) nsenter --net="$CNI_NETNS" nft -f /opt/istio/native.nft || exit 1 ;;
   *K8S_POD_NAME=legacy-*) nsenter --net="$CNI_NETNS" iptables-legacy-restore --noflush /opt/istio/basic.restore || exit 1 ;;
+  *K8S_POD_NAME=amb-*) nsenter --net="$CNI_NETNS" sh -ec '
+    iptables-nft-restore --noflush /opt/istio/ambient.restore
+    ip6tables-nft-restore --noflush /opt/istio/ambient6.restore
+    for f in -4 -6; do
+      ip $f rule add fwmark 0x111/0xfff pref 32764 lookup 100
+    done
+    ip -4 route add local 0.0.0.0/0 dev lo table 100
+    ip -6 route add local ::/0 dev lo table 100' || exit 1 ;;
   *K8S_POD_NAMESPACE=kube-system*) ;;
   *) nsenter --net="$CNI_NETNS" iptables-nft-restore --noflush /opt/istio/basic.restore || exit 1 ;;
   esac
@@ -1045,6 +1064,30 @@ fn looping_pod(name: &str) -> String {
     .to_string()
 }
 
+/// An ambient pod as Istio's agent left it: labelled ambient and annotated `enabled`, its app
+/// connecting 20 times a second, a server on 8080 (no readiness probe: kubelet's probes need
+/// the host's probe rules, which the switch moves).
+fn ambient_looping_pod(name: &str) -> String {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default",
+            "labels": {"istio.io/dataplane-mode": "ambient"},
+            "annotations": {"ambient.istio.io/redirection": "enabled"}},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "app", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
+             "args": ["connect", "10.96.0.99:80", "--every", "0.05"]},
+            {"name": "server", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
+             "args": ["listen", "8080"]}]}})
+    .to_string()
+}
+
+/// How many of the pod's app's connections landed on 15001 so far.
+fn captured_count(node: &Node, pod: &str) -> usize {
+    app_log(node, pod)
+        .lines()
+        .filter(|l| l.ends_with(CAPTURED))
+        .count()
+}
+
 /// What the pod's namespace holds, as `nft list tables` and each iptables variant's save print it.
 fn rules_in(pod: &str) -> String {
     let net = format!("--net=/proc/{}/ns/net", proxy_pid(pod));
@@ -1097,18 +1140,29 @@ fn never_lost(node: &Node, pod: &str) -> usize {
     after.len()
 }
 
-/// Istio set the node up (its config entry, sidecar pods holding its rules in each form, apps
-/// connecting 20 times a second); installing the chart switches it: the config entry taken
-/// over, the iptables-nft and native nftables pods captured by our table with Istio's rules
-/// gone, the iptables-legacy pod kept (the agent's image has no iptables-legacy-save) and
-/// shown, no container restarted, no connection lost, and a pod created during the switch
-/// captured by ours. Then handed back to Istio on the same node ([`hand_back`]).
+/// Istio set the node up (its config entry, sidecar pods holding its rules in each form, an
+/// ambient pod holding its agent's in-pod rules with ztunnel running, apps connecting 20 times
+/// a second); installing the chart (ambient on) switches it: the config entry taken over, the
+/// iptables-nft and native nftables pods captured by our table with Istio's rules gone, the
+/// iptables-legacy pod kept (the agent's image has no iptables-legacy-save) and shown, the
+/// ambient pod adopted and given to ztunnel (never a delete), no container restarted, no
+/// connection lost, and a pod created during the switch captured by ours. Then handed back to
+/// Istio on the same node ([`hand_back`]).
 #[test]
 fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     let Some((_one, node)) = node("switch", Options::default()) else {
         return;
     };
     istio_on(&node);
+    // ztunnel, and an ambient pod holding the in-pod rules Istio's agent wrote: no agent
+    // serves ztunnel yet, so the app's connections are refused at 15001 until the switch.
+    node.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "istio-system"}})
+        .to_string(),
+    );
+    node.apply(&ztunnel_pod());
+    node.apply(&ambient_looping_pod("amb-0"));
     let forms = ["nft-0", "legacy-0", "native-0"];
     for p in forms {
         node.apply(&looping_pod(p));
@@ -1122,10 +1176,19 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
         );
         assert!(!rules_in(p).contains(redirect_core::view::TABLE), "{p}");
     }
+    eventually(&node, "pod amb-0 Running", 90, || {
+        running(&pod(&node, "amb-0")).then_some(())
+    });
+    let amb = rules_in("amb-0");
+    assert!(
+        amb.contains("-A ISTIO_PRERT ") && !amb.contains(redirect_core::view::TABLE),
+        "{amb}"
+    );
+    let amb_before = restarts(&pod(&node, "amb-0"));
     let before: Vec<(String, Vec<u64>)> = forms.iter().map(|p| restarts(&pod(&node, p))).collect();
 
     let switch = Instant::now();
-    install_chart(&node, &[]);
+    install_chart(&node, &["--set", "ambient.enabled=true"]);
     // A pod created while the agent starts: whichever plugin sets it up, it ends with ours.
     node.apply(&looping_pod("during-0"));
     agent_ready(&node);
@@ -1217,6 +1280,31 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     }
     captured_from_start(&node, "during-0");
     never_lost(&node, "during-0");
+    // The ambient pod: ours in place of Istio's in-pod rules, ztunnel given it in a snapshot
+    // (never a delete), its app's connections landing on ztunnel's listener.
+    let landed = eventually(&node, "amb-0 adopted and served by ztunnel", 60, || {
+        let rules = rules_in("amb-0");
+        let ours = rules.contains(redirect_core::view::TABLE) && !holds_istios(&rules);
+        let n = captured_count(&node, "amb-0");
+        (ours && n >= 2).then_some(n)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        captured_count(&node, "amb-0") > landed,
+        "amb-0's app stopped landing"
+    );
+    assert_eq!(
+        restarts(&pod(&node, "amb-0")),
+        amb_before,
+        "amb-0 restarted"
+    );
+    let made = never_lost(&node, "amb-0");
+    eprintln!("pod amb-0: {made} connections since ztunnel got it, none lost");
+    assert!(
+        !ztunnel_log(&node).contains("ztunnel: del "),
+        "{}",
+        ztunnel_log(&node)
+    );
     hand_back(&node);
 }
 
@@ -1224,11 +1312,12 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
 /// asked for, the agent restarted (an upgrade: it keeps the plugin and hands nothing back),
 /// then `helm uninstall`: each pod ours held now holds Istio's iptables rules as iptables-nft
 /// keeps them (Istio's default form, written by the agent with no binary) and not ours, the
+/// ambient pod the in-pod rules Istio's agent writes (ztunnel still serving it), the
 /// iptables-legacy pod still Istio's, no container restarted, no connection lost. Seen failing
 /// with the hand-back left off (`cni.handBackOnUninstall=off`): "nft-0: Istio's rules" (the pod
 /// still held ours).
 fn hand_back(node: &Node) {
-    let pods = ["nft-0", "legacy-0", "native-0", "during-0"];
+    let pods = ["nft-0", "legacy-0", "native-0", "during-0", "amb-0"];
     let before: Vec<(String, Vec<u64>)> = pods.iter().map(|p| restarts(&pod(node, p))).collect();
     node.helm(&[
         "upgrade",
@@ -1285,6 +1374,24 @@ fn hand_back(node: &Node) {
         holds_istios(&rules_in("legacy-0")),
         "{}",
         rules_in("legacy-0")
+    );
+    // The ambient pod: the in-pod rules Istio's agent writes, ztunnel still serving it (it
+    // waits for Istio's agent on the same socket path), never sent a delete.
+    let amb = rules_in("amb-0");
+    for rule in [
+        "-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff",
+        "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+    ] {
+        assert!(amb.contains(rule), "amb-0: no {rule:?}: {amb}");
+    }
+    assert!(
+        !amb.contains(redirect_core::view::TABLE),
+        "amb-0: ours gone: {amb}"
+    );
+    assert!(
+        !ztunnel_log(node).contains("ztunnel: del "),
+        "{}",
+        ztunnel_log(node)
     );
     // Let the loops run on Istio's tables.
     std::thread::sleep(Duration::from_secs(3));

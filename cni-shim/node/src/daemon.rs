@@ -139,7 +139,7 @@ impl install::Progress for WithAgent {
 /// table until they are recreated.
 fn hand_back_at_uninstall(
     settings: &Settings,
-    form: redirect_core::IstioForm,
+    form: crate::adopted_forms::HandBackForm,
     known: Option<&KnownPods>,
 ) {
     match crate::hand_back::run(settings, form, known) {

@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod adopt;
+pub mod adopted_forms;
 pub mod agent;
 pub mod ambient;
 pub mod atomic_file;

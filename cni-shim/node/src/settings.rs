@@ -21,6 +21,8 @@ use crate::repair::detect::{Action, Filter};
 use crate::repair::RepairSettings;
 use redirect_core::AmbientConfig;
 
+use crate::adopted_forms::HandBackForm;
+
 /// Where Kubernetes mounts a pod's service-account token and CA.
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -292,18 +294,20 @@ redirect_core::cli::flags! {
         HAND_BACK_FORM = s(
             "hand-back-form",
             Some("HAND_BACK_FORM"),
-            "iptables-nft",
+            "as-adopted",
             "For `redirect-cni-node hand-back`: the form of Istio's rules each pod is handed back \
-             in, iptables-nft (Istio's default: its ISTIO_* chains as iptables-nft keeps them) or \
-             nftables (Istio's native tables)",
+             in: as-adopted (each pod in the form it held when the agent adopted it; the others \
+             in the form most adopted pods held, else iptables-nft), iptables-nft (Istio's \
+             default: its ISTIO_* chains as iptables-nft keeps them) or nftables (Istio's native \
+             tables)",
         ),
         HAND_BACK_ON_UNINSTALL = s(
             "hand-back-on-uninstall",
             Some("HAND_BACK_ON_UNINSTALL"),
             "off",
             "At an uninstall (told apart from an upgrade as --safe-upgrade does), before our \
-             entry is removed: off, iptables-nft or nftables (every pod of the node we capture \
-             handed back to Istio in place, in that form of Istio's own rules for it, as \
+             entry is removed: off, as-adopted, iptables-nft or nftables (every pod of the node we \
+             capture handed back to Istio in place, in that form of Istio's own rules for it, as \
              `redirect-cni-node hand-back` does)",
         ),
         ADOPT_ISTIO = s(
@@ -455,9 +459,9 @@ pub struct Settings {
     pub safe_upgrade: bool,
     /// `HAND_BACK_ON_UNINSTALL`: the form the node's pods are handed back to Istio in at an
     /// uninstall; `None` for off.
-    pub hand_back_on_uninstall: Option<redirect_core::IstioForm>,
+    pub hand_back_on_uninstall: Option<HandBackForm>,
     /// `HAND_BACK_FORM`: the form `redirect-cni-node hand-back` writes.
-    pub hand_back_form: redirect_core::IstioForm,
+    pub hand_back_form: HandBackForm,
     /// This pod (`POD_NAME`); empty when not given.
     pub pod_name: String,
     /// This node (`NODE_NAME`); empty when not given.
@@ -788,12 +792,13 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
             proc: v.string(&REPAIR_HOST_PROC).into(),
             pins: v.string(&REPAIR_NETNS_DIR).into(),
         },
+        adopted_forms: Some(v.string(&CNI_AGENT_RUN_DIR).into()),
     })
 }
 
 /// `HAND_BACK_ON_UNINSTALL`: off, or a form; only where an uninstall can be told from a
 /// restart (a restart handing every pod back would undo our capture node-wide).
-fn hand_back_on_uninstall(v: &Values) -> Result<Option<redirect_core::IstioForm>> {
+fn hand_back_on_uninstall(v: &Values) -> Result<Option<HandBackForm>> {
     let value = v.string(&HAND_BACK_ON_UNINSTALL);
     if value.trim() == "off" {
         return Ok(None);
@@ -809,19 +814,22 @@ fn hand_back_on_uninstall(v: &Values) -> Result<Option<redirect_core::IstioForm>
 }
 
 /// `HAND_BACK_FORM` (and `HAND_BACK_ON_UNINSTALL`): which of Istio's forms a pod is
-/// handed back in: `iptables-nft` (Istio's default) or `nftables` (Istio ≥ 1.28 with
-/// `values.global.nativeNftables=true`). iptables-legacy is named and refused: its tables can
-/// only be written by `iptables-legacy-restore`, which the agent's image does not have.
-pub fn parse_form(s: &str) -> Result<redirect_core::IstioForm, String> {
+/// handed back in: `as-adopted` (the form it held, `crate::adopted_forms`), `iptables-nft`
+/// (Istio's default) or `nftables` (Istio ≥ 1.28 with `values.global.nativeNftables=true`).
+/// iptables-legacy is named and refused: its tables can only be written by
+/// `iptables-legacy-restore`, which the agent's image does not have.
+pub fn parse_form(s: &str) -> Result<HandBackForm, String> {
+    use redirect_core::IstioForm;
     match s.trim() {
-        "iptables-nft" => Ok(redirect_core::IstioForm::IptablesNft),
-        "nftables" => Ok(redirect_core::IstioForm::Nftables),
+        "as-adopted" => Ok(HandBackForm::AsAdopted),
+        "iptables-nft" => Ok(HandBackForm::Fixed(IstioForm::IptablesNft)),
+        "nftables" => Ok(HandBackForm::Fixed(IstioForm::Nftables)),
         "iptables-legacy" => Err("iptables-legacy cannot be written without \
              iptables-legacy-restore, which the agent's image does not have: install Istio's CNI \
              on iptables-nft (its default on nodes with nf_tables) or with \
              values.global.nativeNftables=true, and hand back with iptables-nft or nftables"
             .into()),
-        _ => Err("expected iptables-nft or nftables".into()),
+        _ => Err("expected as-adopted, iptables-nft or nftables".into()),
     }
 }
 

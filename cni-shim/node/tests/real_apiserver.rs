@@ -512,7 +512,11 @@ fn run_pod(cp: &ControlPlane, namespace: &str, name: &str, ip: &str) {
 
 /// `redirect-cni-node hand-back` with the agent's flags and variables (as `kubectl exec` in
 /// the agent's container gives them), against the real API server: (exit code, stderr).
-fn hand_back_cmd(cp: &ControlPlane, sa: &Path, proc: &Path, extra: &[&str]) -> (i32, String) {
+fn hand_back_cmd(
+    cp: &ControlPlane,
+    (sa, proc, run): (&Path, &Path, &Path),
+    extra: &[&str],
+) -> (i32, String) {
     let node = tempfile::tempdir().unwrap();
     let dir = |d: &str| {
         let p = node.path().join(d);
@@ -528,7 +532,7 @@ fn hand_back_cmd(cp: &ControlPlane, sa: &Path, proc: &Path, extra: &[&str]) -> (
         .arg("--cni-bin-dir")
         .arg(dir("bin"))
         .arg("--cni-agent-run-dir")
-        .arg(dir("run"))
+        .arg(run)
         .arg("--service-account-dir")
         .arg(sa)
         .arg("--repair-host-proc")
@@ -572,7 +576,7 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         proc: proc.path().to_owned(),
         pins: "/nonexistent".into(),
     };
-    let mut pods = Vec::new();
+    let (mut pods, mut uids) = (Vec::new(), Vec::new());
     for (i, name) in ["web-0", "web-1"].iter().enumerate() {
         let ip = format!("10.58.1.{}", i + 2);
         let stored = create(&cp, &new_pod("shop", name, None));
@@ -586,6 +590,7 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         cni_node::repair::in_place::repair(&pod, &defaults, &places).unwrap();
         assert!(has_rules(&ns), "{name}: ours is not in place");
         pods.push(ns);
+        uids.push(uid);
     }
     // An ambient pod our agent enrolled: our in-pod rules, and the annotation the agent set.
     let mut amb = new_pod("shop", "amb-0", None);
@@ -615,12 +620,9 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     create(&cp, &elsewhere);
     run_pod(&cp, "shop", "elsewhere-0", "10.58.1.8");
 
-    let (code, err) = hand_back_cmd(
-        &cp,
-        sa.path(),
-        proc.path(),
-        &["--hand-back-form", "iptables-legacy"],
-    );
+    let run = tempfile::tempdir().unwrap();
+    let dirs = (sa.path(), proc.path(), run.path());
+    let (code, err) = hand_back_cmd(&cp, dirs, &["--hand-back-form", "iptables-legacy"]);
     assert_eq!(code, 2, "{err}");
     for want in ["hand-back-form", "iptables-legacy", "nativeNftables=true"] {
         assert!(
@@ -633,10 +635,20 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
         "a refused hand-back changed a pod"
     );
 
-    // Istio's default form: its iptables rules, as iptables-nft keeps them.
-    let (code, err) = hand_back_cmd(&cp, sa.path(), proc.path(), &[]);
+    // As adopted (the default): web-0 was adopted from Istio's native nftables tables and
+    // web-1 from its iptables rules (the records the agent keeps when it adopts a pod), so each
+    // goes back in its own form; the ambient pod in Istio's iptables form.
+    let records = run.path().join("adopted");
+    std::fs::create_dir_all(&records).unwrap();
+    std::fs::write(records.join(&uids[0]), "nftables").unwrap();
+    std::fs::write(records.join(&uids[1]), "iptables-nft").unwrap();
+    let (code, err) = hand_back_cmd(&cp, dirs, &[]);
     assert_eq!(code, 0, "{err}");
-    for ns in &pods {
+    assert!(
+        err.contains("as-adopted form; 2 pods recorded as adopted"),
+        "{err}"
+    );
+    for (ns, native) in pods.iter().zip([true, false]) {
         assert!(!has_rules(ns), "ours is still there:\n{err}");
         let saved = ns.sh("iptables-nft-save");
         for chain in [
@@ -644,8 +656,9 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
             "-A ISTIO_OUTPUT_DNS ",
             "-A ISTIO_INBOUND ",
         ] {
-            assert!(saved.contains(chain), "{chain}:\n{saved}\n{err}");
+            assert_eq!(saved.contains(chain), !native, "{chain}:\n{saved}\n{err}");
         }
+        assert_eq!(!istio_tables(ns).is_empty(), native, "{err}");
         let validate = common::static_bin("redirect-validate");
         let run = redirect_testkit::binary::Run::args(&[]).user(1337, 1337);
         let probe = redirect_testkit::binary::run_in(validate.to_str().unwrap(), ns, &run);
@@ -654,10 +667,15 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
             "Istio's probe in a handed-back pod: {probe:?}"
         );
     }
-    for name in ["web-0", "web-1"] {
-        let line = format!("pod shop/{name} handed back: Istio's tables ip nat");
-        assert!(err.contains(&line), "no line {line:?}:\n{err}");
+    for line in [
+        "pod shop/web-0 handed back: Istio's tables istio-proxy-nat",
+        "pod shop/web-1 handed back: Istio's tables ip nat",
+    ] {
+        assert!(err.contains(line), "no line {line:?}:\n{err}");
     }
+    assert!(err.contains("(nftables form, "), "{err}");
+    let left = std::fs::read_dir(&records).unwrap().count();
+    assert_eq!(left, 0, "the records of pods handed back are done with");
     // The ambient pod: Istio's in-pod rules (its agent's iptables form), ztunnel's routing kept.
     assert!(!has_rules(&amb_ns), "amb-0: ours is still there:\n{err}");
     let saved = amb_ns.sh("iptables-nft-save");
@@ -680,7 +698,7 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     assert!(err.contains("shop/plain-0 left alone"), "{err}");
 
     // Run again: nothing of ours is left, nothing changes.
-    let (code, again) = hand_back_cmd(&cp, sa.path(), proc.path(), &[]);
+    let (code, again) = hand_back_cmd(&cp, dirs, &[]);
     assert_eq!(code, 0, "{again}");
     assert!(
         again.contains("0 handed back, 3 held nothing of ours"),
@@ -692,7 +710,10 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     // Istio's native nftables form.
     let pod = serde_json::from_value(cp.get(&["pod", "web-0", "-n", "shop"])).unwrap();
     let defaults = redirect_core::mesh::MeshDefaults::default();
-    pods[0].sh("nft delete table ip nat; nft delete table ip raw");
+    // (web-0 went back in Istio's nftables form above: its tables removed, ours put back.)
+    for table in istio_tables(&pods[0]) {
+        pods[0].sh(&format!("nft delete {table}"));
+    }
     cni_node::repair::in_place::repair(&pod, &defaults, &places).unwrap();
     assert!(has_rules(&pods[0]));
     let node = tempfile::tempdir().unwrap();

@@ -338,6 +338,7 @@ fn repair_settings(action: Action, proc: &Path) -> RepairSettings {
             proc: proc.to_owned(),
             pins: "/nonexistent".into(),
         },
+        adopted_forms: None,
     }
 }
 
@@ -1260,8 +1261,10 @@ fn adopting(mode: AdoptIstio, proc: &Path) -> RepairSettings {
 
 /// Three pods Istio's plugin set up (iptables-nft, iptables-legacy, native nftables) and one
 /// with no rule at all: with `replace`, each of the three gets the capture our ADD would apply
-/// and loses Istio's rules, counted by form; the fourth is left alone. With `keep`, nothing
-/// changes and the pods are counted as kept.
+/// and loses Istio's rules, counted by form, and the form it held is recorded for a hand-back
+/// (iptables-nft and nftables; iptables-legacy, which cannot be handed back to, is not); the
+/// fourth is left alone. With `keep`, nothing changes, the pods are counted as kept and nothing
+/// is recorded.
 #[test]
 fn the_controller_adopts_running_pods_holding_istios_rules_in_place() {
     if !kernel_tests_enabled() {
@@ -1290,7 +1293,11 @@ fn the_controller_adopts_running_pods_holding_istios_rules_in_place() {
             })
             .collect();
         let before: Vec<String> = pods.iter().map(istios_rules_left).collect();
-        let running = start_controller(&home, adopting(mode, proc.path()));
+        let run_dir = tempfile::tempdir().unwrap();
+        let mut settings = adopting(mode, proc.path());
+        settings.adopted_forms = Some(run_dir.path().to_owned());
+        let running = start_controller(&home, settings);
+        let recorded = || cni_node::adopted_forms::all(run_dir.path());
         let counted = |result: &str| {
             let text = running.metrics.encode();
             ["iptables-nft", "iptables-legacy", "nftables"]
@@ -1312,6 +1319,11 @@ fn the_controller_adopts_running_pods_holding_istios_rules_in_place() {
                         forms[i]
                     );
                 }
+                let want = [
+                    (uids[0].clone(), redirect_core::IstioForm::IptablesNft),
+                    (uids[2].clone(), redirect_core::IstioForm::Nftables),
+                ];
+                assert_eq!(recorded(), want.into_iter().collect());
             }
             _ => {
                 eventually("three pods kept", WAIT, || {
@@ -1321,6 +1333,7 @@ fn the_controller_adopts_running_pods_holding_istios_rules_in_place() {
                     assert!(!has_rules(ns), "{}: no table of ours", forms[i]);
                     assert_eq!(istios_rules_left(ns), before[i], "{}: untouched", forms[i]);
                 }
+                assert!(recorded().is_empty(), "kept pods are not recorded");
             }
         }
         assert!(

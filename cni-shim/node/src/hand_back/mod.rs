@@ -59,7 +59,7 @@ pub fn hand_back_with(
     reach: &Reach,
     form: IstioForm,
 ) -> Result<HandedBackPod, PodCaptureError> {
-    if redirection(pod).is_some() {
+    if is_ambient(pod) {
         return ambient_pod(pod, bases.ambient, reach, form);
     }
     let target = match locate(pod, bases.mesh, reach)? {
@@ -158,10 +158,9 @@ fn write_and_check(
     })
 }
 
-/// The pod's `ambient.istio.io/redirection` annotation: set on the pods our agent enrolled.
-fn redirection(pod: &Pod) -> Option<&str> {
-    let annotations = pod.metadata.annotations.as_ref()?;
-    annotations
-        .get(redirect_core::ambient::REDIRECTION)
-        .map(String::as_str)
+/// Whether the pod carries `ambient.istio.io/redirection`, which our agent sets on the pods it
+/// enrolled in ambient.
+pub fn is_ambient(pod: &Pod) -> bool {
+    let annotations = pod.metadata.annotations.as_ref();
+    annotations.is_some_and(|a| a.contains_key(redirect_core::ambient::REDIRECTION))
 }

@@ -1,5 +1,5 @@
-//! `redirect-cni-node hand-back [--hand-back-form iptables-nft|nftables]`, with the agent's own
-//! flags and variables:
+//! `redirect-cni-node hand-back [--hand-back-form as-adopted|iptables-nft|nftables]`, with the
+//! agent's own flags and variables:
 //! the node's pods listed from the API server (this node's only), each running pod our plugin
 //! captures handed back (`super::hand_back_with`), one log line per pod, a summary, exit 0
 //! when every pod was handed back, 1 when one failed (each named), 2 on bad input, with
@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use super::{hand_back_with, Bases, HandedBackPod};
+use crate::adopted_forms::{self, HandBackForm};
 use crate::error::{Error, Result};
 use crate::pods::capture::Reach;
 use crate::pods::KnownPods;
@@ -47,10 +48,11 @@ pub fn main(settings: &Settings) -> i32 {
     }
 }
 
-/// Hands back every pod of the node (see the module's comment) in `form`. The pods are listed
+/// Hands back every pod of the node (see the module's comment) in `form` (per pod: the form it
+/// held when adopted, recorded in the run directory, under `as-adopted`). The pods are listed
 /// from the API server; when it does not answer and `known` holds the pods the agent's watch
 /// last listed (at an uninstall, whose `helm uninstall` takes the RBAC away too), those.
-pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> Result<Summary> {
+pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -> Result<Summary> {
     let plugin = crate::agent::plugin_conf(settings)?;
     let node = settings.node().to_string();
     if node.is_empty() {
@@ -74,9 +76,19 @@ pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> R
         }
         (Err(e), _) => return Err(e),
     };
+    let run_dir = &settings.cni_agent_run_dir;
+    let records = adopted_forms::all(run_dir);
     tracing::info!(
-        "handing back the pods of node {node} to Istio ({} form): {} pods listed",
+        "handing back the pods of node {node} to Istio ({} form{}): {} pods listed",
         form.word(),
+        match form {
+            HandBackForm::AsAdopted => format!(
+                "; {} pods recorded as adopted, the others in {}",
+                records.len(),
+                adopted_forms::form_for(form, &records, "").word()
+            ),
+            HandBackForm::Fixed(_) => String::new(),
+        },
         pods.len()
     );
     let places = settings.repair.places.clone();
@@ -92,7 +104,17 @@ pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> R
             mesh: &plugin.mesh,
             ambient: &settings.ambient.base,
         };
-        one_pod(pod, &plugin, (bases, &reach, form), &mut summary);
+        let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        // An ambient pod goes back in Istio's iptables form, its one form built here.
+        let pod_form = match (form, super::is_ambient(pod)) {
+            (HandBackForm::AsAdopted, true) => IstioForm::IptablesNft,
+            _ => adopted_forms::form_for(form, &records, uid),
+        };
+        if one_pod(pod, &plugin, (bases, &reach, pod_form), &mut summary) {
+            if let Err(e) = adopted_forms::forget(run_dir, uid) {
+                tracing::warn!("{}", redirect_program::errors::chain(&e));
+            }
+        }
     }
     tracing::info!(
         "hand-back of node {node}: {} handed back, {} held nothing of ours, {} left alone, {} failed",
@@ -104,19 +126,20 @@ pub fn run(settings: &Settings, form: IstioForm, known: Option<&KnownPods>) -> R
     Ok(summary)
 }
 
+/// Hands one pod back and logs it; whether it was (its adoption record is then done with).
 fn one_pod(
     pod: &Pod,
     plugin: &cni_protocol::cni::conf::NetConf,
     (bases, reach, form): (Bases, &Reach, IstioForm),
     summary: &mut Summary,
-) {
+) -> bool {
     let (ns, name) = (
         pod.metadata.namespace.clone().unwrap_or_default(),
         pod.metadata.name.clone().unwrap_or_default(),
     );
     if !running_pod(pod) || plugin.excluded(&ns, &name).is_some() {
         summary.left_alone += 1;
-        return;
+        return false;
     }
     match hand_back_with(pod, bases, reach, form) {
         Ok(HandedBackPod::Done {
@@ -126,21 +149,28 @@ fn one_pod(
         }) => {
             summary.handed_back += 1;
             tracing::info!(
-                "pod {ns}/{name} handed back: Istio's tables {} in {} in place of ours ({} ms, \
-                 no restart)",
+                "pod {ns}/{name} handed back: Istio's tables {} in {} in place of ours ({} form, \
+                 {} ms, no restart)",
                 tables.join(", "),
                 netns.display(),
+                form.word(),
                 took.as_millis()
             );
+            true
         }
-        Ok(HandedBackPod::NotOurs) => summary.not_ours += 1,
+        Ok(HandedBackPod::NotOurs) => {
+            summary.not_ours += 1;
+            false
+        }
         Ok(HandedBackPod::NotCaptured(why)) => {
             summary.left_alone += 1;
             tracing::info!("pod {ns}/{name} left alone: our plugin does not capture it ({why})");
+            false
         }
         Err(e) => {
             summary.failed += 1;
             tracing::error!("{}", redirect_program::errors::chain(&e));
+            false
         }
     }
 }

@@ -25,6 +25,7 @@ use super::in_place::{self, Outcome};
 use super::watch_health::WatchHealth;
 use super::RepairSettings;
 use crate::adopt::{self, AdoptIstio, Adopted};
+use crate::adopted_forms;
 use crate::metrics::{Metrics, Result as Counted};
 use crate::node_view::{Kind, NodeView, PodEntry};
 use crate::node_view::{ReadBack, Repair, RepairKind};
@@ -316,6 +317,12 @@ impl Controller {
             Adopted::Nothing | Adopted::NotCaptured(_) => {}
             Adopted::Replaced { held, netns, took } => {
                 self.metrics.adopted("replaced", adopt::form(&held));
+                if let Some(dir) = &self.settings.adopted_forms {
+                    if let Err(e) = adopted_forms::record(dir, uid, adopt::form(&held)) {
+                        let e = redirect_program::errors::chain(&e);
+                        tracing::warn!("pod {who}: its form is not recorded for a hand-back: {e}");
+                    }
+                }
                 tracing::info!(
                     "pod {who} adopted: it held Istio's rules ({held}); ours are in {} and read \
                      back equal, Istio's removed ({} ms, no restart)",
@@ -529,12 +536,20 @@ impl State {
                     for uid in not_listed(self.pods.keys(), &seen) {
                         self.gone(&uid);
                     }
+                    // The adoption records of pods the listing no longer has (gone while
+                    // the agent was away too).
+                    if let Some(dir) = &s.adopted_forms {
+                        adopted_forms::retain(dir, |uid| seen.contains(uid));
+                    }
                 }
             }
             Event::Apply(pod) => self.apply(pod, s),
             Event::Delete(pod) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     self.gone(uid);
+                    if let Some(dir) = &s.adopted_forms {
+                        adopted_forms::retain(dir, |u| u != uid);
+                    }
                 }
             }
         }

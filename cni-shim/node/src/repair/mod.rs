@@ -40,6 +40,9 @@ pub struct RepairSettings {
     pub adopt_istio: crate::adopt::AdoptIstio,
     /// Where repair mode looks for a pod's namespace.
     pub places: Places,
+    /// Where the form each adopted pod held is recorded for a hand-back (the run directory,
+    /// `crate::adopted_forms`); `None`: not recorded.
+    pub adopted_forms: Option<std::path::PathBuf>,
 }
 
 impl RepairSettings {

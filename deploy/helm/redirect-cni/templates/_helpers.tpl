@@ -251,13 +251,13 @@ into a working deployment.
 {{- end -}}
 {{- end -}}
 
-{{- /* HAND_BACK_ON_UNINSTALL: cni.handBackOnUninstall, off, iptables-nft or nftables
+{{- /* HAND_BACK_ON_UNINSTALL: cni.handBackOnUninstall, off, as-adopted, iptables-nft or nftables
        (iptables-legacy cannot be written from the agent's image, and says so). */ -}}
 {{- define "redirect-cni.handBack" -}}
 {{- $cni := include "redirect-cni.cni" . | fromYaml -}}
 {{- $given := toString ($cni.handBackOnUninstall | default "off") -}}
-{{- if not (has $given (list "off" "iptables-nft" "nftables")) -}}
-{{- fail (printf "cni.handBackOnUninstall is %q: it must be off, iptables-nft or nftables (iptables-legacy cannot be written from the agent's image: install Istio's CNI on iptables-nft or with values.global.nativeNftables=true)" $given) -}}
+{{- if not (has $given (list "off" "as-adopted" "iptables-nft" "nftables")) -}}
+{{- fail (printf "cni.handBackOnUninstall is %q: it must be off, as-adopted, iptables-nft or nftables (iptables-legacy cannot be written from the agent's image: install Istio's CNI on iptables-nft or with values.global.nativeNftables=true)" $given) -}}
 {{- end -}}
 {{- $given -}}
 {{- end -}}
