@@ -40,10 +40,12 @@ if [ ! -x .tools/cnitool ] || [ ! -x /usr/lib/cni/bridge ]; then
 fi
 # A real Kubernetes cluster (kube-apiserver, kubelet, scheduler and controller-manager 1.20
 # built from the distribution's source package, etcd, containerd, runc, kubectl) for the
-# Kubernetes-facing tests and the real node's, once into .tools/kube (~5 minutes).
+# Kubernetes-facing tests and the real node's, once into .tools/kube (~5 minutes). With
+# REDIRECT_KUBE_LATER=1 only its packages: the caller builds it (scripts/test.sh, in the
+# background).
 if [ ! -x .tools/kube/kubelet ] || [ ! -x .tools/kube/kube-apiserver ] || ! command -v etcd >/dev/null \
    || ! command -v kubectl >/dev/null || ! command -v containerd >/dev/null || ! command -v catatonit >/dev/null; then
-  bash scripts/install-kube.sh .tools/kube
+  INSTALL_KUBE_PACKAGES_ONLY="${REDIRECT_KUBE_LATER:-0}" bash scripts/install-kube.sh .tools/kube
 fi
 # containerd 2 (Debian sid's 2.1.9, which calls CNI STATUS and GC), its CNI reference plugins and
 # the CRI's api.proto, for the CRI tests (deploy/cri), once into .tools/containerd2; runc stays

@@ -49,6 +49,12 @@ for svc in etcd containerd; do
   fi
 done
 
+# INSTALL_KUBE_PACKAGES_ONLY=1: the packages above only; the build is left to a later run (which
+# then touches no package: scripts/test.sh runs it beside the static builds).
+if [ "${INSTALL_KUBE_PACKAGES_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
+
 BINS=(kube-apiserver kubelet kube-scheduler kube-controller-manager)
 built=1
 for b in "${BINS[@]}"; do

@@ -83,17 +83,7 @@ fn listing(ns: &TestNetns) -> String {
         "ip6tables-nft-save",
     ]
     .iter()
-    .map(|cmd| {
-        ns.sh(cmd)
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| match l.find(" [") {
-                Some(i) if l.starts_with(':') => l[..i].to_string(),
-                _ => l.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    })
+    .map(|cmd| redirect_testkit::istio::saved(ns, cmd))
     .collect::<Vec<_>>()
     .join("\n")
 }

@@ -504,6 +504,20 @@ pub fn iptables_restore_with(ns: &TestNetns, v6: bool, path: &Path, variant: Opt
     }
 }
 
+/// What `cmd` (an `iptables-save`, or `nft list ruleset`) prints in `ns`, without its comments
+/// and each chain's counters: what two namespaces holding the same rules print alike.
+pub fn saved(ns: &TestNetns, cmd: &str) -> String {
+    ns.sh(cmd)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| match l.find(" [") {
+            Some(i) if l.starts_with(':') => l[..i].to_string(),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Loads a case as Istio would program a pod: `<case>.restore` with `iptables-restore
 /// --noflush`, `<case>.restore6` with `ip6tables-restore --noflush` when `enable-ipv6`, then
 /// what Istio adds outside the restore: for TPROXY with inbound ports, `ip rule add fwmark

@@ -11,7 +11,8 @@
 //! Then the way back: every pod handed back to Istio (`cni_node::hand_back::hand_back_with`:
 //! the same decision, Istio's rules written in place of ours in one batch, read back), the first
 //! half in Istio's iptables form as iptables-nft keeps it, the second in its native nftables
-//! tables, the loop still running.
+//! tables, the loop still running. Last, `PODS` ambient pods holding our in-pod rules (as our
+//! agent enrolled them), each handed back to the in-pod rules Istio's agent writes.
 //!
 //! `cargo bench -p cni-node --bench adopt_switch` (root; 110 pods, a full node). `cargo test`
 //! runs it with 3 pods. Prints the per-pod times (median, 90th percentile, max), each whole
@@ -28,7 +29,7 @@ use cni_node::hand_back::{hand_back_with, Bases, HandedBackPod};
 use cni_node::repair::in_place::Reach;
 use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
-use redirect_core::{IstioForm, Namespace, Netns};
+use redirect_core::{AmbientConfig, Capture, IstioForm, Namespace, Netns};
 use redirect_testkit::istio::{iptables_restore_with, istio_testdata_dir};
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -84,17 +85,10 @@ fn main() {
             std::env::set_var("PATH", &empty);
         }
         let pod = pod_object(i, &format!("10.58.{}.{}", i / 200, i % 200 + 2));
-        let path = ns.path().to_owned();
-        let find = move |_: &str, _: IpAddr| -> Result<Netns, cni_node::pods::search::FindError> {
-            Ok(Netns::open(&path).expect("the pod's namespace"))
-        };
-        let reach = Reach {
-            find: &find,
-            open: &Namespace::open_in,
-        };
-        let t = Instant::now();
-        let adopted = adopt_with(&pod, &defaults, &reach, AdoptIstio::Replace);
-        each.push(t.elapsed());
+        let (adopted, took) = timed(ns, |reach| {
+            adopt_with(&pod, &defaults, reach, AdoptIstio::Replace)
+        });
+        each.push(took);
         match adopted {
             Ok(Adopted::Replaced { .. }) => {}
             other => panic!("pod {i}: {other:?}"),
@@ -115,6 +109,7 @@ fn main() {
         made += m;
         lost += x;
     }
+    let (mut ambient, ambient_whole) = ambient_hand_back(pods);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     for (what, times) in [
         ("over netlink (no binary, as the agent)", &mut each),
@@ -124,6 +119,10 @@ fn main() {
             &mut back_xt,
         ),
         ("handed back in Istio's nftables tables", &mut back),
+        (
+            "of an ambient pod handed back in Istio's in-pod rules",
+            &mut ambient,
+        ),
     ] {
         if times.is_empty() {
             continue;
@@ -145,6 +144,10 @@ fn main() {
     println!(
         "adopt_switch: the hand-back of the {pods} pods, one after the other: {:.0} ms",
         ms(back_whole)
+    );
+    println!(
+        "adopt_switch: the hand-back of {pods} ambient pods, one after the other: {:.0} ms",
+        ms(ambient_whole)
     );
     println!(
         "adopt_switch: the loop of {LOOPED} pods at 20/s through both switches: {made} \
@@ -171,28 +174,76 @@ fn hand_back_all(
             false => IstioForm::Nftables,
         };
         let pod = pod_object(i, &format!("10.58.{}.{}", i / 200, i % 200 + 2));
-        let path = ns.path().to_owned();
-        let find = move |_: &str, _: IpAddr| -> Result<Netns, cni_node::pods::search::FindError> {
-            Ok(Netns::open(&path).expect("the pod's namespace"))
-        };
-        let reach = Reach {
-            find: &find,
-            open: &Namespace::open_in,
-        };
-        let t = Instant::now();
-        let ambient = redirect_core::AmbientConfig::default();
+        let ambient = AmbientConfig::default();
         let bases = Bases {
             mesh: defaults,
             ambient: &ambient,
         };
-        let done = hand_back_with(&pod, bases, &reach, form);
-        times.push(t.elapsed());
+        let (done, took) = timed(ns, |reach| hand_back_with(&pod, bases, reach, form));
+        times.push(took);
         match done {
             Ok(HandedBackPod::Done { .. }) => {}
             other => panic!("pod {i}: {other:?}"),
         }
     }
     (xt, times, whole.elapsed())
+}
+
+/// `n` ambient pods holding our in-pod rules, each handed back (Istio's iptables form, its
+/// agent's in-pod rules): each one's time, and the whole.
+fn ambient_hand_back(n: usize) -> (Vec<Duration>, Duration) {
+    let base = AmbientConfig::default();
+    let namespaces: Vec<TestNetns> = (0..n)
+        .map(|_| {
+            let ns = TestNetns::with_prefix("rdamb");
+            let pod = Namespace::open(ns.path()).expect("the pod's namespace");
+            pod.apply(&Capture::Ambient(base.clone()))
+                .expect("our in-pod rules");
+            ns
+        })
+        .collect();
+    let defaults = MeshDefaults::default();
+    let bases = Bases {
+        mesh: &defaults,
+        ambient: &base,
+    };
+    let mut times = Vec::new();
+    let whole = Instant::now();
+    for (i, ns) in namespaces.iter().enumerate() {
+        let mut pod = pod_object(i, &format!("10.59.{}.{}", i / 200, i % 200 + 2));
+        pod.metadata.annotations = Some(
+            [(
+                "ambient.istio.io/redirection".to_string(),
+                "enabled".to_string(),
+            )]
+            .into(),
+        );
+        let (done, took) = timed(ns, |reach| {
+            hand_back_with(&pod, bases, reach, IstioForm::IptablesNft)
+        });
+        times.push(took);
+        match done {
+            Ok(HandedBackPod::Done { .. }) => {}
+            other => panic!("ambient pod {i}: {other:?}"),
+        }
+    }
+    (times, whole.elapsed())
+}
+
+/// `f` given the reach of the pod in `ns` (its namespace found by path, as the agent's search
+/// finds it by the pod's UID), and how long it took.
+fn timed<T>(ns: &TestNetns, f: impl FnOnce(&Reach) -> T) -> (T, Duration) {
+    let path = ns.path().to_owned();
+    let find = move |_: &str, _: IpAddr| -> Result<Netns, cni_node::pods::search::FindError> {
+        Ok(Netns::open(&path).expect("the pod's namespace"))
+    };
+    let reach = Reach {
+        find: &find,
+        open: &Namespace::open_in,
+    };
+    let t = Instant::now();
+    let out = f(&reach);
+    (out, t.elapsed())
 }
 
 /// A sidecar pod as the API would show it: Istio's injection annotation, running.

@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::listing;
+use common::{differing, listing};
 use redirect_istio::iptables_form::{chains, restore_file, IstioIptables, XtRule};
 use redirect_kernel::nft::Nft;
 use redirect_model::AmbientConfig;
@@ -164,16 +164,8 @@ fn handed_back_ambient_tables_are_what_iptables_nft_restore_makes_of_istios_rule
             wrong.push(format!("{name}: {had_ours:?}"));
             continue;
         }
-        let (want, got) = (listing(&istio), listing(&handed));
-        if want != got {
-            let diff: Vec<String> = want
-                .lines()
-                .zip(got.lines())
-                .filter(|(a, b)| a != b)
-                .take(6)
-                .map(|(a, b)| format!("  istio: {a}\n  ours:  {b}"))
-                .collect();
-            wrong.push(format!("{name}:\n{}", diff.join("\n")));
+        if let Some(diff) = differing(&listing(&istio), &listing(&handed)) {
+            wrong.push(format!("{name}:\n{diff}"));
         }
     }
     assert_eq!(cases, 16);

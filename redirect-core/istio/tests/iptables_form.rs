@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{config_of, listing};
+use common::{config_of, differing, listing};
 use redirect_istio::iptables_form::{chains, IstioIptables};
 use redirect_kernel::nft::Nft;
 use redirect_testkit::istio::{
@@ -155,16 +155,8 @@ fn handed_back_iptables_tables_are_what_iptables_nft_restore_makes_of_each_golde
                 continue;
             }
         }
-        let (want, got) = (listing(&istio), listing(&handed));
-        if want != got {
-            let diff: Vec<String> = want
-                .lines()
-                .zip(got.lines())
-                .filter(|(a, b)| a != b)
-                .take(6)
-                .map(|(a, b)| format!("  istio: {a}\n  ours:  {b}"))
-                .collect();
-            wrong.push(format!("{}:\n{}", case.name, diff.join("\n")));
+        if let Some(diff) = differing(&listing(&istio), &listing(&handed)) {
+            wrong.push(format!("{}:\n{diff}", case.name));
         }
     }
     assert!(

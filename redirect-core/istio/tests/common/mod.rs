@@ -98,20 +98,24 @@ pub fn listing(ns: &TestNetns) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let save = |bin: &str| {
-        ns.sh(bin)
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| match l.find(" [") {
-                Some(i) if l.starts_with(':') => l[..i].to_string(),
-                _ => l.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let save = |bin: &str| redirect_testkit::istio::saved(ns, bin);
     format!(
         "{nft}\n{}\n{}",
         save("iptables-nft-save"),
         save("ip6tables-nft-save")
     )
+}
+
+/// The lines where Istio's listing and ours differ (the first six), `None` when they are equal.
+pub fn differing(istio: &str, ours: &str) -> Option<String> {
+    (istio != ours).then(|| {
+        istio
+            .lines()
+            .zip(ours.lines())
+            .filter(|(a, b)| a != b)
+            .take(6)
+            .map(|(a, b)| format!("  istio: {a}\n  ours:  {b}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
 }
