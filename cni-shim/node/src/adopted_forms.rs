@@ -62,21 +62,21 @@ pub fn record(run_dir: &Path, uid: &str, form: &str) -> Result<()> {
     atomic_file::write_atomic(&path, form.as_bytes(), FileAttrs::mode(0o644))
 }
 
-/// Forgets pod `uid` (handed back, or gone).
-pub fn forget(run_dir: &Path, uid: &str) -> Result<()> {
-    if let Some(path) = file_of(run_dir, uid) {
-        atomic_file::remove(&path)?;
+/// Forgets pod `uid` (handed back, or gone). Best effort, a failure logged: a record left
+/// behind only names a form for a UID no pod has.
+pub fn forget(run_dir: &Path, uid: &str) {
+    let Some(path) = file_of(run_dir, uid) else {
+        return;
+    };
+    if let Err(e) = atomic_file::remove(&path) {
+        tracing::warn!("{}", redirect_program::errors::chain(&e));
     }
-    Ok(())
 }
 
-/// Keeps the records of the pods `keep` says yes to, and removes the others (best effort: a
-/// record left behind only names a form for a UID no pod has).
+/// Keeps the records of the pods `keep` says yes to, and forgets the others.
 pub fn retain(run_dir: &Path, keep: impl Fn(&str) -> bool) {
     for uid in all(run_dir).keys().filter(|u| !keep(u)) {
-        if let Err(e) = forget(run_dir, uid) {
-            tracing::warn!("{}", redirect_program::errors::chain(&e));
-        }
+        forget(run_dir, uid);
     }
 }
 

@@ -88,7 +88,7 @@ fn ambient_pod(
     form: IstioForm,
 ) -> Result<HandedBackPod, PodCaptureError> {
     let label = crate::pods::label(pod);
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let annotations = crate::ambient::pods::annotations(pod);
     let (cfg, _warnings) = redirect_core::ambient::pod_config(&annotations, base).map_err(|e| {
         PodCaptureError::Annotations {
             pod: label.clone(),
@@ -161,6 +161,5 @@ fn write_and_check(
 /// Whether the pod carries `ambient.istio.io/redirection`, which our agent sets on the pods it
 /// enrolled in ambient.
 pub fn is_ambient(pod: &Pod) -> bool {
-    let annotations = pod.metadata.annotations.as_ref();
-    annotations.is_some_and(|a| a.contains_key(redirect_core::ambient::REDIRECTION))
+    crate::ambient::pods::redirection(pod).is_some()
 }

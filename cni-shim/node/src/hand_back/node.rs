@@ -111,9 +111,7 @@ pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -
             _ => adopted_forms::form_for(form, &records, uid),
         };
         if one_pod(pod, &plugin, (bases, &reach, pod_form), &mut summary) {
-            if let Err(e) = adopted_forms::forget(run_dir, uid) {
-                tracing::warn!("{}", redirect_program::errors::chain(&e));
-            }
+            adopted_forms::forget(run_dir, uid);
         }
     }
     tracing::info!(

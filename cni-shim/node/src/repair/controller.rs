@@ -548,7 +548,7 @@ impl State {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     self.gone(uid);
                     if let Some(dir) = &s.adopted_forms {
-                        adopted_forms::retain(dir, |u| u != uid);
+                        adopted_forms::forget(dir, uid);
                     }
                 }
             }

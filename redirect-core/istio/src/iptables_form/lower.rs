@@ -14,10 +14,10 @@ use redirect_kernel::nft::{
 use redirect_model::{Family, GroupResolver, Hook};
 
 use super::xt_info as info;
-use super::{chains, IstioIptables, XtRule};
+use super::{chains, created_chains, IstioIptables, XtRule};
 use crate::nft_form::Unsupported;
 
-const BUILT_IN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+pub(super) const BUILT_IN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
 
 impl IstioIptables {
     /// The tables of both families as iptables-nft keeps them, for one batch. Group names are
@@ -39,31 +39,17 @@ fn lower_family(
     let state = chains(rules);
     let mut out = Vec::new();
     for table in ["mangle", "nat", "raw"] {
-        let used: Vec<&'static str> = rules
-            .iter()
-            .filter(|r| r.table == table)
-            .map(|r| r.chain)
-            .fold(Vec::new(), |mut v, c| {
-                if !v.contains(&c) {
-                    v.push(c);
-                }
-                v
-            });
-        if used.is_empty() {
-            continue;
-        }
-        let (built_in, mut user): (Vec<&str>, Vec<&str>) =
-            used.iter().partition(|c| BUILT_IN.contains(c));
-        // Then the chains only jumped to (an ingress pod's empty ISTIO_PRERT), as Istio's
-        // restore file creates them.
-        for target in rules
-            .iter()
-            .filter(|r| r.table == table)
-            .filter_map(XtRule::jump)
-        {
-            if target.starts_with("ISTIO_") && !user.contains(&target) {
-                user.push(target);
+        // The user chains as Istio's restore file creates them, then the built-in chains in
+        // the order its rules first use them.
+        let user = created_chains(rules, table);
+        let mut built_in: Vec<&str> = Vec::new();
+        for r in rules.iter().filter(|r| r.table == table) {
+            if BUILT_IN.contains(&r.chain) && !built_in.contains(&r.chain) {
+                built_in.push(r.chain);
             }
+        }
+        if user.is_empty() && built_in.is_empty() {
+            continue;
         }
         let mut specs = Vec::new();
         for name in user.into_iter().chain(built_in) {

@@ -52,16 +52,8 @@ pub fn restore_file(rules: &[XtRule]) -> String {
             continue;
         }
         out.push_str(&format!("* {table}\n"));
-        let mut made: Vec<&str> = Vec::new();
-        for c in mine
-            .iter()
-            .map(|r| r.chain)
-            .chain(mine.iter().filter_map(|r| r.jump()))
-        {
-            if c.starts_with("ISTIO_") && !made.contains(&c) {
-                made.push(c);
-                out.push_str(&format!("-N {c}\n"));
-            }
+        for c in created_chains(rules, table) {
+            out.push_str(&format!("-N {c}\n"));
         }
         for r in mine {
             let head = match r.insert {
@@ -73,6 +65,24 @@ pub fn restore_file(rules: &[XtRule]) -> String {
         out.push_str("COMMIT\n");
     }
     out
+}
+
+/// The chains Istio's restore file creates in `table` for `rules` (and iptables-nft-restore in
+/// that order): those with rules, in the order they first get one, then those only jumped to
+/// (an ingress pod's empty `ISTIO_PRERT`).
+pub(crate) fn created_chains<'a>(rules: &'a [XtRule], table: &str) -> Vec<&'a str> {
+    let mine = rules.iter().filter(|r| r.table == table);
+    let with_rules = mine.clone().map(|r| r.chain);
+    let jumped_to = mine
+        .filter_map(XtRule::jump)
+        .filter(|c| c.starts_with("ISTIO_"));
+    let mut made: Vec<&str> = Vec::new();
+    for c in with_rules.chain(jumped_to) {
+        if !lower::BUILT_IN.contains(&c) && !made.contains(&c) {
+            made.push(c);
+        }
+    }
+    made
 }
 
 impl XtRule {
