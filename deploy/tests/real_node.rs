@@ -7,10 +7,14 @@
 //! second and logs where it landed. Captured means the app's log says `landed 15001
 //! 10.96.0.99:80`: real traffic, from inside the pod.
 //!
-//! The nodes run one at a time (each takes about 700 MiB and both cores while it starts).
+//! Two nodes run at a time (`REDIRECT_REAL_NODES`, 1 to 4; each takes about 700 MiB), and
+//! they start one at a time (a start takes both cores for about 20 s): most of a scenario
+//! is waiting on kubelet (a crash loop's back-off, a rollout), which another node's start or
+//! scenario can fill. Pods are told apart by their node ([`Node::runs`]).
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cni_testkit::node::{Node, Options};
@@ -18,18 +22,72 @@ use redirect_istio::iptables_form::{restore_file, IstioIptables};
 use redirect_testkit::kernel_tests_enabled;
 use serde_json::{json, Value};
 
-static ONE_NODE_AT_A_TIME: Mutex<()> = Mutex::new(());
+/// Nodes running, and a start under way.
+static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+static STARTING: Mutex<()> = Mutex::new(());
 
 const TAINT: &str = "cni.istio.io/not-ready";
 const CAPTURED: &str = "landed 15001 10.96.0.99:80";
 const CONFLIST: &str = "/etc/cni/net.d/10-podnet.conflist";
 
-fn node(name: &str, opts: Options) -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
+fn lanes() -> usize {
+    match std::env::var("REDIRECT_REAL_NODES") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=4).contains(n))
+            .unwrap_or_else(|| panic!("REDIRECT_REAL_NODES={v:?}: a number from 1 to 4")),
+        Err(_) => 2,
+    }
+}
+
+/// A node of a scenario, and its lane: dropping it stops the node, then frees the lane.
+struct Lane {
+    node: Option<Node>,
+}
+
+impl Deref for Lane {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        self.node.as_ref().expect("the lane's node")
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // A node's stop (which keeps its logs when the test failed) and another's start (which
+        // sweeps dead nodes' folders) must not overlap.
+        let starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.node.take());
+        drop(starting);
+        let (n, freed) = &RUNNING;
+        *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        freed.notify_one();
+    }
+}
+
+fn node(name: &str, opts: Options) -> Option<Lane> {
     if !kernel_tests_enabled() {
         return None;
     }
-    let guard = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    Some((guard, Node::start(name, &opts)))
+    let (n, freed) = &RUNNING;
+    let mut running = n.lock().unwrap_or_else(|e| e.into_inner());
+    while *running >= lanes() {
+        running = freed.wait(running).unwrap_or_else(|e| e.into_inner());
+    }
+    *running += 1;
+    drop(running);
+    let starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    let node = std::panic::catch_unwind(|| Node::start(name, &opts));
+    drop(starting);
+    match node {
+        Ok(node) => Some(Lane { node: Some(node) }),
+        Err(panic) => {
+            *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            freed.notify_one();
+            std::panic::resume_unwind(panic)
+        }
+    }
 }
 
 fn eventually<T>(node: &Node, what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
@@ -255,7 +313,7 @@ fn crash_looping(node: &Node, name: &str) -> Value {
 
 /// The host PID of a process of the pod (a sidecar pod's proxy, an ambient pod's server),
 /// found by the pod's name (kubelet sets HOSTNAME) and the process's command line.
-fn proxy_pid(pod: &str) -> u32 {
+fn proxy_pid(node: &Node, pod: &str) -> u32 {
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -266,7 +324,7 @@ fn proxy_pid(pod: &str) -> u32 {
             &b"/testpod\0listen\x0015001,15006\0"[..],
             b"/testpod\0listen\x008080\0",
         ];
-        if !ours.contains(&cmdline.as_slice()) {
+        if !ours.contains(&cmdline.as_slice()) || !node.runs(pid) {
             continue;
         }
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
@@ -277,7 +335,10 @@ fn proxy_pid(pod: &str) -> u32 {
             return pid;
         }
     }
-    panic!("no proxy process of pod {pod} on the host");
+    panic!(
+        "no proxy process of pod {pod} on node {}",
+        node.dir().display()
+    );
 }
 
 /// The nftables tables of the namespace `ns` (a descriptor this process holds).
@@ -327,7 +388,7 @@ fn env_value<'a>(env: &'a str, key: &str) -> &'a str {
 /// tainted, as Istio's docs set it up, with a recorder in its chain.
 #[test]
 fn tainted_node_install_capture_and_uninstall() {
-    let Some((_one, node)) = node(
+    let Some(node) = node(
         "install",
         Options {
             taint: Some(TAINT.into()),
@@ -353,7 +414,7 @@ fn tainted_node_install_capture_and_uninstall() {
     captured_from_start(&node, "app");
     let p = pod(&node, "app");
     assert_eq!(validation_status(&p)["restartCount"], 0, "{p}");
-    let ns = std::fs::File::open(format!("/proc/{}/ns/net", proxy_pid("app"))).unwrap();
+    let ns = std::fs::File::open(format!("/proc/{}/ns/net", proxy_pid(&node, "app"))).unwrap();
     assert!(
         tables_in(&ns).contains(redirect_core::view::TABLE),
         "{}",
@@ -539,7 +600,7 @@ fn repaired(node: &Node, kind: &str, result: &str) -> f64 {
 /// namespace, and kubelet's next restart of the validation passes. Same pod, captured.
 #[test]
 fn seeds_race_repaired_in_place() {
-    let Some((_one, node)) = node("in-place", Options::default()) else {
+    let Some(node) = node("in-place", Options::default()) else {
         return;
     };
     node.apply(&injected_pod("early"));
@@ -577,7 +638,7 @@ fn seeds_race_repaired_in_place() {
 /// from its start.
 #[test]
 fn seeds_race_delete_mode() {
-    let Some((_one, node)) = node("delete", Options::default()) else {
+    let Some(node) = node("delete", Options::default()) else {
         return;
     };
     node.apply(&injected_deployment("web", 1));
@@ -614,7 +675,7 @@ fn seeds_race_delete_mode() {
 /// Label mode: the crash-looping pod gets the label, and nothing else changes.
 #[test]
 fn seeds_race_label_mode() {
-    let Some((_one, node)) = node("label", Options::default()) else {
+    let Some(node) = node("label", Options::default()) else {
         return;
     };
     node.apply(&injected_pod("early"));
@@ -667,7 +728,7 @@ fn seeds_race_label_mode() {
 /// the new agent ran.
 #[test]
 fn daemonset_rollout_while_pods_start() {
-    let Some((_one, node)) = node("rollout", Options::default()) else {
+    let Some(node) = node("rollout", Options::default()) else {
         return;
     };
     install(&node, &[]);
@@ -856,7 +917,7 @@ fn ztunnel_log(node: &Node) -> String {
 /// agent's restart and ztunnel's restart lose nothing; the pod labelled `none` is released.
 #[test]
 fn ambient_pod_enrolled_by_label_survives_restarts_and_is_released() {
-    let Some((_one, node)) = node("ambient", Options::default()) else {
+    let Some(node) = node("ambient", Options::default()) else {
         return;
     };
     install(&node, &["--set", "ambient.enabled=true"]);
@@ -1000,7 +1061,16 @@ ADD)
       ip $f rule add fwmark 0x111/0xfff pref 32764 lookup 100
     done
     ip -4 route add local 0.0.0.0/0 dev lo table 100
-    ip -6 route add local ::/0 dev lo table 100' || exit 1 ;;
+    ip -6 route add local ::/0 dev lo table 100' || exit 1
+    # The pod's addresses into the host's probe sets, as Istio's agent adds them.
+    for a in $(echo "$conf" | python3 -c 'import json, sys
+r = json.load(sys.stdin).get("prevResult") or {}
+print(" ".join(i["address"].split("/")[0] for i in r.get("ips", [])))'); do
+      case $a in
+      *:*) ipset add istio-inpod-probes-v6 "$a" ;;
+      *) ipset add istio-inpod-probes-v4 "$a" ;;
+      esac || exit 1
+    done ;;
   *K8S_POD_NAMESPACE=kube-system*) ;;
   *) nsenter --net="$CNI_NETNS" iptables-nft-restore --noflush /opt/istio/basic.restore || exit 1 ;;
   esac
@@ -1032,6 +1102,43 @@ esac
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    istio_host_probe(node);
+}
+
+/// Istio's host probe SNAT on the node, as its agent writes it at start (Istio's
+/// `hostprobe_ipv6` golden, loaded with `iptables-nft-restore` as the agent loads it): the
+/// probe sets, then `ISTIO_POSTRT` in `nat`, jumped to first from `POSTROUTING`.
+fn istio_host_probe(node: &Node) {
+    let rules = |family: &str, snat: &str| {
+        format!(
+            "*nat\n-N ISTIO_POSTRT\n-I POSTROUTING 1 -j ISTIO_POSTRT\n-A ISTIO_POSTRT -m owner \
+             --socket-exists -p tcp -m set --match-set istio-inpod-probes-{family} dst -j SNAT \
+             --to-source {snat}\nCOMMIT\n"
+        )
+    };
+    let out = node.sh(&format!(
+        "set -e
+ipset create istio-inpod-probes-v4 hash:ip comment
+ipset create istio-inpod-probes-v6 hash:ip family inet6 comment
+iptables-nft-restore --noflush <<'EOF'
+{}EOF
+ip6tables-nft-restore --noflush <<'EOF'
+{}EOF",
+        rules("v4", "169.254.7.127"),
+        rules("v6", "fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
+    ));
+    assert!(
+        out.status.success(),
+        "Istio's host probe rules: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Istio's host probe rules and sets as the node holds them now: `nat` of both families as
+/// iptables-nft lists it, and the IP sets with their members.
+fn host_probe_rules(node: &Node) -> String {
+    let out = node.sh("iptables-nft-save -t nat; ip6tables-nft-save -t nat; ipset list");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The agent's view of the node's pods (`/debug/node`).
@@ -1089,8 +1196,8 @@ fn captured_count(node: &Node, pod: &str) -> usize {
 }
 
 /// What the pod's namespace holds, as `nft list tables` and each iptables variant's save print it.
-fn rules_in(pod: &str) -> String {
-    let net = format!("--net=/proc/{}/ns/net", proxy_pid(pod));
+fn rules_in(node: &Node, pod: &str) -> String {
+    let net = format!("--net=/proc/{}/ns/net", proxy_pid(node, pod));
     let mut all = String::new();
     for cmd in [
         &["nft", "list", "tables"][..],
@@ -1150,7 +1257,7 @@ fn never_lost(node: &Node, pod: &str) -> usize {
 /// Istio on the same node ([`hand_back`]).
 #[test]
 fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
-    let Some((_one, node)) = node("switch", Options::default()) else {
+    let Some(node) = node("switch", Options::default()) else {
         return;
     };
     istio_on(&node);
@@ -1170,19 +1277,31 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     for p in forms {
         captured_from_start(&node, p);
         assert!(
-            holds_istios(&rules_in(p)),
+            holds_istios(&rules_in(&node, p)),
             "{p}: Istio's rules: {}",
-            rules_in(p)
+            rules_in(&node, p)
         );
-        assert!(!rules_in(p).contains(redirect_core::view::TABLE), "{p}");
+        assert!(
+            !rules_in(&node, p).contains(redirect_core::view::TABLE),
+            "{p}"
+        );
     }
     eventually(&node, "pod amb-0 Running", 90, || {
         running(&pod(&node, "amb-0")).then_some(())
     });
-    let amb = rules_in("amb-0");
+    let amb = rules_in(&node, "amb-0");
     assert!(
         amb.contains("-A ISTIO_PRERT ") && !amb.contains(redirect_core::view::TABLE),
         "{amb}"
+    );
+    let amb_ip = pod(&node, "amb-0")["status"]["podIP"]
+        .as_str()
+        .expect("amb-0's address")
+        .to_string();
+    let host = host_probe_rules(&node);
+    assert!(
+        host.contains("-A ISTIO_POSTRT ") && host.contains(&amb_ip),
+        "Istio's host probe rules, amb-0 ({amb_ip}) in its set: {host}"
     );
     let amb_before = restarts(&pod(&node, "amb-0"));
     let before: Vec<(String, Vec<u64>)> = forms.iter().map(|p| restarts(&pod(&node, p))).collect();
@@ -1226,7 +1345,7 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
         "Istio's entry taken over: {types:?}"
     );
     for p in ["nft-0", "native-0", "during-0"] {
-        let rules = rules_in(p);
+        let rules = rules_in(&node, p);
         assert!(
             rules.contains(redirect_core::view::TABLE),
             "{p}: our table: {rules}"
@@ -1235,9 +1354,9 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     }
     // iptables-legacy with no binary in the agent's image: kept, capturing, counted.
     assert!(
-        holds_istios(&rules_in("legacy-0")),
+        holds_istios(&rules_in(&node, "legacy-0")),
         "{}",
-        rules_in("legacy-0")
+        rules_in(&node, "legacy-0")
     );
     assert!(
         node.metric(
@@ -1283,7 +1402,7 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     // The ambient pod: ours in place of Istio's in-pod rules, ztunnel given it in a snapshot
     // (never a delete), its app's connections landing on ztunnel's listener.
     let landed = eventually(&node, "amb-0 adopted and served by ztunnel", 60, || {
-        let rules = rules_in("amb-0");
+        let rules = rules_in(&node, "amb-0");
         let ours = rules.contains(redirect_core::view::TABLE) && !holds_istios(&rules);
         let n = captured_count(&node, "amb-0");
         (ours && n >= 2).then_some(n)
@@ -1304,6 +1423,19 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
         !ztunnel_log(&node).contains("ztunnel: del "),
         "{}",
         ztunnel_log(&node)
+    );
+    // Istio's host probe SNAT gone (ours holds: its table, amb-0 in its set), chain and sets.
+    let host = host_probe_rules(&node);
+    assert!(
+        !host.contains("ISTIO_POSTRT") && !host.contains("istio-inpod-probes"),
+        "Istio's host probe rules left: {host}"
+    );
+    let ours = node.sh("nft list table inet redirect_ambient_host");
+    assert!(
+        String::from_utf8_lossy(&ours.stdout).contains(&amb_ip),
+        "our probe table, amb-0 ({amb_ip}) in its set: {}{}",
+        String::from_utf8_lossy(&ours.stdout),
+        String::from_utf8_lossy(&ours.stderr)
     );
     hand_back(&node);
 }
@@ -1341,9 +1473,9 @@ fn hand_back(node: &Node) {
     agent_ready(node);
     for p in ["nft-0", "native-0", "during-0"] {
         assert!(
-            rules_in(p).contains(redirect_core::view::TABLE),
+            rules_in(node, p).contains(redirect_core::view::TABLE),
             "{p}: a restart handed back: {}",
-            rules_in(p)
+            rules_in(node, p)
         );
     }
     let back = Instant::now();
@@ -1360,7 +1492,7 @@ fn hand_back(node: &Node) {
         back.elapsed().as_secs_f64()
     );
     for p in ["nft-0", "native-0", "during-0"] {
-        let rules = rules_in(p);
+        let rules = rules_in(node, p);
         assert!(
             rules.contains("-A ISTIO_OUTPUT ") && rules.contains("-A ISTIO_REDIRECT "),
             "{p}: Istio's rules: {rules}"
@@ -1371,13 +1503,13 @@ fn hand_back(node: &Node) {
         );
     }
     assert!(
-        holds_istios(&rules_in("legacy-0")),
+        holds_istios(&rules_in(node, "legacy-0")),
         "{}",
-        rules_in("legacy-0")
+        rules_in(node, "legacy-0")
     );
     // The ambient pod: the in-pod rules Istio's agent writes, ztunnel still serving it (it
     // waits for Istio's agent on the same socket path), never sent a delete.
-    let amb = rules_in("amb-0");
+    let amb = rules_in(node, "amb-0");
     for rule in [
         "-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff",
         "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",

@@ -201,6 +201,17 @@ impl Node {
         &self.dir
     }
 
+    /// Whether the host's process `pid` runs in one of this node's pods: its cgroup is under
+    /// the node's kubelet root (`/rdnode-<folder>`, `scripts/lib/node-cluster.sh`), which tells
+    /// two nodes' pods of the same name apart.
+    pub fn runs(&self, pid: u32) -> bool {
+        let root = format!(
+            "/rdnode-{}/",
+            self.dir.file_name().unwrap_or_default().to_string_lossy()
+        );
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&root))
+    }
+
     /// The PID (on the host) of the node's init; its namespaces are the node's.
     pub fn pid(&self) -> u32 {
         self.pid
