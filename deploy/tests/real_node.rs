@@ -1248,13 +1248,20 @@ fn never_lost(node: &Node, pod: &str) -> usize {
 }
 
 /// Istio set the node up (its config entry, sidecar pods holding its rules in each form, an
-/// ambient pod holding its agent's in-pod rules with ztunnel running, apps connecting 20 times
-/// a second); installing the chart (ambient on) switches it: the config entry taken over, the
-/// iptables-nft and native nftables pods captured by our table with Istio's rules gone, the
-/// iptables-legacy pod kept (the agent's image has no iptables-legacy-save) and shown, the
-/// ambient pod adopted and given to ztunnel (never a delete), no container restarted, no
-/// connection lost, and a pod created during the switch captured by ours. Then handed back to
-/// Istio on the same node ([`hand_back`]).
+/// ambient pod holding its agent's in-pod rules with ztunnel running, its host probe SNAT and
+/// IP sets, apps connecting 20 times a second); installing the chart (ambient on) switches it:
+/// the config entry taken over, the iptables-nft and native nftables pods captured by our
+/// table with Istio's rules gone, the iptables-legacy pod kept (the agent's image has no
+/// iptables-legacy-save) and shown, the ambient pod adopted and given to ztunnel (never a
+/// delete), Istio's host rules gone with the pod's address in our probe set, no container
+/// restarted, no connection lost, and a pod created during the switch captured by ours. Then
+/// handed back to Istio on the same node ([`hand_back`]).
+///
+/// Seen failing on a deliberately broken agent (each a build of its own): with Istio's host
+/// rules never removed, "Istio's host probe rules left"; with an ambient pod's in-pod rules
+/// kept beside ours, "amb-0 adopted and served by ztunnel: not within 60s"; with ambient pods
+/// handed back as sidecar pods, "amb-0: no \"-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j
+/// CONNMARK --set-xmark 0x111/0xfff\"".
 #[test]
 fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
     let Some(node) = node("switch", Options::default()) else {
@@ -1441,13 +1448,15 @@ fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
 }
 
 /// The way back on the same node (after the switch above): adoption off and the hand-back
-/// asked for, the agent restarted (an upgrade: it keeps the plugin and hands nothing back),
-/// then `helm uninstall`: each pod ours held now holds Istio's iptables rules as iptables-nft
-/// keeps them (Istio's default form, written by the agent with no binary) and not ours, the
-/// ambient pod the in-pod rules Istio's agent writes (ztunnel still serving it), the
-/// iptables-legacy pod still Istio's, no container restarted, no connection lost. Seen failing
-/// with the hand-back left off (`cni.handBackOnUninstall=off`): "nft-0: Istio's rules" (the pod
-/// still held ours).
+/// asked for in the form each pod held before (`as-adopted`, the default of the command), the
+/// agent restarted (an upgrade: it keeps the plugin and hands nothing back), then `helm
+/// uninstall`: each pod ours held now holds Istio's rules in the form it held when adopted
+/// (nft-0 and the ambient pod Istio's iptables rules as iptables-nft keeps them, native-0
+/// Istio's nftables tables; during-0, never adopted, the form most adopted pods held), written
+/// by the agent with no binary, and not ours; the ambient pod the in-pod rules Istio's agent
+/// writes (ztunnel still serving it); the iptables-legacy pod still Istio's; no container
+/// restarted, no connection lost. Seen failing with the hand-back left off
+/// (`cni.handBackOnUninstall=off`): "nft-0: Istio's rules" (the pod still held ours).
 fn hand_back(node: &Node) {
     let pods = ["nft-0", "legacy-0", "native-0", "during-0", "amb-0"];
     let before: Vec<(String, Vec<u64>)> = pods.iter().map(|p| restarts(&pod(node, p))).collect();
@@ -1461,7 +1470,7 @@ fn hand_back(node: &Node) {
         "--set",
         "cni.adoptIstio=off",
         "--set",
-        "cni.handBackOnUninstall=iptables-nft",
+        "cni.handBackOnUninstall=as-adopted",
     ]);
     node.kubectl(&[
         "-n",
@@ -1493,9 +1502,14 @@ fn hand_back(node: &Node) {
     );
     for p in ["nft-0", "native-0", "during-0"] {
         let rules = rules_in(node, p);
+        let iptables = rules.contains("-A ISTIO_OUTPUT ") && rules.contains("-A ISTIO_REDIRECT ");
+        let nftables = rules.contains("table inet istio-proxy-nat");
+        // Each in the form it held: native-0 in Istio's nftables tables, the others (during-0
+        // as most adopted pods) in its iptables rules.
+        let want = if p == "native-0" { nftables } else { iptables };
         assert!(
-            rules.contains("-A ISTIO_OUTPUT ") && rules.contains("-A ISTIO_REDIRECT "),
-            "{p}: Istio's rules: {rules}"
+            want && !(iptables && nftables),
+            "{p}: Istio's rules in its form: {rules}"
         );
         assert!(
             !rules.contains(redirect_core::view::TABLE),

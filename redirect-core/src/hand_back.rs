@@ -1,7 +1,7 @@
 //! The hand-back: a namespace we capture, given back to Istio in the form Istio itself writes
 //! for the same config (its native nftables tables, or its iptables rules as iptables-nft keeps
 //! them), so that Istio's agent, starting after us, finds its rules in place and nothing to
-//! change. Sidecar pods go back in either form; ambient pods in Istio's default one.
+//! change. Sidecar and ambient pods go back in either form.
 
 use redirect_istio::iptables_form::IstioIptables;
 use redirect_istio::nft_form::{IstioNft, Unsupported};
@@ -53,34 +53,24 @@ impl Namespace {
         cfg.validate()?;
         self.refuse_istio_held()?;
         match form {
-            IstioForm::Nftables => {
-                let istio = IstioNft::build(cfg)?;
-                let lowered = istio.lower(&SystemGroups)?;
-                let had_ours = self.backend().hand_over(&lowered)?;
-                Ok(HandedBack {
-                    tables: istio.table_names(),
-                    had_ours,
-                })
-            }
+            IstioForm::Nftables => self.hand_over_nft(IstioNft::build(cfg)?),
             IstioForm::IptablesNft => self.hand_over_xt(IstioIptables::build(cfg)?),
         }
     }
 
-    /// Istio's ambient in-pod rules for `cfg` (an enrolled pod's), in place of our in-pod
-    /// table, in one batch as [`Namespace::hand_back`]. The policy routing of ztunnel's
-    /// replies (mark `0x111`, table 100) is Istio's too and stays; so do ztunnel's sockets in
-    /// the pod. Only Istio's default iptables form: its nftables form of ambient is refused,
-    /// naming the form to use; so is a namespace that holds Istio's rules already.
+    /// Istio's ambient in-pod rules for `cfg` (an enrolled pod's) in `form`, in place of our
+    /// in-pod table, in one batch as [`Namespace::hand_back`]: its native nftables tables
+    /// (`inet istio-ambient-*`, Istio ≥ 1.28 with `nativeNftables`) or its iptables rules as
+    /// iptables-nft keeps them. The policy routing of ztunnel's replies (mark `0x111`, table
+    /// 100) is Istio's too and stays; so do ztunnel's sockets in the pod. Refused before
+    /// anything is changed: a namespace that holds Istio's rules already.
     pub fn hand_back_ambient(&self, cfg: &AmbientConfig, form: IstioForm) -> Result<HandedBack> {
         cfg.plan()?;
-        if form == IstioForm::Nftables {
-            return Err(Error::HandBack(Unsupported {
-                what: "an ambient pod in Istio's nftables form (not built yet)".into(),
-                fix: "hand ambient pods back in Istio's default form, iptables-nft".into(),
-            }));
-        }
         self.refuse_istio_held()?;
-        self.hand_over_xt(IstioIptables::ambient(cfg))
+        match form {
+            IstioForm::Nftables => self.hand_over_nft(IstioNft::ambient(cfg)),
+            IstioForm::IptablesNft => self.hand_over_xt(IstioIptables::ambient(cfg)),
+        }
     }
 
     fn refuse_istio_held(&self) -> Result<()> {
@@ -92,6 +82,15 @@ impl Namespace {
             what: format!("a namespace that holds Istio's rules already ({held})"),
             fix: "remove them (or leave the pod to Istio as it is) before handing back".into(),
         }))
+    }
+
+    fn hand_over_nft(&self, istio: IstioNft) -> Result<HandedBack> {
+        let lowered = istio.lower(&SystemGroups)?;
+        let had_ours = self.backend().hand_over(&lowered)?;
+        Ok(HandedBack {
+            tables: istio.table_names(),
+            had_ours,
+        })
     }
 
     fn hand_over_xt(&self, istio: IstioIptables) -> Result<HandedBack> {

@@ -5,8 +5,8 @@
 //! gone; a config Istio has no rule for, and a namespace holding Istio's rules already, are
 //! refused and the namespace is left as it was. (Equality with Istio's own goldens, case by
 //! case, is redirect-istio's `tests/nft_form.rs` and `tests/iptables_form.rs`.) An ambient pod
-//! goes back in Istio's iptables form with ztunnel's reply routing kept, each probe landing
-//! where it landed under ours; its nftables form is refused.
+//! goes back in Istio's nftables or iptables form with ztunnel's reply routing kept, each probe landing
+//! where it landed under ours, in either form.
 
 use redirect_core::{
     AmbientConfig, Capture, CaptureConfig, InterceptionMode, IstioForm, Namespace,
@@ -16,38 +16,6 @@ use redirect_istio::nft_form::IstioNft;
 use redirect_testkit::{
     kernel_tests_enabled, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
 };
-
-/// The script Istio would pipe to `nft -f` for `cfg`: tables, chains, then every rule in its
-/// final place.
-fn nft_script(cfg: &CaptureConfig) -> String {
-    let nft = IstioNft::build(cfg).unwrap();
-    let mut out = Vec::new();
-    for t in &nft.tables {
-        out.push(format!("add table inet {}", t.table.name()));
-        for c in &t.chains {
-            let decl = match c.base {
-                Some(b) => format!(
-                    " {{ type {} hook {} priority {} ; }}",
-                    b.kind.name(),
-                    if b.hook == redirect_model::Hook::Output {
-                        "output"
-                    } else {
-                        "prerouting"
-                    },
-                    b.priority
-                ),
-                None => String::new(),
-            };
-            out.push(format!(
-                "add chain inet {} {}{decl}",
-                t.table.name(),
-                c.name
-            ));
-        }
-    }
-    out.extend(nft.rule_lines());
-    out.join("\n") + "\n"
-}
 
 /// Istio's rules for `cfg` in `form`, loaded as Istio loads them, in `ns`.
 fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
@@ -61,7 +29,8 @@ fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
     };
     match form {
         IstioForm::Nftables => {
-            ns.sh(&format!("nft -f {}", file("istio.nft", nft_script(cfg))));
+            let script = IstioNft::build(cfg).unwrap().script();
+            ns.sh(&format!("nft -f {}", file("istio.nft", script)));
         }
         IstioForm::IptablesNft => {
             let xt = IstioIptables::build(cfg).unwrap();
@@ -143,11 +112,11 @@ fn a_pod_is_handed_back_in_each_of_istios_forms_or_refused_unchanged() {
 }
 
 #[test]
-fn an_ambient_pod_is_handed_back_in_istios_iptables_form_with_its_routing_kept() {
+fn an_ambient_pod_is_handed_back_in_each_of_istios_forms_with_its_routing_kept() {
     if !kernel_tests_enabled() {
         return;
     }
-    for cfg in [
+    let configs = [
         AmbientConfig::default(),
         AmbientConfig {
             dns_capture: false,
@@ -156,84 +125,102 @@ fn an_ambient_pod_is_handed_back_in_istios_iptables_form_with_its_routing_kept()
             virtual_interfaces: vec!["kubevirt0".into()],
             ..AmbientConfig::default()
         },
-    ] {
-        let istio = TestNetns::new();
-        let rules = IstioIptables::ambient(&cfg);
-        let dir = std::env::temp_dir().join(format!("rdt-handback-amb-{}", istio.name()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for (bin, rules) in [
-            ("iptables-nft-restore", Some(&rules.v4)),
-            ("ip6tables-nft-restore", rules.v6.as_ref()),
-        ] {
-            if let Some(rules) = rules {
-                let path = dir.join(bin);
-                std::fs::write(&path, restore_file(rules)).unwrap();
-                istio.sh(&format!("{bin} --noflush {}", path.display()));
+    ];
+    for form in [IstioForm::IptablesNft, IstioForm::Nftables] {
+        for cfg in &configs {
+            ambient_hand_back(cfg, form);
+        }
+    }
+}
+
+/// Istio's ambient in-pod rules for `cfg` in `form`, loaded as Istio's agent loads them.
+fn load_istios_ambient(istio: &TestNetns, cfg: &AmbientConfig, form: IstioForm) {
+    let dir = std::env::temp_dir().join(format!("rdt-handback-amb-{}", istio.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    match form {
+        IstioForm::Nftables => {
+            let path = dir.join("istio.nft");
+            std::fs::write(&path, IstioNft::ambient(cfg).script()).unwrap();
+            istio.sh(&format!("nft -f {}", path.display()));
+        }
+        IstioForm::IptablesNft => {
+            let rules = IstioIptables::ambient(cfg);
+            for (bin, rules) in [
+                ("iptables-nft-restore", Some(&rules.v4)),
+                ("ip6tables-nft-restore", rules.v6.as_ref()),
+            ] {
+                if let Some(rules) = rules {
+                    let path = dir.join(bin);
+                    std::fs::write(&path, restore_file(rules)).unwrap();
+                    istio.sh(&format!("{bin} --noflush {}", path.display()));
+                }
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
-        let topo = Topology::basic();
-        let ns = &topo.pod;
-        let pod = Namespace::open(ns.path()).unwrap();
-        pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
-        // Where the app's and the peer's packets go: to ztunnel's ports, under ours and then
-        // under Istio's rules alike.
-        let app = From::Pod {
-            uid: 1000,
-            gid: 1000,
-        };
-        let probes = [
-            Probe::tcp(app.clone(), "10.77.0.1:80".parse().unwrap()),
-            Probe::tcp(app.clone(), "[fd77::1]:80".parse().unwrap()),
-            Probe::udp(app.clone(), "10.77.0.1:53".parse().unwrap()),
-            Probe::tcp(app, "10.77.0.1:53".parse().unwrap()),
-            Probe::tcp(From::Peer, "10.77.0.2:8080".parse().unwrap()),
-        ];
-        let landed = run_probes(&topo, &probes);
-        assert_eq!(
-            landed[0],
-            Outcome::landed(Side::Pod, 15001, Some("10.77.0.1:80".parse().unwrap()))
-        );
-        let routing = |ns: &TestNetns| {
-            ns.sh("ip rule list; ip route show table 100; ip -6 rule list; ip -6 route show table 100 2>&1 || true")
-        };
-        let (before, routes) = (listing(ns), routing(ns));
-        assert!(routes.contains("lookup 100"), "{routes}");
+fn ambient_hand_back(cfg: &AmbientConfig, form: IstioForm) {
+    let istio = TestNetns::new();
+    load_istios_ambient(&istio, cfg, form);
 
-        // (Without IPv6, table 100 has no IPv6 route and `ip -6` says so: the same before and
-        // after.)
-        // Istio's nftables form of ambient is not built: refused, nothing changed.
-        let refused = pod
-            .hand_back_ambient(&cfg, IstioForm::Nftables)
-            .unwrap_err()
-            .to_string();
-        assert!(refused.contains("iptables-nft"), "{refused}");
+    let topo = Topology::basic();
+    let ns = &topo.pod;
+    let pod = Namespace::open(ns.path()).unwrap();
+    pod.apply(&Capture::Ambient(cfg.clone())).unwrap();
+    // Where the app's and the peer's packets go: to ztunnel's ports, under ours and then
+    // under Istio's rules alike.
+    let app = From::Pod {
+        uid: 1000,
+        gid: 1000,
+    };
+    let probes = [
+        Probe::tcp(app.clone(), "10.77.0.1:80".parse().unwrap()),
+        Probe::tcp(app.clone(), "[fd77::1]:80".parse().unwrap()),
+        Probe::udp(app.clone(), "10.77.0.1:53".parse().unwrap()),
+        Probe::tcp(app, "10.77.0.1:53".parse().unwrap()),
+        Probe::tcp(From::Peer, "10.77.0.2:8080".parse().unwrap()),
+    ];
+    let landed = run_probes(&topo, &probes);
+    assert_eq!(
+        landed[0],
+        Outcome::landed(Side::Pod, 15001, Some("10.77.0.1:80".parse().unwrap()))
+    );
+    // (Without IPv6, table 100 has no IPv6 route and `ip -6` says so: the same before and
+    // after.)
+    let routing = |ns: &TestNetns| {
+        ns.sh("ip rule list; ip route show table 100; ip -6 rule list; ip -6 route show table 100 2>&1 || true")
+    };
+    let routes = routing(ns);
+    assert!(routes.contains("lookup 100"), "{routes}");
+
+    let done = pod.hand_back_ambient(cfg, form).unwrap();
+    assert!(done.had_ours);
+    let after = listing(ns);
+    assert!(
+        !after.contains("redirect_"),
+        "ours is still there:\n{after}"
+    );
+    assert_eq!(
+        after,
+        listing(&istio),
+        "{form:?} {cfg:?}: not Istio's in-pod rules"
+    );
+    assert_eq!(routing(ns), routes, "ztunnel's reply routing changed");
+    assert_eq!(
+        run_probes(&topo, &probes),
+        landed,
+        "{form:?} {cfg:?}: a packet goes elsewhere under Istio's rules"
+    );
+
+    // Istio's rules are there now, in either form: refused, nothing changed.
+    for again in [IstioForm::IptablesNft, IstioForm::Nftables] {
+        let refused = pod.hand_back_ambient(cfg, again).unwrap_err().to_string();
+        assert!(refused.contains("holds Istio's rules already"), "{refused}");
         assert_eq!(
             listing(ns),
-            before,
+            after,
             "a refused hand-back changed the namespace"
         );
-
-        let done = pod.hand_back_ambient(&cfg, IstioForm::IptablesNft).unwrap();
-        assert!(done.had_ours);
-        let after = listing(ns);
-        assert!(
-            !after.contains("redirect_"),
-            "ours is still there:\n{after}"
-        );
-        assert_eq!(after, listing(&istio), "{cfg:?}: not Istio's in-pod rules");
-        assert_eq!(routing(ns), routes, "ztunnel's reply routing changed");
-        assert_eq!(
-            run_probes(&topo, &probes),
-            landed,
-            "{cfg:?}: a packet goes elsewhere under Istio's rules"
-        );
-
-        let again = pod
-            .hand_back_ambient(&cfg, IstioForm::IptablesNft)
-            .unwrap_err()
-            .to_string();
-        assert!(again.contains("holds Istio's rules already"), "{again}");
     }
 }

@@ -12,7 +12,8 @@
 //! the same decision, Istio's rules written in place of ours in one batch, read back), the first
 //! half in Istio's iptables form as iptables-nft keeps it, the second in its native nftables
 //! tables, the loop still running. Last, `PODS` ambient pods holding our in-pod rules (as our
-//! agent enrolled them), each handed back to the in-pod rules Istio's agent writes.
+//! agent enrolled them), each handed back to the in-pod rules Istio's agent writes (half in
+//! its iptables form, half in its nftables tables).
 //!
 //! `cargo bench -p cni-node --bench adopt_switch` (root; 110 pods, a full node). `cargo test`
 //! runs it with 3 pods. Prints the per-pod times (median, 90th percentile, max), each whole
@@ -109,7 +110,7 @@ fn main() {
         made += m;
         lost += x;
     }
-    let (mut ambient, ambient_whole) = ambient_hand_back(pods);
+    let (mut ambient_xt, mut ambient, ambient_whole) = ambient_hand_back(pods);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     for (what, times) in [
         ("over netlink (no binary, as the agent)", &mut each),
@@ -120,7 +121,11 @@ fn main() {
         ),
         ("handed back in Istio's nftables tables", &mut back),
         (
-            "of an ambient pod handed back in Istio's in-pod rules",
+            "of an ambient pod handed back in Istio's in-pod rules (iptables-nft)",
+            &mut ambient_xt,
+        ),
+        (
+            "of an ambient pod handed back in Istio's in-pod tables (nftables)",
             &mut ambient,
         ),
     ] {
@@ -189,9 +194,10 @@ fn hand_back_all(
     (xt, times, whole.elapsed())
 }
 
-/// `n` ambient pods holding our in-pod rules, each handed back (Istio's iptables form, its
-/// agent's in-pod rules): each one's time, and the whole.
-fn ambient_hand_back(n: usize) -> (Vec<Duration>, Duration) {
+/// `n` ambient pods holding our in-pod rules, each handed back (Istio's agent's in-pod rules,
+/// the first half in its iptables form, the second in its nftables tables): each one's time
+/// (per form), and the whole.
+fn ambient_hand_back(n: usize) -> (Vec<Duration>, Vec<Duration>, Duration) {
     let base = AmbientConfig::default();
     let namespaces: Vec<TestNetns> = (0..n)
         .map(|_| {
@@ -207,9 +213,16 @@ fn ambient_hand_back(n: usize) -> (Vec<Duration>, Duration) {
         mesh: &defaults,
         ambient: &base,
     };
-    let mut times = Vec::new();
+    let (mut xt, mut times) = (Vec::new(), Vec::new());
     let whole = Instant::now();
     for (i, ns) in namespaces.iter().enumerate() {
+        if i == n / 2 {
+            xt = std::mem::take(&mut times);
+        }
+        let form = match i < n / 2 {
+            true => IstioForm::IptablesNft,
+            false => IstioForm::Nftables,
+        };
         let mut pod = pod_object(i, &format!("10.59.{}.{}", i / 200, i % 200 + 2));
         pod.metadata.annotations = Some(
             [(
@@ -218,16 +231,14 @@ fn ambient_hand_back(n: usize) -> (Vec<Duration>, Duration) {
             )]
             .into(),
         );
-        let (done, took) = timed(ns, |reach| {
-            hand_back_with(&pod, bases, reach, IstioForm::IptablesNft)
-        });
+        let (done, took) = timed(ns, |reach| hand_back_with(&pod, bases, reach, form));
         times.push(took);
         match done {
             Ok(HandedBackPod::Done { .. }) => {}
             other => panic!("ambient pod {i}: {other:?}"),
         }
     }
-    (times, whole.elapsed())
+    (xt, times, whole.elapsed())
 }
 
 /// `f` given the reach of the pod in `ns` (its namespace found by path, as the agent's search

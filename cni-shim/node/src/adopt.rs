@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::foreign::{ForeignRules, Variant};
+use redirect_core::foreign::ForeignRules;
 use redirect_core::mesh::MeshDefaults;
 use redirect_core::{Apply, Capture, Error, Foreign};
 
@@ -72,17 +72,6 @@ pub enum Adopted {
     /// Our plugin would not capture this pod (e.g. it has Istio's init container): its rules,
     /// whoever wrote them, are left alone.
     NotCaptured(String),
-}
-
-/// Istio's form of what a namespace held, for the metric's `form` label.
-pub fn form(held: &ForeignRules) -> &'static str {
-    if !held.nft_tables.is_empty() {
-        "nftables"
-    } else if held.chains.iter().any(|c| c.variant == Variant::Nft) {
-        "iptables-nft"
-    } else {
-        "iptables-legacy"
-    }
 }
 
 /// Adopts `pod` (see the module's comment) with `mode` (not `Off`), through `reach`.

@@ -1,4 +1,4 @@
-//! The form of Istio's rules each pod held when the agent adopted it, kept on the node
+//! The form of Istio's rules each pod (sidecar or ambient) held when the agent adopted it, kept on the node
 //! (`<CNI_AGENT_RUN_DIR>/adopted/<pod UID>`, holding `iptables-nft` or `nftables`), so that a
 //! hand-back writes each pod back in the form the node used before (`HAND_BACK_FORM=as-adopted`,
 //! the default). Written once ours hold, read at the hand-back, removed once the pod is handed
@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use redirect_core::foreign::{ForeignRules, Variant};
 use redirect_core::IstioForm;
 
 use crate::atomic_file::{self, FileAttrs};
@@ -49,6 +50,18 @@ fn form_of(word: &str) -> Option<IstioForm> {
         "iptables-nft" => Some(IstioForm::IptablesNft),
         "nftables" => Some(IstioForm::Nftables),
         _ => None,
+    }
+}
+
+/// Istio's form of what a namespace held (`nftables`, `iptables-nft`, `iptables-legacy`): the
+/// word recorded, and the adoption metric's `form` label.
+pub fn form(held: &ForeignRules) -> &'static str {
+    if !held.nft_tables.is_empty() {
+        "nftables"
+    } else if held.chains.iter().any(|c| c.variant == Variant::Nft) {
+        "iptables-nft"
+    } else {
+        "iptables-legacy"
     }
 }
 

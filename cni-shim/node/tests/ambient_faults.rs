@@ -652,8 +652,9 @@ fn istio_left(ns: &TestNetns) -> String {
 
 /// Item 10 (issue 45): a node Istio's agent set up in ambient mode, taken over by ours with
 /// `ADOPT_ISTIO=replace` (the default): each running pod holding Istio's in-pod rules (each
-/// form) gets ours and loses Istio's, ztunnel is handed every pod and never told to delete one,
-/// and Istio's host probe chain and IP set go once our probe table holds.
+/// form) gets ours and loses Istio's (the form it held recorded for a hand-back), ztunnel is
+/// handed every pod and never told to delete one, and Istio's host probe chain and IP set go
+/// once our probe table holds.
 #[test]
 fn a_node_istio_set_up_in_ambient_mode_is_adopted_in_place() {
     if !kernel_tests_enabled() {
@@ -712,5 +713,11 @@ fn a_node_istio_set_up_in_ambient_mode_is_adopted_in_place() {
         ) >= 3.0)
             .then_some(())
     });
+    // Each pod's form recorded for a hand-back (`HAND_BACK_FORM=as-adopted`).
+    for (p, form) in pods.iter().zip(forms) {
+        let record = n.node.path().join("run/adopted").join(&p.uid);
+        let held = std::fs::read_to_string(&record).unwrap_or_default();
+        assert_eq!(held.trim(), form, "{}: {}", record.display(), agent.log());
+    }
     drop(agent);
 }

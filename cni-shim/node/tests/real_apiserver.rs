@@ -597,13 +597,9 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     amb["metadata"]["annotations"] = json!({"ambient.istio.io/redirection": "enabled"});
     amb["metadata"]["labels"] = json!({"istio.io/dataplane-mode": "ambient"});
     let stored = create(&cp, &amb);
+    let amb_uid = stored["metadata"]["uid"].as_str().unwrap().to_owned();
     let amb_ns = pod_ns("10.58.1.5");
-    proc.add(
-        3,
-        &cgroupfs(stored["metadata"]["uid"].as_str().unwrap()),
-        1,
-        amb_ns.path(),
-    );
+    proc.add(3, &cgroupfs(&amb_uid), 1, amb_ns.path());
     run_pod(&cp, "shop", "amb-0", "10.58.1.5");
     let ambient = redirect_core::Capture::Ambient(redirect_core::AmbientConfig::default());
     redirect_core::Namespace::open(amb_ns.path())
@@ -637,15 +633,17 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
 
     // As adopted (the default): web-0 was adopted from Istio's native nftables tables and
     // web-1 from its iptables rules (the records the agent keeps when it adopts a pod), so each
-    // goes back in its own form; the ambient pod in Istio's iptables form.
+    // goes back in its own form; the ambient pod, adopted from Istio's nftables tables, in
+    // those.
     let records = run.path().join("adopted");
     std::fs::create_dir_all(&records).unwrap();
     std::fs::write(records.join(&uids[0]), "nftables").unwrap();
     std::fs::write(records.join(&uids[1]), "iptables-nft").unwrap();
+    std::fs::write(records.join(&amb_uid), "nftables").unwrap();
     let (code, err) = hand_back_cmd(&cp, dirs, &[]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains("as-adopted form; 2 pods recorded as adopted"),
+        err.contains("as-adopted form; 3 pods recorded as adopted"),
         "{err}"
     );
     for (ns, native) in pods.iter().zip([true, false]) {
@@ -676,19 +674,24 @@ fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
     assert!(err.contains("(nftables form, "), "{err}");
     let left = std::fs::read_dir(&records).unwrap().count();
     assert_eq!(left, 0, "the records of pods handed back are done with");
-    // The ambient pod: Istio's in-pod rules (its agent's iptables form), ztunnel's routing kept.
+    // The ambient pod: Istio's in-pod tables (its agent's nftables form), ztunnel's routing
+    // kept.
     assert!(!has_rules(&amb_ns), "amb-0: ours is still there:\n{err}");
-    let saved = amb_ns.sh("iptables-nft-save");
+    let listed = amb_ns.sh("nft list ruleset");
     for rule in [
-        "-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff",
-        "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+        "meta mark & 0x00000fff == 0x00000539 counter packets 0 bytes 0 ct mark set ct mark & 0xfffff111 | 0x00000111",
+        "meta l4proto tcp ip daddr != 127.0.0.1 meta mark & 0x00000fff != 0x00000539 counter packets 0 bytes 0 redirect to :15001",
     ] {
-        assert!(saved.contains(rule), "amb-0: no {rule:?}:\n{saved}\n{err}");
+        assert!(listed.contains(rule), "amb-0: no {rule:?}:\n{listed}\n{err}");
     }
+    assert!(
+        !amb_ns.sh("iptables-nft-save").contains("ISTIO_"),
+        "amb-0: Istio's rules in both forms"
+    );
     assert!(amb_ns
         .sh("ip rule list")
         .contains("fwmark 0x111/0xfff lookup 100"));
-    let line = "pod shop/amb-0 handed back: Istio's tables ip mangle, ip nat, ip raw, ip6 mangle";
+    let line = "pod shop/amb-0 handed back: Istio's tables istio-ambient-nat, istio-ambient-mangle, istio-ambient-raw";
     assert!(err.contains(line), "no line {line:?}:\n{err}");
     assert!(err.contains("3 handed back"), "{err}");
     assert!(

@@ -488,7 +488,7 @@ fn ambient_start(
         metrics,
         dataplane: Arc::new(std::sync::Mutex::new(host_probe(
             s,
-            Dataplane::new(zds).with_adoption(s.repair.adopt_istio),
+            Dataplane::new(zds).with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone()),
         ))),
         requests,
         view,

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use redirect_core::foreign::ForeignRules;
@@ -166,6 +167,8 @@ pub struct Dataplane {
     between: Vec<(String, Repair)>,
     /// `ADOPT_ISTIO`: what to do with Istio's in-pod and host rules.
     adopt: AdoptIstio,
+    /// Where each adopted pod's form is recorded for a hand-back (`crate::adopted_forms`).
+    records: Option<PathBuf>,
 }
 
 impl Dataplane {
@@ -177,12 +180,15 @@ impl Dataplane {
             host: HostView::default(),
             between: Vec::new(),
             adopt: AdoptIstio::Off,
+            records: None,
         }
     }
 
-    /// The same, taking Istio's rules over as `adopt` says (`ADOPT_ISTIO`).
-    pub fn with_adoption(mut self, adopt: AdoptIstio) -> Dataplane {
+    /// The same, taking Istio's rules over as `adopt` says (`ADOPT_ISTIO`), each adopted
+    /// pod's form recorded in `records` (the run dir's `adopted/`).
+    pub fn with_adoption(mut self, adopt: AdoptIstio, records: Option<PathBuf>) -> Dataplane {
         self.adopt = adopt;
+        self.records = records;
         self
     }
 
@@ -213,10 +219,25 @@ impl Dataplane {
         }
     }
 
-    /// The repair that records an adoption, logged.
-    fn adopted(label: &str, removed: &ForeignRules) -> Option<Repair> {
+    /// The repair that records an adoption, logged, and the form the pod held recorded for
+    /// a hand-back.
+    fn adopted(
+        records: Option<&Path>,
+        (uid, label): (&str, &str),
+        removed: &ForeignRules,
+    ) -> Option<Repair> {
         if removed.is_empty() {
             return None;
+        }
+        if let Some(dir) = records {
+            if let Err(e) =
+                crate::adopted_forms::record(dir, uid, crate::adopted_forms::form(removed))
+            {
+                let e = redirect_program::errors::chain(&e);
+                tracing::warn!(
+                    "ambient: pod {label}: its form is not recorded for a hand-back: {e}"
+                );
+            }
         }
         tracing::info!(
             "ambient: pod {label} adopted: it held Istio's in-pod rules ({removed}), removed once \
@@ -348,7 +369,8 @@ impl Dataplane {
         let mut adopted = None;
         if !differences.is_empty() {
             let removed = Self::apply_pod(self.adopt, &ns, cfg, &pod.label()).map_err(failed)?;
-            adopted = Self::adopted(&pod.label(), &removed);
+            let who = (pod.uid.as_str(), pod.label());
+            adopted = Self::adopted(self.records.as_deref(), (who.0, &who.1), &removed);
         }
         if let Some(r) = &adopted {
             self.between.push((pod.label(), r.clone()));
@@ -666,7 +688,7 @@ impl Dataplane {
     /// Reads pod `uid`'s rules back and programs them again when they differ (or, for rules
     /// left as found at start, when the table is gone).
     fn converge_rules(&mut self, uid: &str, report: &mut PassReport) -> Option<(String, Repair)> {
-        let adopt = self.adopt;
+        let (adopt, records) = (self.adopt, self.records.clone());
         let e = self.pods.get_mut(uid)?;
         let label = e.pod.label();
         if e.kernel.is_none() {
@@ -703,11 +725,13 @@ impl Dataplane {
                     let (after, seen) = since(ns, &e.cfg, None);
                     e.seen = seen;
                     left = after;
-                    repair = Self::adopted(&label, &removed).or(Some(Repair {
-                        at: now,
-                        kind: RepairKind::PodRules,
-                        why: summary(&found),
-                    }));
+                    repair = Self::adopted(records.as_deref(), (uid, &label), &removed).or(Some(
+                        Repair {
+                            at: now,
+                            kind: RepairKind::PodRules,
+                            why: summary(&found),
+                        },
+                    ));
                 }
                 Err(err) => report
                     .problems

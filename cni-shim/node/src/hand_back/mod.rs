@@ -3,7 +3,7 @@
 //! form Istio itself writes for the pod's config (from its annotations, as our plugin's ADD
 //! decided it): its iptables rules as iptables-nft keeps them, or its native nftables tables.
 //! An ambient pod our agent enrolled gets the in-pod rules Istio's agent writes for its
-//! annotations (Istio's iptables form); ztunnel keeps its sockets in the pod and reconnects
+//! annotations (in either form); ztunnel keeps its sockets in the pod and reconnects
 //! to Istio's agent, which finds the pod enrolled (`ambient.istio.io/redirection`).
 //! Our table is removed in the same batch, so no packet sees neither and no pod restarts.
 //! Istio's agent, starting after, finds its rules in place. The CNI config entry is left to

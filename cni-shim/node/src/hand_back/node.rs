@@ -105,11 +105,7 @@ pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -
             ambient: &settings.ambient.base,
         };
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
-        // An ambient pod goes back in Istio's iptables form, its one form built here.
-        let pod_form = match (form, super::is_ambient(pod)) {
-            (HandBackForm::AsAdopted, true) => IstioForm::IptablesNft,
-            _ => adopted_forms::form_for(form, &records, uid),
-        };
+        let pod_form = adopted_forms::form_for(form, &records, uid);
         if one_pod(pod, &plugin, (bases, &reach, pod_form), &mut summary) {
             adopted_forms::forget(run_dir, uid);
         }

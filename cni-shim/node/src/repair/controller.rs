@@ -316,9 +316,9 @@ impl Controller {
         match adopted {
             Adopted::Nothing | Adopted::NotCaptured(_) => {}
             Adopted::Replaced { held, netns, took } => {
-                self.metrics.adopted("replaced", adopt::form(&held));
+                self.metrics.adopted("replaced", adopted_forms::form(&held));
                 if let Some(dir) = &self.settings.adopted_forms {
-                    if let Err(e) = adopted_forms::record(dir, uid, adopt::form(&held)) {
+                    if let Err(e) = adopted_forms::record(dir, uid, adopted_forms::form(&held)) {
                         let e = redirect_program::errors::chain(&e);
                         tracing::warn!("pod {who}: its form is not recorded for a hand-back: {e}");
                     }
@@ -342,7 +342,7 @@ impl Controller {
                 );
             }
             Adopted::Kept { held, why } => {
-                self.metrics.adopted("kept", adopt::form(&held));
+                self.metrics.adopted("kept", adopted_forms::form(&held));
                 tracing::warn!("pod {who} holds Istio's rules ({held}), kept as they are: {why}");
                 state.adoptions.insert(
                     uid.to_owned(),

@@ -118,21 +118,23 @@ fn tcp() -> Item {
 fn port(l4: L4, src: bool, ne: bool, port: u16) -> Item {
     Item::Port { l4, src, ne, port }
 }
-fn addr(src: bool, ne: bool, net: IpNet) -> Item {
+pub(super) fn addr(src: bool, ne: bool, net: IpNet) -> Item {
     Item::Addr { src, ne, net }
 }
 fn host(a: IpAddr) -> IpNet {
     IpNet::from(a)
 }
-fn iif(name: &str) -> Item {
+pub(super) fn iif(name: &str) -> Item {
     Item::IfName {
         out: false,
+        ne: false,
         name: name.into(),
     }
 }
-fn oif(name: &str) -> Item {
+pub(super) fn oif(name: &str) -> Item {
     Item::IfName {
         out: true,
+        ne: false,
         name: name.into(),
     }
 }

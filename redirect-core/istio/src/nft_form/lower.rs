@@ -72,7 +72,7 @@ impl Rule<'_> {
     fn item(&mut self, item: &Item, groups: &dyn GroupResolver) -> Result<(), Unsupported> {
         let e = &mut self.exprs;
         match item {
-            Item::IfName { out, name } => {
+            Item::IfName { out, ne, name } => {
                 let key = if *out {
                     MetaKey::OifName
                 } else {
@@ -80,13 +80,14 @@ impl Rule<'_> {
                 };
                 let mut data = name.as_bytes().to_vec();
                 data.resize(data.len().max(IFNAMSIZ), 0);
-                e.extend([Expr::Meta(key), cmp(true, data)]);
+                e.extend([Expr::Meta(key), cmp(!ne, data)]);
             }
             Item::L4Proto(l4) => {
                 e.extend([Expr::Meta(MetaKey::L4Proto), cmp(true, vec![l4.number()])]);
                 self.l4 = Some(*l4);
             }
             Item::Addr { src, ne, net } => self.addr(*src, *ne, net)?,
+            Item::Host { src, ip } => self.addr(*src, false, &IpNet::from(*ip))?,
             Item::Port { l4, src, ne, port } => {
                 self.transport(*l4, if *src { 0 } else { 2 });
                 self.exprs.push(cmp(!ne, port.to_be_bytes().to_vec()));
@@ -128,6 +129,21 @@ impl Rule<'_> {
             Item::CtMark(v) => {
                 e.extend([Expr::Ct(CtKey::Mark), cmp(true, v.to_ne_bytes().to_vec())])
             }
+            Item::MarkBits {
+                ct,
+                mask,
+                ne,
+                value,
+                ..
+            } => e.extend([
+                if *ct {
+                    Expr::Ct(CtKey::Mark)
+                } else {
+                    Expr::Meta(MetaKey::Mark)
+                },
+                Expr::Mask(mask.to_ne_bytes().to_vec()),
+                cmp(!ne, value.to_ne_bytes().to_vec()),
+            ]),
             _ => self.statement(item),
         }
         Ok(())
@@ -144,6 +160,14 @@ impl Rule<'_> {
             ]),
             Item::CtMarkSetMark => e.extend([Expr::Meta(MetaKey::Mark), Expr::CtSet(CtKey::Mark)]),
             Item::MarkSetCtMark => e.extend([Expr::Ct(CtKey::Mark), Expr::MetaSet(MetaKey::Mark)]),
+            Item::CtMarkSetBits { keep, set } => e.extend([
+                Expr::Ct(CtKey::Mark),
+                Expr::Bits {
+                    mask: keep.to_ne_bytes().to_vec(),
+                    xor: set.to_ne_bytes().to_vec(),
+                },
+                Expr::CtSet(CtKey::Mark),
+            ]),
             Item::CtZone(z) => e.extend([
                 Expr::Imm(z.to_ne_bytes().to_vec()),
                 Expr::CtSet(CtKey::Zone),

@@ -10,12 +10,16 @@
 //!   line, which Istio's goldens hold.
 //! - [`IstioNft::lower`]: the tables as nf_tables objects, expression for expression what `nft`
 //!   compiles from Istio's text, for one batch over netlink (`Nft::hand_over`).
+//! - [`IstioNft::ambient`]: an ambient pod's in-pod tables `inet istio-ambient-{nat,mangle,raw}`
+//!   as Istio's node agent writes them (Istio ≥ 1.28 with `nativeNftables`).
+//! - [`IstioNft::script`]: the whole text Istio pipes to `nft -f`.
 
 use std::fmt;
 
 use ipnet::IpNet;
 use redirect_model::{ChainKind, CtStates, Hook, L4};
 
+mod ambient;
 mod build;
 mod lower;
 
@@ -31,11 +35,23 @@ pub enum IstioTable {
     Mangle,
     /// `istio-proxy-raw`: DNS conntrack zones.
     Raw,
+    /// `istio-ambient-nat`: an ambient pod's REDIRECTs to ztunnel.
+    AmbientNat,
+    /// `istio-ambient-mangle`: an ambient pod's connection marks.
+    AmbientMangle,
+    /// `istio-ambient-raw`: an ambient pod's DNS conntrack zones.
+    AmbientRaw,
 }
 
 impl IstioTable {
-    /// The three, in the order Istio writes them.
+    /// A sidecar's three, in the order Istio writes them.
     pub const ALL: [IstioTable; 3] = [IstioTable::Nat, IstioTable::Mangle, IstioTable::Raw];
+    /// An ambient pod's three, in the order Istio's agent writes them.
+    pub const AMBIENT: [IstioTable; 3] = [
+        IstioTable::AmbientNat,
+        IstioTable::AmbientMangle,
+        IstioTable::AmbientRaw,
+    ];
 
     /// The table's name (family `inet`).
     pub fn name(self) -> &'static str {
@@ -43,6 +59,9 @@ impl IstioTable {
             IstioTable::Nat => "istio-proxy-nat",
             IstioTable::Mangle => "istio-proxy-mangle",
             IstioTable::Raw => "istio-proxy-raw",
+            IstioTable::AmbientNat => "istio-ambient-nat",
+            IstioTable::AmbientMangle => "istio-ambient-mangle",
+            IstioTable::AmbientRaw => "istio-ambient-raw",
         }
     }
 
@@ -53,6 +72,9 @@ impl IstioTable {
             IstioTable::Nat => NAT_CHAINS,
             IstioTable::Mangle => MANGLE_CHAINS,
             IstioTable::Raw => RAW_CHAINS,
+            IstioTable::AmbientNat => AMBIENT_NAT_CHAINS,
+            IstioTable::AmbientMangle => AMBIENT_MANGLE_CHAINS,
+            IstioTable::AmbientRaw => AMBIENT_RAW_CHAINS,
         }
     }
 }
@@ -101,6 +123,37 @@ const RAW_CHAINS: Chains = &[
     ("istio-output-dns", None),
 ];
 
+/// An ambient table's chains: two base chains that jump to Istio's own two.
+macro_rules! ambient_chains {
+    ($name:ident, $pre:expr, $out:expr, $priority:expr) => {
+        const $name: Chains = &[
+            (
+                "prerouting",
+                Some(BaseChain::new(Hook::Prerouting, $pre, $priority)),
+            ),
+            (
+                "output",
+                Some(BaseChain::new(Hook::Output, $out, $priority)),
+            ),
+            ("istio-prerouting", None),
+            ("istio-output", None),
+        ];
+    };
+}
+ambient_chains!(AMBIENT_NAT_CHAINS, ChainKind::Nat, ChainKind::Nat, -100);
+ambient_chains!(
+    AMBIENT_MANGLE_CHAINS,
+    ChainKind::Filter,
+    ChainKind::Route,
+    -150
+);
+ambient_chains!(
+    AMBIENT_RAW_CHAINS,
+    ChainKind::Filter,
+    ChainKind::Filter,
+    -300
+);
+
 /// A base chain's hook, type and priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BaseChain {
@@ -138,10 +191,12 @@ pub enum Verdict {
 /// One word group of a rule, as Istio writes it, in the rule's order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Item {
-    /// `iifname X` (`out`: `oifname X`).
+    /// `iifname X` (`out`: `oifname X`; `ne`: `iifname != X`).
     IfName {
         /// The output interface rather than the input one.
         out: bool,
+        /// Any interface but this one.
+        ne: bool,
         /// The name.
         name: String,
     },
@@ -155,6 +210,13 @@ pub enum Item {
         ne: bool,
         /// The network, as Istio prints it.
         net: IpNet,
+    },
+    /// `ip saddr 169.254.7.127`: one address, written bare (Istio's ambient rules).
+    Host {
+        /// The source address rather than the destination.
+        src: bool,
+        /// The address.
+        ip: std::net::IpAddr,
     },
     /// `tcp dport != 15008` and the like.
     Port {
@@ -191,6 +253,28 @@ pub enum Item {
     CtState(CtStates),
     /// `ct mark 1337`.
     CtMark(u32),
+    /// Some bits of the packet's or the connection's mark: `mark and 0xfff != 0x539`,
+    /// `ct mark and 0xfff == 0x111` (Istio's ambient rules).
+    MarkBits {
+        /// The connection's mark rather than the packet's.
+        ct: bool,
+        /// The words before the mask, as Istio writes them (`mark and`, `meta mark &`).
+        words: &'static str,
+        /// The bits compared.
+        mask: u32,
+        /// Anything but this value.
+        ne: bool,
+        /// The value.
+        value: u32,
+    },
+    /// `ct mark set ct mark & 0xfffff000 | 0x111`: some bits of the connection's mark set,
+    /// the others kept.
+    CtMarkSetBits {
+        /// The bits kept.
+        keep: u32,
+        /// The bits then set.
+        set: u32,
+    },
     /// `counter`.
     Counter,
     /// `meta mark set 1337`.
@@ -260,6 +344,31 @@ impl IstioNft {
         out
     }
 
+    /// The text Istio pipes to `nft -f` for these tables: each table added and flushed, its
+    /// chains declared, then every rule.
+    pub fn script(&self) -> String {
+        let mut out = Vec::new();
+        for t in &self.tables {
+            let name = t.table.name();
+            out.push(format!("add table inet {name}"));
+            out.push(format!("flush table inet {name}"));
+            for c in &t.chains {
+                let decl = match c.base {
+                    Some(b) => format!(
+                        " {{ type {} hook {} priority {} ; }}",
+                        b.kind.name(),
+                        b.hook.nf_name(),
+                        b.priority
+                    ),
+                    None => String::new(),
+                };
+                out.push(format!("add chain inet {name} {}{decl}", c.name));
+            }
+        }
+        out.extend(self.rule_lines());
+        out.join("\n") + "\n"
+    }
+
     /// The names of the tables it writes.
     pub fn table_names(&self) -> Vec<String> {
         self.tables
@@ -295,8 +404,9 @@ fn ne(neg: bool) -> &'static str {
 impl fmt::Display for Item {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Item::IfName { out, name } => {
-                write!(f, "{} {name}", if *out { "oifname" } else { "iifname" })
+            Item::IfName { out, ne: n, name } => {
+                let key = if *out { "oifname" } else { "iifname" };
+                write!(f, "{key} {}{name}", ne(*n))
             }
             Item::L4Proto(l4) => write!(f, "meta l4proto {}", l4.name()),
             Item::Addr { src, ne: n, net } => {
@@ -307,6 +417,11 @@ impl fmt::Display for Item {
                 };
                 let dir = if *src { "saddr" } else { "daddr" };
                 write!(f, "{fam} {dir} {}{net}", ne(*n))
+            }
+            Item::Host { src, ip } => {
+                let fam = if ip.is_ipv4() { "ip" } else { "ip6" };
+                let dir = if *src { "saddr" } else { "daddr" };
+                write!(f, "{fam} {dir} {ip}")
             }
             Item::Port {
                 l4,
@@ -337,6 +452,19 @@ impl fmt::Display for Item {
                 f.write_str("ct state related,established")
             }
             Item::CtMark(v) => write!(f, "ct mark {v}"),
+            Item::MarkBits {
+                words,
+                mask,
+                ne: n,
+                value,
+                ..
+            } => {
+                let op = if *n { "!=" } else { "==" };
+                write!(f, "{words} {mask:#x} {op} {value:#x}")
+            }
+            Item::CtMarkSetBits { keep, set } => {
+                write!(f, "ct mark set ct mark & {keep:#x} | {set:#x}")
+            }
             Item::Counter => f.write_str("counter"),
             Item::MarkSet(v) => write!(f, "meta mark set {v}"),
             Item::CtMarkSetMark => f.write_str("ct mark set mark"),

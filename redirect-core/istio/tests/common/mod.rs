@@ -89,8 +89,9 @@ pub fn listing(ns: &TestNetns) -> String {
         .sh("nft --debug=netlink list ruleset")
         .lines()
         .map(|l| {
-            // `ip[6] <table> <chain> <handle> [<position>]`: the handles are the kernel's.
-            let rule_head = l.starts_with("ip") && l.split(' ').count() > 3 && !l.contains('@');
+            // `ip[6]|inet <table> <chain> <handle> [<position>]`: the handles are the kernel's.
+            let family = l.starts_with("ip") || l.starts_with("inet ");
+            let rule_head = family && l.split(' ').count() > 3 && !l.contains('@');
             match rule_head {
                 true => l.split(' ').take(3).collect::<Vec<_>>().join(" "),
                 false => l.to_string(),
