@@ -120,3 +120,38 @@ pub fn differing(istio: &str, ours: &str) -> Option<String> {
             .join("\n")
     })
 }
+
+/// Every combination of DNS capture, IPv6, inbound bypass and virtual interfaces (`virtual`
+/// when on), each with its name: the 16 ambient configs the form tests write.
+pub fn ambient_combinations(
+    virtual_interfaces: &[&str],
+) -> Vec<(String, redirect_model::AmbientConfig)> {
+    (0..16u8)
+        .map(|n| {
+            let (dns, ipv6, bypass, virt) = (n & 1 != 0, n & 2 != 0, n & 4 != 0, n & 8 != 0);
+            let cfg = redirect_model::AmbientConfig {
+                dns_capture: dns,
+                ipv6,
+                bypass_inbound: bypass,
+                virtual_interfaces: match virt {
+                    true => virtual_interfaces.iter().map(|i| i.to_string()).collect(),
+                    false => Vec::new(),
+                },
+                ..Default::default()
+            };
+            let name = format!("dns {dns}, ipv6 {ipv6}, bypass {bypass}, virtual {virt}");
+            (name, cfg)
+        })
+        .collect()
+}
+
+/// Fails naming every case in `wrong` (of `cases`, which must be 16).
+pub fn none_wrong(wrong: &[String], cases: usize) {
+    assert_eq!(cases, 16);
+    assert!(
+        wrong.is_empty(),
+        "{} differ:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
