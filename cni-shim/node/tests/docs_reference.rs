@@ -201,3 +201,42 @@ fn every_metric_is_documented_and_exists() {
         "metrics docs/repair.md names that the agent does not expose",
     );
 }
+
+/// The plugin entry docs/deploy/README.md shows is the one the installer writes with its
+/// defaults and the two values the page's manifests set (the agent in `redirect-system`,
+/// `EXCLUDE_NAMESPACES=kube-system`): every field, its value and its order. (It once showed
+/// `"name": "redirect-cni"` after the installer's default became Istio's `istio-cni`.)
+#[test]
+fn the_documented_plugin_entry_is_the_one_the_installer_writes() {
+    let doc = read(DEPLOY);
+    let intro = "The plugin entry, in chained mode";
+    let at = doc
+        .find(intro)
+        .unwrap_or_else(|| panic!("{DEPLOY} no longer says {intro:?}"));
+    let block = doc[at..]
+        .split("```json\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .unwrap_or_else(|| panic!("{DEPLOY}: no JSON block after {intro:?}"));
+    let shown: serde_json::Value = serde_json::from_str(block)
+        .unwrap_or_else(|e| panic!("{DEPLOY}'s example entry is not JSON ({e}):\n{block}"));
+    let env = |k: &str| match k {
+        "POD_NAMESPACE" => Some("redirect-system".to_string()),
+        "EXCLUDE_NAMESPACES" => Some("kube-system".to_string()),
+        _ => None,
+    };
+    let settings = match cni_node::settings::parse(Vec::<std::ffi::OsString>::new(), &env) {
+        Ok(cni_node::Parsed::Run(s)) => *s,
+        other => panic!("the defaults do not parse: {other:?}"),
+    };
+    let written = cni_node::plugin_entry::plugin_entry(&settings);
+    assert_eq!(
+        shown,
+        written,
+        "{DEPLOY}'s example entry differs from what the installer writes:\n{}",
+        serde_json::to_string_pretty(&written).unwrap()
+    );
+    let keys =
+        |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(keys(&shown), keys(&written), "the fields' order");
+}
