@@ -12,9 +12,8 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{ambient_combinations, differing, listing, none_wrong};
+use common::{ambient_combinations, handed_over_differs, none_wrong};
 use redirect_istio::nft_form::IstioNft;
-use redirect_kernel::nft::Nft;
 use redirect_model::AmbientConfig;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 
@@ -177,20 +176,9 @@ fn handed_back_ambient_tables_are_what_nft_makes_of_istios_text() {
         istio.sh(&format!("nft -f {}", path.display()));
         let _ = std::fs::remove_file(&path);
         let tables = istio_nft.lower(&redirect_model::NoGroupDatabase).unwrap();
-        let handed = TestNetns::new();
-        let ours = cfg.plan().unwrap();
-        let had_ours = handed.run(|| {
-            let nft = Nft::open().unwrap();
-            nft.apply(&ours).unwrap();
+        wrong.extend(handed_over_differs(&name, &cfg, &istio, |nft| {
             nft.hand_over(&tables)
-        });
-        if !matches!(had_ours, Ok(true)) {
-            wrong.push(format!("{name}: {had_ours:?}"));
-            continue;
-        }
-        if let Some(diff) = differing(&listing(&istio), &listing(&handed)) {
-            wrong.push(format!("{name}:\n{diff}"));
-        }
+        }));
     }
     none_wrong(&wrong, cases);
 }

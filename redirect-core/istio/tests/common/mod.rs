@@ -155,3 +155,25 @@ pub fn none_wrong(wrong: &[String], cases: usize) {
         wrong.join("\n")
     );
 }
+
+/// Our in-pod rules for `cfg` in a fresh namespace, then `hand` (one of the hand-overs) in
+/// their place: what differs from `istio`'s listing, or how the hand-over went wrong, named
+/// `name`; `None` when the two are the same.
+pub fn handed_over_differs<E: std::fmt::Debug + Send>(
+    name: &str,
+    cfg: &redirect_model::AmbientConfig,
+    istio: &TestNetns,
+    hand: impl FnOnce(&redirect_kernel::nft::Nft) -> Result<bool, E> + Send,
+) -> Option<String> {
+    let handed = TestNetns::new();
+    let ours = cfg.plan().unwrap();
+    let had_ours = handed.run(|| {
+        let nft = redirect_kernel::nft::Nft::open().unwrap();
+        nft.apply(&ours).unwrap();
+        hand(&nft)
+    });
+    if !matches!(had_ours, Ok(true)) {
+        return Some(format!("{name}: {had_ours:?}"));
+    }
+    differing(&listing(istio), &listing(&handed)).map(|diff| format!("{name}:\n{diff}"))
+}
