@@ -368,9 +368,9 @@ impl Dataplane {
         };
         let mut adopted = None;
         if !differences.is_empty() {
-            let removed = Self::apply_pod(self.adopt, &ns, cfg, &pod.label()).map_err(failed)?;
-            let who = (pod.uid.as_str(), pod.label());
-            adopted = Self::adopted(self.records.as_deref(), (who.0, &who.1), &removed);
+            let label = pod.label();
+            let removed = Self::apply_pod(self.adopt, &ns, cfg, &label).map_err(failed)?;
+            adopted = Self::adopted(self.records.as_deref(), (&pod.uid, &label), &removed);
         }
         if let Some(r) = &adopted {
             self.between.push((pod.label(), r.clone()));
@@ -688,7 +688,8 @@ impl Dataplane {
     /// Reads pod `uid`'s rules back and programs them again when they differ (or, for rules
     /// left as found at start, when the table is gone).
     fn converge_rules(&mut self, uid: &str, report: &mut PassReport) -> Option<(String, Repair)> {
-        let (adopt, records) = (self.adopt, self.records.clone());
+        // Fields borrowed apart: no copy of the record folder per pod and pass.
+        let (adopt, records) = (self.adopt, self.records.as_deref());
         let e = self.pods.get_mut(uid)?;
         let label = e.pod.label();
         if e.kernel.is_none() {
@@ -725,13 +726,11 @@ impl Dataplane {
                     let (after, seen) = since(ns, &e.cfg, None);
                     e.seen = seen;
                     left = after;
-                    repair = Self::adopted(records.as_deref(), (uid, &label), &removed).or(Some(
-                        Repair {
-                            at: now,
-                            kind: RepairKind::PodRules,
-                            why: summary(&found),
-                        },
-                    ));
+                    repair = Self::adopted(records, (uid, &label), &removed).or(Some(Repair {
+                        at: now,
+                        kind: RepairKind::PodRules,
+                        why: summary(&found),
+                    }));
                 }
                 Err(err) => report
                     .problems
