@@ -41,9 +41,33 @@ fn lanes() -> usize {
     }
 }
 
+/// A lane taken: freed when dropped, a failed start's panic included.
+struct Slot;
+
+impl Slot {
+    fn take() -> Slot {
+        let (n, freed) = &RUNNING;
+        let mut running = n.lock().unwrap_or_else(|e| e.into_inner());
+        while *running >= lanes() {
+            running = freed.wait(running).unwrap_or_else(|e| e.into_inner());
+        }
+        *running += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let (n, freed) = &RUNNING;
+        *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        freed.notify_one();
+    }
+}
+
 /// A node of a scenario, and its lane: dropping it stops the node, then frees the lane.
 struct Lane {
     node: Option<Node>,
+    _slot: Slot,
 }
 
 impl Deref for Lane {
@@ -56,13 +80,9 @@ impl Deref for Lane {
 impl Drop for Lane {
     fn drop(&mut self) {
         // A node's stop (which keeps its logs when the test failed) and another's start (which
-        // sweeps dead nodes' folders) must not overlap.
-        let starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+        // sweeps dead nodes' folders) must not overlap. The slot is freed after this.
+        let _starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
         drop(self.node.take());
-        drop(starting);
-        let (n, freed) = &RUNNING;
-        *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        freed.notify_one();
     }
 }
 
@@ -70,24 +90,12 @@ fn node(name: &str, opts: Options) -> Option<Lane> {
     if !kernel_tests_enabled() {
         return None;
     }
-    let (n, freed) = &RUNNING;
-    let mut running = n.lock().unwrap_or_else(|e| e.into_inner());
-    while *running >= lanes() {
-        running = freed.wait(running).unwrap_or_else(|e| e.into_inner());
-    }
-    *running += 1;
-    drop(running);
-    let starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
-    let node = std::panic::catch_unwind(|| Node::start(name, &opts));
-    drop(starting);
-    match node {
-        Ok(node) => Some(Lane { node: Some(node) }),
-        Err(panic) => {
-            *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-            freed.notify_one();
-            std::panic::resume_unwind(panic)
-        }
-    }
+    let slot = Slot::take();
+    let _starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    Some(Lane {
+        node: Some(Node::start(name, &opts)),
+        _slot: slot,
+    })
 }
 
 fn eventually<T>(node: &Node, what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
