@@ -701,6 +701,30 @@ const AMBIENT: &[Case] = &[
         },
     },
     Case {
+        name: "ambient.enablementSelectors, the cluster-wide opt-out: AMBIENT_ENABLEMENT_SELECTOR as JSON",
+        args: &[
+            "--set",
+            "ambient.enabled=true",
+            "--set-json",
+            r#"cni.ambient.enablementSelectors=[{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]}}]"#,
+        ],
+        files: &[K8S, AMB],
+        edit: |o| {
+            ambient_on(o);
+            let terms = r#"[{"namespaceSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]}}]"#;
+            set(o, CM, "/data/AMBIENT_ENABLEMENT_SELECTOR", json!(terms));
+        },
+    },
+    Case {
+        name: "ambient.enablementSelectors: [] enrolls none, as with Istio",
+        args: &["--set", "ambient.enabled=true", "--set-json", "ambient.enablementSelectors=[]"],
+        files: &[K8S, AMB],
+        edit: |o| {
+            ambient_on(o);
+            set(o, CM, "/data/AMBIENT_ENABLEMENT_SELECTOR", json!("[]"));
+        },
+    },
+    Case {
         name: "ambient with label mode: both roles; the capabilities and host mounts stay",
         args: &[
             "--set",
@@ -1448,16 +1472,25 @@ fn settings_that_cannot_work_are_refused_with_a_message() {
             &["--set", "cni.provider=multus"],
             "cni.provider=multus needs cni.chained=false",
         ),
-        // Ambient mode enrolls by Istio's default selectors only.
+        // A selector the agent could not compile: an operator Kubernetes does not have, a
+        // misspelt field (Go would ignore it and match every pod).
         (
             &[
                 "--set",
                 "profile=ambient",
                 "--set-json",
-                r#"cni.ambient.enablementSelectors=[{"podSelector":{"matchLabels":{"mesh":"on"}}}]"#,
+                r#"cni.ambient.enablementSelectors=[{"podSelector":{"matchExpressions":[{"key":"a","operator":"Equals"}]}}]"#,
             ],
-            "ambient.enablementSelectors=[{\"podSelector\":{\"matchLabels\":{\"mesh\":\"on\"}}}]: \
-             the node agent enrolls the pods of Istio's default selectors only",
+            "operator",
+        ),
+        (
+            &[
+                "--set",
+                "profile=ambient",
+                "--set-json",
+                r#"cni.ambient.enablementSelectors=[{"podselector":{}}]"#,
+            ],
+            "podselector",
         ),
         (&["--set-string", "ambient.enabled=true"], "ambient.enabled"),
         (
@@ -1790,6 +1823,18 @@ fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
         "ambient_reconcile",
         s("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP"),
     );
+    // The terms the agent enrolls by, as it reads them (Istio's chart renders YAML, this one
+    // JSON, or nothing at Istio's default, the agent's own), in one spelling.
+    let terms = s("AMBIENT_ENABLEMENT_SELECTOR");
+    let selectors: redirect_istio::enablement::EnablementSelectors = if terms.trim().is_empty() {
+        Default::default()
+    } else {
+        yaml_serde::from_str(&terms).unwrap_or_else(|e| panic!("{origin}: {terms}: {e}"))
+    };
+    out.insert(
+        "ambient_selectors",
+        serde_json::to_string(&selectors).expect("JSON"),
+    );
     let ds = of_kind("DaemonSet");
     assert_eq!(ds.len(), 1, "{origin}: one DaemonSet");
     for v in ds[0]["spec"]["template"]["spec"]["volumes"]
@@ -1822,8 +1867,8 @@ fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
 }
 
 /// One of the seeds' values given to Istio's chart and to this one, with what Istio's renders
-/// for the node (`node_settings`), recorded from Istio's own charts, releases 1.24.6 and 1.30.3
-/// (`versions`). Settings not listed differ on purpose or mean nothing there (the note says).
+/// for the node (`node_settings`), recorded from Istio's own charts, releases 1.24.6, 1.30.3
+/// and 1.31.0-rc.0 (`versions`). Settings not listed differ on purpose or mean nothing there (the note says).
 struct AsIstio {
     name: &'static str,
     args: &'static [&'static str],
@@ -2050,6 +2095,35 @@ const AS_ISTIO: &[AsIstio] = &[
             ("ambient_dns", "false"),
             ("ambient_ipv6", "false"),
             ("ambient_reconcile", "false"),
+        ],
+    },
+    AsIstio {
+        name: "ambient.enablementSelectors: the cluster-wide opt-out (Istio 1.31's values)",
+        args: &[
+            "--set",
+            "profile=ambient",
+            "--set-json",
+            r#"ambient.enablementSelectors=[{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]}}]"#,
+        ],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("ambient", "true"),
+            (
+                "ambient_selectors",
+                r#"[{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]}}]"#,
+            ),
+        ],
+    },
+    AsIstio {
+        name: "profile=ambient, Istio's default selectors (Istio 1.31)",
+        args: &["--set", "profile=ambient"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("ambient", "true"),
+            (
+                "ambient_selectors",
+                r#"[{"podSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}},"namespaceSelector":{}},{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}}]"#,
+            ),
         ],
     },
     AsIstio {

@@ -1,10 +1,11 @@
 //! Ambient enrollment as Istio decides it: which pods ambient captures ([`enrollment`] of a
-//! [`PodView`]), the annotations it reads and writes ([`REDIRECTION`]), a pod's in-pod config
+//! [`PodView`] by [`EnablementSelectors`]), the annotations it reads and writes ([`REDIRECTION`]), a pod's in-pod config
 //! from its annotations ([`pod_config`]), and kubelet's UID for the probe SNAT
 //! ([`kubelet_uid`]). The rules themselves are [`Capture::Ambient`](crate::Capture::Ambient)
 //! and [`Capture::HostProbe`](crate::Capture::HostProbe).
 
 pub use redirect_istio::ambient::{
-    enrollment, kubelet_uid, pod_config, Enrollment, KubeletUidError, PodView, BYPASS_INBOUND,
+    enrollment, kubelet_uid, pod_config, EnablementSelector, EnablementSelectors, Enrollment,
+    KubeletUidError, LabelSelector, Operator, PodView, Requirement, SelectorError, BYPASS_INBOUND,
     DATAPLANE_MODE, DNS_CAPTURE, REDIRECTION, REROUTE_VIRTUAL_INTERFACES, SIDECAR_STATUS,
 };

@@ -34,6 +34,14 @@ pub fn plugin_entry(s: &Settings) -> Value {
     if s.ambient.enabled {
         // The plugin asks the agent at each ADD (`cni_protocol::ambient`).
         m.insert("ambient_enabled".into(), true.into());
+        // Istio's field, for the plugin's own decision while the agent is away; left out at
+        // Istio's default, which the plugin takes then.
+        if !s.ambient.selectors.is_istio_default() {
+            m.insert(
+                "enablement_selectors".into(),
+                serde_json::to_value(&s.ambient.selectors).unwrap_or_default(),
+            );
+        }
     }
     let mut caps = Map::new();
     caps.insert("io.kubernetes.cri.pod-annotations".into(), true.into());

@@ -19,6 +19,7 @@ use crate::ambient::AmbientSettings;
 use crate::pods::Places;
 use crate::repair::detect::{Action, Filter};
 use crate::repair::RepairSettings;
+use redirect_core::ambient::EnablementSelectors;
 use redirect_core::AmbientConfig;
 
 use crate::adopted_forms::HandBackForm;
@@ -349,6 +350,17 @@ redirect_core::cli::flags! {
             "false",
             "Ambient mode: enroll this node's ambient pods (labelled, or in a namespace labelled, \
              istio.io/dataplane-mode=ambient) and hand them to ztunnel over ZDS",
+        ),
+        AMBIENT_ENABLEMENT_SELECTOR = s(
+            "ambient-enablement-selector",
+            Some("AMBIENT_ENABLEMENT_SELECTOR"),
+            "",
+            "Ambient: which pods are enrolled, as Istio's ambient.enablementSelectors (YAML or \
+             JSON: a list of terms, each a podSelector and a namespaceSelector with matchLabels \
+             and matchExpressions; a pod is enrolled when any term matches it and its \
+             namespace); empty: Istio's default (the pod labelled \
+             istio.io/dataplane-mode=ambient, or in a namespace so labelled unless the pod says \
+             none); [] enrolls none",
         ),
         AMBIENT_DNS_CAPTURE = b(
             "ambient-dns-capture",
@@ -726,10 +738,30 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         })?;
     Ok(AmbientSettings {
         enabled: v.boolean(&AMBIENT_ENABLED)?,
+        selectors: enablement_selectors(v)?,
         base,
         reconcile_on_startup: v.boolean(&AMBIENT_RECONCILE_POD_RULES_ON_STARTUP)?,
         reconcile_interval,
         ztunnel_socket: socket,
+    })
+}
+
+/// `AMBIENT_ENABLEMENT_SELECTOR`: YAML (Istio's chart renders it with `toYaml`) or JSON, each
+/// term checked as Kubernetes checks a label selector; empty: Istio's default.
+fn enablement_selectors(v: &Values) -> Result<EnablementSelectors> {
+    let text = v.string(&AMBIENT_ENABLEMENT_SELECTOR);
+    if text.trim().is_empty() {
+        return Ok(EnablementSelectors::istio_default());
+    }
+    yaml_serde::from_str(&text).map_err(|e| {
+        v.invalid(
+            &AMBIENT_ENABLEMENT_SELECTOR,
+            format!(
+                "{e}; expected a list of terms such as [{{podSelector: {{matchLabels: \
+                 {{istio.io/dataplane-mode: ambient}}}}}}] (Istio's ambient.enablementSelectors), \
+                 or leave it empty for Istio's default"
+            ),
+        )
     })
 }
 

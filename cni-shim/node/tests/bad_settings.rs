@@ -61,6 +61,35 @@ fn bad_installer_settings() {
             &["ambient-enabled", "sometimes"],
         ),
         (
+            "enablement selector not a list",
+            &[],
+            &[("AMBIENT_ENABLEMENT_SELECTOR", "podSelector: {}")],
+            &[
+                "AMBIENT_ENABLEMENT_SELECTOR",
+                "podSelector: {}",
+                "list of terms",
+            ],
+        ),
+        (
+            "enablement selector Kubernetes would refuse",
+            &[],
+            &[(
+                "AMBIENT_ENABLEMENT_SELECTOR",
+                "- podSelector: {matchExpressions: [{key: mesh, operator: In}]}",
+            )],
+            &[
+                "AMBIENT_ENABLEMENT_SELECTOR",
+                "needs at least one value",
+                "enablement selector 0",
+            ],
+        ),
+        (
+            "enablement selector misspelt",
+            &["--ambient-enablement-selector", r#"[{"podselector":{}}]"#],
+            &[],
+            &["ambient-enablement-selector", "podselector"],
+        ),
+        (
             "probe SNAT address not an address",
             &[],
             &[("HOST_PROBE_SNAT_IP", "169.254.7")],
@@ -221,4 +250,64 @@ fn bad_installer_settings() {
         }
     }
     eprintln!("installer settings: {} rows refused by name", rows.len());
+}
+
+/// `AMBIENT_ENABLEMENT_SELECTOR` as Istio's chart renders it (`toYaml`), as ours renders it
+/// (JSON), and empty: the terms the agent enrolls by, and the plugin's entry carries them.
+#[test]
+fn the_enablement_selector_is_read_as_istio_writes_it_and_reaches_the_plugin() {
+    use cni_node::plugin_entry::plugin_entry;
+    use cni_node::settings::{parse, Parsed};
+    use redirect_core::ambient::EnablementSelectors;
+    let settings = |value: &str| {
+        let env = [
+            ("AMBIENT_ENABLED", "true"),
+            ("AMBIENT_ENABLEMENT_SELECTOR", value),
+        ];
+        let lookup = move |k: &str| {
+            env.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        };
+        match parse(Vec::<OsString>::new(), &lookup) {
+            Ok(Parsed::Run(s)) => *s,
+            other => panic!("{value}: {other:?}"),
+        }
+    };
+    let istio_yaml = "- podSelector:\n    matchExpressions:\n    - key: istio.io/dataplane-mode\n      \
+                      operator: NotIn\n      values:\n      - none\n  namespaceSelector:\n    \
+                      matchExpressions:\n    - key: istio.io/dataplane-mode\n      operator: NotIn\n      \
+                      values:\n      - none\n";
+    let json = r#"[{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]}}]"#;
+    let (from_yaml, from_json) = (settings(istio_yaml), settings(json));
+    assert_eq!(from_yaml.ambient.selectors, from_json.ambient.selectors);
+    let labels = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let none = labels(&[("istio.io/dataplane-mode", "none")]);
+    let sel = &from_yaml.ambient.selectors;
+    assert!(sel.matches(&labels(&[]), &labels(&[])));
+    assert!(!sel.matches(&none, &labels(&[])) && !sel.matches(&labels(&[]), &none));
+    // The plugin decides by the same terms while the agent is away.
+    let entry = plugin_entry(&from_yaml);
+    let carried: EnablementSelectors =
+        serde_json::from_value(entry["enablement_selectors"].clone()).expect("carried");
+    assert_eq!(&carried, sel);
+    // Empty: Istio's default, left out of the entry (the plugin's default too).
+    let default = settings("  ");
+    assert!(default.ambient.selectors.is_istio_default());
+    assert!(plugin_entry(&default).get("enablement_selectors").is_none());
+    // []: none, as with Istio.
+    let nothing = settings("[]");
+    assert!(!nothing
+        .ambient
+        .selectors
+        .matches(&none, &labels(&[("istio.io/dataplane-mode", "ambient")])));
+    assert_eq!(
+        plugin_entry(&nothing)["enablement_selectors"],
+        serde_json::json!([])
+    );
 }

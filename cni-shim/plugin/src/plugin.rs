@@ -733,7 +733,7 @@ fn without_agent(
         host_network: false,
         namespace_labels: &ns_labels,
     };
-    match enrollment(&view, &conf.exclude_namespaces) {
+    match enrollment(&view, &conf.exclude_namespaces, &conf.enablement_selectors) {
         Enrollment::Ambient => Err(fail("the pod is ambient".into())),
         Enrollment::Not(reason) => {
             warn!(

@@ -1,11 +1,14 @@
 //! Which pods Istio's ambient mode enrolls, and what each pod's annotations change in its
-//! in-pod rules (Istio's `enablement_selector.go` with the chart's default selectors, and
-//! `getPodLevelTrafficOverrides`).
+//! in-pod rules (Istio's `enablement_selector.go` with the selectors of [`crate::enablement`],
+//! and `getPodLevelTrafficOverrides`).
 
 use std::collections::BTreeMap;
 
 use redirect_model::{AmbientConfig, Error as ModelError};
 
+pub use crate::enablement::{
+    EnablementSelector, EnablementSelectors, LabelSelector, Operator, Requirement, SelectorError,
+};
 use crate::go::parse_bool;
 
 /// kubelet's UID for the host's probe SNAT, from the host's `/proc` (see [`crate::kubelet`]).
@@ -53,10 +56,13 @@ pub enum Enrollment {
     Not(&'static str),
 }
 
-/// The chart's default selectors: the pod labelled `ambient`, or its namespace labelled
-/// `ambient` and the pod not labelled `none`; never a host-network pod, a sidecar pod or a pod
-/// of an excluded namespace.
-pub fn enrollment(pod: &PodView, excluded_namespaces: &[String]) -> Enrollment {
+/// Whether the pod is enrolled by `selectors` ([`EnablementSelectors`]); never a host-network
+/// pod, a sidecar pod or a pod of an excluded namespace, whatever the selectors say.
+pub fn enrollment(
+    pod: &PodView,
+    excluded_namespaces: &[String],
+    selectors: &EnablementSelectors,
+) -> Enrollment {
     if pod.host_network {
         return Enrollment::Not("on the host's network");
     }
@@ -66,10 +72,14 @@ pub fn enrollment(pod: &PodView, excluded_namespaces: &[String]) -> Enrollment {
     if excluded_namespaces.iter().any(|n| n == pod.namespace) {
         return Enrollment::Not("in an excluded namespace");
     }
+    if selectors.matches(pod.labels, pod.namespace_labels) {
+        return Enrollment::Ambient;
+    }
+    if !selectors.is_istio_default() {
+        return Enrollment::Not("no enablement selector matches its labels and its namespace's");
+    }
     match (mode(pod.labels), mode(pod.namespace_labels)) {
-        (Some("ambient"), _) => Enrollment::Ambient,
         (Some("none"), _) => Enrollment::Not("labelled istio.io/dataplane-mode=none"),
-        (_, Some("ambient")) => Enrollment::Ambient,
         _ => Enrollment::Not(
             "neither it nor its namespace is labelled istio.io/dataplane-mode=ambient",
         ),
@@ -147,7 +157,7 @@ mod tests {
             host_network: false,
             namespace_labels: &ns_labels,
         };
-        enrollment(&view, &[])
+        enrollment(&view, &[], &EnablementSelectors::istio_default())
     }
 
     #[test]
@@ -167,6 +177,7 @@ mod tests {
             Enrollment::Not("has a sidecar")
         );
         let (labels, annotations) = (map(&ambient), map(&[]));
+        let default = EnablementSelectors::istio_default();
         let mut view = PodView {
             namespace: "kube-system",
             labels: &labels,
@@ -175,15 +186,15 @@ mod tests {
             namespace_labels: &labels,
         };
         assert_eq!(
-            enrollment(&view, &[]),
+            enrollment(&view, &[], &default),
             Enrollment::Not("on the host's network")
         );
         view.host_network = false;
         assert_eq!(
-            enrollment(&view, &["kube-system".into()]),
+            enrollment(&view, &["kube-system".into()], &default),
             Enrollment::Not("in an excluded namespace")
         );
-        assert_eq!(enrollment(&view, &[]), Enrollment::Ambient);
+        assert_eq!(enrollment(&view, &[], &default), Enrollment::Ambient);
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod ambient;
 pub mod capture;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod enablement;
 mod error;
 pub mod go;
 pub mod iptables_form;

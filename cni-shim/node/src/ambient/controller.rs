@@ -395,7 +395,12 @@ impl Controller {
         };
         let annotated = pods::redirection(&pod).is_some();
         match (
-            pods::want(&pod, &state.namespace_labels(&pod), &self.excluded),
+            pods::want(
+                &pod,
+                &state.namespace_labels(&pod),
+                &self.excluded,
+                &self.settings.selectors,
+            ),
             enrolled,
         ) {
             // Not enrolled, no address yet, never enrolled: the plugin's ADD enrolls it.

@@ -14,6 +14,7 @@ pub(crate) mod pods;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use redirect_core::ambient::EnablementSelectors;
 use redirect_core::AmbientConfig;
 
 /// The agent's ambient settings (`AMBIENT_*`, `ZTUNNEL_UDS_ADDRESS`, `HOST_PROBE_SNAT_*`).
@@ -21,6 +22,8 @@ use redirect_core::AmbientConfig;
 pub struct AmbientSettings {
     /// `AMBIENT_ENABLED`: enroll this node's ambient pods and serve ztunnel.
     pub enabled: bool,
+    /// `AMBIENT_ENABLEMENT_SELECTOR`: which pods are enrolled (Istio's default when unset).
+    pub selectors: EnablementSelectors,
     /// The chart's in-pod settings; each pod's annotations apply over them.
     pub base: AmbientConfig,
     /// At start, program again the rules of enrolled pods that differ.

@@ -263,7 +263,12 @@ impl Controller {
             );
         }
         Ok(
-            match pods::decide(&pod, &state.namespace_labels(&pod), &self.excluded) {
+            match pods::decide(
+                &pod,
+                &state.namespace_labels(&pod),
+                &self.excluded,
+                &self.settings.selectors,
+            ) {
                 Enrollment::Ambient => Ok(pod),
                 Enrollment::Not(why) => Err(why.to_string()),
             },

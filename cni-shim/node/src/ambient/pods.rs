@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
-use redirect_core::ambient::{enrollment, Enrollment, PodView, REDIRECTION};
+use redirect_core::ambient::{enrollment, EnablementSelectors, Enrollment, PodView, REDIRECTION};
 
 pub use crate::pods::{ips, label, live};
 
@@ -22,8 +22,14 @@ pub enum Want {
     Out { why: String, deleting: bool },
 }
 
-/// The decision for `pod`, with its namespace's labels and the excluded namespaces.
-pub fn want(pod: &Pod, namespace_labels: &BTreeMap<String, String>, excluded: &[String]) -> Want {
+/// The decision for `pod`, with its namespace's labels, the excluded namespaces and the
+/// enablement selectors.
+pub fn want(
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+    excluded: &[String],
+    selectors: &EnablementSelectors,
+) -> Want {
     let terminal = pod
         .status
         .as_ref()
@@ -35,7 +41,7 @@ pub fn want(pod: &Pod, namespace_labels: &BTreeMap<String, String>, excluded: &[
             deleting: true,
         };
     }
-    if let Enrollment::Not(why) = decide(pod, namespace_labels, excluded) {
+    if let Enrollment::Not(why) = decide(pod, namespace_labels, excluded, selectors) {
         return Want::Out {
             why: why.into(),
             deleting: false,
@@ -47,11 +53,12 @@ pub fn want(pod: &Pod, namespace_labels: &BTreeMap<String, String>, excluded: &[
     }
 }
 
-/// Istio's selectors for `pod` (`redirect_core::ambient::enrollment`).
+/// The selectors' decision for `pod` (`redirect_core::ambient::enrollment`).
 pub fn decide(
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
     excluded: &[String],
+    selectors: &EnablementSelectors,
 ) -> Enrollment {
     let empty = BTreeMap::new();
     let view = PodView {
@@ -65,7 +72,7 @@ pub fn decide(
             .unwrap_or(false),
         namespace_labels,
     };
-    enrollment(&view, excluded)
+    enrollment(&view, excluded, selectors)
 }
 
 /// Who the pod is, for ztunnel, with the addresses its status lists (the caller replaces them
@@ -123,17 +130,23 @@ mod tests {
                        "podIPs": [{"ip": "10.0.0.9"}, {"ip": "fd00::9"}]}
         }));
         let ns = labels(&[("istio.io/dataplane-mode", "ambient")]);
-        assert_eq!(want(&p, &ns, &[]), Want::In("10.0.0.9".parse().unwrap()));
+        assert_eq!(
+            want(&p, &ns, &[], &EnablementSelectors::default()),
+            Want::In("10.0.0.9".parse().unwrap())
+        );
         let r = pod_ref(&p);
         assert_eq!((r.service_account.as_str(), r.ips.len()), ("web", 2));
         assert!(matches!(
-            want(&p, &labels(&[]), &[]),
+            want(&p, &labels(&[]), &[], &EnablementSelectors::default()),
             Want::Out {
                 deleting: false,
                 ..
             }
         ));
-        assert!(matches!(want(&p, &ns, &["shop".into()]), Want::Out { .. }));
+        assert!(matches!(
+            want(&p, &ns, &["shop".into()], &EnablementSelectors::default()),
+            Want::Out { .. }
+        ));
     }
 
     #[test]
@@ -144,10 +157,13 @@ mod tests {
             "spec": {"containers": []},
             "status": {"phase": "Pending"}
         }));
-        assert_eq!(want(&p, &labels(&[]), &[]), Want::NoAddressYet);
+        assert_eq!(
+            want(&p, &labels(&[]), &[], &EnablementSelectors::default()),
+            Want::NoAddressYet
+        );
         p.status.as_mut().unwrap().phase = Some("Succeeded".into());
         assert!(matches!(
-            want(&p, &labels(&[]), &[]),
+            want(&p, &labels(&[]), &[], &EnablementSelectors::default()),
             Want::Out { deleting: true, .. }
         ));
     }

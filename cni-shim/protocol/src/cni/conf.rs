@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use redirect_core::ambient::EnablementSelectors;
 use redirect_core::mesh::MeshDefaults;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
@@ -83,6 +84,9 @@ pub struct NetConf {
     /// istio-cni's ambient mode: ADD and CHECK of a pod without a sidecar ask the node agent
     /// about it ([`crate::ambient`]).
     pub ambient_enabled: bool,
+    /// Istio's `enablement_selectors`: which pods ambient mode enrolls when the plugin decides
+    /// alone (the agent away); Istio's default when not given.
+    pub enablement_selectors: EnablementSelectors,
     // The raw fields the derived ones above come from.
     plugin_log_level: Option<String>,
     #[serde(rename = "log_level")]
@@ -170,6 +174,7 @@ pub const FIELDS: &[&str] = &[
     "kube_interval_ms",
     "kube_deadline_ms",
     "ambient_enabled",
+    "enablement_selectors",
     "native_nftables",
 ];
 
@@ -243,6 +248,12 @@ fn refused(value: &Value, e: serde_path_to_error::Error<serde_json::Error>) -> C
             _ => {}
         }
     }
+    if names.first().map(String::as_str) == Some("enablement_selectors") {
+        // Kubernetes' word on the selector (which term, which key) says more than its type.
+        let found = value.pointer("/enablement_selectors").unwrap_or(value);
+        let why = format!("Istio's enablement selectors ({})", e.inner());
+        return invalid("enablement_selectors", found, &why);
+    }
     if names.len() == 2 && names[0] == "kubernetes" {
         names.remove(0);
     }
@@ -315,6 +326,7 @@ const CHECK_ORDER: &[&str] = &[
     "/kube_interval_ms",
     "/kube_deadline_ms",
     "/ambient_enabled",
+    "/enablement_selectors",
     "/native_nftables",
 ];
 
@@ -471,6 +483,39 @@ mod tests {
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
             assert!(
                 e.msg.contains("kube_deadline_ms") && e.msg.contains(bad.trim_matches('"')),
+                "{bad}: {}",
+                e.msg
+            );
+        }
+    }
+
+    #[test]
+    fn enablement_selectors_are_istios_and_a_bad_one_is_named() {
+        let conf = |v: &str| {
+            parse(format!(r#"{{"cniVersion":"1.0.0","name":"n","type":"redirect-cni","enablement_selectors":{v}}}"#).as_bytes())
+        };
+        assert!(conf("null")
+            .unwrap()
+            .enablement_selectors
+            .is_istio_default());
+        let mine = conf(r#"[{"podSelector":{"matchLabels":{"mesh":"on"}}}]"#).unwrap();
+        let on = BTreeMap::from([("mesh".to_string(), "on".to_string())]);
+        assert!(mine.enablement_selectors.matches(&on, &BTreeMap::new()));
+        for (bad, says) in [
+            (
+                r#"[{"podSelector":{"matchExpressions":[{"key":"a","operator":"Exists","values":["x"]}]}}]"#,
+                "takes no values",
+            ),
+            (
+                r#"[{"podSelector":{"matchExpressions":[{"key":"a","operator":"Equal"}]}}]"#,
+                "Equal",
+            ),
+            (r#"{"podSelector":{}}"#, "enablement_selectors"),
+        ] {
+            let e = conf(bad).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+            assert!(
+                e.msg.contains("enablement_selectors") && e.msg.contains(says),
                 "{bad}: {}",
                 e.msg
             );

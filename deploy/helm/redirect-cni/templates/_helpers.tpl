@@ -77,7 +77,7 @@ template starts with
 {{/*
 Istio's default ambient.enablementSelectors (its chart's values.yaml, 1.25 and later): the pod
 labelled istio.io/dataplane-mode=ambient, or a pod not labelled none in a namespace so
-labelled. The node agent enrolls by these and no others (docs/ambient.md).
+labelled. The agent's default too: AMBIENT_ENABLEMENT_SELECTOR is rendered only for others.
 */}}
 {{- define "redirect-cni.ambientSelectors" -}}
 - podSelector:
@@ -178,6 +178,13 @@ its name from CNI_NETWORK_NAME.
 {{- $_ := set $data "AMBIENT_DNS_CAPTURE" (toString $cni.ambient.dnsCapture) }}
 {{- $_ := set $data "AMBIENT_IPV6" (toString $cni.ambient.ipv6) }}
 {{- $_ := set $data "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP" (toString $cni.ambient.reconcileIptablesOnStartup) }}
+{{- /* Istio's selectors as JSON (which is YAML, as Istio's agent reads it); left out at
+       Istio's default, the agent's own. A null or absent list is the default; [] enrolls none,
+       as with Istio. */}}
+{{- $selectors := $cni.ambient.enablementSelectors }}
+{{- if and (not (kindIs "invalid" $selectors)) (ne (toJson $selectors) (include "redirect-cni.ambientSelectors" $ | fromYamlArray | toJson)) }}
+{{- $_ := set $data "AMBIENT_ENABLEMENT_SELECTOR" (toJson $selectors) }}
+{{- end }}
 {{- end }}
 {{- /* Any other installer variable; it wins over the above. In ambient mode a
        PLUGIN_CONFIG_JSON of env is merged over {"ambient_enabled": true}, its keys winning, so
@@ -233,13 +240,6 @@ into a working deployment.
 {{- $cni := include "redirect-cni.cni" . | fromYaml -}}
 {{- if and (eq $cni.provider "multus") $cni.chained -}}
 {{- fail "cni.provider=multus needs cni.chained=false: Multus runs the standalone file the installer writes, which it finds by the name inside (the NetworkAttachmentDefinition's)" -}}
-{{- end -}}
-{{- if $cni.ambient.enabled -}}
-{{- with $cni.ambient.enablementSelectors -}}
-{{- if ne (toJson .) (include "redirect-cni.ambientSelectors" $ | fromYamlArray | toJson) -}}
-{{- fail (printf "ambient.enablementSelectors=%s: the node agent enrolls the pods of Istio's default selectors only (a pod labelled istio.io/dataplane-mode=ambient, or in a namespace so labelled unless the pod says none): leave ambient.enablementSelectors out, or at Istio's default" (toJson .)) -}}
-{{- end -}}
-{{- end -}}
 {{- end -}}
 {{- with $cni.psp_cluster_role -}}
 {{- fail (printf "psp_cluster_role=%s: PodSecurityPolicy was removed in Kubernetes 1.25; a RoleBinding to a PodSecurityPolicy role would grant nothing, so this chart makes none: leave psp_cluster_role out. Where Pod Security Admission enforces a level, the release's namespace needs pod-security.kubernetes.io/enforce=privileged (host paths, host network, capabilities). On an older cluster that still enforces PodSecurityPolicy, bind the role yourself: kubectl -n %s create rolebinding redirect-cni-psp --clusterrole=%s --serviceaccount=%s:redirect-cni" . $.Release.Namespace . $.Release.Namespace) -}}
