@@ -476,6 +476,28 @@ const SETTINGS: &[Case] = &[
             set(o, DS, &format!("{POD}/spec/volumes/1/hostPath/path"), host);
         },
     },
+    Case {
+        name: "istioOwnedCNIConfig: our own list beside the primary's file",
+        args: &["--set", "istioOwnedCNIConfig=true"],
+        files: &[K8S],
+        edit: |o| {
+            set(o, CM, "/data/ISTIO_OWNED_CNI_CONFIG", json!("true"));
+            set(o, CM, "/data/ISTIO_OWNED_CNI_CONF_FILENAME", json!(""));
+        },
+    },
+    Case {
+        name: "cni.istioOwnedCNIConfig with its file name",
+        args: &[
+            "--set",
+            "cni.istioOwnedCNIConfig=true,cni.istioOwnedCNIConfigFileName=01-mesh.conflist",
+        ],
+        files: &[K8S],
+        edit: |o| {
+            set(o, CM, "/data/ISTIO_OWNED_CNI_CONFIG", json!("true"));
+            let name = json!("01-mesh.conflist");
+            set(o, CM, "/data/ISTIO_OWNED_CNI_CONF_FILENAME", name);
+        },
+    },
 ];
 
 /// The other repair modes and the optional objects.
@@ -1823,6 +1845,17 @@ fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
         "ambient_reconcile",
         s("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP"),
     );
+    // Our own list file: Istio writes "false" without it, this chart nothing.
+    let owned = s("ISTIO_OWNED_CNI_CONFIG");
+    out.insert(
+        "owned",
+        if owned.is_empty() {
+            "false".into()
+        } else {
+            owned
+        },
+    );
+    out.insert("owned_name", s("ISTIO_OWNED_CNI_CONF_FILENAME"));
     // The terms the agent enrolls by, as it reads them (Istio's chart renders YAML, this one
     // JSON, or nothing at Istio's default, the agent's own), in one spelling.
     let terms = s("AMBIENT_ENABLEMENT_SELECTOR");
@@ -2113,6 +2146,25 @@ const AS_ISTIO: &[AsIstio] = &[
                 r#"[{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]}}]"#,
             ),
         ],
+    },
+    AsIstio {
+        name: "istioOwnedCNIConfig with its file name (Istio 1.31's values)",
+        args: &[
+            "--set",
+            "profile=ambient,istioOwnedCNIConfig=true,istioOwnedCNIConfigFileName=01-mesh.conflist",
+        ],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("owned", "true"),
+            ("owned_name", "01-mesh.conflist"),
+            ("chained", "true"),
+        ],
+    },
+    AsIstio {
+        name: "istioOwnedCNIConfig off (Istio 1.31's default)",
+        args: &["--set", "profile=ambient"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[("owned", "false"), ("owned_name", "")],
     },
     AsIstio {
         name: "profile=ambient, Istio's default selectors (Istio 1.31)",

@@ -80,6 +80,27 @@ redirect_core::cli::flags! {
             "Chained: the config file to chain into (default: the one kubelet uses); \
              standalone: the file to write (default: redirect-cni.conf)",
         ),
+        ISTIO_OWNED_CNI_CONFIG = b(
+            "istio-owned-cni-config",
+            "ISTIO_OWNED_CNI_CONFIG",
+            "false",
+            "Chained: leave the primary CNI's file alone and write our own list, named to sort \
+             first, holding the primary's plugins and ours, rewritten when the primary's file \
+             changes (Istio's istioOwnedCNIConfig)",
+        ),
+        ISTIO_OWNED_CNI_CONFIG_FILENAME = s(
+            "istio-owned-cni-config-filename",
+            Some("ISTIO_OWNED_CNI_CONFIG_FILENAME"),
+            "",
+            "The owned file's name, a .conflist that sorts before the primary's (empty: \
+             ISTIO_OWNED_CNI_CONF_FILENAME, else 02-istio-cni.conflist)",
+        ),
+        ISTIO_OWNED_CNI_CONF_FILENAME = s(
+            "istio-owned-cni-conf-filename",
+            Some("ISTIO_OWNED_CNI_CONF_FILENAME"),
+            "",
+            "The same, under the name Istio's chart gives it in its ConfigMap",
+        ),
         CNI_NETWORK_NAME = s(
             "cni-network-name",
             Some("CNI_NETWORK_NAME"),
@@ -436,6 +457,8 @@ pub struct Settings {
     pub cni_network_name: String,
     /// `CHAINED_CNI_PLUGIN`: chain into the node's CNI config; `false`: write a standalone one.
     pub chained: bool,
+    /// Chained with `ISTIO_OWNED_CNI_CONFIG`: the name of our own list file.
+    pub owned_conf_name: Option<String>,
     /// `CNI_AGENT_RUN_DIR`: the run directory shared with the plugin (kubeconfig, status file,
     /// sockets, install record), at the same path on the host.
     pub cni_agent_run_dir: PathBuf,
@@ -670,9 +693,10 @@ fn settings(v: &Values) -> Result<Settings> {
         cni_net_dir: v.string(&CNI_NET_DIR).into(),
         cni_bin_dirs,
         binary: v.non_empty(&BINARY).map(PathBuf::from),
-        cni_conf_name,
         cni_network_name,
         chained: v.boolean(&CHAINED_CNI_PLUGIN)?,
+        owned_conf_name: owned_conf_name(v, cni_conf_name.as_deref())?,
+        cni_conf_name,
         cni_agent_run_dir: v.string(&CNI_AGENT_RUN_DIR).into(),
         kubeconfig_mode,
         cni_conf_group_read: v.boolean(&CNI_CONF_GROUP_READ)?,
@@ -744,6 +768,35 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         reconcile_interval,
         ztunnel_socket: socket,
     })
+}
+
+/// The owned file's name when chained with `ISTIO_OWNED_CNI_CONFIG` (Istio ignores the setting
+/// in standalone mode, and so do we); never the file `CNI_CONF_NAME` names.
+fn owned_conf_name(v: &Values, conf_name: Option<&str>) -> Result<Option<String>> {
+    if !v.boolean(&ISTIO_OWNED_CNI_CONFIG)? || !v.boolean(&CHAINED_CNI_PLUGIN)? {
+        return Ok(None);
+    }
+    let (flag, name) = match (
+        v.non_empty(&ISTIO_OWNED_CNI_CONFIG_FILENAME),
+        v.non_empty(&ISTIO_OWNED_CNI_CONF_FILENAME),
+    ) {
+        (Some(name), _) => (&ISTIO_OWNED_CNI_CONFIG_FILENAME, name),
+        (None, Some(name)) => (&ISTIO_OWNED_CNI_CONF_FILENAME, name),
+        (None, None) => (
+            &ISTIO_OWNED_CNI_CONFIG_FILENAME,
+            crate::install::owned_file::DEFAULT_NAME.to_string(),
+        ),
+    };
+    let name = name.trim().to_string();
+    crate::install::owned_file::check_name(&name).map_err(|why| v.invalid(flag, why))?;
+    if conf_name == Some(name.as_str()) {
+        let why = format!(
+            "it names the owned file of ISTIO_OWNED_CNI_CONFIG ({name}), which is ours; \
+             CNI_CONF_NAME names the primary CNI's file: leave it empty or name that file"
+        );
+        return Err(v.invalid(&CNI_CONF_NAME, why));
+    }
+    Ok(Some(name))
 }
 
 /// `AMBIENT_ENABLEMENT_SELECTOR`: YAML (Istio's chart renders it with `toYaml`) or JSON, each

@@ -1809,3 +1809,204 @@ fn istios_standalone_config_of_the_same_network_goes_once_ours_is_written() {
     assert!(!path.exists());
     assert!(!node.p("net/istio-cni.conf").exists(), "not brought back");
 }
+
+// --- Istio's owned config file (ISTIO_OWNED_CNI_CONFIG) -----------------------------------------
+
+/// With an owned file, the primary CNI's file is never written: install, its owner's rewrite
+/// (followed by our copy), a restart, and the uninstall leave it byte for byte as its owner
+/// made it; our list sorts first and holds its plugins and ours.
+#[test]
+fn an_owned_config_follows_the_primary_and_never_touches_it() {
+    let node = Node::new();
+    let primary = node.p("net/05-cilium.conflist");
+    let owned = node.p("net/02-istio-cni.conflist");
+    node.write("net/05-cilium.conflist", CALICO, 0o640);
+    let s = node.settings_env(&[], &[("ISTIO_OWNED_CNI_CONFIG", "true")]);
+    let entry = plugin_entry(&s);
+    let copy_of = |text: &str| {
+        let mut want: Value = serde_json::from_str(text).unwrap();
+        want["plugins"].as_array_mut().unwrap().push(entry.clone());
+        want
+    };
+    let running = Running::start(s.clone(), fast_watch());
+    wait_until("the owned file", Duration::from_secs(5), || {
+        owned.is_file() && json_of(&owned) == copy_of(CALICO)
+    });
+    assert_eq!(fs::read_to_string(&primary).unwrap(), CALICO);
+    assert_eq!(
+        mode_of(&owned),
+        0o640,
+        "the owned file takes the primary's mode"
+    );
+    assert_eq!(
+        select_target(&node.p("net"), None).unwrap(),
+        Some(owned.clone())
+    );
+
+    // The primary's owner rewrites its file (atomically, as Cilium does): our copy follows.
+    let theirs = CALICO.replace("\"mtu\": 1440", "\"mtu\": 1400");
+    fs::write(node.p("net/.cilium.tmp"), &theirs).unwrap();
+    fs::rename(node.p("net/.cilium.tmp"), &primary).unwrap();
+    wait_until(
+        "the copy following the rewrite",
+        Duration::from_secs(5),
+        || json_of(&owned) == copy_of(&theirs),
+    );
+    assert_eq!(fs::read_to_string(&primary).unwrap(), theirs);
+
+    // Stopped and started again: nothing rewritten; the uninstall removes only our file.
+    running.stop().unwrap();
+    assert!(!owned.exists(), "the uninstall left the owned file");
+    assert_eq!(fs::read_to_string(&primary).unwrap(), theirs);
+    let mut inst = Installer::new(s.clone()).unwrap();
+    assert_eq!(
+        inst.install().unwrap(),
+        ConfigStatus::Written(owned.clone())
+    );
+    let mut again = Installer::new(s).unwrap();
+    assert_eq!(
+        again.install().unwrap(),
+        ConfigStatus::Unchanged(owned.clone())
+    );
+    again.uninstall().unwrap();
+    assert!(!owned.exists());
+    assert_eq!(fs::read_to_string(&primary).unwrap(), theirs);
+}
+
+/// The owned file in place of an entry chained into the primary (a node switched from chained
+/// mode), a `.conf` primary, a name that would sort after the primary, and the names refused.
+#[test]
+fn an_owned_config_takes_over_a_chained_entry_and_refuses_what_the_runtime_would_skip() {
+    let node = Node::new();
+    node.write("net/10-calico.conflist", CALICO, 0o644);
+    // Chained first: our entry goes into the primary.
+    let mut chained = Installer::new(node.settings(&[])).unwrap();
+    chained.install().unwrap();
+    assert_eq!(ours(&json_of(&node.p("net/10-calico.conflist"))).len(), 1);
+    // Then owned: the primary's own bytes come back, our list is written beside it.
+    let s = node.settings_env(&[], &[("ISTIO_OWNED_CNI_CONFIG", "true")]);
+    let mut owned = Installer::new(s).unwrap();
+    let owned_path = node.p("net/02-istio-cni.conflist");
+    assert_eq!(
+        owned.install().unwrap(),
+        ConfigStatus::Written(owned_path.clone())
+    );
+    assert_eq!(
+        fs::read_to_string(node.p("net/10-calico.conflist")).unwrap(),
+        CALICO
+    );
+    assert_eq!(ours(&json_of(&owned_path)).len(), 1);
+    owned.uninstall().unwrap();
+
+    // A .conf primary is copied as a list; the .conf is not converted.
+    let node = Node::new();
+    node.write("net/10-bridge.conf", BRIDGE, 0o644);
+    let env = [
+        ("ISTIO_OWNED_CNI_CONFIG", "true"),
+        ("ISTIO_OWNED_CNI_CONF_FILENAME", "01-mesh.conflist"),
+    ];
+    let mut inst = Installer::new(node.settings_env(&[], &env)).unwrap();
+    let path = node.p("net/01-mesh.conflist");
+    assert_eq!(inst.install().unwrap(), ConfigStatus::Written(path.clone()));
+    assert_eq!(
+        fs::read_to_string(node.p("net/10-bridge.conf")).unwrap(),
+        BRIDGE
+    );
+    let list = json_of(&path);
+    assert_eq!(
+        (list["plugins"][0]["type"].as_str(), list["name"].as_str()),
+        (Some("bridge"), Some("mynet"))
+    );
+
+    // A name that sorts after the primary: refused, naming both, nothing written.
+    let node = Node::new();
+    node.write("net/00-multus.conf", BRIDGE, 0o644);
+    let before = node.snapshot();
+    let s = node.settings_env(&[], &[("ISTIO_OWNED_CNI_CONFIG", "true")]);
+    let err = Installer::new(s)
+        .unwrap()
+        .install()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("00-multus.conf")
+            && err.contains("02-istio-cni.conflist")
+            && err.contains("sorts before"),
+        "{err}"
+    );
+    // The net dir as it was (the binaries and the kubeconfig come before the config).
+    let net_changes: Vec<String> = changed(&before, &node.snapshot())
+        .into_iter()
+        .filter(|c| c.contains("/net/"))
+        .collect();
+    assert!(net_changes.is_empty(), "{net_changes:?}");
+    assert!(!node.p("net/02-istio-cni.conflist").exists());
+
+    // Names the runtime would not read as a list, or the primary's own name: refused.
+    for (env, says) in [
+        (
+            ("ISTIO_OWNED_CNI_CONFIG_FILENAME", "02-istio-cni.conf"),
+            ".conflist",
+        ),
+        (
+            ("ISTIO_OWNED_CNI_CONF_FILENAME", "../02.conflist"),
+            "file name",
+        ),
+        (("CNI_CONF_NAME", "02-istio-cni.conflist"), "CNI_CONF_NAME"),
+    ] {
+        let vars = [("ISTIO_OWNED_CNI_CONFIG", "true"), env];
+        let lookup = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let err = parse(node.args(&[]), &lookup).unwrap_err().to_string();
+        assert!(
+            err.contains(says) && err.contains("ISTIO_OWNED_CNI_CON"),
+            "{env:?}: {err}"
+        );
+    }
+}
+
+/// A stop that cannot be told apart (the API server refuses the connection): the plugin goes,
+/// as always, except with an owned config file, where it stays (Istio's default there).
+#[test]
+fn an_unanswered_stop_keeps_an_owned_config_and_removes_a_chained_entry() {
+    use cni_node::agent::upgrade::{decide, Stop};
+    let node = Node::new();
+    // A port nothing listens on: the connection is refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let env = |owned: &'static str| {
+        [
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", port.as_str()),
+            ("POD_NAME", "redirect-cni-node-x"),
+            ("NODE_NAME", "node-1"),
+            ("ISTIO_OWNED_CNI_CONFIG", owned),
+            // The test's CA is no certificate: the client is built without it.
+            ("SKIP_TLS_VERIFY", "true"),
+        ]
+        .map(|(k, v)| (k, v.to_string()))
+    };
+    let settings = |owned| {
+        let vars = env(owned);
+        let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        node.settings_env(&[], &pairs)
+    };
+    match decide(&settings("true")) {
+        Stop::Keep(why) => assert!(
+            why.contains("cannot read this pod") && why.contains("owned config file"),
+            "{why}"
+        ),
+        other => panic!("owned: {other:?}"),
+    }
+    match decide(&settings("false")) {
+        Stop::Remove(why) => assert!(why.contains("cannot read this pod"), "{why}"),
+        other => panic!("chained: {other:?}"),
+    }
+}

@@ -6,7 +6,8 @@
 //! its required node affinity, its tolerations of the node's taints), as Istio's ambient agent
 //! decides. Anything else (the DaemonSet gone or being deleted, our permission gone with the
 //! uninstall, an API server that does not answer in time, no `POD_NAME`) removes it, as a stop
-//! always did: a plugin left behind with no agent to come would keep capturing pods.
+//! always did: a plugin left behind with no agent to come would keep capturing pods. With an
+//! owned config file an API server that cannot be asked keeps it instead, Istio's default there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -32,8 +33,18 @@ pub enum Stop {
 /// How long the stop waits for the API server, well within the pod's grace period (10 s).
 pub const DEADLINE: Duration = Duration::from_secs(4);
 
-/// The decision, on a runtime of its own (the agent's has stopped by then).
+/// The decision, on a runtime of its own (the agent's has stopped by then). With an owned
+/// config file (`ISTIO_OWNED_CNI_CONFIG`) a stop that cannot be told apart (the API server
+/// unreachable or silent) keeps the plugin, as Istio's agent decides then; proof of an
+/// uninstall (the DaemonSet gone or no longer for this node, our permission gone) removes it.
 pub fn decide(settings: &Settings) -> Stop {
+    let unsure = |why: String| match settings.owned_conf_name {
+        Some(_) => Stop::Keep(format!(
+            "{why}; with an owned config file a stop that cannot be told apart keeps the \
+             plugin (Istio's default)"
+        )),
+        None => Stop::Remove(why),
+    };
     if settings.pod_name.is_empty() || settings.pod_namespace.is_empty() {
         return Stop::Remove(
             "POD_NAME or POD_NAMESPACE is not set, so the DaemonSet cannot be told apart from \
@@ -46,12 +57,12 @@ pub fn decide(settings: &Settings) -> Stop {
         .build()
     {
         Ok(r) => r,
-        Err(e) => return Stop::Remove(format!("cannot ask the API server: {e}")),
+        Err(e) => return unsure(format!("cannot ask the API server: {e}")),
     };
     runtime.block_on(async {
         let client = match crate::agent::client(settings).await {
             Ok(c) => c,
-            Err(e) => return Stop::Remove(format!("cannot ask the API server: {e}")),
+            Err(e) => return unsure(format!("cannot ask the API server: {e}")),
         };
         let asked = ask(
             &client,
@@ -60,22 +71,21 @@ pub fn decide(settings: &Settings) -> Stop {
             settings.node(),
         );
         match tokio::time::timeout(DEADLINE, asked).await {
-            Ok(stop) => stop,
-            Err(_) => Stop::Remove(format!("the API server did not answer within {DEADLINE:?}")),
+            Ok(Ok(stop)) => stop,
+            Ok(Err(why)) => unsure(why),
+            Err(_) => unsure(format!("the API server did not answer within {DEADLINE:?}")),
         }
     })
 }
 
-/// Reads this pod, its DaemonSet and this node, and decides.
-pub async fn ask(client: &Client, namespace: &str, pod: &str, node: &str) -> Stop {
-    let failed = |what: &str, e: kube::Error| {
-        let why = match &e {
-            kube::Error::Api(s) if s.code == 401 || s.code == 403 => {
-                "our permission is gone (an uninstall removes it)".to_string()
-            }
-            _ => e.to_string(),
-        };
-        Stop::Remove(format!("cannot read {what}: {why}"))
+/// Reads this pod, its DaemonSet and this node, and decides; `Err`: a read failed without
+/// saying whether this is an uninstall (the caller decides).
+pub async fn ask(client: &Client, namespace: &str, pod: &str, node: &str) -> Result<Stop, String> {
+    let failed = |what: &str, e: kube::Error| match &e {
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Ok(Stop::Remove(format!(
+            "cannot read {what}: our permission is gone (an uninstall removes it)"
+        ))),
+        _ => Err(format!("cannot read {what}: {e}")),
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let me = match pods.get(pod).await {
@@ -83,20 +93,23 @@ pub async fn ask(client: &Client, namespace: &str, pod: &str, node: &str) -> Sto
         Err(e) => return failed(&format!("this pod {namespace}/{pod}"), e),
     };
     let Some(ds_name) = owner_daemonset(&me) else {
-        return Stop::Remove(format!(
+        return Ok(Stop::Remove(format!(
             "this pod {namespace}/{pod} belongs to no DaemonSet"
-        ));
+        )));
     };
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let ds = match daemonsets.get_opt(&ds_name).await {
         Ok(Some(ds)) => ds,
-        Ok(None) => return Stop::Remove(format!("the DaemonSet {namespace}/{ds_name} is gone")),
+        Ok(None) => {
+            let why = format!("the DaemonSet {namespace}/{ds_name} is gone");
+            return Ok(Stop::Remove(why));
+        }
         Err(e) => return failed(&format!("the DaemonSet {namespace}/{ds_name}"), e),
     };
     if ds.metadata.deletion_timestamp.is_some() {
-        return Stop::Remove(format!(
+        return Ok(Stop::Remove(format!(
             "the DaemonSet {namespace}/{ds_name} is being deleted"
-        ));
+        )));
     }
     let nodes: Api<Node> = Api::all(client.clone());
     let this = match nodes.get(node).await {
@@ -104,7 +117,7 @@ pub async fn ask(client: &Client, namespace: &str, pod: &str, node: &str) -> Sto
         Err(e) => return failed(&format!("this node {node}"), e),
     };
     let spec = ds.spec.and_then(|s| s.template.spec).unwrap_or_default();
-    match selects(&spec, &this) {
+    Ok(match selects(&spec, &this) {
         Ok(()) => Stop::Keep(format!(
             "the DaemonSet {namespace}/{ds_name} still runs a pod on node {node} (an upgrade or \
              a restart); the next agent takes over the plugin"
@@ -112,7 +125,7 @@ pub async fn ask(client: &Client, namespace: &str, pod: &str, node: &str) -> Sto
         Err(why) => Stop::Remove(format!(
             "the DaemonSet {namespace}/{ds_name} no longer runs a pod on node {node}: {why}"
         )),
-    }
+    })
 }
 
 fn owner_daemonset(pod: &Pod) -> Option<String> {

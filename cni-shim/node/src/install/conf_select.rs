@@ -92,13 +92,15 @@ pub(crate) struct Skipped {
 /// The file to chain into: `conf_name` if given (or its `.conf`/`.conflist` twin when only
 /// that exists), else the file the runtime uses. `Ok(None)`: none yet.
 pub fn select_target(dir: &Path, conf_name: Option<&str>) -> Result<Option<PathBuf>> {
-    select_target_noting(dir, conf_name).map(|(target, _)| target)
+    select_target_noting(dir, conf_name, None).map(|(target, _)| target)
 }
 
-/// [`select_target`], and the files a runtime would skip on the way to it, with why.
+/// [`select_target`] passing over `owned` (our own file, never the primary), and the files a
+/// runtime would skip on the way to it, with why.
 pub(crate) fn select_target_noting(
     dir: &Path,
     conf_name: Option<&str>,
+    owned: Option<&Path>,
 ) -> Result<(Option<PathBuf>, Vec<Skipped>)> {
     if let Some(name) = conf_name {
         let path = dir.join(name);
@@ -114,7 +116,7 @@ pub(crate) fn select_target_noting(
     }
     let mut skipped = Vec::new();
     for path in candidates(dir)? {
-        let Some(kind) = conf_kind(&path) else {
+        let Some(kind) = conf_kind(&path).filter(|_| Some(path.as_path()) != owned) else {
             continue;
         };
         // A file that vanished or cannot be read is skipped, as the runtime would.

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::chain;
 use super::conf_select::{self, ConfKind};
+use super::owned_file;
 use super::undo::{Before, UndoRecord};
 use crate::atomic_file::{self, FileAttrs};
 use crate::error::{Error, Result};
@@ -32,6 +33,8 @@ pub struct CniConfig {
     net_dir: PathBuf,
     conf_name: Option<String>,
     chained: bool,
+    /// Chained with `ISTIO_OWNED_CNI_CONFIG`: our own list, the primary's file left alone.
+    owned: Option<PathBuf>,
     entry: Value,
     standalone: Value,
     standalone_path: PathBuf,
@@ -51,6 +54,10 @@ impl CniConfig {
             net_dir: s.mounted_cni_net_dir.clone(),
             conf_name: s.cni_conf_name.clone(),
             chained: s.chained,
+            owned: s
+                .owned_conf_name
+                .as_ref()
+                .map(|n| s.mounted_cni_net_dir.join(n)),
             entry: plugin_entry::plugin_entry(s),
             standalone: plugin_entry::standalone_conf(s),
             standalone_path: s.mounted_cni_net_dir.join(s.standalone_conf_name()),
@@ -69,16 +76,19 @@ impl CniConfig {
     pub fn reconcile(&mut self) -> Result<ConfigStatus> {
         // A second pass covers the case where undoing the previous target changed the choice.
         for _ in 0..2 {
-            let wanted = if self.chained {
-                let (target, skipped) =
-                    conf_select::select_target_noting(&self.net_dir, self.conf_name.as_deref())?;
+            let (wanted, primary) = if self.chained {
+                let (target, skipped) = conf_select::select_target_noting(
+                    &self.net_dir,
+                    self.conf_name.as_deref(),
+                    self.owned.as_deref(),
+                )?;
                 self.report_skips(&skipped);
                 match target {
-                    Some(t) => t,
+                    Some(t) => (self.owned.clone().unwrap_or_else(|| t.clone()), t),
                     None => return Ok(ConfigStatus::Waiting),
                 }
             } else {
-                self.standalone_path.clone()
+                (self.standalone_path.clone(), self.standalone_path.clone())
             };
             match self.record.target() {
                 Some(prev) if prev != wanted => {
@@ -92,13 +102,57 @@ impl CniConfig {
                 }
                 _ => {}
             }
-            return if self.chained {
-                self.chain_into(&wanted)
-            } else {
-                self.write_standalone()
+            return match (self.chained, wanted != primary) {
+                (true, true) => self.write_owned(&wanted, &primary),
+                (true, false) => self.chain_into(&wanted),
+                (false, _) => self.write_standalone(),
             };
         }
         Ok(ConfigStatus::Waiting)
+    }
+
+    /// The owned file, from the primary's (which is only read): written when it differs, and
+    /// refused while another valid file sorts before it (the runtime would read that one).
+    fn write_owned(&mut self, owned: &Path, primary: &Path) -> Result<ConfigStatus> {
+        let Some(bytes) = atomic_file::read_if_exists(primary)? else {
+            return Ok(ConfigStatus::Waiting);
+        };
+        let attrs = atomic_file::attrs_of(primary)?.unwrap_or(FileAttrs::mode(0o644));
+        let desired = owned_file::content(primary, &bytes, &self.entry).map_err(|reason| {
+            Error::BadCniConfig {
+                path: primary.to_path_buf(),
+                reason,
+            }
+        })?;
+        if let Some(first) = owned_file::shadowed_by(&self.net_dir, owned)? {
+            let first = first.file_name().unwrap_or_default().to_string_lossy();
+            return Err(Error::BadCniConfig {
+                path: owned.to_path_buf(),
+                reason: format!(
+                    "{first} sorts before it, and the runtime reads the first valid file, so \
+                     pods would start without the plugin: set ISTIO_OWNED_CNI_CONFIG_FILENAME \
+                     to a name that sorts before {first} (such as 00-istio-cni.conflist)"
+                ),
+            });
+        }
+        let current = atomic_file::read_if_exists(owned)?;
+        let current_attrs = atomic_file::attrs_of(owned)?;
+        if current.as_deref() == Some(&desired[..]) && current_attrs == Some(attrs) {
+            return Ok(ConfigStatus::Unchanged(owned.to_path_buf()));
+        }
+        self.record.note(
+            owned,
+            current.as_deref().zip(current_attrs),
+            Some(desired.clone()),
+        );
+        self.record.save(&self.state_path)?;
+        atomic_file::write_atomic(owned, &desired, attrs)?;
+        tracing::info!(
+            "wrote our own config {} from {} (which is left as it is)",
+            owned.display(),
+            primary.display()
+        );
+        Ok(ConfigStatus::Written(owned.to_path_buf()))
     }
 
     /// Says which config files a runtime skips and why, once per version of each file.
@@ -268,6 +322,12 @@ impl CniConfig {
             let Some(bytes) = atomic_file::read_if_exists(&f.path)? else {
                 continue;
             };
+            if self.owned.as_deref() == Some(f.path.as_path()) {
+                // Our own file, changed since: a copy of the primary without our entry would
+                // only shadow the primary's next change. It goes.
+                self.remove_owned()?;
+                continue;
+            }
             let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
                 tracing::warn!("left {} alone: it is not JSON any more", f.path.display());
                 continue;
@@ -328,7 +388,28 @@ impl CniConfig {
         Ok(())
     }
 
+    /// The owned file removed when it holds an entry of ours (what else is there is a copy).
+    fn remove_owned(&self) -> Result<()> {
+        let Some(owned) = &self.owned else {
+            return Ok(());
+        };
+        let Some(bytes) = atomic_file::read_if_exists(owned)? else {
+            return Ok(());
+        };
+        if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| chain::list_has_any_entry(&v)) {
+            atomic_file::remove(owned)?;
+            tracing::info!("removed our own config {}", owned.display());
+        } else {
+            tracing::warn!(
+                "left {} alone: it holds no entry of ours any more",
+                owned.display()
+            );
+        }
+        Ok(())
+    }
+
     fn remove_ours_without_record(&self) -> Result<()> {
+        self.remove_owned()?;
         if !self.chained {
             if let Some(bytes) = atomic_file::read_if_exists(&self.standalone_path)? {
                 if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| is_ours(&v)) {

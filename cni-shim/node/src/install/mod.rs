@@ -19,6 +19,7 @@ pub mod conf_select;
 pub(crate) mod config_file;
 pub mod installer;
 pub mod kubeconfig;
+pub(crate) mod owned_file;
 pub mod rate_limit;
 pub mod signals;
 pub(crate) mod undo;

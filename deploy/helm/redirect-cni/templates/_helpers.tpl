@@ -119,6 +119,11 @@ its name from CNI_NETWORK_NAME.
 {{- /* Chained, or standalone (Multus), and the file: standalone defaults to redirect-cni.conf. */}}
 {{- $_ := set $data "CHAINED_CNI_PLUGIN" (toString $cni.chained) }}
 {{- $_ := set $data "CNI_CONF_NAME" ($cni.cniConfFileName | default (ternary "" "redirect-cni.conf" $cni.chained)) }}
+{{- if and $cni.chained $cni.istioOwnedCNIConfig }}
+{{- /* Our own list beside the primary's file, as Istio's chart says it. */}}
+{{- $_ := set $data "ISTIO_OWNED_CNI_CONFIG" "true" }}
+{{- $_ := set $data "ISTIO_OWNED_CNI_CONF_FILENAME" (toString ($cni.istioOwnedCNIConfigFileName | default "")) }}
+{{- end }}
 {{- if not $cni.chained }}
 {{- /* The standalone file's mode: 0600 ("true": 0640). */}}
 {{- $_ := set $data "CNI_CONF_GROUP_READ" "false" }}
