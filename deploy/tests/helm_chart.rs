@@ -1526,13 +1526,10 @@ fn settings_that_cannot_work_are_refused_with_a_message() {
             ],
             "env.PLUGIN_CONFIG_JSON=[\"log_file\"]: not a JSON object",
         ),
+        // A platform Istio's chart does not know either.
         (
-            &["--set", "global.platform=k3s"],
-            "global.platform=k3s: this chart knows only openshift",
-        ),
-        (
-            &["--set", "platform=gke"],
-            "global.platform=gke: this chart knows only openshift",
+            &["--set", "global.platform=k8s"],
+            "global.platform=k8s: unknown platform",
         ),
         // The schema.
         (&["--set", "cni.provider=calico"], "cni.provider"),
@@ -1868,8 +1865,12 @@ fn node_settings(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
         "ambient_selectors",
         serde_json::to_string(&selectors).expect("JSON"),
     );
+    out.insert("quota", (!of_kind("ResourceQuota").is_empty()).to_string());
     let ds = of_kind("DaemonSet");
     assert_eq!(ds.len(), 1, "{origin}: one DaemonSet");
+    let container = &ds[0]["spec"]["template"]["spec"]["containers"][0];
+    let selinux = &container["securityContext"]["seLinuxOptions"]["type"];
+    out.insert("selinux", selinux.as_str().unwrap_or("").to_string());
     for v in ds[0]["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .expect("volumes")
@@ -2158,6 +2159,75 @@ const AS_ISTIO: &[AsIstio] = &[
             ("owned", "true"),
             ("owned_name", "01-mesh.conflist"),
             ("chained", "true"),
+        ],
+    },
+    AsIstio {
+        name: "global.platform=gke: Istio 1.31's platform profile",
+        args: &["--set", "global.platform=gke"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[("bin_dir", "/opt/cni/bin"), ("conf_dir", "/etc/cni/net.d"), ("quota", "true")],
+    },
+    AsIstio {
+        name: "global.platform=k3s",
+        args: &["--set", "global.platform=k3s"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("bin_dir", "/var/lib/rancher/k3s/data/cni"),
+            ("conf_dir", "/var/lib/rancher/k3s/agent/etc/cni/net.d"),
+            ("chained", "true"),
+            ("quota", "false"),
+        ],
+    },
+    AsIstio {
+        name: "global.platform=k3d",
+        args: &["--set", "global.platform=k3d"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("bin_dir", "/bin"),
+            ("conf_dir", "/var/lib/rancher/k3s/agent/etc/cni/net.d"),
+        ],
+    },
+    AsIstio {
+        name: "global.platform=microk8s",
+        args: &["--set", "global.platform=microk8s"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("bin_dir", "/var/snap/microk8s/current/opt/cni/bin"),
+            ("conf_dir", "/var/snap/microk8s/current/args/cni-network"),
+        ],
+    },
+    AsIstio {
+        name: "global.platform=minikube",
+        args: &["--set", "global.platform=minikube"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("bin_dir", "/opt/cni/bin"),
+            ("netns_dir", "/var/run/docker/netns"),
+        ],
+    },
+    AsIstio {
+        name: "global.platform=openshift: Multus's folders, standalone istio-cni.conf, spc_t",
+        args: &["--set", "global.platform=openshift"],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("bin_dir", "/var/lib/cni/bin"),
+            ("conf_dir", "/etc/cni/multus/net.d"),
+            ("chained", "false"),
+            ("conf_file", "istio-cni.conf"),
+            ("selinux", "spc_t"),
+            ("nad", "default/istio-cni"),
+        ],
+    },
+    AsIstio {
+        name: "a value of the user's cni. wins over the platform's, which wins over the top level",
+        args: &[
+            "--set",
+            "global.platform=k3s,cni.cniBinDir=/opt/k3s/bin,cniConfDir=/etc/ignored",
+        ],
+        versions: &["1.31.0-rc.0"],
+        istio: &[
+            ("bin_dir", "/opt/k3s/bin"),
+            ("conf_dir", "/var/lib/rancher/k3s/agent/etc/cni/net.d"),
         ],
     },
     AsIstio {

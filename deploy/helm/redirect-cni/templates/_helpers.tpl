@@ -14,7 +14,9 @@ template starts with
 */}}
 {{- define "redirect-cni.cni" -}}
 {{- $istioctl := (.Values.values | default dict).cni | default dict -}}
-{{- $cni := mustMergeOverwrite (deepCopy (omit .Values "cni" "values")) (deepCopy $istioctl) (deepCopy (.Values.cni | default dict)) -}}
+{{- $platform := include "redirect-cni.platformValues" . | fromYaml -}}
+{{- $top := mustMergeOverwrite (deepCopy ($platform.top | default dict)) (deepCopy (omit .Values "cni" "values")) -}}
+{{- $cni := mustMergeOverwrite $top (deepCopy ($platform.cni | default dict)) (deepCopy $istioctl) (deepCopy (.Values.cni | default dict)) -}}
 {{- $gke := .Capabilities.KubeVersion.GitVersion | contains "-gke" -}}
 {{- $_ := set $cni "cniBinDir" ($cni.cniBinDir | default (ternary "/home/kubernetes/bin" "/opt/cni/bin" $gke)) -}}
 {{- $_ := set $cni "cniConfDir" ($cni.cniConfDir | default "/etc/cni/net.d") -}}
@@ -97,6 +99,36 @@ openshift too.
 {{- define "redirect-cni.platform" -}}
 {{- $profile := include "redirect-cni.profile" . -}}
 {{- coalesce .Values.platform .Values.global.platform (ternary "openshift" "" (eq $profile "openshift")) | default "" -}}
+{{- end -}}
+
+{{/*
+What Istio's platform profiles set (its manifests/helm-profiles/platform-<name>.yaml), as
+{cni: ..., top: ...}: the cni part goes under the user's cni. values and over the top level (as
+Istio's chart copies its cni over the top level after the profile is merged); the top part
+under the user's top-level values. An unknown platform fails, as in Istio's chart.
+*/}}
+{{- define "redirect-cni.platformValues" -}}
+{{- $platform := include "redirect-cni.platform" . -}}
+{{- $k3s := "/var/lib/rancher/k3s/agent/etc/cni/net.d" -}}
+{{- if eq $platform "" -}}
+{}
+{{- else if eq $platform "gke" -}}
+cni: {cniBinDir: "", resourceQuotas: {enabled: true}}
+top: {resourceQuotas: {enabled: true}}
+{{- else if eq $platform "k3d" -}}
+cni: {cniConfDir: {{ $k3s }}, cniBinDir: /bin}
+{{- else if eq $platform "k3s" -}}
+cni: {cniConfDir: {{ $k3s }}, cniBinDir: /var/lib/rancher/k3s/data/cni}
+{{- else if eq $platform "microk8s" -}}
+cni: {cniConfDir: /var/snap/microk8s/current/args/cni-network, cniBinDir: /var/snap/microk8s/current/opt/cni/bin}
+{{- else if eq $platform "minikube" -}}
+cni: {cniNetnsDir: /var/run/docker/netns}
+{{- else if eq $platform "openshift" -}}
+cni: {cniBinDir: /var/lib/cni/bin, cniConfDir: /etc/cni/multus/net.d, chained: false, cniConfFileName: istio-cni.conf, provider: multus}
+top: {seLinuxOptions: {type: spc_t}}
+{{- else -}}
+{{- fail (printf "global.platform=%s: unknown platform; Istio's are gke, k3d, k3s, microk8s, minikube and openshift (or leave it unset and set cniBinDir, cniConfDir yourself)" $platform) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -248,11 +280,6 @@ into a working deployment.
 {{- end -}}
 {{- with $cni.psp_cluster_role -}}
 {{- fail (printf "psp_cluster_role=%s: PodSecurityPolicy was removed in Kubernetes 1.25; a RoleBinding to a PodSecurityPolicy role would grant nothing, so this chart makes none: leave psp_cluster_role out. Where Pod Security Admission enforces a level, the release's namespace needs pod-security.kubernetes.io/enforce=privileged (host paths, host network, capabilities). On an older cluster that still enforces PodSecurityPolicy, bind the role yourself: kubectl -n %s create rolebinding redirect-cni-psp --clusterrole=%s --serviceaccount=%s:redirect-cni" . $.Release.Namespace . $.Release.Namespace) -}}
-{{- end -}}
-{{- with include "redirect-cni.platform" . -}}
-{{- if ne . "openshift" -}}
-{{- fail (printf "global.platform=%s: this chart knows only openshift (it adds the SCC). Set cni.cniBinDir and cni.cniConfDir for %s yourself (Istio's files/profile-platform-%s.yaml names them) and leave global.platform unset" . . .) -}}
-{{- end -}}
 {{- end -}}
 {{- end -}}
 
