@@ -809,16 +809,38 @@ const VALUES: &[Case] = &[
         edit: |o| set(o, CM, "/data/EXCLUDE_NAMESPACES", json!("kube-system,istio-system")),
     },
     Case {
-        name: "cni.logging.level -> PLUGIN_LOG_LEVEL",
+        name: "cni.logging.level -> PLUGIN_LOG_LEVEL and the agent's LOG_OUTPUT_LEVEL",
         args: &["--set", "cni.logging.level=debug,global.logging.level=error"],
         files: &[K8S],
-        edit: |o| set(o, CM, "/data/PLUGIN_LOG_LEVEL", json!("debug")),
+        edit: |o| {
+            set(o, CM, "/data/PLUGIN_LOG_LEVEL", json!("debug"));
+            set(o, CM, "/data/LOG_OUTPUT_LEVEL", json!("debug"));
+        },
     },
     Case {
-        name: "global.logging.level -> PLUGIN_LOG_LEVEL",
+        name: "global.logging.level -> PLUGIN_LOG_LEVEL and LOG_OUTPUT_LEVEL",
         args: &["--set", "global.logging.level=warn"],
         files: &[K8S],
-        edit: |o| set(o, CM, "/data/PLUGIN_LOG_LEVEL", json!("warn")),
+        edit: |o| {
+            set(o, CM, "/data/PLUGIN_LOG_LEVEL", json!("warn"));
+            set(o, CM, "/data/LOG_OUTPUT_LEVEL", json!("warn"));
+        },
+    },
+    Case {
+        name: "Istio's scope:level list: the agent's whole, the plugin's cni-plugin level",
+        args: &["--set-string", "logging.level=default:warn\\,cni-plugin:debug\\,ambient:debug"],
+        files: &[K8S],
+        edit: |o| {
+            set(o, CM, "/data/PLUGIN_LOG_LEVEL", json!("debug"));
+            let list = json!("default:warn,cni-plugin:debug,ambient:debug");
+            set(o, CM, "/data/LOG_OUTPUT_LEVEL", list);
+        },
+    },
+    Case {
+        name: "global.logAsJson: LOG_AS_JSON, the agent's and the plugin's JSON lines",
+        args: &["--set", "global.logAsJson=true"],
+        files: &[K8S],
+        edit: |o| set(o, CM, "/data/LOG_AS_JSON", json!("true")),
     },
     Case {
         name: "cni.repair.initContainerName, brokenPodLabelKey, brokenPodLabelValue",
@@ -1169,7 +1191,10 @@ const SEEDS: &[Case] = &[
         name: "logging.level (the newer name) wins over logLevel, which wins over global",
         args: &[VALUES_YAML, "logLevel: debug\nlogging:\n  level: warn\nglobal:\n  logging:\n    level: error\n"],
         files: &[K8S],
-        edit: |o| log_level(o, "warn"),
+        edit: |o| {
+            log_level(o, "warn");
+            set(o, CM, "/data/LOG_OUTPUT_LEVEL", json!("warn"));
+        },
     },
     Case {
         name: "an old Istio values block: cni.logLevel, psp_cluster_role \"\", excludeNamespaces",

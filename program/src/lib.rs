@@ -2,7 +2,7 @@
 //! redirect-validate share about running as a process.
 //!
 //! - [`logging`]: the one `tracing` subscriber per process and our line format (escaped, one
-//!   event one line, a log file that never blocks).
+//!   event one line, a log file that never blocks), Istio's JSON lines and `scope:level` lists.
 //! - [`env`](mod@env): the variables a program reads must be UTF-8 ([`env::check_utf8`]).
 //! - [`errors`]: an error with its causes, each once, for whatever shows it to an operator
 //!   ([`errors::chain`]).
@@ -14,4 +14,6 @@
 
 pub mod env;
 pub mod errors;
+mod log_json;
+mod log_scopes;
 pub mod logging;

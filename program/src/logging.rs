@@ -30,7 +30,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use tracing::field::{Field, Visit};
@@ -40,6 +40,8 @@ use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::Registry;
 use tracing_subscriber::reload;
+
+pub use crate::log_scopes::{scope_of, ScopeLevels, SCOPES};
 
 /// The crates whose lines pass at the sink's level: the workspace's libraries and binaries, as
 /// `tracing` names them (the first segment of a target, the module path).
@@ -70,7 +72,35 @@ pub struct Sink {
     pub level: LevelFilter,
     /// A file that gets every line too, each after its time.
     pub file: Option<PathBuf>,
+    /// Scopes at another level than `level` (Istio's `scope:level` lists, [`ScopeLevels`]).
+    pub scopes: Vec<(&'static str, LevelFilter)>,
+    /// JSON lines (Istio's `--log_as_json`): `{"level","time","scope","msg", fields...}`.
+    pub json: bool,
+    /// Also hands each line written to this (the plugin's lines to its node agent).
+    pub forward: Option<Forward>,
 }
+
+/// Where a line goes besides stderr: given its level name and its text (message and fields,
+/// escaped). It must not block.
+#[derive(Clone)]
+pub struct Forward(pub Arc<ForwardFn>);
+
+/// What a [`Forward`] calls: `(level, text)`.
+pub type ForwardFn = dyn Fn(&str, &str) + Send + Sync;
+
+impl fmt::Debug for Forward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Forward")
+    }
+}
+
+impl PartialEq for Forward {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Forward {}
 
 impl Sink {
     /// stderr only, from `level` up.
@@ -79,7 +109,17 @@ impl Sink {
             prefix,
             level,
             file: None,
+            scopes: Vec::new(),
+            json: false,
+            forward: None,
         }
+    }
+
+    /// With the levels of an Istio `scope:level` list.
+    pub fn with_levels(mut self, levels: ScopeLevels) -> Sink {
+        self.level = levels.default;
+        self.scopes = levels.named;
+        self
     }
 }
 
@@ -154,16 +194,45 @@ impl Lines {
     }
 
     fn passes(&self, level: &Level, target: &str) -> bool {
+        let scope = scope_of(target);
+        let own = self
+            .sink
+            .scopes
+            .iter()
+            .find(|(s, _)| *s == scope)
+            .map_or(self.sink.level, |(_, l)| *l);
         let floor = if is_ours(target) {
-            self.sink.level
+            own
         } else {
-            self.sink.level.min(LevelFilter::WARN)
+            own.min(LevelFilter::WARN)
         };
         *level <= floor
     }
 
-    /// The stderr line of one record, `body` writing its message.
+    /// The line of one record: its message and fields (`body` writes the message; `fields`
+    /// as name and value), as a text line or, with `json`, a JSON line.
     fn line(&self, level: &Level, target: &str, body: impl FnOnce(&mut String)) -> String {
+        self.line_with(level, target, body, &Fields::default())
+    }
+
+    fn line_with(
+        &self,
+        level: &Level,
+        target: &str,
+        body: impl FnOnce(&mut String),
+        fields: &Fields,
+    ) -> String {
+        let mut text = String::with_capacity(96);
+        body(&mut text);
+        if self.sink.json {
+            return crate::log_json::line(
+                level_name(level),
+                scope_of(target),
+                target,
+                &text,
+                &fields.pairs,
+            );
+        }
         let mut line = String::with_capacity(128);
         line.push_str(level_name(level));
         line.push('\t');
@@ -175,8 +244,7 @@ impl Lines {
             line.push_str(target);
             line.push_str(": ");
         }
-        let mut text = String::with_capacity(96);
-        body(&mut text);
+        text.push_str(&fields.rest);
         escape_into(&mut line, &text);
         line.push('\n');
         line
@@ -184,12 +252,10 @@ impl Lines {
 
     fn event_line(&self, event: &Event<'_>) -> String {
         let m = event.metadata();
-        self.line(m.level(), m.target(), |line| {
-            let mut fields = Fields::default();
-            event.record(&mut fields);
-            line.push_str(&fields.message);
-            line.push_str(&fields.rest);
-        })
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let message = std::mem::take(&mut fields.message);
+        self.line_with(m.level(), m.target(), |l| l.push_str(&message), &fields)
     }
 
     fn write(&self, line: &str) {
@@ -198,10 +264,23 @@ impl Lines {
         self.append(line);
     }
 
+    /// Hands the line to the sink's forward, as text (message and fields, escaped) after its
+    /// level, whatever the format here.
+    fn forward(&self, level: &Level, text: &str) {
+        if let Some(Forward(f)) = &self.sink.forward {
+            f(level_name(level), &escape(text));
+        }
+    }
+
     fn append(&self, line: &str) {
         let Some(mut file) = self.log_file() else {
             return;
         };
+        if self.sink.json {
+            // A JSON line carries its time.
+            let _ = file.write_all(line.as_bytes());
+            return;
+        }
         // The file gathers the lines of many processes: each needs its time. (The runtime
         // stamps stderr itself.)
         let stamped = format!(
@@ -276,11 +355,23 @@ impl<S: Subscriber> Layer<S> for Lines {
 
     fn max_level_hint(&self) -> Option<LevelFilter> {
         // Other crates' floor is never below ours.
-        Some(self.sink.level)
+        Some(
+            self.sink
+                .scopes
+                .iter()
+                .map(|(_, l)| *l)
+                .fold(self.sink.level, LevelFilter::max),
+        )
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         self.write(&self.event_line(event));
+        if self.sink.forward.is_some() {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            fields.message.push_str(&fields.rest);
+            self.forward(event.metadata().level(), &fields.message);
+        }
     }
 }
 
@@ -331,7 +422,7 @@ fn needs_escape(c: char) -> bool {
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-fn is_ours(target: &str) -> bool {
+pub(crate) fn is_ours(target: &str) -> bool {
     OURS.contains(&target.split("::").next().unwrap_or(target))
 }
 
@@ -345,11 +436,12 @@ fn level_name(level: &Level) -> &'static str {
     }
 }
 
-/// An event's message, and its other fields as ` name=value`.
+/// An event's message, and its other fields as ` name=value` (and as pairs, for JSON).
 #[derive(Default)]
 struct Fields {
     message: String,
     rest: String,
+    pairs: Vec<(&'static str, String)>,
 }
 
 impl Visit for Fields {
@@ -357,19 +449,26 @@ impl Visit for Fields {
         if field.name() == "message" {
             self.message.push_str(value);
         } else {
-            self.record_debug(field, &value);
+            let _ = write!(self.rest, " {}={value:?}", field.name());
+            self.pairs.push((field.name(), value.to_string()));
         }
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
         let _ = write!(self.rest, " {}={value}", field.name());
+        self.pairs.push((field.name(), value.to_string()));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let _ = match field.name() {
-            "message" => write!(self.message, "{value:?}"),
-            name => write!(self.rest, " {name}={value:?}"),
-        };
+        match field.name() {
+            "message" => {
+                let _ = write!(self.message, "{value:?}");
+            }
+            name => {
+                let _ = write!(self.rest, " {name}={value:?}");
+                self.pairs.push((name, format!("{value:?}")));
+            }
+        }
     }
 }
 
@@ -385,9 +484,9 @@ impl log::Log for LogRecords {
         with_lines(|l| {
             let level = tracing_level(r.level());
             if l.passes(&level, r.target()) {
-                l.write(&l.line(&level, r.target(), |line| {
-                    let _ = write!(line, "{}", r.args());
-                }));
+                let text = r.args().to_string();
+                l.write(&l.line(&level, r.target(), |line| line.push_str(&text)));
+                l.forward(&level, &text);
             }
         });
     }
@@ -521,9 +620,8 @@ mod tests {
         let path = std::env::temp_dir().join(format!("redirect-logging-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let lines = Lines::new(Sink {
-            prefix: Some("redirect-cni"),
-            level: LevelFilter::INFO,
             file: Some(path.clone()),
+            ..Sink::stderr(Some("redirect-cni"), LevelFilter::INFO)
         });
         lines.append("info\tredirect-cni\tone\n");
         lines.append("warn\tredirect-cni\ttwo\n");
@@ -584,9 +682,8 @@ mod tests {
         let fifo = dir.join("fifo");
         nix::unistd::mkfifo(&fifo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
         let sink = |file: &Path| Sink {
-            prefix: None,
-            level: LevelFilter::INFO,
             file: Some(file.to_owned()),
+            ..Sink::stderr(None, LevelFilter::INFO)
         };
         // A FIFO nobody reads (opening it for writing would block), and a directory.
         for path in [&fifo, &dir] {
@@ -615,5 +712,88 @@ mod tests {
             .unwrap()
             .ends_with("\tinfo\tkept\n"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn json_lines_parse_one_by_one_with_istios_keys_and_the_fields() {
+        let sink = Sink {
+            json: true,
+            ..Sink::stderr(Some("redirect-cni"), LevelFilter::INFO)
+        };
+        let forged = "cart\n{\"level\":\"error\",\"msg\":\"FORGED\"}";
+        let lines = lines_of(sink, || {
+            tracing::info!(target: "cni_node::install::watch", "wrote {}", "/etc/cni/net.d/10.conflist");
+            tracing::warn!(target: "cni_node::ambient::controller", pod = %forged, attempt = 2, "retrying");
+            tracing::warn!(target: "kube_client::client", "something to see");
+        });
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let parsed: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|l| {
+                assert_eq!(l.matches('\n').count(), 1, "{l:?}");
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))
+            })
+            .collect();
+        assert_eq!(parsed[0]["level"], "info");
+        assert_eq!(parsed[0]["scope"], "install");
+        assert_eq!(parsed[0]["msg"], "wrote /etc/cni/net.d/10.conflist");
+        assert!(humantime::parse_rfc3339(parsed[0]["time"].as_str().unwrap()).is_ok());
+        assert_eq!(parsed[1]["scope"], "ambient");
+        assert_eq!(parsed[1]["pod"], forged);
+        assert_eq!(parsed[1]["attempt"], "2");
+        assert_eq!(parsed[2]["target"], "kube_client::client");
+        assert_eq!(parsed[2]["scope"], "default");
+    }
+
+    #[test]
+    fn each_scope_logs_from_its_own_level() {
+        let levels = ScopeLevels::parse("default:warn,ambient:debug").unwrap();
+        let sink = Sink::stderr(None, LevelFilter::INFO).with_levels(levels);
+        let lines = lines_of(sink, || {
+            tracing::debug!(target: "cni_node::ambient::dataplane", "ambient detail");
+            tracing::info!(target: "cni_node::install::watch", "install info");
+            tracing::warn!(target: "cni_node::install::watch", "install warning");
+            tracing::debug!(target: "kube_client", "kube debug");
+        });
+        assert_eq!(
+            lines,
+            ["debug\tambient detail\n", "warn\tinstall warning\n"]
+        );
+    }
+
+    #[test]
+    fn a_forward_gets_each_line_as_text_whatever_the_format() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let to = got.clone();
+        let forward = Forward(Arc::new(move |level: &str, text: &str| {
+            to.lock().unwrap().push(format!("{level} {text}"));
+        }));
+        let sink = Sink {
+            json: true,
+            forward: Some(forward),
+            ..Sink::stderr(None, LevelFilter::INFO)
+        };
+        let lines = Lines::new(sink);
+        let collect = Forwarded(lines);
+        tracing::subscriber::with_default(Registry::default().with(collect), || {
+            tracing::info!(pod = "shop/web", "ADD\tcaptured");
+            tracing::debug!("not at info");
+        });
+        assert_eq!(
+            *got.lock().unwrap(),
+            ["info ADD\\tcaptured pod=\"shop/web\""]
+        );
+    }
+
+    /// `Lines` as the subscriber's layer, its forward included (stderr gets the lines too).
+    struct Forwarded(Lines);
+
+    impl<S: Subscriber> Layer<S> for Forwarded {
+        fn enabled(&self, m: &Metadata<'_>, _: Context<'_, S>) -> bool {
+            self.0.wants(m)
+        }
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            <Lines as Layer<S>>::on_event(&self.0, event, ctx);
+        }
     }
 }

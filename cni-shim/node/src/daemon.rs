@@ -37,6 +37,11 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
             return 2;
         }
     };
+    // The configured levels (Istio's scope:level list) and format, from here on.
+    redirect_program::logging::install(Sink {
+        json: settings.log_as_json,
+        ..Sink::stderr(None, LevelFilter::INFO).with_levels(settings.log_levels.clone())
+    });
     if hand_back {
         return crate::hand_back::main(&settings);
     }

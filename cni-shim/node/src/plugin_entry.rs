@@ -18,6 +18,9 @@ pub fn plugin_entry(s: &Settings) -> Value {
     m.insert("type".into(), PLUGIN_TYPE.into());
     m.insert("name".into(), s.cni_network_name.clone().into());
     m.insert("log_level".into(), s.plugin_log_level.clone().into());
+    if s.log_as_json {
+        m.insert("log_as_json".into(), true.into());
+    }
     m.insert(
         "cni_agent_run_dir".into(),
         s.cni_agent_run_dir.to_string_lossy().into_owned().into(),

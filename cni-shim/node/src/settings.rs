@@ -190,6 +190,22 @@ redirect_core::cli::flags! {
             "info",
             "The plugin's log level (log_level in its config)",
         ),
+        LOG_OUTPUT_LEVEL = s(
+            "log_output_level",
+            Some("LOG_OUTPUT_LEVEL"),
+            "info",
+            "The agent's own log level: a level (debug, info, warn, error, none) or Istio's \
+             scope:level list, such as default:info,ambient:debug (scopes: default, install, \
+             repair, ambient, cni-agent, cni-plugin, cni); the plugin's lines forwarded to the \
+             agent are scope cni-plugin",
+        ),
+        LOG_AS_JSON = b(
+            "log_as_json",
+            "LOG_AS_JSON",
+            "false",
+            "JSON log lines (level, time, scope, msg, fields), the agent's and the plugin's \
+             (log_as_json in its entry)",
+        ),
         PLUGIN_CONFIG_JSON = s(
             "plugin-config-json",
             Some("PLUGIN_CONFIG_JSON"),
@@ -486,6 +502,10 @@ pub struct Settings {
     pub pod_namespace: String,
     /// `PLUGIN_LOG_LEVEL`: the plugin's log level (`log_level` in its entry).
     pub plugin_log_level: String,
+    /// `LOG_OUTPUT_LEVEL`: the agent's own levels, by scope.
+    pub log_levels: redirect_program::logging::ScopeLevels,
+    /// `LOG_AS_JSON`: JSON log lines, the agent's and the plugin's.
+    pub log_as_json: bool,
     /// Extra fields for the plugin's entry (`--plugin-config-json`).
     pub plugin_config: Map<String, Value>,
     /// `CLEANUP_ON_EXIT`: on a clean stop, remove what was installed.
@@ -709,6 +729,9 @@ fn settings(v: &Values) -> Result<Settings> {
         exclude_namespaces: split_list(&v.string(&EXCLUDE_NAMESPACES)),
         pod_namespace: v.string(&POD_NAMESPACE),
         plugin_log_level,
+        log_levels: redirect_program::logging::ScopeLevels::parse(&v.string(&LOG_OUTPUT_LEVEL))
+            .map_err(|why| v.invalid(&LOG_OUTPUT_LEVEL, why))?,
+        log_as_json: v.boolean(&LOG_AS_JSON)?,
         plugin_config,
         cleanup_on_exit: v.boolean(&CLEANUP_ON_EXIT)?,
         safe_upgrade: v.boolean(&SAFE_UPGRADE)?,

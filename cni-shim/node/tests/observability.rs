@@ -73,9 +73,15 @@ fn requests(text: &str, command: &str, code: u32) -> f64 {
 
 /// The installer binary (and so the agent) in `node`, standalone config, no repair.
 fn start_agent(node: &TestNetns, dirs: &Path) -> Child {
+    start_agent_with(node, dirs, &[])
+}
+
+/// [`start_agent`] with more flags.
+fn start_agent_with(node: &TestNetns, dirs: &Path, more: &[&str]) -> Child {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", node.name(), node_bin()])
         .args(common::install_args(dirs))
+        .args(more)
         .arg("--repair-enabled=false")
         .arg("--service-account-dir")
         .arg(dirs.join("sa"))
@@ -419,4 +425,67 @@ fn forged_datagrams_add_no_label_values() {
         "the two forged events were counted: {text}"
     );
     stop(agent);
+}
+
+/// `kubectl logs` of the agent shows the plugin's lines: each line the plugin logs for a pod's
+/// ADD is printed by the agent with the command and the pod, in text and, with `LOG_AS_JSON`
+/// (the agent) and `log_as_json` (the plugin), as JSON lines that parse one by one; a forged
+/// line stays one line.
+#[test]
+fn the_plugins_lines_reach_the_agents_log_as_text_and_as_json() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    for json in [false, true] {
+        let d = dirs();
+        let run = d.path().join("run");
+        fs::write(d.path().join("sa/token"), "t0k3n").unwrap();
+        fs::write(d.path().join("sa/ca.crt"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let node = TestNetns::new();
+        let as_json = format!("--log_as_json={json}");
+        let agent = start_agent_with(&node, d.path(), &[&as_json]);
+        let to = run.join(cni_protocol::events::SOCKET_NAME);
+        eventually("the agent's socket", || to.exists().then_some(()));
+        let ns = pod_ns();
+        let mut c: Value = serde_json::from_str(&conf(&run, mesh())).unwrap();
+        c["log_as_json"] = json.into();
+        let out = plugin(
+            &cni_env("ADD", ns.path().to_str().unwrap(), &args("web-0")),
+            &c.to_string(),
+        );
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+        // A forged line: its line break must not start a line of its own.
+        let forged =
+            r#"{"log":{"level":"error","command":"ADD","pod":"shop/x","line":"a\nerror\tFORGED"}}"#;
+        let sent = UnixDatagram::unbound()
+            .unwrap()
+            .send_to(forged.as_bytes(), &to);
+        std::thread::sleep(Duration::from_millis(300));
+        let log = stop(agent);
+        assert!(sent.is_ok(), "json={json}: {sent:?}\n{log}");
+        let end = "plugin ADD shop/web-0: ADD shop/web-0: end: captured (";
+        assert!(
+            log.contains(end),
+            "json={json}: no forwarded end line:\n{log}"
+        );
+        assert!(
+            !log.lines().any(|l| l.starts_with("error\tFORGED")),
+            "{log}"
+        );
+        if json {
+            for text in [&log, &out.stderr] {
+                for l in text.lines() {
+                    let v: Value = serde_json::from_str(l)
+                        .unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}\n{text}"));
+                    assert!(v["level"].is_string() && v["msg"].is_string(), "{l}");
+                }
+            }
+            let forwarded: Value = log
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|v| v["msg"].as_str().is_some_and(|m| m.contains(end)))
+                .unwrap();
+            assert_eq!(forwarded["scope"], "cni-plugin", "{forwarded}");
+        }
+    }
 }

@@ -14,7 +14,7 @@ use redirect_core::mesh::{self, Decision, PodInfo};
 use redirect_core::{
     Apply, Capture, Error as CaptureError, Foreign, Namespace, Netns, ValidConfig,
 };
-use redirect_program::logging::{self, Sink};
+use redirect_program::logging::{self, Forward, Sink};
 use tracing::level_filters::LevelFilter;
 use tracing::{error, info, warn};
 
@@ -23,7 +23,7 @@ use crate::cni::args::{self, CniArgs};
 use crate::cni::conf::{self, NetConf};
 use crate::cni::result::passthrough;
 use crate::cni::{code, CniError, Command, SUPPORTED_VERSIONS};
-use crate::events::{micros, Event, Phases, Readiness};
+use crate::events::{micros, Event, LogLine, Phases, Readiness, MAX_FORWARDED};
 
 /// The variables the runtime passes (CNI spec), checked for UTF-8 before anything runs.
 pub const ENV_NAMES: &[&str] = &[
@@ -45,13 +45,31 @@ fn log_to_stderr() {
     logging::install(Sink::stderr(Some(LOG_PREFIX), LevelFilter::INFO));
 }
 
-/// Log lines at the config's `log_level`, to stderr and to its `log_file` when it names one.
-fn log_as_configured(conf: &NetConf) {
+/// Log lines at the config's `log_level`, to stderr and to its `log_file` when it names one,
+/// as JSON with `log_as_json`; each line also to the node agent, which prints it in its own log
+/// with the call's command and pod (at most `MAX_FORWARDED` per call, never waiting).
+fn log_as_configured(conf: &NetConf, call: &Call) {
+    let (run_dir, command, pod) = (conf.run_dir.clone(), call.name.clone(), call.pod_name());
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    let forward = Forward(std::sync::Arc::new(move |level: &str, line: &str| {
+        if sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < MAX_FORWARDED {
+            LogLine {
+                level: level.into(),
+                command: command.clone(),
+                pod: pod.clone(),
+                line: line.into(),
+            }
+            .send(&run_dir);
+        }
+    }));
     logging::install(Sink {
         prefix: Some(LOG_PREFIX),
         // `conf::parse` accepts only the level names.
         level: logging::level(&conf.log_level).unwrap_or(LevelFilter::INFO),
         file: conf.log_file.clone(),
+        scopes: Vec::new(),
+        json: conf.log_as_json,
+        forward: Some(forward),
     });
 }
 
@@ -230,7 +248,7 @@ pub fn run(inv: &Invocation) -> Result<String, (CniError, String)> {
             return Err((e, conf::requested_version(inv.stdin)));
         }
     };
-    log_as_configured(&conf);
+    log_as_configured(&conf, &call);
     call.log_start();
     let result = dispatch(&call, &conf);
     match &result {

@@ -5,6 +5,9 @@
 //!   [`SOCKET_NAME`]: the command, the result code, the pod, and how long each phase took. It
 //!   is sent without waiting: no agent, a full socket or an agent that does not read cost the
 //!   plugin one failed `sendto` and change nothing about its result.
+//! - [`LogLine`]: each line the plugin logs, on the same socket, for the agent to print in its
+//!   own log with the pod's name (operators read `kubectl logs` of the agent, not the runtime's
+//!   journal); sent the same way, at most [`MAX_FORWARDED`] per call.
 //! - [`Readiness`]: the agent's verdict on the installation, in the file [`READY_NAME`], which
 //!   the plugin's STATUS reports.
 
@@ -22,14 +25,21 @@ use crate::cni::Command;
 pub const SOCKET_NAME: &str = "plugin-events.sock";
 /// The agent's readiness in the run directory: `ready`, or `not ready: <reason>`.
 pub const READY_NAME: &str = "agent-ready";
+/// The most lines one plugin call forwards to the agent; the rest stay on its stderr.
+pub const MAX_FORWARDED: usize = 64;
+/// The longest forwarded line; longer ones are cut (the whole line stays on stderr).
+pub const MAX_LINE: usize = 2048;
+/// The levels a forwarded line may have.
+pub const LOG_LEVELS: [&str; 4] = ["debug", "info", "warn", "error"];
 /// The commands the plugin reports.
 pub const COMMANDS: [&str; 3] = [
     Command::Add.name(),
     Command::Del.name(),
     Command::Check.name(),
 ];
-/// An event is a few hundred bytes; a larger datagram is not ours.
-pub const MAX_EVENT: usize = 4096;
+/// An event is a few hundred bytes, a forwarded line at most a few KiB (its text escaped for
+/// JSON); a larger datagram is not ours.
+pub const MAX_EVENT: usize = 16 * 1024;
 /// The status file is one short line; more is not the agent's.
 pub const MAX_READY: usize = 4096;
 /// The longest call an event may report: a runtime gives a sandbox's network set-up minutes,
@@ -126,6 +136,63 @@ impl Event {
             "other".into()
         }
     }
+}
+
+/// One log line of the plugin, for the agent's log.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// CNI_COMMAND, as the runtime sent it.
+    pub command: String,
+    /// `namespace/name`, when CNI_ARGS named a pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The line (message and fields, escaped by the plugin's logging).
+    pub line: String,
+}
+
+impl LogLine {
+    /// Sends the line to the agent of `run_dir` without waiting, cut to [`MAX_LINE`]; as with
+    /// an [`Event`], whatever goes wrong is ignored.
+    pub fn send(mut self, run_dir: &Path) {
+        if self.line.len() > MAX_LINE {
+            let mut end = MAX_LINE;
+            while !self.line.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.line.truncate(end);
+            self.line.push_str("...");
+        }
+        let Ok(bytes) = serde_json::to_vec(&LogEnvelope { log: self }) else {
+            return;
+        };
+        if let Ok(sock) = UnixDatagram::unbound() {
+            if sock.set_nonblocking(true).is_ok() {
+                let _ = sock.send_to(&bytes, run_dir.join(SOCKET_NAME));
+            }
+        }
+    }
+
+    /// A line as received; `None` when the plugin could not have sent it: not JSON of a line,
+    /// a level it does not log at, a command name longer than a CNI command, a pod name longer
+    /// than [`MAX_POD_NAME`] or a line longer than [`MAX_LINE`] and its mark.
+    pub fn decode(bytes: &[u8]) -> Option<LogLine> {
+        serde_json::from_slice::<LogEnvelope>(bytes)
+            .ok()
+            .map(|e| e.log)
+            .filter(|l| LOG_LEVELS.contains(&l.level.as_str()))
+            .filter(|l| l.command.len() <= 16 && l.command.bytes().all(|b| b.is_ascii_uppercase()))
+            .filter(|l| l.pod.as_ref().is_none_or(|p| p.len() <= MAX_POD_NAME))
+            .filter(|l| l.line.len() <= MAX_LINE + 3)
+    }
+}
+
+/// A [`LogLine`] on the wire: `{"log": {...}}`, never read as an [`Event`].
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogEnvelope {
+    log: LogLine,
 }
 
 /// The agent's verdict on the installation, for the plugin's STATUS.

@@ -1,5 +1,5 @@
 //! The plugin's events (`cni_protocol::events`): a datagram socket in the run directory, read until
-//! the agent stops, each event counted in the metrics. The socket is the agent's alone (mode
+//! the agent stops, each event counted in the metrics and each forwarded log line printed. The socket is the agent's alone (mode
 //! 0600: the plugin runs as root, as the runtime does), and goes when the agent stops.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -9,7 +9,7 @@ use tokio::net::UnixDatagram;
 use tokio::sync::watch as signal;
 
 use crate::metrics::Metrics;
-use cni_protocol::events::{Event, MAX_EVENT, SOCKET_NAME};
+use cni_protocol::events::{Event, LogLine, MAX_EVENT, SOCKET_NAME};
 
 /// Binds the socket in `run_dir` (a stale one from an agent killed before is replaced).
 pub fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {
@@ -58,7 +58,10 @@ pub async fn receive(
                         );
                         metrics.plugin_event(&e);
                     }
-                    None => tracing::debug!("{}: a datagram that is no plugin event ({n} bytes)", path.display()),
+                    None => match LogLine::decode(&buf[..n]) {
+                        Some(l) => print_plugin_line(&l),
+                        None => tracing::debug!("{}: a datagram that is no plugin event ({n} bytes)", path.display()),
+                    },
                 },
                 Err(e) => {
                     tracing::warn!("{}: {e}; plugin events are no longer counted", path.display());
@@ -68,4 +71,20 @@ pub async fn receive(
         }
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// A line the plugin logged, in the agent's log at its level, scope `cni-plugin`, with the
+/// call's command and pod (the line is escaped again by the agent's logging: a forged line
+/// stays one line).
+fn print_plugin_line(l: &LogLine) {
+    let pod = l.pod.as_deref().unwrap_or("-");
+    let (command, line) = (&l.command, &l.line);
+    match l.level.as_str() {
+        "debug" => {
+            tracing::debug!(target: "cni_plugin::forwarded", "plugin {command} {pod}: {line}")
+        }
+        "info" => tracing::info!(target: "cni_plugin::forwarded", "plugin {command} {pod}: {line}"),
+        "warn" => tracing::warn!(target: "cni_plugin::forwarded", "plugin {command} {pod}: {line}"),
+        _ => tracing::error!(target: "cni_plugin::forwarded", "plugin {command} {pod}: {line}"),
+    }
 }

@@ -50,6 +50,8 @@ pub struct NetConf {
     pub log_level: String,
     /// A file the log lines also go to, besides stderr.
     pub log_file: Option<PathBuf>,
+    /// JSON log lines (Istio's `--log_as_json`; the installer's `LOG_AS_JSON`).
+    pub log_as_json: bool,
     /// `cni_agent_run_dir`, else [`DEFAULT_RUN_DIR`].
     #[serde(skip)]
     pub run_dir: PathBuf,
@@ -157,6 +159,7 @@ pub const FIELDS: &[&str] = &[
     "plugin_log_level",
     "log_level",
     "log_file",
+    "log_as_json",
     "cni_agent_run_dir",
     "kubeconfig",
     "kubernetes",
@@ -209,7 +212,7 @@ fn expected(field: &str, element: bool) -> &'static str {
         "bypass_uids" | "bypass_gids" => "a list of numeric IDs",
         "exclude_namespaces" => "a list of strings",
         "dns_capture" | "dual_stack" | "drop_invalid" | "allow_host_netns" | "ambient_enabled"
-        | "native_nftables" => "true or false",
+        | "native_nftables" | "log_as_json" => "true or false",
         "kube_deadline_ms" => KUBE_DEADLINE_EXPECTED,
         "prevResult" => "a result object",
         "kubernetes" | "runtimeConfig" => "an object",
@@ -313,6 +316,7 @@ const CHECK_ORDER: &[&str] = &[
     "/plugin_log_level",
     "/log_level",
     "/log_file",
+    "/log_as_json",
     "/pod_namespace",
     "/proxy_uid",
     "/proxy_gid",

@@ -8,7 +8,8 @@ chart makes of an empty value: an empty or null cniBinDir is /home/kubernetes/bi
 Kubernetes version holds "-gke") and /opt/cni/bin elsewhere, an empty or null cniConfDir and
 cniNetnsDir the defaults; empty items of excludeNamespaces are dropped (helm makes [""] of
 `--set excludeNamespaces={}`); null resources entries are left out. pluginLogLevel is the
-plugin's level: logging.level, else Istio's older logLevel, else global.logging.level. Each
+plugin's level: logging.level, else Istio's older logLevel, else global.logging.level (a
+scope:level list gives the agent its levels and the plugin cni-plugin's). Each
 template starts with
   {{- $cni := include "redirect-cni.cni" . | fromYaml }}
 */}}
@@ -66,8 +67,24 @@ template starts with
 {{- end -}}
 {{- end -}}
 {{- $_ := set $cni "resources" $resources -}}
-{{- $level := coalesce ($cni.logging | default dict).level $cni.logLevel (.Values.global.logging | default dict).level "info" -}}
-{{- $_ := set $cni "pluginLogLevel" $level -}}
+{{- $level := coalesce ($cni.logging | default dict).level $cni.logLevel (.Values.global.logging | default dict).level "info" | toString -}}
+{{- /* A level, or Istio's scope:level list: the agent takes it whole (LOG_OUTPUT_LEVEL), the
+       plugin the level of cni-plugin (or Istio's older cni), else of default. */ -}}
+{{- $plugin := "" -}}
+{{- $default := "info" -}}
+{{- range $item := splitList "," $level -}}
+{{- $parts := splitList ":" (trim $item) -}}
+{{- if eq (len $parts) 1 -}}
+{{- $default = index $parts 0 -}}
+{{- else if eq (index $parts 0) "default" -}}
+{{- $default = index $parts 1 -}}
+{{- else if has (index $parts 0) (list "cni-plugin" "cni") -}}
+{{- $plugin = index $parts 1 -}}
+{{- end -}}
+{{- end -}}
+{{- /* The agent's, as Istio's chart gives its --log_output_level (not the older logLevel). */ -}}
+{{- $_ := set $cni "logOutputLevel" (coalesce ($cni.logging | default dict).level (.Values.global.logging | default dict).level "info" | toString) -}}
+{{- $_ := set $cni "pluginLogLevel" (get (dict "fatal" "error" "warning" "warn") ($plugin | default $default) | default ($plugin | default $default)) -}}
 {{- toYaml $cni -}}
 {{- end -}}
 
@@ -174,6 +191,13 @@ its name from CNI_NETWORK_NAME.
 {{- /* Fields of the plugin's entry. */}}
 {{- $_ := set $data "EXCLUDE_NAMESPACES" (join "," $cni.excludeNamespaces) }}
 {{- $_ := set $data "PLUGIN_LOG_LEVEL" $cni.pluginLogLevel }}
+{{- /* The agent's own levels and Istio's JSON lines, only when not the default. */}}
+{{- if ne $cni.logOutputLevel "info" }}
+{{- $_ := set $data "LOG_OUTPUT_LEVEL" $cni.logOutputLevel }}
+{{- end }}
+{{- if (.Values.global | default dict).logAsJson }}
+{{- $_ := set $data "LOG_AS_JSON" "true" }}
+{{- end }}
 {{- /* More fields of the plugin's entry: in ambient mode the plugin asks the agent at ADD
        (<run dir>/ambient.sock) to enroll the pod. */}}
 {{- $pluginConfig := dict }}
