@@ -105,13 +105,8 @@ impl Event {
     /// Sends the event to the agent of `run_dir` without waiting; whatever goes wrong (no
     /// agent, a full queue, a path too long for a socket) is ignored.
     pub fn send(&self, run_dir: &Path) {
-        let Ok(bytes) = serde_json::to_vec(self) else {
-            return;
-        };
-        if let Ok(sock) = UnixDatagram::unbound() {
-            if sock.set_nonblocking(true).is_ok() {
-                let _ = sock.send_to(&bytes, run_dir.join(SOCKET_NAME));
-            }
+        if let Ok(bytes) = serde_json::to_vec(self) {
+            send_datagram(&bytes, run_dir);
         }
     }
 
@@ -164,13 +159,8 @@ impl LogLine {
             self.line.truncate(end);
             self.line.push_str("...");
         }
-        let Ok(bytes) = serde_json::to_vec(&LogEnvelope { log: self }) else {
-            return;
-        };
-        if let Ok(sock) = UnixDatagram::unbound() {
-            if sock.set_nonblocking(true).is_ok() {
-                let _ = sock.send_to(&bytes, run_dir.join(SOCKET_NAME));
-            }
+        if let Ok(bytes) = serde_json::to_vec(&LogEnvelope { log: self }) {
+            send_datagram(&bytes, run_dir);
         }
     }
 
@@ -185,6 +175,15 @@ impl LogLine {
             .filter(|l| l.command.len() <= 16 && l.command.bytes().all(|b| b.is_ascii_uppercase()))
             .filter(|l| l.pod.as_ref().is_none_or(|p| p.len() <= MAX_POD_NAME))
             .filter(|l| l.line.len() <= MAX_LINE + 3)
+    }
+}
+
+/// One datagram to the agent of `run_dir`, without waiting; any failure ignored.
+fn send_datagram(bytes: &[u8], run_dir: &Path) {
+    if let Ok(sock) = UnixDatagram::unbound() {
+        if sock.set_nonblocking(true).is_ok() {
+            let _ = sock.send_to(bytes, run_dir.join(SOCKET_NAME));
+        }
     }
 }
 
