@@ -548,7 +548,7 @@ fn deleting_calls_del(node: &Node, ns: &std::fs::File) {
         .collect();
     assert!(!dels.is_empty(), "no DEL recorded");
     let answered = node.metric(
-        "istio_cni_plugin_requests_total",
+        "redirect_cni_plugin_calls_total",
         &[r#"command="DEL""#, r#"response_code="0""#],
     );
     assert_eq!(

@@ -4,8 +4,12 @@
 //! - `istio_cni_repair_pods_repaired_total{type,result}`: the repair controller's actions;
 //! - `istio_cni_install_ready`: whether the plugin is installed and the agent ready;
 //! - `istio_cni_installs_total{result}`: install steps, with Istio's result values;
-//! - `istio_cni_plugin_requests_total{command,response_code}`: the plugin's calls, from its
+//! - `redirect_cni_plugin_calls_total{command,response_code}`: the plugin's calls, from its
 //!   events (`cni_protocol::events`);
+//! - in ambient mode, Istio's node agent's: `ztunnel_connected` (ztunnel's connections),
+//!   `nodeagent_reconcile_events_total{type}` (the pod and namespace watch's events: add,
+//!   update, delete) and `istio_cni_plugin_requests_total{response_code}` (the plugin's ambient
+//!   ADDs the agent handled: 200 enrolled, 500 failed);
 //! - `redirect_cni_add_duration_seconds` and `redirect_cni_add_phase_duration_seconds{phase}`:
 //!   histograms of ADD's whole time and of each phase (istio#60472);
 //! - `redirect_cni_adopted_pods_total{result,form}`: pods found holding Istio's rules
@@ -141,6 +145,12 @@ struct AmbientMetrics {
     passes: Counter,
     pass_seconds: Histogram,
     repairs: Family<KindLabels, Counter>,
+    /// Istio's `ztunnel_connected`.
+    ztunnel_connected: Gauge,
+    /// Istio's `nodeagent_reconcile_events_total{type}`.
+    events: Family<TypeLabels, Counter>,
+    /// Istio's `istio_cni_plugin_requests_total{response_code}`.
+    istio_requests: Family<CodeLabels, Counter>,
     /// Connections counted so far (the server's count only grows).
     seen: Arc<AtomicU64>,
 }
@@ -158,6 +168,9 @@ impl Default for AmbientMetrics {
                 prometheus_client::metrics::histogram::exponential_buckets(0.0001, 4.0, 9),
             ),
             repairs: Family::default(),
+            ztunnel_connected: Gauge::default(),
+            events: Family::default(),
+            istio_requests: Family::default(),
             seen: Arc::default(),
         }
     }
@@ -169,8 +182,41 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabels {
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    response_code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StageLabels {
     stage: &'static str,
+}
+
+/// Istio's node agent's ambient metrics, under its names, labels and meanings (its
+/// ztunnelserver.go, informers.go, cni-watcher.go), so that its dashboards and alerts work.
+fn register_istios_ambient(registry: &mut Registry, a: &AmbientMetrics) {
+    registry.register(
+        "ztunnel_connected",
+        "Number of ztunnel connections to the node agent (Istio's name)",
+        a.ztunnel_connected.clone(),
+    );
+    registry.register(
+        "nodeagent_reconcile_events",
+        "The total number of node agent reconcile events: the ambient watch's pod and namespace events, by type (add, update, delete) (Istio's name)",
+        a.events.clone(),
+    );
+    registry.register(
+        "istio_cni_plugin_requests",
+        "The total number of CNI plugin requests handled by the node agent: the plugin's ambient ADDs, by response code (200 enrolled, 500 failed) (Istio's name)",
+        a.istio_requests.clone(),
+    );
+    for r#type in ["add", "update", "delete"] {
+        let _ = a.events.get_or_create(&TypeLabels { r#type });
+    }
 }
 
 /// `redirect_cni_adopted_pods_total`, registered.
@@ -220,7 +266,7 @@ impl Metrics {
         );
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
-            "istio_cni_plugin_requests",
+            "redirect_cni_plugin_calls",
             "Calls of the CNI plugin on this node, by command and CNI result code (0: success)",
             requests.clone(),
         );
@@ -317,6 +363,7 @@ impl Metrics {
             "What the passes found differing and put right, by kind (host_table: the host's probe table recreated; host_members: addresses missing from or left in its sets; pod_rules: a pod's in-pod rules programmed again; namespace: a pod's namespace found again or bound anew; resent: a pod the current ztunnel had not acked, sent again)",
             a.repairs.clone(),
         );
+        register_istios_ambient(registry, a);
         for stage in ["enabled", "pending"] {
             a.pods.get_or_create(&StageLabels { stage }).set(0);
         }
@@ -363,12 +410,31 @@ impl Metrics {
             .get_or_create(&StageLabels { stage: "pending" })
             .set(pending as i64);
         a.connected.set(i64::from(connected));
+        // One connection serves at a time (a new one replaces the old).
+        a.ztunnel_connected.set(i64::from(connected));
         let before = a
             .seen
             .swap(connections, std::sync::atomic::Ordering::Relaxed);
         if connections > before {
             a.connections.inc_by(connections - before);
         }
+    }
+
+    /// One event of the ambient watch: `add`, `update` or `delete` (Istio's types).
+    pub fn reconcile_event(&self, r#type: &'static str) {
+        self.ambient
+            .events
+            .get_or_create(&TypeLabels { r#type })
+            .inc();
+    }
+
+    /// One ambient ADD the plugin asked for, answered with Istio's code: `200` (enrolled) or
+    /// `500` (not).
+    pub fn ambient_plugin_request(&self, response_code: &'static str) {
+        self.ambient
+            .istio_requests
+            .get_or_create(&CodeLabels { response_code })
+            .inc();
     }
 
     /// One failed ambient step.
@@ -498,9 +564,9 @@ mod tests {
         m.installed(Install::ReadServiceAccountFailure);
         let text = m.encode();
         for line in [
-            "istio_cni_plugin_requests_total{command=\"ADD\",response_code=\"0\"} 2",
-            "istio_cni_plugin_requests_total{command=\"ADD\",response_code=\"101\"} 1",
-            "istio_cni_plugin_requests_total{command=\"DEL\",response_code=\"0\"} 1",
+            "redirect_cni_plugin_calls_total{command=\"ADD\",response_code=\"0\"} 2",
+            "redirect_cni_plugin_calls_total{command=\"ADD\",response_code=\"101\"} 1",
+            "redirect_cni_plugin_calls_total{command=\"DEL\",response_code=\"0\"} 1",
             "istio_cni_installs_total{result=\"SUCCESS\"} 1",
             "istio_cni_installs_total{result=\"READ_SERVICE_ACCOUNT_FAILURE\"} 1",
             // DEL is not in the ADD histogram: 3 ADDs, one under 0.5 ms, two under 1 ms.

@@ -33,6 +33,20 @@ use support::ztunnel::{TestZtunnel, OUTSIDE};
 use support::{has_rules, probe_members, redirection};
 
 const WAIT: Duration = Duration::from_secs(30);
+/// The agent's endpoints on 15014 in the node's namespace (the harness turns them off).
+const MONITORED: &[&str] = &["--monitoring-port=15014"];
+
+/// The value of the sample `series` (name and labels as exposed) on the agent's `/metrics`; 0
+/// when absent.
+fn metric(n: &Node, series: &str) -> f64 {
+    let text = common::http_get(&n.host, 15014, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
 
 fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     common::eventually(what, WAIT, f)
@@ -98,7 +112,7 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
     running_with(&n.cp, "shop", "web", &["10.77.0.2", "fd77::2"]);
 
     // The agent first, ztunnel not there yet: the pod is not ambient.
-    let agent = n.agent();
+    let agent = n.agent_with(MONITORED);
     assert!(!has_rules(&web), "no label yet, but rules in the pod");
 
     // The namespace's label enrolls the running pod: rules, then pending (no ztunnel).
@@ -126,6 +140,21 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         z.lands(&web, &web_uid),
         "web's connection did not land on ztunnel's listener"
     );
+    // Istio's node agent metrics: one ztunnel connected; the watch's events by Istio's type.
+    eventually("ztunnel_connected 1", || {
+        (metric(&n, "ztunnel_connected") == 1.0).then_some(())
+    });
+    let events = |t: &str| {
+        metric(
+            &n,
+            &format!("nodeagent_reconcile_events_total{{type=\"{t}\"}}"),
+        )
+    };
+    assert!(events("add") >= 2.0, "the pod and the namespace were added");
+    assert!(
+        events("update") >= 1.0,
+        "the namespace's label was an update"
+    );
     // kubelet's probe reaches the app, from the address the rules let through; any other
     // process of the node is captured to ztunnel's inbound port.
     let (probed, other) = (
@@ -147,7 +176,7 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
     // snapshot names the pod (ztunnel would drop a pod it leaves out).
     let before = redirect_kernel::testing::nft_in(web.path()).read().unwrap();
     drop(agent);
-    let agent = n.agent();
+    let agent = n.agent_with(MONITORED);
     eventually("a second snapshot", || {
         (z.state.lock().unwrap().snapshots >= 2).then_some(())
     });
@@ -182,6 +211,18 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         out.stdout
     );
     assert!(!has_rules(&late), "a failed ADD left rules in the pod");
+    let requests = |code: &str| {
+        metric(
+            &n,
+            &format!("istio_cni_plugin_requests_total{{response_code=\"{code}\"}}"),
+        )
+    };
+    assert_eq!(
+        requests("500"),
+        1.0,
+        "the failed ambient ADD, as Istio counts it"
+    );
+    assert_eq!(metric(&n, "ztunnel_connected"), 0.0);
     assert_eq!(probe_members(&n.host), ["10.77.0.2", "fd77::2"]);
     let z = TestZtunnel::start(&n.socket);
     eventually("the new ztunnel serving web", || {
@@ -201,12 +242,26 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
         out.stderr
     );
     assert!(z.lands(&api, &api_uid));
+    assert_eq!(requests("200"), 1.0, "the enrolled ADD, as Istio counts it");
     eventually("api annotated", || {
         (redirection(&n.cp, "shop", "api").as_deref() == Some("enabled")).then_some(())
     });
     // Deleted: released (ztunnel told).
     n.cp.kubectl_ok(&["delete", "pod", "api", "-n", "shop", "--wait=false"]);
     eventually("api released", || (!z.serves(&api_uid)).then_some(()));
+    // Gone for good (no kubelet here to finish a graceful deletion): Istio's delete event.
+    n.cp.kubectl_ok(&[
+        "delete",
+        "pod",
+        "api",
+        "-n",
+        "shop",
+        "--grace-period=0",
+        "--force",
+    ]);
+    eventually("a delete event counted", || {
+        (events("delete") >= 1.0).then_some(())
+    });
 
     // web labelled none: released, its rules gone, the annotation removed.
     n.cp.kubectl_ok(&[

@@ -1,6 +1,6 @@
 //! What operators see of the plugin through the node agent: the installer binary runs the
 //! agent, the plugin binary tells it each call (a datagram in the run directory), and
-//! `/metrics` counts them (`istio_cni_plugin_requests_total`, the ADD histograms,
+//! `/metrics` counts them (`redirect_cni_plugin_calls_total`, the ADD histograms,
 //! `istio_cni_installs_total`); the plugin's STATUS follows the agent's readiness; the
 //! plugin's start and end lines name the pod and the outcome. Real ADDs in namespaces.
 
@@ -66,7 +66,7 @@ fn requests(text: &str, command: &str, code: u32) -> f64 {
     sample(
         text,
         &format!(
-            "istio_cni_plugin_requests_total{{command=\"{command}\",response_code=\"{code}\"}}"
+            "redirect_cni_plugin_calls_total{{command=\"{command}\",response_code=\"{code}\"}}"
         ),
     )
 }
@@ -411,12 +411,12 @@ fn forged_datagrams_add_no_label_values() {
     }
     let text = eventually("300 events counted", || {
         let text = scrape(&node)?;
-        let other = "istio_cni_plugin_requests_total{command=\"ADD\",response_code=\"other\"}";
+        let other = "redirect_cni_plugin_calls_total{command=\"ADD\",response_code=\"other\"}";
         (sample(&text, other) == 300.0).then_some(text)
     });
     let series = text
         .lines()
-        .filter(|l| l.starts_with("istio_cni_plugin_requests_total{"))
+        .filter(|l| l.starts_with("redirect_cni_plugin_calls_total{"))
         .count();
     assert_eq!(series, 1, "{text}");
     assert_eq!(

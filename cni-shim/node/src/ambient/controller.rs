@@ -117,6 +117,20 @@ impl State {
         }
     }
 
+    /// Istio's type of a watch event (`nodeagent_reconcile_events_total`): `add` for an object
+    /// not known yet, `update`, `delete`; none for a listing's start and end.
+    fn event_type<K: kube::Resource>(
+        event: &Event<K>,
+        known: impl Fn(&K) -> bool,
+    ) -> Option<&'static str> {
+        match event {
+            Event::Apply(o) | Event::InitApply(o) if known(o) => Some("update"),
+            Event::Apply(_) | Event::InitApply(_) => Some("add"),
+            Event::Delete(_) => Some("delete"),
+            Event::Init | Event::InitDone => None,
+        }
+    }
+
     fn on_pod(&mut self, event: Event<Pod>) {
         match event {
             Event::Apply(p) if self.older_than_written(&p) => {}
@@ -236,11 +250,19 @@ impl Controller {
             tokio::select! {
                 _ = stop.changed() => break,
                 Some(e) = pods.next() => match e {
-                    Ok(e) => state.on_pod(e),
+                    Ok(e) => {
+                        let uid = |p: &Pod| p.metadata.uid.as_ref().is_some_and(|u| state.pods.contains_key(u));
+                        self.count_event(State::event_type(&e, uid));
+                        state.on_pod(e)
+                    }
                     Err(e) => watch_failed("pods", &e).await,
                 },
                 Some(e) = namespaces.next() => match e {
-                    Ok(e) => state.on_namespace(e),
+                    Ok(e) => {
+                        let name = |n: &KubeNamespace| n.metadata.name.as_ref().is_some_and(|n| state.namespaces.contains_key(n));
+                        self.count_event(State::event_type(&e, name));
+                        state.on_namespace(e)
+                    }
                     Err(e) => watch_failed("namespaces", &e).await,
                 },
                 Some(r) = self.requests.recv() => self.plugin_request(&mut state, r).await,
@@ -654,6 +676,13 @@ impl Controller {
         })
         .await
         .expect("the data plane's task does not panic")
+    }
+
+    /// One watch event in Istio's `nodeagent_reconcile_events_total`.
+    fn count_event(&self, r#type: Option<&'static str>) {
+        if let Some(t) = r#type {
+            self.metrics.reconcile_event(t);
+        }
     }
 
     pub(super) fn update_metrics(&self) {

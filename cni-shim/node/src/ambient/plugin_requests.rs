@@ -216,6 +216,13 @@ impl Controller {
                 tracing::warn!("ambient: pod {who} at {verb}: {error}")
             }
         }
+        // Istio's agent answers the ambient ADDs its plugin sends (ours asks about every pod
+        // without a sidecar: a pod found not ambient is not one of those).
+        match (command, &answer) {
+            (Command::Add, AddAnswer::Enrolled) => self.metrics.ambient_plugin_request("200"),
+            (Command::Add, AddAnswer::Failed { .. }) => self.metrics.ambient_plugin_request("500"),
+            _ => {}
+        }
         r.reply.send(&answer);
         self.update_metrics();
     }
