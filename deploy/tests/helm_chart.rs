@@ -3021,3 +3021,157 @@ fn repair_off_rules() -> Value {
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
     ])
 }
+
+// --- the rest of Istio 1.31's values: scopes, revision, policy, security, plugin fields ---------
+
+/// What a rendering holds of the values below, in the same words for Istio's chart and ours:
+/// the kinds rendered, whether every object carries `istio.io/rev`, the NetworkPolicy's ports
+/// and egress, the container's seccomp profile, and the ConfigMap's Istio keys.
+fn istio_facts(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
+    let objects = parse(yaml, origin);
+    let mut kinds: Vec<String> = objects
+        .keys()
+        .map(|k| k.split('/').next().unwrap_or("").to_string())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    let mut out = BTreeMap::new();
+    out.insert("kinds", kinds.join(","));
+    let rev: Vec<String> = objects
+        .values()
+        .map(|o| {
+            o["metadata"]["labels"]["istio.io/rev"]
+                .as_str()
+                .unwrap_or("-")
+                .to_string()
+        })
+        .collect();
+    out.insert("rev", rev.iter().min().cloned().unwrap_or_default());
+    for (key, o) in &objects {
+        match o["kind"].as_str() {
+            Some("NetworkPolicy") => {
+                let ports: Vec<String> = o["spec"]["ingress"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|i| i["ports"].as_array().cloned().unwrap_or_default())
+                    .map(|p| p["port"].to_string())
+                    .collect();
+                out.insert("policy_ports", ports.join(","));
+                out.insert("policy_egress", o["spec"]["egress"].to_string());
+            }
+            Some("DaemonSet") => {
+                let c = &o["spec"]["template"]["spec"]["containers"][0];
+                let seccomp = &c["securityContext"]["seccompProfile"]["type"];
+                out.insert("seccomp", seccomp.as_str().unwrap_or("").to_string());
+                let selector = &o["spec"]["selector"]["matchLabels"]["istio.io/rev"];
+                out.insert("selector_rev", selector.as_str().unwrap_or("-").to_string());
+            }
+            Some("ConfigMap") => {
+                for k in ["NATIVE_NFTABLES", "ENABLE_AMBIENT_DETECTION_RETRY"] {
+                    let v = o["data"][k].as_str().unwrap_or("false");
+                    out.insert(
+                        if k == "NATIVE_NFTABLES" {
+                            "nft"
+                        } else {
+                            "retry"
+                        },
+                        v.into(),
+                    );
+                }
+            }
+            _ => {}
+        }
+        let _ = key;
+    }
+    out
+}
+
+/// Istio 1.31's values that only its chart reads: each rendered by ours as Istio's renders it,
+/// checked against the records and, with `ISTIO_RELEASES_DIR`, against Istio 1.31.0-rc.0's
+/// chart itself.
+#[test]
+fn istios_scopes_revision_policy_and_security_values_render_as_istios() {
+    type Row = (
+        &'static [&'static str],
+        &'static [(&'static str, &'static str)],
+        &'static [(&'static str, &'static str)],
+    );
+    // (values, what both give, what only ours gives where the objects differ by design)
+    let rows: &[Row] = &[
+        (
+            &["--set", "global.resourceScope=cluster"],
+            &[("kinds", "ClusterRole,ClusterRoleBinding")],
+            &[],
+        ),
+        (
+            &["--set", "global.resourceScope=namespace"],
+            &[("kinds", "ConfigMap,DaemonSet,ServiceAccount")],
+            &[],
+        ),
+        (
+            &["--set", "global.resourceScope=neither"],
+            &[("kinds", "")],
+            &[],
+        ),
+        (
+            &["--set", "revision=canary"],
+            &[("rev", "canary"), ("selector_rev", "-")],
+            &[],
+        ),
+        (
+            &["--set", "global.networkPolicy.enabled=true"],
+            &[("policy_egress", "[{}]")],
+            &[("policy_ports", "15014")],
+        ),
+        (
+            &[
+                "--set",
+                "seccompProfile.type=Localhost,seccompProfile.localhostProfile=cni.json",
+            ],
+            &[("seccomp", "Localhost")],
+            &[],
+        ),
+        (
+            &["--set", "global.nativeNftables=true"],
+            &[("nft", "true")],
+            &[],
+        ),
+        (
+            &[
+                "--set",
+                "profile=ambient,ambient.enableAmbientDetectionRetry=true",
+            ],
+            &[("retry", "true")],
+            &[],
+        ),
+    ];
+    let mut problems = Vec::new();
+    for (args, both, ours_only) in rows {
+        let ours = istio_facts(
+            &template(NS, args).unwrap_or_else(|e| panic!("{args:?}: {e}")),
+            "ours",
+        );
+        for (k, want) in both.iter().chain(ours_only.iter()) {
+            let got = ours.get(k).map(String::as_str).unwrap_or("(none)");
+            if got != *want {
+                problems.push(format!("{args:?}: ours gives {k} {got:?}, want {want:?}"));
+            }
+        }
+        let Some(chart) = istio_chart("1.31.0-rc.0") else {
+            continue;
+        };
+        let yaml = template_of(&chart, "istio-cni", NS, args)
+            .unwrap_or_else(|e| panic!("{args:?}: Istio's chart: {e}"));
+        let istio = istio_facts(&yaml, "istio");
+        for (k, want) in *both {
+            let got = istio.get(k).map(String::as_str).unwrap_or("(none)");
+            if got != *want {
+                problems.push(format!(
+                    "{args:?}: the record says Istio gives {k} {want:?}, it renders {got:?}"
+                ));
+            }
+        }
+    }
+    assert_no_problems(problems);
+}

@@ -21,6 +21,15 @@ pub fn plugin_entry(s: &Settings) -> Value {
     if s.log_as_json {
         m.insert("log_as_json".into(), true.into());
     }
+    // Istio's fields, as its installer writes them (read and documented by our plugin).
+    for (on, field) in [
+        (s.istio_fields.0, "native_nftables"),
+        (s.istio_fields.1, "enable_ambient_detection_retry"),
+    ] {
+        if on {
+            m.insert(field.into(), true.into());
+        }
+    }
     m.insert(
         "cni_agent_run_dir".into(),
         s.cni_agent_run_dir.to_string_lossy().into_owned().into(),

@@ -206,6 +206,22 @@ redirect_core::cli::flags! {
             "JSON log lines (level, time, scope, msg, fields), the agent's and the plugin's \
              (log_as_json in its entry)",
         ),
+        NATIVE_NFTABLES = b(
+            "native-nftables",
+            "NATIVE_NFTABLES",
+            "false",
+            "Istio's global.nativeNftables: written into the plugin's entry (native_nftables) as \
+             Istio's installer does; our rules are nftables either way",
+        ),
+        ENABLE_AMBIENT_DETECTION_RETRY = b(
+            "enable-ambient-detection-retry",
+            "ENABLE_AMBIENT_DETECTION_RETRY",
+            "false",
+            "Istio's ambient.enableAmbientDetectionRetry: written into the plugin's entry \
+             (enable_ambient_detection_retry); our plugin always fails the ADD of a pod whose \
+             labels it cannot read, retrying as kube_attempts says, which is Istio's behaviour \
+             with it on",
+        ),
         PLUGIN_CONFIG_JSON = s(
             "plugin-config-json",
             Some("PLUGIN_CONFIG_JSON"),
@@ -506,6 +522,9 @@ pub struct Settings {
     pub log_levels: redirect_program::logging::ScopeLevels,
     /// `LOG_AS_JSON`: JSON log lines, the agent's and the plugin's.
     pub log_as_json: bool,
+    /// `NATIVE_NFTABLES` and `ENABLE_AMBIENT_DETECTION_RETRY`: Istio's plugin fields, written
+    /// into the entry when true.
+    pub istio_fields: (bool, bool),
     /// Extra fields for the plugin's entry (`--plugin-config-json`).
     pub plugin_config: Map<String, Value>,
     /// `CLEANUP_ON_EXIT`: on a clean stop, remove what was installed.
@@ -732,6 +751,10 @@ fn settings(v: &Values) -> Result<Settings> {
         log_levels: redirect_program::logging::ScopeLevels::parse(&v.string(&LOG_OUTPUT_LEVEL))
             .map_err(|why| v.invalid(&LOG_OUTPUT_LEVEL, why))?,
         log_as_json: v.boolean(&LOG_AS_JSON)?,
+        istio_fields: (
+            v.boolean(&NATIVE_NFTABLES)?,
+            v.boolean(&ENABLE_AMBIENT_DETECTION_RETRY)?,
+        ),
         plugin_config,
         cleanup_on_exit: v.boolean(&CLEANUP_ON_EXIT)?,
         safe_upgrade: v.boolean(&SAFE_UPGRADE)?,

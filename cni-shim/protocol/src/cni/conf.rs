@@ -98,6 +98,7 @@ pub struct NetConf {
     kubeconfig_field: Option<PathBuf>,
     kubernetes: Option<Legacy>,
     native_nftables: bool,
+    enable_ambient_detection_retry: bool,
 }
 
 /// istio-cni ≤ 1.23 kept these under "kubernetes".
@@ -179,6 +180,7 @@ pub const FIELDS: &[&str] = &[
     "ambient_enabled",
     "enablement_selectors",
     "native_nftables",
+    "enable_ambient_detection_retry",
 ];
 
 /// Every key read inside an object field: `(field, key)`. Documented as `field.key` (or both
@@ -211,8 +213,14 @@ fn expected(field: &str, element: bool) -> &'static str {
         }
         "bypass_uids" | "bypass_gids" => "a list of numeric IDs",
         "exclude_namespaces" => "a list of strings",
-        "dns_capture" | "dual_stack" | "drop_invalid" | "allow_host_netns" | "ambient_enabled"
-        | "native_nftables" | "log_as_json" => "true or false",
+        "dns_capture"
+        | "dual_stack"
+        | "drop_invalid"
+        | "allow_host_netns"
+        | "ambient_enabled"
+        | "native_nftables"
+        | "log_as_json"
+        | "enable_ambient_detection_retry" => "true or false",
         "kube_deadline_ms" => KUBE_DEADLINE_EXPECTED,
         "prevResult" => "a result object",
         "kubernetes" | "runtimeConfig" => "an object",
@@ -332,6 +340,7 @@ const CHECK_ORDER: &[&str] = &[
     "/ambient_enabled",
     "/enablement_selectors",
     "/native_nftables",
+    "/enable_ambient_detection_retry",
 ];
 
 /// The first field of [`CHECK_ORDER`] that serde refuses on its own.

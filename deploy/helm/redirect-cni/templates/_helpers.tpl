@@ -198,6 +198,13 @@ its name from CNI_NETWORK_NAME.
 {{- if (.Values.global | default dict).logAsJson }}
 {{- $_ := set $data "LOG_AS_JSON" "true" }}
 {{- end }}
+{{- /* Istio's plugin fields, into the entry as Istio's installer writes them. */}}
+{{- if (.Values.global | default dict).nativeNftables }}
+{{- $_ := set $data "NATIVE_NFTABLES" "true" }}
+{{- end }}
+{{- if and $cni.ambient.enabled $cni.ambient.enableAmbientDetectionRetry }}
+{{- $_ := set $data "ENABLE_AMBIENT_DETECTION_RETRY" "true" }}
+{{- end }}
 {{- /* More fields of the plugin's entry: in ambient mode the plugin asks the agent at ADD
        (<run dir>/ambient.sock) to enroll the pod. */}}
 {{- $pluginConfig := dict }}
@@ -279,9 +286,27 @@ none (the controller watches but does nothing), or off.
 {{- end -}}
 {{- end -}}
 
-{{/* The labels of every object: the name the plain manifests use, nothing else. */}}
+{{/* The labels of every object: the name the plain manifests use, and Istio's istio.io/rev
+     when a revision is given. */}}
 {{- define "redirect-cni.labels" -}}
 app.kubernetes.io/name: redirect-cni
+{{- with (include "redirect-cni.cni" . | fromYaml).revision }}
+istio.io/rev: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The DaemonSet's selector (immutable): the name alone, whatever the revision. */}}
+{{- define "redirect-cni.selectorLabels" -}}
+app.kubernetes.io/name: redirect-cni
+{{- end -}}
+
+{{/* "true" when global.resourceScope renders objects of this kind ("namespace" or
+     "cluster"), as Istio's chart: all renders both, an unknown scope neither. */}}
+{{- define "redirect-cni.renders" -}}
+{{- $scope := (index . 0).Values.global.resourceScope | default "all" -}}
+{{- if or (eq $scope "all") (eq $scope (index . 1)) -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{/*
