@@ -879,8 +879,13 @@ fn ztunnel_pod() -> String {
 /// that kubelet probes (ready only when the probe reaches it: the stand-in does not listen on
 /// 15006, so a probe the rules captured would be refused).
 fn ambient_pod(name: &str) -> String {
+    ambient_pod_in("shop", name)
+}
+
+/// [`ambient_pod`] in `namespace`.
+fn ambient_pod_in(namespace: &str, name: &str) -> String {
     json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "shop"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"terminationGracePeriodSeconds": 1, "containers": [
             {"name": "app", "image": "localhost/testpod:test", "imagePullPolicy": "Never",
              "args": ["connect", "10.96.0.99:80", "--every", "1"]},
@@ -902,7 +907,12 @@ fn log_of(node: &Node, namespace: &str, pod: &str, container: &str) -> String {
 
 /// How many of the app's connections landed on ztunnel's outbound listener so far.
 fn landed(node: &Node, pod: &str) -> usize {
-    let log = log_of(node, "shop", pod, "app");
+    landed_in(node, "shop", pod)
+}
+
+/// [`landed`] for a pod of `namespace`.
+fn landed_in(node: &Node, namespace: &str, pod: &str) -> usize {
+    let log = log_of(node, namespace, pod, "app");
     log.lines().filter(|l| l.ends_with(CAPTURED)).count()
 }
 
@@ -1558,4 +1568,197 @@ fn hand_back(node: &Node) {
         let made = never_lost(node, p);
         eprintln!("pod {p}: {made} connections through both switches, none lost");
     }
+}
+
+// ---- issue 46: Istio 1.31's values on a node ----
+
+/// The owned config file Istio 1.31's `istioOwnedCNIConfig` writes, as the node sees it.
+const OWNED: &str = "/etc/cni/net.d/02-istio-cni.conflist";
+
+/// Istio 1.31's values for a cluster-wide ambient rollout with an owned config file, as an
+/// operator writes them for Istio's chart.
+const VALUES_131: &str = "\
+profile: ambient
+istioOwnedCNIConfig: true
+ambient:
+  enablementSelectors:
+  - podSelector:
+      matchExpressions:
+      - {key: istio.io/dataplane-mode, operator: NotIn, values: [none]}
+    namespaceSelector:
+      matchExpressions:
+      - {key: istio.io/dataplane-mode, operator: NotIn, values: [none]}
+";
+
+/// The annotation `ambient.istio.io/redirection` of a pod, `None` when absent.
+fn redirection_of(node: &Node, namespace: &str, name: &str) -> Option<String> {
+    let p = node.get(&["pod", "-n", namespace, name])?;
+    p["metadata"]["annotations"]["ambient.istio.io/redirection"]
+        .as_str()
+        .map(String::from)
+}
+
+/// Istio 1.31's values on a real node: with an owned config file the node's primary CNI file
+/// stays byte for byte through the install, its owner's rewrite (our copy follows) and the
+/// uninstall; the cluster-wide opt-out enrolls a pod of an unlabelled namespace and not one of
+/// a namespace labelled `none` (nor ztunnel); `kubectl logs` of the agent shows the plugin's
+/// line for the pod's ADD; Istio's metric names are scraped with their meaning; and a helm
+/// upgrade back to Istio's default selectors releases the pod.
+#[test]
+fn istio_131_values_owned_config_opt_out_selectors_plugin_logs_and_metrics() {
+    let Some(node) = node("values131", Options::default()) else {
+        return;
+    };
+    let primary = node.read(CONFLIST).expect("the node's conflist");
+    let values = node.dir().join("values-131.yaml");
+    std::fs::write(&values, VALUES_131).unwrap();
+    let values = values.to_str().unwrap().to_string();
+    install(&node, &["-f", &values]);
+    assert_eq!(
+        node.read(CONFLIST).as_deref(),
+        Some(primary.as_str()),
+        "the primary was written"
+    );
+    let owned: Value = serde_json::from_str(&node.read(OWNED).expect("no owned file")).unwrap();
+    let types: Vec<&str> = owned["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types.last(), Some(&"redirect-cni"), "{owned}");
+
+    node.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
+            .to_string(),
+    );
+    node.apply(&ztunnel_pod());
+    eventually(&node, "ztunnel connected", 90, || {
+        ztunnel_log(&node)
+            .contains("snapshot received")
+            .then_some(())
+    });
+    node.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "plain"}})
+            .to_string(),
+    );
+    node.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "legacy", "labels": {"istio.io/dataplane-mode": "none"}}})
+        .to_string(),
+    );
+    node.apply(&ambient_pod_in("plain", "web"));
+    node.apply(&ambient_pod_in("legacy", "old"));
+    for (ns, name) in [("plain", "web"), ("legacy", "old")] {
+        eventually(&node, &format!("{ns}/{name} running"), 90, || {
+            node.get(&["pod", "-n", ns, name])
+                .filter(running)
+                .map(|_| ())
+        });
+    }
+    assert_eq!(
+        redirection_of(&node, "plain", "web").as_deref(),
+        Some("enabled")
+    );
+    eventually(&node, "web's connections landing on ztunnel", 60, || {
+        (landed_in(&node, "plain", "web") > 1).then_some(())
+    });
+    assert_eq!(
+        redirection_of(&node, "legacy", "old"),
+        None,
+        "a pod of a namespace labelled none was enrolled"
+    );
+    assert_eq!(
+        redirection_of(&node, "istio-system", "ztunnel"),
+        None,
+        "ztunnel was enrolled"
+    );
+    assert_eq!(
+        landed_in(&node, "legacy", "old"),
+        0,
+        "old's traffic was captured"
+    );
+
+    // The plugin's line for web's ADD, where operators look.
+    let logs = node.kubectl(&["-n", "kube-system", "logs", "ds/redirect-cni-node"]);
+    assert!(
+        logs.contains("plugin ADD plain/web: ADD plain/web: end: enrolled in ambient mode"),
+        "{logs}"
+    );
+
+    // Istio's metric names, with their meaning.
+    assert_eq!(node.metric("ztunnel_connected", &[]), 1.0);
+    assert!(
+        node.metric(
+            "istio_cni_plugin_requests_total",
+            &[r#"response_code="200""#]
+        ) >= 1.0,
+        "{}",
+        node.metrics()
+    );
+    assert!(
+        node.metric("nodeagent_reconcile_events_total", &[r#"type="add""#]) >= 3.0,
+        "{}",
+        node.metrics()
+    );
+
+    // The primary's owner rewrites its file: our copy follows, theirs is left as they wrote it.
+    let rewritten = primary.replacen("{", "{\"redirect-test\": \"rewritten\",", 1);
+    let script = format!("cat > /etc/cni/net.d/.podnet.tmp <<'EOF'\n{rewritten}EOF\nmv /etc/cni/net.d/.podnet.tmp {CONFLIST}");
+    assert!(node.sh(&script).status.success());
+    eventually(&node, "the owned copy following the primary", 30, || {
+        node.read(OWNED)?.contains("redirect-test").then_some(())
+    });
+    assert_eq!(node.read(CONFLIST).as_deref(), Some(rewritten.as_str()));
+
+    // Back to Istio's default selectors (a values change and the DaemonSet's rollout): web,
+    // in a namespace no longer selected, is released.
+    let defaults = values.replace("values-131.yaml", "values-default.yaml");
+    std::fs::write(&defaults, "profile: ambient\nistioOwnedCNIConfig: true\n").unwrap();
+    node.helm(&[
+        "upgrade",
+        "redirect-cni",
+        "deploy/helm/redirect-cni",
+        "-n",
+        "kube-system",
+        "--set",
+        "global.hub=localhost",
+        "--set",
+        "global.tag=test",
+        "--set",
+        "global.imagePullPolicy=Never",
+        "-f",
+        &defaults,
+    ]);
+    node.kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "restart",
+        "ds/redirect-cni-node",
+    ]);
+    eventually(
+        &node,
+        "web released by Istio's default selectors",
+        120,
+        || {
+            redirection_of(&node, "plain", "web")
+                .is_none()
+                .then_some(())
+        },
+    );
+    let after = landed_in(&node, "plain", "web");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        landed_in(&node, "plain", "web"),
+        after,
+        "released, but still captured"
+    );
+
+    // The uninstall: the owned file goes, the primary stays as its owner left it.
+    node.helm(&["uninstall", "redirect-cni", "-n", "kube-system"]);
+    eventually(&node, "the owned file removed", 60, || {
+        node.read(OWNED).is_none().then_some(())
+    });
+    assert_eq!(node.read(CONFLIST).as_deref(), Some(rewritten.as_str()));
 }

@@ -16,6 +16,9 @@ pub use crate::kubelet::{kubelet_uid, KubeletUidError};
 
 /// The label that enrolls a namespace or a pod (`ambient`), or keeps a pod out (`none`).
 pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+/// Istio's system namespace (its agent's `SYSTEM_NAMESPACE` default), where a pod labelled
+/// `app=ztunnel` is ztunnel and never enrolled.
+pub const SYSTEM_NAMESPACE: &str = "istio-system";
 /// The annotation of a sidecar pod: never ambient.
 pub const SIDECAR_STATUS: &str = "sidecar.istio.io/status";
 /// `true`: outbound captured, inbound not.
@@ -71,6 +74,10 @@ pub fn enrollment(
     }
     if excluded_namespaces.iter().any(|n| n == pod.namespace) {
         return Enrollment::Not("in an excluded namespace");
+    }
+    if pod.namespace == SYSTEM_NAMESPACE && pod.labels.get("app").is_some_and(|a| a == "ztunnel") {
+        // Istio's IsZtunnelPod: a selector that takes every pod must not take ztunnel.
+        return Enrollment::Not("ztunnel itself");
     }
     if selectors.matches(pod.labels, pod.namespace_labels) {
         return Enrollment::Ambient;

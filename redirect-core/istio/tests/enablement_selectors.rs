@@ -246,6 +246,21 @@ fn host_network_sidecars_and_excluded_namespaces_stay_out_whatever_the_selectors
             Enrollment::Not(why)
         );
     }
+    // ztunnel, whatever the selectors take (Istio's IsZtunnelPod).
+    let ztunnel = labels("app=ztunnel");
+    let view = PodView {
+        labels: &ztunnel,
+        ..pod(&none, false, "istio-system")
+    };
+    assert_eq!(
+        enrollment(&view, &[], &everything),
+        Enrollment::Not("ztunnel itself")
+    );
+    let view = PodView {
+        labels: &ztunnel,
+        ..pod(&none, false, "shop")
+    };
+    assert_eq!(enrollment(&view, &[], &everything), Enrollment::Ambient);
     // A pod no custom term matches says so; under the default, which label is missing.
     let mine = selectors(r#"[{"podSelector":{"matchLabels":{"mesh":"on"}}}]"#);
     let Enrollment::Not(why) = enrollment(&pod(&none, false, "shop"), &[], &mine) else {
