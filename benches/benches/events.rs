@@ -1,11 +1,12 @@
-//! What the plugin's event to the node agent costs it (`cni_plugin::events::Event::send`): one
-//! non-blocking datagram, with no agent (no socket in the run directory), an agent that reads,
-//! and an agent that does not read (its socket bound, its queue full). No root needed.
+//! What the plugin's event to the node agent costs it (`cni_plugin::events::Event::send`), and
+//! each log line it forwards (`LogLine::send`): one non-blocking datagram, with no agent (no
+//! socket in the run directory), an agent that reads, and an agent that does not read (its
+//! socket bound, its queue full). No root needed.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
-use cni_plugin::events::{Event, Phases, SOCKET_NAME};
+use cni_plugin::events::{Event, LogLine, Phases, SOCKET_NAME};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn event() -> Event {
@@ -60,6 +61,20 @@ fn bench(c: &mut Criterion) {
     assert!(fill(&hung.join(SOCKET_NAME)) > 0);
     g.bench_function("agent not reading, queue full", |b| {
         b.iter(|| e.send(&hung))
+    });
+    g.finish();
+    // A forwarded log line (an ADD forwards about three).
+    let line = || LogLine {
+        level: "info".into(),
+        command: "ADD".into(),
+        pod: Some("shop/web-7d9f8b6c5d-x2k4q".into()),
+        line: "ADD shop/web-7d9f8b6c5d-x2k4q: end: captured (1.7 ms)".into(),
+    };
+    let mut g = c.benchmark_group("log_line_send");
+    g.bench_function("no agent", |b| b.iter(|| line().send(&absent)));
+    g.bench_function("agent reading", |b| b.iter(|| line().send(&reading)));
+    g.bench_function("agent not reading, queue full", |b| {
+        b.iter(|| line().send(&hung))
     });
     g.finish();
     for d in [absent, reading, hung] {
