@@ -816,6 +816,27 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
     })
 }
 
+/// Istio's default name for the owned config file (`ISTIO_OWNED_CNI_CONFIG`).
+pub const OWNED_DEFAULT_NAME: &str = "02-istio-cni.conflist";
+
+/// `ISTIO_OWNED_CNI_CONFIG_FILENAME`'s check: a plain file name ending in `.conflist` (the
+/// file is a list; a runtime would read a `.conf` as one plugin).
+fn check_owned_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(
+            "expected a file name in the CNI config folder, such as 02-istio-cni.conflist".into(),
+        );
+    }
+    if !name.ends_with(".conflist") {
+        return Err(
+            "the owned file is a plugin list: its name must end in .conflist (e.g. \
+             02-istio-cni.conflist)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// The owned file's name when chained with `ISTIO_OWNED_CNI_CONFIG` (Istio ignores the setting
 /// in standalone mode, and so do we); never the file `CNI_CONF_NAME` names.
 fn owned_conf_name(v: &Values, conf_name: Option<&str>) -> Result<Option<String>> {
@@ -830,11 +851,11 @@ fn owned_conf_name(v: &Values, conf_name: Option<&str>) -> Result<Option<String>
         (None, Some(name)) => (&ISTIO_OWNED_CNI_CONF_FILENAME, name),
         (None, None) => (
             &ISTIO_OWNED_CNI_CONFIG_FILENAME,
-            crate::install::owned_file::DEFAULT_NAME.to_string(),
+            OWNED_DEFAULT_NAME.to_string(),
         ),
     };
     let name = name.trim().to_string();
-    crate::install::owned_file::check_name(&name).map_err(|why| v.invalid(flag, why))?;
+    check_owned_name(&name).map_err(|why| v.invalid(flag, why))?;
     if conf_name == Some(name.as_str()) {
         let why = format!(
             "it names the owned file of ISTIO_OWNED_CNI_CONFIG ({name}), which is ours; \

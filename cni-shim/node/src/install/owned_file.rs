@@ -11,9 +11,6 @@ use serde_json::Value;
 use super::chain;
 use super::conf_select::{self, ConfKind};
 
-/// Istio's default name for the owned file.
-pub const DEFAULT_NAME: &str = "02-istio-cni.conflist";
-
 /// The owned file's content: the primary's list (a `.conf` made a list) without any capture
 /// entry (ours or Istio's, should the primary hold one from an earlier install), with ours
 /// chained in.
@@ -49,24 +46,6 @@ pub fn shadowed_by(net_dir: &Path, owned: &Path) -> crate::error::Result<Option<
     Ok(None)
 }
 
-/// `ISTIO_OWNED_CNI_CONFIG_FILENAME`'s check: a plain file name ending in `.conflist` (the
-/// file is a list; a runtime would read a `.conf` as one plugin).
-pub fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(
-            "expected a file name in the CNI config folder, such as 02-istio-cni.conflist".into(),
-        );
-    }
-    if conf_select::conf_kind(Path::new(name)) != Some(ConfKind::List) {
-        return Err(
-            "the owned file is a plugin list: its name must end in .conflist (e.g. \
-             02-istio-cni.conflist)"
-                .into(),
-        );
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,13 +78,5 @@ mod tests {
         assert_eq!(got["plugins"][0]["type"], "flannel");
         assert_eq!(got["plugins"][1], entry);
         assert!(content(Path::new("10-x.conflist"), b"{}", &entry).is_err());
-    }
-
-    #[test]
-    fn names_that_are_no_list_file_are_refused() {
-        assert!(check_name("02-istio-cni.conflist").is_ok());
-        for bad in ["", "../02.conflist", "02-istio-cni.conf", "istio"] {
-            assert!(check_name(bad).is_err(), "{bad}");
-        }
     }
 }
