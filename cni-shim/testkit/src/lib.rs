@@ -3,7 +3,8 @@
 //! a real connection lands in a namespace the plugin programmed. `pki` makes the CA,
 //! certificates and kubeconfigs of the stand-ins for the Kubernetes API server; `cluster` is
 //! the stateful one (lists, watches, patches); `apiserver` runs a real one (etcd and
-//! kube-apiserver); `host_proc` stands in for the node's `/proc`. A dev-dependency only.
+//! kube-apiserver); `host_proc` stands in for the node's `/proc`; `user_ns` makes a
+//! pod in a user namespace of its own. A dev-dependency only.
 
 #![deny(missing_docs)]
 
@@ -14,6 +15,7 @@ pub mod cluster;
 pub mod host_proc;
 pub mod node;
 pub mod pki;
+pub mod user_ns;
 
 use std::io::Write;
 use std::net::SocketAddr;
