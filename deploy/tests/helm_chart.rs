@@ -3047,7 +3047,7 @@ fn istio_facts(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
         })
         .collect();
     out.insert("rev", rev.iter().min().cloned().unwrap_or_default());
-    for (key, o) in &objects {
+    for o in objects.values() {
         match o["kind"].as_str() {
             Some("NetworkPolicy") => {
                 let ports: Vec<String> = o["spec"]["ingress"]
@@ -3082,7 +3082,6 @@ fn istio_facts(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
             }
             _ => {}
         }
-        let _ = key;
     }
     out
 }

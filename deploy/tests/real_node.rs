@@ -130,8 +130,13 @@ fn install(node: &Node, flags: &[&str]) {
 
 /// `helm install` of the chart as [`install`] does it, without waiting for the agent.
 fn install_chart(node: &Node, flags: &[&str]) {
+    helm_chart(node, "install", flags);
+}
+
+/// `helm <verb>` (install, upgrade) of the chart with the suite's image and `flags`.
+fn helm_chart(node: &Node, verb: &str, flags: &[&str]) {
     let mut args = vec![
-        "install",
+        verb,
         "redirect-cni",
         "deploy/helm/redirect-cni",
         "-n",
@@ -1715,21 +1720,7 @@ fn istio_131_values_owned_config_opt_out_selectors_plugin_logs_and_metrics() {
     // in a namespace no longer selected, is released.
     let defaults = values.replace("values-131.yaml", "values-default.yaml");
     std::fs::write(&defaults, "profile: ambient\nistioOwnedCNIConfig: true\n").unwrap();
-    node.helm(&[
-        "upgrade",
-        "redirect-cni",
-        "deploy/helm/redirect-cni",
-        "-n",
-        "kube-system",
-        "--set",
-        "global.hub=localhost",
-        "--set",
-        "global.tag=test",
-        "--set",
-        "global.imagePullPolicy=Never",
-        "-f",
-        &defaults,
-    ]);
+    helm_chart(&node, "upgrade", &["-f", &defaults]);
     node.kubectl(&[
         "-n",
         "kube-system",

@@ -250,12 +250,15 @@ impl Lines {
         line
     }
 
-    fn event_line(&self, event: &Event<'_>) -> String {
+    /// The line of `event`, whose fields were read once into `fields`.
+    fn line_of(&self, event: &Event<'_>, fields: &Fields) -> String {
         let m = event.metadata();
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        let message = std::mem::take(&mut fields.message);
-        self.line_with(m.level(), m.target(), |l| l.push_str(&message), &fields)
+        self.line_with(
+            m.level(),
+            m.target(),
+            |l| l.push_str(&fields.message),
+            fields,
+        )
     }
 
     fn write(&self, line: &str) {
@@ -365,12 +368,11 @@ impl<S: Subscriber> Layer<S> for Lines {
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        self.write(&self.event_line(event));
+        let fields = Fields::of(event);
+        self.write(&self.line_of(event, &fields));
         if self.sink.forward.is_some() {
-            let mut fields = Fields::default();
-            event.record(&mut fields);
-            fields.message.push_str(&fields.rest);
-            self.forward(event.metadata().level(), &fields.message);
+            let text = format!("{}{}", fields.message, fields.rest);
+            self.forward(event.metadata().level(), &text);
         }
     }
 }
@@ -442,6 +444,15 @@ struct Fields {
     message: String,
     rest: String,
     pairs: Vec<(&'static str, String)>,
+}
+
+impl Fields {
+    /// The fields of `event`, read once.
+    fn of(event: &Event<'_>) -> Fields {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        fields
+    }
 }
 
 impl Visit for Fields {
@@ -535,7 +546,10 @@ mod tests {
             self.lines.wants(m)
         }
         fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-            self.out.lock().unwrap().push(self.lines.event_line(event));
+            self.out
+                .lock()
+                .unwrap()
+                .push(self.lines.line_of(event, &Fields::of(event)));
         }
     }
 

@@ -102,7 +102,7 @@ impl CniConfig {
                 }
                 _ => {}
             }
-            return match (self.chained, wanted != primary) {
+            return match (self.chained, self.owned.is_some()) {
                 (true, true) => self.write_owned(&wanted, &primary),
                 (true, false) => self.chain_into(&wanted),
                 (false, _) => self.write_standalone(),
