@@ -230,6 +230,10 @@ fn ambient_lines(a: &Value) -> String {
         None if h["configured"].as_bool() == Some(true) => "TABLE MISSING".into(),
         None => "not configured (kubelet not found)".into(),
     };
+    let branch_eni = match h["branch_eni_rules"].as_array().map(Vec::len) {
+        Some(n) if n > 0 => format!(", {n} branch-ENI probe rule(s)"),
+        _ => String::new(),
+    };
     let p = &a["pass"];
     let repairs = p["repairs"]
         .as_object()
@@ -243,7 +247,7 @@ fn ambient_lines(a: &Value) -> String {
         .unwrap_or_else(|| "none".into());
     format!(
         "ztunnel: {conn}; {} connection(s) since the agent started, {} closed before their \
-         hello\nhost probe table: {members}, read at {}{}\npasses: {} (every {} s, the last at \
+         hello\nhost probe table: {members}{branch_eni}, read at {}{}\npasses: {} (every {} s, the last at \
          {} took {:.1} ms); repairs: {repairs}\n",
         s(&z["connections"]),
         s(&z["closed_silent"]),
@@ -412,6 +416,21 @@ mod tests {
         let t = table(&d);
         assert!(t.contains("ztunnel: NOT CONNECTED"), "{t}");
         assert!(t.contains("host probe table: TABLE MISSING"), "{t}");
+    }
+
+    #[test]
+    fn branch_eni_rules_are_counted_beside_the_host_table() {
+        let mut d = doc();
+        assert!(!table(&d).contains("branch-ENI"), "{}", table(&d));
+        d["ambient"]["host_probe"]["branch_eni_rules"] = serde_json::json!([
+            "to 10.0.0.2 lookup 101 pref 512",
+            "iif vlanab lookup local pref 9 (IPv4)"
+        ]);
+        let t = table(&d);
+        assert!(
+            t.contains("host probe table: 1 address(es), 2 branch-ENI probe rule(s), read at"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -360,7 +360,7 @@ impl Metrics {
         );
         registry.register(
             "redirect_cni_ambient_repairs",
-            "What the passes found differing and put right, by kind (host_table: the host's probe table recreated; host_members: addresses missing from or left in its sets; pod_rules: a pod's in-pod rules programmed again; namespace: a pod's namespace found again or bound anew; resent: a pod the current ztunnel had not acked, sent again)",
+            "What the passes found differing and put right, by kind (host_table: the host's probe table recreated; host_members: addresses missing from or left in its sets; pod_rules: a pod's in-pod rules programmed again; namespace: a pod's namespace found again or bound anew; resent: a pod the current ztunnel had not acked, sent again; probe_routes: an ip rule for a pod behind an AWS branch ENI added or removed)",
             a.repairs.clone(),
         );
         register_istios_ambient(registry, a);

@@ -45,6 +45,9 @@ pub(crate) enum RepairKind {
     Resent,
     /// A sidecar pod held Istio's capture rules: ours applied, Istio's removed (`ADOPT_ISTIO`).
     Adopted,
+    /// The ip rules for kubelet's probes to pods behind an AWS branch ENI: one missing,
+    /// added, or one of ours that no enrolled pod needs, removed.
+    ProbeRoutes,
 }
 
 impl RepairKind {
@@ -57,6 +60,7 @@ impl RepairKind {
             RepairKind::Namespace => "namespace",
             RepairKind::Resent => "resent",
             RepairKind::Adopted => "adopted",
+            RepairKind::ProbeRoutes => "probe_routes",
         }
     }
 }
@@ -89,6 +93,8 @@ pub(crate) struct HostView {
     #[serde(with = "rfc3339_opt")]
     pub checked_at: Option<SystemTime>,
     pub repair: Option<Repair>,
+    /// The ip rules held for pods behind an AWS branch ENI, at the last read.
+    pub branch_eni_rules: Vec<String>,
 }
 
 /// What the current ZDS connection holds of a pod.

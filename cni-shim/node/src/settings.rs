@@ -435,6 +435,13 @@ redirect_core::cli::flags! {
             "Ambient: at start, program again the in-pod rules of enrolled pods whose rules \
              differ from this agent's (false: leave them, as an older agent wrote them)",
         ),
+        AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE = b(
+            "ambient-enable-aws-branch-eni-probe",
+            "AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE",
+            "true",
+            "Ambient: on a node with net.ipv4.tcp_early_demux=0 (EKS Security Groups for Pods), \
+             ip rules that let kubelet's probes reach enrolled pods behind an AWS branch ENI",
+        ),
         AMBIENT_RECONCILE_INTERVAL = s(
             "ambient-reconcile-interval",
             Some("AMBIENT_RECONCILE_INTERVAL"),
@@ -813,6 +820,7 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         reconcile_on_startup: v.boolean(&AMBIENT_RECONCILE_POD_RULES_ON_STARTUP)?,
         reconcile_interval,
         ztunnel_socket: socket,
+        aws_branch_eni_probe: v.boolean(&AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE)?,
     })
 }
 

@@ -26,6 +26,7 @@ mod error;
 mod groups;
 
 pub mod backend;
+pub mod branch_eni;
 pub mod capture;
 #[cfg(feature = "testing")]
 pub mod fake;

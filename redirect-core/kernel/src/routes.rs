@@ -373,7 +373,7 @@ impl Routes {
 
 // ---- messages, built as iproute2 builds them ----
 
-fn address_family(family: Family) -> AddressFamily {
+pub(crate) fn address_family(family: Family) -> AddressFamily {
     match family {
         Family::V4 => AddressFamily::Inet,
         Family::V6 => AddressFamily::Inet6,
@@ -381,7 +381,7 @@ fn address_family(family: Family) -> AddressFamily {
 }
 
 /// The header's 8-bit table field; ids above 255 travel only in the table attribute.
-fn header_table(table: u32) -> u8 {
+pub(crate) fn header_table(table: u32) -> u8 {
     u8::try_from(table).unwrap_or(RouteHeader::RT_TABLE_UNSPEC)
 }
 
@@ -535,7 +535,7 @@ fn link_index(nl: &mut Rtnl, name: &str) -> Result<u32> {
 // ---- errors ----
 
 /// Ok if the kernel said 0 or one of `ok`, else the error `err` builds.
-fn check(errno: i32, ok: &[i32], err: impl FnOnce() -> Error) -> Result<()> {
+pub(crate) fn check(errno: i32, ok: &[i32], err: impl FnOnce() -> Error) -> Result<()> {
     if errno == 0 || ok.contains(&errno) {
         Ok(())
     } else {
@@ -543,7 +543,7 @@ fn check(errno: i32, ok: &[i32], err: impl FnOnce() -> Error) -> Result<()> {
     }
 }
 
-fn route_error(what: String, family: Family, errno: i32) -> Error {
+pub(crate) fn route_error(what: String, family: Family, errno: i32) -> Error {
     Error::Route {
         what,
         family,
@@ -553,7 +553,7 @@ fn route_error(what: String, family: Family, errno: i32) -> Error {
     }
 }
 
-fn link_error(what: String, errno: i32) -> Error {
+pub(crate) fn link_error(what: String, errno: i32) -> Error {
     Error::Link {
         what,
         errno,
@@ -587,13 +587,13 @@ fn route_hint(errno: i32) -> &'static str {
 // ---- the socket ----
 
 /// A NETLINK_ROUTE socket in the calling thread's namespace, used for one request at a time.
-struct Rtnl {
+pub(crate) struct Rtnl {
     socket: Socket,
     seq: u32,
 }
 
 impl Rtnl {
-    fn open() -> Result<Self> {
+    pub(crate) fn open() -> Result<Self> {
         let mut socket =
             Socket::new(NETLINK_ROUTE).map_err(netlink_error("open a NETLINK_ROUTE socket"))?;
         socket
@@ -606,13 +606,13 @@ impl Rtnl {
     }
 
     /// Sends a request with an ACK asked for; returns the kernel's errno (0 = done).
-    fn ack(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<i32> {
+    pub(crate) fn ack(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<i32> {
         Ok(self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags)?.1)
     }
 
     /// Dumps all objects of one kind; a kernel error becomes [`Error::Route`], except
     /// EAFNOSUPPORT (the family does not exist here), which is an empty list.
-    fn dump(
+    pub(crate) fn dump(
         &mut self,
         msg: RouteNetlinkMessage,
         what: &str,
@@ -628,7 +628,7 @@ impl Rtnl {
 
     /// Sends one request and collects the replies up to its end: NLMSG_DONE for a dump, the
     /// ACK or error otherwise. Returns them with the kernel's errno (0 = success).
-    fn exchange(
+    pub(crate) fn exchange(
         &mut self,
         msg: RouteNetlinkMessage,
         flags: u16,

@@ -488,7 +488,9 @@ fn ambient_start(
         metrics,
         dataplane: Arc::new(std::sync::Mutex::new(host_probe(
             s,
-            Dataplane::new(zds).with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone()),
+            Dataplane::new(zds)
+                .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
+                .with_branch_eni(s.ambient.aws_branch_eni_probe),
         ))),
         requests,
         view,

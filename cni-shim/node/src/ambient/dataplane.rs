@@ -25,6 +25,7 @@ use crate::adopt::AdoptIstio;
 
 pub(crate) use crate::node_view::{HostView, ReadBack, Repair, RepairKind, ZtunnelView};
 
+use super::branch_eni::{self, BranchEniRules};
 use super::error::AmbientError;
 use super::identity::Binding;
 use zds::proto::WorkloadInfo;
@@ -169,6 +170,8 @@ pub struct Dataplane {
     adopt: AdoptIstio,
     /// Where each adopted pod's form is recorded for a hand-back (`crate::adopted_forms`).
     records: Option<PathBuf>,
+    /// The ip rules for kubelet's probes to pods behind an AWS branch ENI.
+    branch_eni: BranchEniRules,
 }
 
 impl Dataplane {
@@ -181,6 +184,48 @@ impl Dataplane {
             between: Vec::new(),
             adopt: AdoptIstio::Off,
             records: None,
+            branch_eni: BranchEniRules::new(false),
+        }
+    }
+
+    /// The same, with the ip rules for pods behind an AWS branch ENI when `enabled`
+    /// (`AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`); off, any of ours left on the node are removed.
+    pub fn with_branch_eni(mut self, enabled: bool) -> Dataplane {
+        self.branch_eni = BranchEniRules::new(enabled);
+        self
+    }
+
+    /// The branch-ENI probe rules brought to every enrolled pod's addresses: what changed.
+    fn converge_branch_eni(&mut self) -> Result<redirect_core::branch_eni::Changed, String> {
+        let ips: Vec<IpAddr> = self
+            .pods
+            .values()
+            .flat_map(|e| e.pod.ips.iter().copied())
+            .collect();
+        let changed = self.branch_eni.converge(&ips).map_err(|e| e.to_string());
+        self.host.branch_eni_rules = self
+            .branch_eni
+            .found
+            .iter()
+            .flat_map(|b| b.rules())
+            .map(|r| r.to_string())
+            .collect();
+        changed
+    }
+
+    /// The same after pod `label` came or went, logged: a failure costs the pod kubelet's
+    /// probes (if it is behind a branch ENI) until a pass puts it right, not its enrollment.
+    fn branch_eni_after(&mut self, label: &str) {
+        match self.converge_branch_eni() {
+            Ok(c) if c == Default::default() => {}
+            Ok(c) => tracing::info!(
+                "ambient: pod {label}: branch-ENI probe rules {}",
+                branch_eni::words(&c)
+            ),
+            Err(e) => tracing::warn!(
+                "ambient: pod {label}: the branch-ENI probe rules: {e}; kubelet's probes to a \
+                 pod behind a branch ENI may fail until the next pass"
+            ),
         }
     }
 
@@ -392,6 +437,7 @@ impl Dataplane {
                 repair: adopted,
             },
         );
+        self.branch_eni_after(&pod.label());
         self.zds.set(&pod.uid, pod.info(), Some(fd));
         let refused = self.sync(&pod.uid);
         Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), refused))
@@ -562,6 +608,12 @@ impl Dataplane {
         }
         if old != api {
             self.probe_add(api)?;
+            let label = self
+                .pods
+                .get(uid)
+                .map(|e| e.pod.label())
+                .unwrap_or_default();
+            self.branch_eni_after(&label);
             let gone: Vec<IpAddr> = old.into_iter().filter(|ip| !api.contains(ip)).collect();
             if let Some(p) = self.probe_remove(uid, &gone) {
                 return Err(p);
@@ -615,6 +667,7 @@ impl Dataplane {
             problems.push(redirect_program::errors::chain(&e));
         }
         let enrolled = self.pods.remove(uid)?;
+        self.branch_eni_after(&enrolled.pod.label());
         if !deleting {
             if let Some(netns) = &enrolled.netns {
                 let capture = Capture::Ambient(enrolled.cfg.clone());
@@ -638,6 +691,23 @@ impl Dataplane {
             Ok(Some(r)) => report.repairs.push(("host".into(), r)),
             Ok(None) => {}
             Err(e) => report.problems.push(format!("the host's probe table: {e}")),
+        }
+        match self.converge_branch_eni() {
+            Ok(c) if c == Default::default() => {}
+            Ok(c) => report.repairs.push((
+                "host".into(),
+                Repair {
+                    at: SystemTime::now(),
+                    kind: RepairKind::ProbeRoutes,
+                    why: format!(
+                        "the branch-ENI probe rules differed: {}",
+                        branch_eni::words(&c)
+                    ),
+                },
+            )),
+            Err(e) => report
+                .problems
+                .push(format!("the branch-ENI probe rules: {e}")),
         }
         let uids: Vec<String> = self.pods.keys().cloned().collect();
         for uid in &uids {

@@ -4,6 +4,7 @@
 //! its addresses (`identity`), puts the in-pod rules in it and hands ztunnel its namespace
 //! (`dataplane`, over the `zds` crate). Both sockets are let in by `cni_protocol::gate`.
 
+pub(crate) mod branch_eni;
 pub(crate) mod controller;
 pub(crate) mod dataplane;
 pub(crate) mod error;
@@ -32,4 +33,7 @@ pub struct AmbientSettings {
     pub reconcile_interval: Duration,
     /// The ZDS socket ztunnel connects to.
     pub ztunnel_socket: PathBuf,
+    /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`: ip rules for kubelet's probes to pods behind an
+    /// AWS branch ENI (on nodes with `net.ipv4.tcp_early_demux=0`).
+    pub aws_branch_eni_probe: bool,
 }
