@@ -560,6 +560,41 @@ fn the_controller_repairs_a_broken_pod_and_the_real_probe_then_passes() {
     assert_eq!(repaired_total(&text, "repair", "fail"), 0, "{text}");
 }
 
+/// A sidecar pod with `hostUsers: false` (issue 46): its network namespace belongs to a user
+/// namespace of its own (root mapped to 100000, as a runtime maps it). The controller finds it
+/// by its cgroup in the host's `/proc` and repairs it there as any pod.
+#[test]
+fn a_broken_pod_in_a_user_namespace_is_found_and_repaired() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    const USERNS_UID: &str = "6a0e3b1c-5d7f-4c2e-8b9a-1f2e3d4c5b6a";
+    let home = home("10.56.3.1");
+    let proc = FakeProc::new();
+    let pod = common::user_ns::UserNsPod::start();
+    pod.sh(
+        "ip link set lo up && ip link add eth0 type veth peer name eth1 && \
+         ip link set eth0 up && ip addr add 10.56.3.2/32 dev eth0",
+    );
+    let netns = std::path::PathBuf::from(pod.ns("net"));
+    proc.add(7, &cgroupfs(USERNS_UID), 7, &netns);
+    let in_pod = || {
+        redirect_kernel::testing::nft_in(&netns)
+            .read()
+            .unwrap()
+            .is_some()
+    };
+    assert!(!in_pod());
+    let running = start_controller(&home, repair_settings(Action::Repair, proc.path()));
+    put_broken(&home, "web-u", USERNS_UID, "10.56.3.2");
+    eventually("the rules in the user-namespace pod", WAIT, || {
+        in_pod().then_some(())
+    });
+    eventually("the repair counted", WAIT, || {
+        (repaired_total(&running.metrics.encode(), "repair", "success") == 1).then_some(())
+    });
+}
+
 #[test]
 fn pods_that_are_not_broken_or_not_ours_are_left_alone() {
     if !kernel_tests_enabled() {
