@@ -35,7 +35,14 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
             return EXIT_ERROR;
         }
     };
-    eprint!("{}", report::environment(env));
+    let logs = redirect_core::cli::flags::log_flags(&resolved);
+    if let Err(msg) = logs.and_then(|l| {
+        redirect_program::logging::install_istio_flags(l.as_json, l.output_level.as_deref())
+    }) {
+        eprintln!("{msg}");
+        return EXIT_ERROR;
+    }
+    report::print(&report::environment(env));
     let result = settings::Settings::from_resolved(&resolved)
         .map_err(Failure::from)
         .and_then(|s| match s.network_namespace.clone() {

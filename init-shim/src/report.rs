@@ -24,6 +24,15 @@ const ENVIRONMENT: &[&str] = &[
     "INVALID_DROP",
 ];
 
+/// A block on stderr: as it is (Istio's lines), or one JSON line holding it with JSON logs.
+pub fn print(block: &str) {
+    if redirect_program::logging::json_lines() {
+        redirect_program::logging::stderr_line("info", block.trim_end());
+    } else {
+        eprint!("{block}");
+    }
+}
+
 pub fn environment(env: &dyn Fn(&str) -> Option<String>) -> String {
     let mut s = String::from("Istio iptables environment:\n");
     for name in ENVIRONMENT {

@@ -101,7 +101,7 @@ pub fn run_with(mut s: Settings, t: &Namespace) -> Result<(), Failure> {
             if h.ipv6 { "IPv6 rules on" } else { "IPv4 only" }
         );
     }
-    eprint!("{}", report::variables(&s));
+    crate::report::print(&report::variables(&s));
 
     if s.cleanup_only {
         return cleanup(&s, t);

@@ -639,6 +639,18 @@ fn misc_rows() -> Vec<Row> {
             &["--xxxxxxxx"],
         ),
     ];
+    rows.push(row(
+        "--log_as_json not a Go bool",
+        &["--log_as_json=maybe"],
+        &[],
+        &["--log_as_json", "maybe"],
+    ));
+    rows.push(row(
+        "--log_output_level with an unknown level",
+        &["--log_output_level=default:loud"],
+        &[],
+        &["--log_output_level", "loud"],
+    ));
     let mut a = OsString::from("--");
     a.push(os(b"bad\xffflag"));
     rows.push(Row {

@@ -488,6 +488,64 @@ fn validation_exits_0_with_rules_and_126_without() {
     assert!(ran.stderr.contains("Validation passed"), "{}", ran.stderr);
 }
 
+/// Istio's injector adds `--log_as_json` with `global.logAsJson`: every line redirect-init
+/// writes on stderr is then one JSON object (its start-up block one line), for an apply and for
+/// a failed validation.
+#[test]
+fn log_as_json_makes_every_stderr_line_a_json_object() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let objects = |stderr: &str| -> Vec<serde_json::Value> {
+        stderr
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    };
+    let pod = addressed_netns();
+    let ran = run_in(
+        &pod,
+        &Run::args(&istio_args_with(&[
+            "--log_as_json",
+            "--log_output_level=default:debug,ads:warn",
+        ])),
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let lines = objects(&ran.stderr);
+    let msg = |l: &serde_json::Value| l["msg"].as_str().unwrap_or_default().to_string();
+    assert!(
+        lines
+            .iter()
+            .any(|l| msg(l).starts_with("Istio iptables environment:\n")),
+        "{lines:?}"
+    );
+    assert!(snapshot(&pod).contains("redirect"), "nothing applied");
+
+    let other = addressed_netns();
+    let ran = run_in(
+        &other,
+        &Run::args(&[
+            "-u",
+            "1337",
+            "--run-validation",
+            "--skip-rule-apply",
+            "--probe-timeout",
+            "1s",
+            "--log_as_json",
+        ])
+        .user(1337, 1337),
+    );
+    assert_eq!(ran.code, 126, "{}", ran.stderr);
+    assert!(
+        objects(&ran.stderr)
+            .iter()
+            .any(|l| l["level"] == "error" && msg(l).starts_with("iptables validation failed")),
+        "{}",
+        ran.stderr
+    );
+}
+
 #[test]
 fn iptables_backend_with_each_variant() {
     if !kernel_tests_enabled() {

@@ -82,6 +82,22 @@ impl ScopeLevels {
         Ok(out)
     }
 
+    /// The `default` level of a list given to a program that has no scopes of its own
+    /// (redirect-init, redirect-validate: Istio's injector passes them the proxy's list):
+    /// a bare level or `default:<level>` counts, other scopes are not ours and are passed
+    /// over; an unknown level is an error naming it.
+    pub fn default_of(text: &str) -> Result<LevelFilter, String> {
+        let mut level = LevelFilter::INFO;
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (scope, name) = item.split_once(':').unwrap_or(("default", item));
+            let parsed = level_of(name.trim())?;
+            if scope.trim() == "default" {
+                level = parsed;
+            }
+        }
+        Ok(level)
+    }
+
     /// The level of `scope`: its own, else `default`'s.
     pub fn level(&self, scope: &str) -> LevelFilter {
         self.named
@@ -130,6 +146,20 @@ fn level_of(name: &str) -> Result<LevelFilter, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_without_scopes_takes_the_default_and_passes_over_the_proxys() {
+        let d = ScopeLevels::default_of;
+        assert_eq!(
+            d("default:debug,ads:warn,misc:error"),
+            Ok(LevelFilter::DEBUG)
+        );
+        assert_eq!(d("warn"), Ok(LevelFilter::WARN));
+        assert_eq!(d("ads:debug"), Ok(LevelFilter::INFO));
+        assert_eq!(d(""), Ok(LevelFilter::INFO));
+        let e = d("ads:loud").unwrap_err();
+        assert!(e.contains("\"loud\""), "{e}");
+    }
 
     #[test]
     fn a_list_sets_each_scope_and_a_bare_level_the_default() {

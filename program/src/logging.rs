@@ -30,6 +30,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -148,6 +149,22 @@ pub fn level_names(last: &str) -> String {
     }
 }
 
+/// The sink Istio's logging flags ask for, installed: JSON lines with `--log_as_json`
+/// (`as_json`), the `default` level of `--log_output_level` (`output_level`; the proxy's other
+/// scopes passed over, none given is `info`). For redirect-init and redirect-validate, which
+/// Istio's injector runs with `global.logAsJson` and `global.logging.level`. A bad level is an
+/// error naming it, and nothing is installed.
+pub fn install_istio_flags(as_json: bool, output_level: Option<&str>) -> Result<(), String> {
+    let text = output_level.unwrap_or_default();
+    let level =
+        ScopeLevels::default_of(text).map_err(|e| format!("--log_output_level={text:?}: {e}"))?;
+    install(Sink {
+        json: as_json,
+        ..Sink::stderr(None, level)
+    });
+    Ok(())
+}
+
 /// The handle of our subscriber's layer, or `None` when the process had another subscriber
 /// (a test's) before ours.
 static HANDLE: OnceLock<Option<reload::Handle<Lines, Registry>>> = OnceLock::new();
@@ -157,6 +174,7 @@ static HANDLE: OnceLock<Option<reload::Handle<Lines, Registry>>> = OnceLock::new
 /// on stderr and add its configured level and file once it has read them. Returns false when
 /// another subscriber was installed first (then that one gets the lines, and nothing panics).
 pub fn install(sink: Sink) -> bool {
+    JSON_LINES.store(sink.json, Ordering::Relaxed);
     let mut fresh = false;
     let handle = HANDLE.get_or_init(|| {
         let (layer, handle) = reload::Layer::new(Lines::new(sink.clone()));
@@ -384,9 +402,23 @@ impl Lines {
     }
 }
 
+/// Whether the sink last installed writes JSON lines: [`stderr_line`] follows it.
+static JSON_LINES: AtomicBool = AtomicBool::new(false);
+
+/// Whether the sink last installed writes JSON lines.
+pub fn json_lines() -> bool {
+    JSON_LINES.load(Ordering::Relaxed)
+}
+
 /// Writes one `level<TAB>message` line on stderr, the message escaped, in one write: for a
-/// program's own status lines outside the subscriber (redirect-validate's).
+/// program's own status lines outside the subscriber (redirect-validate's, redirect-init's
+/// report). With a JSON sink installed, the line is a JSON object of scope `default`.
 pub fn stderr_line(level: &str, message: &str) {
+    if JSON_LINES.load(Ordering::Relaxed) {
+        let line = crate::log_json::line(level, "default", "redirect_program", message, &[]);
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        return;
+    }
     let mut line = String::with_capacity(message.len() + 16);
     line.push_str(level);
     line.push('\t');

@@ -42,6 +42,13 @@ pub fn main(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i32 {
         Ok(r) => r,
         Err(code) => return code,
     };
+    let logs = redirect_core::cli::flags::log_flags(&r);
+    if let Err(msg) = logs.and_then(|l| {
+        redirect_program::logging::install_istio_flags(l.as_json, l.output_level.as_deref())
+    }) {
+        stderr_line("error", &msg);
+        return EXIT_ERROR;
+    }
     let json = r.matches.get_flag("json");
     match run(&r) {
         Ok(report) => {

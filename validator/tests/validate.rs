@@ -123,6 +123,64 @@ fn probe_without_rules_is_126_no_rules() {
     );
 }
 
+/// Every non-empty line of `stderr` as a JSON object; panics naming one that is not.
+fn json_lines(stderr: &str) -> Vec<Value> {
+    stderr
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// Istio's injector adds `--log_as_json` with `global.logAsJson`: each line on stderr is then a
+/// JSON object (the diagnosis too), and `--log_output_level` of the proxy's scopes is passed
+/// over; a bad value for either is refused by name before any probe.
+#[test]
+fn log_as_json_gives_json_lines_and_bad_log_flags_are_refused() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let ns = pod("10.77.0.2/24");
+    let r = validate(
+        &ns,
+        &[
+            "--probe-timeout",
+            "1s",
+            "--log_as_json",
+            "--log_output_level=default:info,ads:debug",
+        ],
+        1337,
+    );
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    let lines = json_lines(&r.stderr);
+    let msgs: Vec<&str> = lines.iter().filter_map(|l| l["msg"].as_str()).collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.starts_with("iptables validation failed")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter().any(|m| m.starts_with("diagnosis: no_rules")),
+        "{msgs:?}"
+    );
+    assert!(lines
+        .iter()
+        .all(|l| l["level"] == "error" && l["time"].is_string()));
+    for (flag, named) in [
+        ("--log_as_json=maybe", "maybe"),
+        ("--log_output_level=default:loud", "loud"),
+    ] {
+        let r = validate(&ns, &["--probe-timeout", "1s", flag], 1337);
+        assert_eq!(r.code, 1, "{flag}: {}", r.stderr);
+        assert!(r.stderr.contains(named), "{flag}: {}", r.stderr);
+        assert!(
+            !r.stderr.contains("validation failed"),
+            "{flag}: {}",
+            r.stderr
+        );
+    }
+}
+
 #[test]
 fn probe_as_another_uid_is_126_not_proxy_uid() {
     if !kernel_tests_enabled() {

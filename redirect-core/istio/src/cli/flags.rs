@@ -158,7 +158,8 @@ crate::flags! {
     ];
 }
 
-/// Istio's logging flags, accepted and ignored (the injector passes `--log_output_level`).
+/// Istio's logging flags, accepted (the injector passes `--log_output_level`); [`log_flags`]
+/// reads `--log_as_json` and `--log_output_level`, the others are ignored.
 const IGNORED_LOG_FLAGS: &[&str] = &[
     "log_output_level",
     "log_as_json",
@@ -170,6 +171,38 @@ const IGNORED_LOG_FLAGS: &[&str] = &[
     "log_rotate_max_backups",
     "log_rotate_max_size",
 ];
+
+/// Istio's logging flags as given (the injector passes `--log_output_level`, and
+/// `--log_as_json` with `global.logAsJson`), for the program's log lines; the other logging
+/// flags stay ignored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogFlags {
+    /// `--log_as_json`: one JSON object per line.
+    pub as_json: bool,
+    /// `--log_output_level`: a level or Istio's `scope:level` list.
+    pub output_level: Option<String>,
+}
+
+/// [`LogFlags`] of a parse; `--log_as_json=<not a Go bool>` is an error naming it.
+pub fn log_flags(r: &Resolved) -> Result<LogFlags, String> {
+    let given = |name: &str| {
+        r.matches
+            .try_get_one::<String>(name)
+            .ok()
+            .flatten()
+            .cloned()
+    };
+    let as_json = match given("log_as_json") {
+        None => false,
+        Some(v) => crate::go::parse_bool(&v).ok_or_else(|| {
+            format!("--log_as_json={v:?}: expected true or false (or the flag alone)")
+        })?,
+    };
+    Ok(LogFlags {
+        as_json,
+        output_level: given("log_output_level"),
+    })
+}
 
 /// istio-iptables' help shows no defaults; its logging flags are accepted and ignored.
 const TABLE: Table = Table {
