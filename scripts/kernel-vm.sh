@@ -65,7 +65,7 @@ pkgs="$(realpath -m "${CARGO_TARGET_DIR:-target}/vm/debs/$arch-$suite")"
 bin=target/static/$static
 x86=target/static/x86_64
 bins=(redirect-cni redirect-cni-node redirect-init redirect-validate)
-# The modules the checks need; their dependencies are added.
+# The modules the checks need; their dependencies are added (8021q: the VLAN of branch_eni's layout).
 mods=(nf_tables nft_chain_nat nft_nat nft_redir nft_ct nft_tproxy nft_fib_inet nft_limit nf_conntrack veth 8021q)
 # Modules only some kernels have apart (nft_counter is in nf_tables itself since 5.14 or so).
 optional=(nft_counter)

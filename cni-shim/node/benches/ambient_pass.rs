@@ -13,7 +13,9 @@
 //!   snapshot.
 //!
 //! `cargo bench -p cni-node --bench ambient_pass` (root; `cargo test` runs it with 3 pods and
-//! a short window).
+//! a short window). With `BRANCH_ENI=1`, every pod is laid out as aws-vpc-cni lays out a pod
+//! behind a branch ENI (its host route in a table of its own, an `iif` rule into it, the node's
+//! `tcp_early_demux` 0): the pass then also reads back two ip rules per pod.
 
 use std::time::{Duration, Instant};
 
@@ -34,14 +36,26 @@ fn main() {
     } else {
         (110, Duration::from_secs(60))
     };
+    let branch_eni = std::env::var("BRANCH_ENI").is_ok_and(|v| v == "1");
     let n = Node::new();
     n.ambient_namespace("shop");
+    if branch_eni {
+        n.host.sh("echo 0 > /proc/sys/net/ipv4/tcp_early_demux");
+    }
     let mut netns = Vec::new();
     for i in 0..pods {
         let name = format!("web-{i}");
         let uid = create_pod(&n.cp, "shop", &name);
         let ip = format!("10.77.{}.{}", 1 + i / 200, 2 + i % 200);
         let ns = pod_netns(&n.host, &ip, &format!("vp{i}"));
+        if branch_eni {
+            let table = 100 + i;
+            n.host.sh(&format!(
+                "ip route del {ip}/32 dev vp{i} && \
+                 ip route add {ip} dev vp{i} scope link table {table} && \
+                 ip rule add iif vp{i} lookup {table} pref 10"
+            ));
+        }
         n.proc.add(5000 + i as u32, &cgroupfs(&uid), 100, ns.path());
         running(&n.cp, "shop", &name, &ip);
         netns.push(ns);
@@ -62,6 +76,15 @@ fn main() {
         "{pods} pods enrolled and acked {} ms after the agent let ztunnel in",
         enrolled.elapsed().as_millis()
     );
+    if branch_eni {
+        cni_testkit::eventually("two rules per pod", Duration::from_secs(60), || {
+            (n.host.sh("ip -4 rule show").matches("proto 157").count() == 2 * pods).then_some(())
+        });
+        println!(
+            "every pod behind a branch ENI: {} ip rules of ours",
+            2 * pods
+        );
+    }
     // Their annotations written (pending at enrollment, before ztunnel connected, then
     // enabled), so that the window sees the passes alone.
     cni_testkit::eventually(

@@ -12,13 +12,18 @@ use redirect_testkit::{kernel_tests_enabled, TestNetns};
 fn eks_node() -> TestNetns {
     let node = TestNetns::with_prefix("eni");
     // The trunk ENI, and its VLAN 1 as aws-vpc-cni names it. A kernel without 802.1Q (this
-    // machine's has none; Debian's, in the kernel matrix, have it) gets a macvlan in its
-    // place: the rules and tables, which are all the code reads, are the same.
+    // machine's has none; Debian's, in the kernel matrix, have it and require it) gets a
+    // macvlan in its place: the rules and tables, which are all the code reads, are the same.
     node.sh("ip link add eth1 type veth peer name eth1-peer && ip link set eth1 up");
     if node
         .try_sh("ip link add link eth1 name vlan.eth.1 type vlan id 1")
         .is_err()
     {
+        // The kernel matrix's guests load 8021q and say so: there the VLAN is required.
+        assert!(
+            std::env::var_os("REDIRECT_REQUIRE_VLAN").is_none(),
+            "REDIRECT_REQUIRE_VLAN is set but this kernel makes no 802.1Q VLAN"
+        );
         eprintln!("no 802.1Q VLAN in this kernel: a macvlan stands in for vlan.eth.1");
         node.sh("ip link add link eth1 name vlan.eth.1 type macvlan mode bridge");
     }
