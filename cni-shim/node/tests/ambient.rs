@@ -18,7 +18,7 @@ use cni_testkit as common;
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
@@ -69,17 +69,12 @@ fn probe(
     z: &TestZtunnel,
     pod: &str,
 ) -> String {
-    let to = SocketAddr::new(ip.parse().unwrap(), 8080);
-    let client = node.run(move || {
-        redirect_testkit::netns::become_ids(uid, uid).unwrap();
-        TcpStream::connect_timeout(&to, Duration::from_secs(2))
-    });
-    if let Err(e) = client {
-        return format!("nowhere (connect: {e})");
+    if let Err(e) = support::connect_as(node, uid, ip) {
+        return e;
     }
     for _ in 0..100 {
-        if let Ok((_, from)) = app.accept() {
-            return format!("app from {}", from.ip());
+        if let Some(from) = support::accepted(app) {
+            return from;
         }
         let state = z.state.lock().unwrap();
         if let Some(l) = state.pods.get(pod).map(|s| &s.listeners[1]) {

@@ -13,7 +13,7 @@ use cni_testkit as common;
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::Duration;
 
 use common::ambient::{create_pod, pod_netns, running, Node, KUBELET_UID};
@@ -55,17 +55,12 @@ fn branch_eni_layout(node: &TestNetns, vpc: &TestNetns) {
 
 /// kubelet's connection from the node to `ip`:8080: "app from <source>" or "nowhere".
 fn kubelet_probe(node: &TestNetns, ip: &str, app: &TcpListener) -> String {
-    let to = SocketAddr::new(ip.parse().unwrap(), 8080);
-    let client = node.run(move || {
-        redirect_testkit::netns::become_ids(KUBELET_UID, KUBELET_UID).unwrap();
-        TcpStream::connect_timeout(&to, Duration::from_secs(2))
-    });
-    if let Err(e) = client {
-        return format!("nowhere (connect: {e})");
+    if let Err(e) = support::connect_as(node, KUBELET_UID, ip) {
+        return e;
     }
     for _ in 0..100 {
-        if let Ok((_, from)) = app.accept() {
-            return format!("app from {}", from.ip());
+        if let Some(from) = support::accepted(app) {
+            return from;
         }
         std::thread::sleep(Duration::from_millis(20));
     }

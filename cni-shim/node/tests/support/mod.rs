@@ -7,6 +7,24 @@ pub mod ztunnel;
 use cni_testkit::apiserver::ControlPlane;
 use redirect_testkit::TestNetns;
 
+/// A connection from the node as `uid` (kubelet's, or any other process's) to `ip`:8080, as
+/// "nowhere (connect: ...)" when it fails within 2 s.
+pub fn connect_as(node: &TestNetns, uid: u32, ip: &str) -> Result<std::net::TcpStream, String> {
+    let to = std::net::SocketAddr::new(ip.parse().unwrap(), 8080);
+    node.run(move || {
+        redirect_testkit::netns::become_ids(uid, uid).unwrap();
+        std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(2))
+    })
+    .map_err(|e| format!("nowhere (connect: {e})"))
+}
+
+/// The source of the connection `app` accepts, if one is waiting.
+pub fn accepted(app: &std::net::TcpListener) -> Option<String> {
+    app.accept()
+        .ok()
+        .map(|(_, from)| format!("app from {}", from.ip()))
+}
+
 /// The pod addresses in the node's probe SNAT sets.
 pub fn probe_members(node: &TestNetns) -> Vec<String> {
     let ns = redirect_core::Namespace::open(node.path()).unwrap();
