@@ -198,7 +198,7 @@ impl ProbeRoutes {
             }
             // Table -> (interface, priority) of each `iif` rule into it.
             let mut iif: BTreeMap<u32, Vec<(String, u32)>> = BTreeMap::new();
-            for rule in dump_rules(nl, family)? {
+            for rule in nl.rules(family)? {
                 if let Some((table, dev, priority)) = iif_rule(&rule) {
                     iif.entry(table).or_default().push((dev, priority));
                 }
@@ -207,7 +207,7 @@ impl ProbeRoutes {
                 continue;
             }
             let mut names: Option<HashMap<u32, String>> = None;
-            for route in dump_routes(nl, family)? {
+            for route in nl.routes(family)? {
                 let Some((table, dst, oif)) = host_route(&route) else {
                     continue;
                 };
@@ -247,7 +247,7 @@ impl ProbeRoutes {
         let mut held = Vec::new();
         for family in [Family::V4, Family::V6] {
             held.extend(
-                dump_rules(nl, family)?
+                nl.rules(family)?
                     .iter()
                     .filter(|m| is_ours(m))
                     .map(|m| words(m, family)),
@@ -263,7 +263,7 @@ impl ProbeRoutes {
         let nl = &mut *self.nl.borrow_mut();
         let mut changed = Changed::default();
         for family in [Family::V4, Family::V6] {
-            let rules = dump_rules(nl, family)?;
+            let rules = nl.rules(family)?;
             let present: Vec<Option<ProbeRule>> =
                 rules.iter().map(|m| probe_rule(m, family)).collect();
             for rule in want.iter().filter(|r| r.family() == family) {
@@ -308,33 +308,6 @@ fn full_length(ip: IpAddr) -> u8 {
         IpAddr::V4(_) => 32,
         IpAddr::V6(_) => 128,
     }
-}
-
-fn dump_rules(nl: &mut Rtnl, family: Family) -> Result<Vec<RuleMessage>> {
-    let mut dump = RuleMessage::default();
-    dump.header.family = address_family(family);
-    let replies = nl.dump(RouteNetlinkMessage::GetRule(dump), "list rules", family)?;
-    Ok(replies
-        .into_iter()
-        .filter_map(|m| match m {
-            RouteNetlinkMessage::NewRule(m) => Some(m),
-            _ => None,
-        })
-        .collect())
-}
-
-/// Every table's routes of `family` (a dump without a table asked gives them all).
-fn dump_routes(nl: &mut Rtnl, family: Family) -> Result<Vec<RouteMessage>> {
-    let mut dump = RouteMessage::default();
-    dump.header.address_family = address_family(family);
-    let replies = nl.dump(RouteNetlinkMessage::GetRoute(dump), "list routes", family)?;
-    Ok(replies
-        .into_iter()
-        .filter_map(|m| match m {
-            RouteNetlinkMessage::NewRoute(m) => Some(m),
-            _ => None,
-        })
-        .collect())
 }
 
 fn link_names(nl: &mut Rtnl, family: Family) -> Result<HashMap<u32, String>> {

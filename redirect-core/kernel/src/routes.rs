@@ -253,13 +253,10 @@ impl Routes {
         let nl = &mut *self.nl.borrow_mut();
         let lo = link_index(nl, "lo")?;
         let rules = our_rules(nl, r, family)?.len();
-        let mut dump = RouteMessage::default();
-        dump.header.address_family = address_family(family);
-        let routes = nl.dump(RouteNetlinkMessage::GetRoute(dump), "list routes", family)?;
-        let route = routes.iter().any(|m| match m {
-            RouteNetlinkMessage::NewRoute(m) => is_our_route(m, r, family, lo),
-            _ => false,
-        });
+        let route = nl
+            .routes(family)?
+            .iter()
+            .any(|m| is_our_route(m, r, family, lo));
         Ok(TproxyState { rules, route })
     }
 
@@ -455,16 +452,9 @@ fn is_our_rule(m: &RuleMessage, r: &TproxyRouting, family: Family) -> bool {
 }
 
 fn our_rules(nl: &mut Rtnl, r: &TproxyRouting, family: Family) -> Result<Vec<RuleMessage>> {
-    let mut dump = RuleMessage::default();
-    dump.header.family = address_family(family);
-    let rules = nl.dump(RouteNetlinkMessage::GetRule(dump), "list rules", family)?;
-    Ok(rules
-        .into_iter()
-        .filter_map(|m| match m {
-            RouteNetlinkMessage::NewRule(m) if is_our_rule(&m, r, family) => Some(m),
-            _ => None,
-        })
-        .collect())
+    let mut rules = nl.rules(family)?;
+    rules.retain(|m| is_our_rule(m, r, family));
+    Ok(rules)
 }
 
 /// `local <default> dev lo table <table>`, with what `ip route add` sets: protocol boot, and
@@ -624,6 +614,34 @@ impl Rtnl {
             libc::EAFNOSUPPORT => Ok(Vec::new()),
             _ => Err(route_error(what.to_owned(), family, errno)),
         }
+    }
+
+    /// Every rule of `family`.
+    pub(crate) fn rules(&mut self, family: Family) -> Result<Vec<RuleMessage>> {
+        let mut dump = RuleMessage::default();
+        dump.header.family = address_family(family);
+        let replies = self.dump(RouteNetlinkMessage::GetRule(dump), "list rules", family)?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewRule(m) => Some(m),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Every route of `family`, of every table (a dump without a table asked gives them all).
+    pub(crate) fn routes(&mut self, family: Family) -> Result<Vec<RouteMessage>> {
+        let mut dump = RouteMessage::default();
+        dump.header.address_family = address_family(family);
+        let replies = self.dump(RouteNetlinkMessage::GetRoute(dump), "list routes", family)?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewRoute(m) => Some(m),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Sends one request and collects the replies up to its end: NLMSG_DONE for a dump, the
