@@ -259,14 +259,7 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
     });
 
     // web labelled none: released, its rules gone, the annotation removed.
-    n.cp.kubectl_ok(&[
-        "label",
-        "pod",
-        "web",
-        "-n",
-        "shop",
-        "istio.io/dataplane-mode=none",
-    ]);
+    support::opt_out(&n.cp, "shop", "web");
     eventually("web released", || (!z.serves(&web_uid)).then_some(()));
     eventually("web's rules removed", || (!has_rules(&web)).then_some(()));
     assert!(

@@ -152,14 +152,7 @@ fn kubelets_probes_reach_an_ambient_pod_behind_a_branch_eni() {
     );
 
     // The pod released: its rules go, aws-vpc-cni's stay as they were.
-    n.cp.kubectl_ok(&[
-        "label",
-        "pod",
-        "sgp",
-        "-n",
-        "shop",
-        "istio.io/dataplane-mode=none",
-    ]);
+    support::opt_out(&n.cp, "shop", "sgp");
     common::eventually("the rules gone with the pod", WAIT, || {
         (rules(&n.host) == aws).then_some(())
     });

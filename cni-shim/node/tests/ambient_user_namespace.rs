@@ -60,14 +60,7 @@ fn an_ambient_pod_in_a_user_namespace_is_found_enrolled_and_released() {
     });
     assert!(has_rules(&netns), "enrolled without its in-pod rules");
 
-    n.cp.kubectl_ok(&[
-        "label",
-        "pod",
-        "web",
-        "-n",
-        "shop",
-        "istio.io/dataplane-mode=none",
-    ]);
+    support::opt_out(&n.cp, "shop", "web");
     common::eventually("web released", Duration::from_secs(30), || {
         (!z.serves(&uid) && !has_rules(&netns)).then_some(())
     });

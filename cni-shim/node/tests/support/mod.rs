@@ -25,6 +25,18 @@ pub fn accepted(app: &std::net::TcpListener) -> Option<String> {
         .map(|(_, from)| format!("app from {}", from.ip()))
 }
 
+/// Labels pod `name` of `namespace` `istio.io/dataplane-mode=none`: out of ambient.
+pub fn opt_out(cp: &ControlPlane, namespace: &str, name: &str) {
+    cp.kubectl_ok(&[
+        "label",
+        "pod",
+        name,
+        "-n",
+        namespace,
+        "istio.io/dataplane-mode=none",
+    ]);
+}
+
 /// The pod addresses in the node's probe SNAT sets.
 pub fn probe_members(node: &TestNetns) -> Vec<String> {
     let ns = redirect_core::Namespace::open(node.path()).unwrap();
