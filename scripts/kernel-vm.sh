@@ -67,8 +67,9 @@ x86=target/static/x86_64
 bins=(redirect-cni redirect-cni-node redirect-init redirect-validate)
 # The modules the checks need; their dependencies are added (8021q: the VLAN of branch_eni's layout).
 mods=(nf_tables nft_chain_nat nft_nat nft_redir nft_ct nft_tproxy nft_fib_inet nft_limit nf_conntrack veth 8021q)
-# Modules only some kernels have apart (nft_counter is in nf_tables itself since 5.14 or so).
-optional=(nft_counter)
+# Modules only some kernels have apart (nft_counter is in nf_tables itself since 5.14 or so;
+# the sock_diag ones that `listeners` reads with are built in on some).
+optional=(nft_counter inet_diag tcp_diag udp_diag)
 
 skip() {
   if [ "${REDIRECT_REQUIRE_VMS:-0}" = 1 ]; then

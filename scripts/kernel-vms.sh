@@ -44,7 +44,7 @@ fi
 
 # The kernel tests, built for this machine: NAME PATH per line.
 kernel_tests=(
-  ambient branch_eni nft_backend nft_consistency nft_faults nft_features nft_update routes_netns # redirect-kernel's
+  ambient branch_eni listeners nft_backend nft_consistency nft_faults nft_features nft_update routes_netns # redirect-kernel's
   ambient_namespace host_probe namespace_routes namespace_traffic         # redirect-core's
 )
 list="$out/kernel-tests.list"

@@ -9,3 +9,5 @@ pub use redirect_istio::ambient::{
     KubeletUidError, LabelSelector, Operator, PodView, Requirement, SelectorError, BYPASS_INBOUND,
     DATAPLANE_MODE, DNS_CAPTURE, REDIRECTION, REROUTE_VIRTUAL_INTERFACES, SIDECAR_STATUS,
 };
+/// ztunnel's in-pod ports, which the rules redirect to and its listeners bind.
+pub use redirect_model::ambient::{DNS_PORT, HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT};

@@ -105,6 +105,7 @@ pub use namespace::{IstioHost, Namespace};
 pub use redirect_kernel::backend::Backend;
 pub use redirect_kernel::branch_eni;
 pub use redirect_kernel::capture::{Cleaned, Mismatch};
+pub use redirect_kernel::listeners;
 pub use redirect_kernel::netns::{current_netns_id, netns_id_of, Netns, NetnsId};
 pub use redirect_kernel::nft::{Difference, TableState};
 pub use redirect_kernel::routes::TproxyRouting;

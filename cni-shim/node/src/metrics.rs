@@ -373,6 +373,7 @@ impl Metrics {
             "pod_rules",
             "namespace",
             "resent",
+            "listeners",
         ] {
             let _ = a.repairs.get_or_create(&KindLabels { kind });
         }

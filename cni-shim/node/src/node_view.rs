@@ -48,6 +48,8 @@ pub(crate) enum RepairKind {
     /// The ip rules for kubelet's probes to pods behind an AWS branch ENI: one missing,
     /// added, or one of ours that no enrolled pod needs, removed.
     ProbeRoutes,
+    /// ztunnel acked a pod whose listeners are missing in its namespace: sent again.
+    Listeners,
 }
 
 impl RepairKind {
@@ -61,6 +63,7 @@ impl RepairKind {
             RepairKind::Resent => "resent",
             RepairKind::Adopted => "adopted",
             RepairKind::ProbeRoutes => "probe_routes",
+            RepairKind::Listeners => "listeners",
         }
     }
 }
@@ -103,6 +106,25 @@ pub(crate) struct ZtunnelView {
     pub connection: Option<u64>,
     pub acked: bool,
     pub refused: Option<String>,
+    /// ztunnel's listeners in the pod's namespace as last read (`None`: not read: not acked,
+    /// or `AMBIENT_CHECK_LISTENERS=false`).
+    pub listeners: Option<ListenersView>,
+}
+
+/// ztunnel's listeners in a pod's namespace, as the last read found them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ListenersView {
+    #[serde(with = "rfc3339")]
+    pub checked_at: SystemTime,
+    /// Every listener wanted was there.
+    pub seen: bool,
+    /// The ports missing (`15001/tcp`).
+    pub missing: Vec<String>,
+    /// Since when the last finding (seen, or these missing) holds.
+    #[serde(with = "rfc3339_opt")]
+    pub since: Option<SystemTime>,
+    /// Why the read failed, if it did.
+    pub error: Option<String>,
 }
 
 /// The kind of capture a pod has.

@@ -442,6 +442,14 @@ redirect_core::cli::flags! {
             "Ambient: on a node with net.ipv4.tcp_early_demux=0 (EKS Security Groups for Pods), \
              ip rules that let kubelet's probes reach enrolled pods behind an AWS branch ENI",
         ),
+        AMBIENT_CHECK_LISTENERS = b(
+            "ambient-check-listeners",
+            "AMBIENT_CHECK_LISTENERS",
+            "true",
+            "Ambient: each pass, read the sockets listening in every enrolled pod (sock_diag): a \
+             pod whose ztunnel listeners (15001, 15006, 15008, and 15053 with DNS capture) are \
+             missing is pending, and its add is sent to ztunnel again with backoff",
+        ),
         AMBIENT_RECONCILE_INTERVAL = s(
             "ambient-reconcile-interval",
             Some("AMBIENT_RECONCILE_INTERVAL"),
@@ -821,6 +829,7 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         reconcile_interval,
         ztunnel_socket: socket,
         aws_branch_eni_probe: v.boolean(&AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE)?,
+        check_listeners: v.boolean(&AMBIENT_CHECK_LISTENERS)?,
     })
 }
 

@@ -1,9 +1,11 @@
 //! `testpod ztunnel SOCKET`: a stand-in for ztunnel on the real node. It connects to the node
 //! agent's ZDS socket (again and again, as ztunnel does), says hello, acknowledges every
 //! request, and for each pod added binds listeners inside the pod's network namespace through
-//! the descriptor it received: 15001 (outbound) and 15008 (HBONE), not 15006, so that an
-//! inbound connection the rules capture is refused (kubelet's probes then pass only through
-//! the host's probe SNAT). Each connection is answered and printed as `landed <port> <original
+//! the descriptor it received, as ztunnel's proxy does before it acks: 15001 (outbound),
+//! 15006 (inbound plaintext), 15008 (HBONE) and 15053 (DNS, TCP and UDP), which the agent
+//! reads back. 15006 drops every SYN (a socket filter), so that an inbound connection the
+//! rules capture never connects (kubelet's probes then pass only through the host's probe
+//! SNAT). Each connection is answered and printed as `landed <port> <original
 //! destination>`; `del`, and a snapshot that leaves a pod out, close its listeners.
 //!
 //! The messages and the datagrams are the agent's own: the `zds` crate and
@@ -11,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
 /// ztunnel's limit on a datagram.
 const MAX: usize = 1024;
 /// The ports bound in each pod.
-const PORTS: [u16; 2] = [15001, 15008];
+const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
 
 /// A pod served: its namespace's inode and the flag that stops its listeners.
 struct Served {
@@ -124,11 +126,15 @@ fn handle(
     }
 }
 
-/// Listeners on [`PORTS`] in the namespace of `fd`, on a thread that enters it, until `stop`.
+/// Listeners on [`PORTS`] (and the DNS proxy's UDP socket) in the namespace of `fd`, on a
+/// thread that enters it, until `stop`. Returns once they are bound: ztunnel acks a pod
+/// after its proxy's listeners are up, and the agent reads them after the ack.
 fn bind_in(fd: OwnedFd, who: String, stop: Arc<AtomicBool>) {
+    let (bound, wait) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         if let Err(e) = nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET) {
             println!("ztunnel: {who}: cannot enter its namespace: {e}");
+            let _ = bound.send(());
             return;
         }
         let listeners: Vec<(u16, TcpListener)> = PORTS
@@ -139,6 +145,13 @@ fn bind_in(fd: OwnedFd, who: String, stop: Arc<AtomicBool>) {
                 l.ok().map(|l| (*p, l))
             })
             .collect();
+        for (port, l) in &listeners {
+            if *port == 15006 {
+                drop_every_packet(l);
+            }
+        }
+        let _dns = UdpSocket::bind(("::", 15053)).or_else(|_| UdpSocket::bind(("0.0.0.0", 15053)));
+        let _ = bound.send(());
         for (_, l) in &listeners {
             let _ = l.set_nonblocking(true);
         }
@@ -154,4 +167,69 @@ fn bind_in(fd: OwnedFd, who: String, stop: Arc<AtomicBool>) {
         }
         println!("ztunnel: {who}: listeners closed");
     });
+    let _ = wait.recv();
+}
+
+/// A socket filter that drops every packet: a listener that is there (the agent reads it)
+/// but that no connection reaches, its SYNs dropped before the handshake.
+fn drop_every_packet(l: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // One classic BPF instruction: BPF_RET | BPF_K with 0 bytes kept.
+    let mut drop = [libc::sock_filter {
+        code: 0x06,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: drop.as_mut_ptr(),
+    };
+    // SAFETY: `prog` points at `drop`, both alive for the call; the kernel copies them.
+    let r = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        println!(
+            "ztunnel: cannot attach the filter to 15006: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpStream;
+
+    #[test]
+    fn the_filtered_listener_is_listed_but_never_connected_to() {
+        if !redirect_testkit::kernel_tests_enabled() {
+            return;
+        }
+        let ns = redirect_testkit::TestNetns::with_prefix("zf");
+        ns.sh("ip link set lo up");
+        let (filtered, plain, _held) = ns.run(|| {
+            let filtered = TcpListener::bind("127.0.0.1:15006").unwrap();
+            drop_every_packet(&filtered);
+            let plain = TcpListener::bind("127.0.0.1:15001").unwrap();
+            let to = |p: u16| {
+                let a = std::net::SocketAddr::from(([127, 0, 0, 1], p));
+                TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok()
+            };
+            (to(15006), to(15001), (filtered, plain))
+        });
+        assert!(!filtered, "a connection reached the filtered listener");
+        assert!(plain, "the plain listener refused a connection");
+        assert!(
+            ns.sh("ss -ltnH").contains(":15006"),
+            "15006 is not listening"
+        );
+    }
 }

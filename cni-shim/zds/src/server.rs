@@ -275,6 +275,27 @@ impl ZdsServer {
         self.set(uid, info, None);
     }
 
+    /// Sends `uid` to the current connection again though it acked it: a `del`, then its
+    /// add. ztunnel takes a second add of the same namespace for done (it keeps its proxy
+    /// record even when the proxy's listeners are gone); a `del` first makes it start the
+    /// pod's proxy anew. The pod stays held whatever the answers.
+    pub fn readd(&self, uid: &str) -> Result<Delivery, ZdsError> {
+        {
+            let mut state = self.inner.lock();
+            if !state.pods.contains_key(uid) {
+                return Ok(Delivery::Queued);
+            }
+            let sent = self
+                .inner
+                .send(&mut state, &WorkloadRequest::del(uid), None);
+            if let Some(c) = state.conn.as_mut() {
+                c.acked.remove(uid);
+            }
+            sent?;
+        }
+        self.sync(uid)
+    }
+
     /// Releases a pod: forgotten here, `del` to ztunnel.
     pub fn del(&self, uid: &str) -> Result<Delivery, ZdsError> {
         let mut state = self.inner.lock();

@@ -9,6 +9,8 @@
 //!   and the addresses of the namespace's interfaces.
 //! - [`netns`]: a network namespace opened once and judged by its descriptor, and work run
 //!   inside it.
+//! - [`listeners`]: the sockets listening in a namespace (sock_diag), as `ss -ltun` lists
+//!   them.
 //! - [`sockopt`]: the original destination of a redirected connection (`SO_ORIGINAL_DST`).
 //! - [`backend`]: what capture needs of one namespace (our table, the routes beside it, the
 //!   addresses), behind the `Backend` trait: `Live` over the kernel, and with the `testing`
@@ -31,6 +33,7 @@ pub mod capture;
 #[cfg(feature = "testing")]
 pub mod fake;
 pub mod ipset;
+pub mod listeners;
 pub mod netns;
 pub mod nft;
 pub mod routes;

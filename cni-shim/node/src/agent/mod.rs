@@ -490,7 +490,8 @@ fn ambient_start(
             s,
             Dataplane::new(zds)
                 .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
-                .with_branch_eni(s.ambient.aws_branch_eni_probe),
+                .with_branch_eni(s.ambient.aws_branch_eni_probe)
+                .with_listener_check(s.ambient.check_listeners),
         ))),
         requests,
         view,

@@ -775,6 +775,24 @@ fn pod_state(
             Some("the current ztunnel connection has not acked it".into()),
         );
     }
+    if let Some(l) = p.ztunnel.listeners.as_ref().filter(|l| !l.seen) {
+        let since = l.since.map(rfc3339).unwrap_or_default();
+        return match &l.error {
+            // A read that failed proves nothing either way: the ack stands.
+            Some(e) => (
+                "enabled",
+                Some(format!("ztunnel's listeners could not be read: {e}")),
+            ),
+            None => (
+                "pending",
+                Some(format!(
+                    "ztunnel acked it but its listeners {} are missing in its namespace \
+                     (since {since}): sent again with backoff",
+                    l.missing.join(", ")
+                )),
+            ),
+        };
+    }
     if unequal {
         return (
             "enabled",

@@ -28,6 +28,7 @@ pub(crate) use crate::node_view::{HostView, ReadBack, Repair, RepairKind, Ztunne
 use super::branch_eni::{self, BranchEniRules};
 use super::error::AmbientError;
 use super::identity::Binding;
+use super::listeners::{self, PodListeners};
 use zds::proto::WorkloadInfo;
 use zds::server::{Delivery, Held, ZdsError, ZdsServer};
 
@@ -125,6 +126,8 @@ struct Enrolled {
     leave: bool,
     rules: Option<ReadBack>,
     repair: Option<Repair>,
+    /// ztunnel's listeners in its namespace, as last read.
+    listeners: PodListeners,
 }
 
 /// One pod as the data plane holds it, for the node view.
@@ -172,6 +175,8 @@ pub struct Dataplane {
     records: Option<PathBuf>,
     /// The ip rules for kubelet's probes to pods behind an AWS branch ENI.
     branch_eni: BranchEniRules,
+    /// `AMBIENT_CHECK_LISTENERS`: ztunnel's listeners read in each acked pod.
+    check_listeners: bool,
 }
 
 impl Dataplane {
@@ -185,7 +190,15 @@ impl Dataplane {
             adopt: AdoptIstio::Off,
             records: None,
             branch_eni: BranchEniRules::new(false),
+            check_listeners: false,
         }
+    }
+
+    /// The same, reading ztunnel's listeners in each acked pod when `enabled`
+    /// (`AMBIENT_CHECK_LISTENERS`): a pod lacking them is `pending`, and sent again.
+    pub fn with_listener_check(mut self, enabled: bool) -> Dataplane {
+        self.check_listeners = enabled;
+        self
     }
 
     /// The same, with the ip rules for pods behind an AWS branch ENI when `enabled`
@@ -385,6 +398,7 @@ impl Dataplane {
                     leave: rules == Rules::Leave,
                     rules: None,
                     repair: None,
+                    listeners: PodListeners::default(),
                 },
             );
             return Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), None));
@@ -435,12 +449,87 @@ impl Dataplane {
                     differences: Vec::new(),
                 }),
                 repair: adopted,
+                listeners: PodListeners::default(),
             },
         );
         self.branch_eni_after(&pod.label());
         self.zds.set(&pod.uid, pod.info(), Some(fd));
         let refused = self.sync(&pod.uid);
+        if let Some(Err(e)) = self.read_listeners(&pod.uid) {
+            tracing::warn!("ambient: pod {}: {e}", pod.label());
+        }
         Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), refused))
+    }
+
+    /// Reads ztunnel's listeners in pod `uid`'s namespace when the current connection acked
+    /// it (and `AMBIENT_CHECK_LISTENERS` is on): the ports missing, or why they could not be
+    /// read; `None` when not read.
+    fn read_listeners(
+        &mut self,
+        uid: &str,
+    ) -> Option<Result<Vec<redirect_core::listeners::Port>, String>> {
+        if !self.check_listeners || !self.zds.held(uid).acked {
+            return None;
+        }
+        let e = self.pods.get_mut(uid)?;
+        let netns = e.netns.as_ref()?;
+        let wanted = listeners::wanted(&e.cfg);
+        Some(e.listeners.read(netns, &wanted).map_err(|why| {
+            format!("ztunnel's listeners in its namespace could not be read: {why}")
+        }))
+    }
+
+    /// Every acked pod's listeners read; a pod lacking some is sent to ztunnel again (a
+    /// `del`, then its add) when its backoff allows, and read once more.
+    fn converge_listeners(&mut self, report: &mut PassReport) {
+        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        for uid in uids {
+            let lacking = match self.read_listeners(&uid) {
+                None => continue,
+                Some(Ok(m)) if m.is_empty() => continue,
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    report.problems.push(format!("pod {uid}: {e}"));
+                    continue;
+                }
+            };
+            let Some(e) = self.pods.get_mut(&uid) else {
+                continue;
+            };
+            let label = e.pod.label();
+            if !e.listeners.resend_due(Instant::now()) {
+                continue;
+            }
+            let sent = self.zds.readd(&uid);
+            let after = self.read_listeners(&uid);
+            let outcome = match (&sent, &after) {
+                (Err(err), _) => format!(
+                    "sending it again failed: {}",
+                    redirect_program::errors::chain(err)
+                ),
+                (Ok(Delivery::Queued), _) => "no ztunnel to send it to now".into(),
+                (Ok(Delivery::Acked), Some(Ok(m))) if m.is_empty() => {
+                    "sent again (del, add): acked, and its listeners are back".into()
+                }
+                (Ok(Delivery::Acked), Some(Ok(m))) => format!(
+                    "sent again (del, add): acked, but {} still missing",
+                    listeners::words(m)
+                ),
+                (Ok(Delivery::Acked), _) => "sent again (del, add): acked".into(),
+            };
+            let repair = Repair {
+                at: SystemTime::now(),
+                kind: RepairKind::Listeners,
+                why: format!(
+                    "ztunnel acked it but its listeners {} were missing in its namespace; {outcome}",
+                    listeners::words(&lacking)
+                ),
+            };
+            if let Some(e) = self.pods.get_mut(&uid) {
+                e.repair = Some(repair.clone());
+            }
+            report.repairs.push((label, repair));
+        }
     }
 
     /// Sends the pod to ztunnel unless the current connection acked it; its refusal.
@@ -743,6 +832,7 @@ impl Dataplane {
                 )),
             }
         }
+        self.converge_listeners(&mut report);
         for (uid, sent) in self.zds.release_leftovers() {
             if let Err(e) = sent {
                 report.problems.push(format!(
@@ -817,15 +907,26 @@ impl Dataplane {
         repair.map(|r| (label, r))
     }
 
-    /// The stage of an enrolled pod, from what the current ZDS connection acked.
+    /// The stage of an enrolled pod, from what the current ZDS connection acked and, with
+    /// `AMBIENT_CHECK_LISTENERS`, whether ztunnel's listeners were there at the last read.
     pub fn stage(&self, uid: &str) -> Option<Stage> {
-        self.pods.get(uid)?;
+        let e = self.pods.get(uid)?;
         let held = self.zds.held(uid);
+        let lacking = self.check_listeners && e.listeners.lacking();
         Some(match (held.connection, held.acked) {
             (None, _) => Stage::Disconnected,
+            (Some(_), true) if lacking => Stage::Pending,
             (Some(_), true) => Stage::Enabled,
             (Some(_), false) => Stage::Pending,
         })
+    }
+
+    /// The ztunnel listeners the last read found missing in pod `uid` (none when not read).
+    pub fn listeners_missing(&self, uid: &str) -> Vec<redirect_core::listeners::Port> {
+        self.pods
+            .get(uid)
+            .map(|e| e.listeners.missing().to_vec())
+            .unwrap_or_default()
     }
 
     /// The enrolled pods' UIDs.
@@ -883,6 +984,11 @@ impl Dataplane {
                         connection,
                         acked,
                         refused,
+                        listeners: if self.check_listeners && acked {
+                            e.listeners.view()
+                        } else {
+                            None
+                        },
                     },
                 }
             })

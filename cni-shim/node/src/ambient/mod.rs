@@ -9,6 +9,7 @@ pub(crate) mod controller;
 pub(crate) mod dataplane;
 pub(crate) mod error;
 pub(crate) mod identity;
+pub(crate) mod listeners;
 pub(crate) mod plugin_requests;
 pub(crate) mod pods;
 
@@ -36,4 +37,7 @@ pub struct AmbientSettings {
     /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`: ip rules for kubelet's probes to pods behind an
     /// AWS branch ENI (on nodes with `net.ipv4.tcp_early_demux=0`).
     pub aws_branch_eni_probe: bool,
+    /// `AMBIENT_CHECK_LISTENERS`: a pod is `enabled` only while ztunnel's listeners are seen
+    /// in its namespace.
+    pub check_listeners: bool,
 }

@@ -317,6 +317,10 @@ impl Controller {
                 AddAnswer::Enrolled
             }
             Ok((_, refused)) => {
+                let id = uid.clone();
+                let lacking = self
+                    .with_dataplane(move |dp| dp.listeners_missing(&id))
+                    .await;
                 // ADD fails: the namespace as it was (the runtime tears the sandbox down and
                 // tries again).
                 self.release(&uid, false).await;
@@ -326,6 +330,11 @@ impl Controller {
                 AddAnswer::Failed {
                     error: match refused {
                         Some(e) => redirect_program::errors::chain(&e),
+                        None if !lacking.is_empty() => format!(
+                            "ztunnel acked the pod but its listeners {} are missing in the pod's \
+                             namespace (ztunnel's proxy for it is not up: see ztunnel's log)",
+                            super::listeners::words(&lacking)
+                        ),
                         None => format!(
                             "ztunnel is not connected to {}: an ambient pod cannot start without it",
                             self.settings.ztunnel_socket.display()
@@ -407,16 +416,37 @@ impl Controller {
                 }],
             };
         }
+        // ztunnel's listeners too, as the pass reads them: the rules alone prove nothing.
+        let wanted = self
+            .settings
+            .check_listeners
+            .then(|| super::listeners::wanted(&cfg));
         let checked = tokio::task::spawn_blocking(move || {
+            let lacking = wanted.map(|w| {
+                redirect_core::listeners::SockDiag::open_in(&netns)
+                    .and_then(|mut d| d.all())
+                    .map(|l| redirect_core::listeners::missing(&w, &l))
+            });
             let capture = redirect_core::Capture::Ambient(cfg);
-            redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.check(&capture))
+            let rules =
+                redirect_core::Namespace::from_netns(netns).and_then(|ns| ns.check(&capture));
+            rules.map(|d| {
+                let mut d: Vec<String> = d.iter().map(|m| m.to_string()).collect();
+                match lacking {
+                    Some(Ok(m)) if !m.is_empty() => d.push(format!(
+                        "ztunnel's listeners {} are missing in the pod's namespace",
+                        super::listeners::words(&m)
+                    )),
+                    Some(Err(e)) => d.push(format!("ztunnel's listeners could not be read: {e}")),
+                    _ => {}
+                }
+                d
+            })
         })
         .await;
         match checked {
             Ok(Ok(d)) if d.is_empty() => AddAnswer::Matches,
-            Ok(Ok(d)) => AddAnswer::Differs {
-                differences: d.iter().map(|m| m.to_string()).collect(),
-            },
+            Ok(Ok(differences)) => AddAnswer::Differs { differences },
             Ok(Err(e)) => AddAnswer::Failed {
                 error: format!("reading the in-pod rules back: {e}"),
             },

@@ -2,10 +2,11 @@
 //! (again and again, as ztunnel does), says hello, answers every request (an ack, or a nack for
 //! the pods the test names), binds listeners on ztunnel's in-pod ports inside each pod added
 //! (through the descriptor it received) and drops them at `del` and for the pods a snapshot
-//! leaves out, as ztunnel does.
+//! leaves out, as ztunnel does. A test can make it lose a pod's listeners while it goes on
+//! acking (`close_listeners`), or ack some pods without ever making theirs (`hollow`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,10 +24,14 @@ pub const PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
 /// An address outside the pod, only for the outbound connection to be redirected.
 pub const OUTSIDE: &str = "10.99.0.1:80";
 
-/// A pod served: its namespace's identity (inode) and the listeners bound in it.
+/// A pod served: its namespace's identity (inode) and the listeners bound in it (TCP on
+/// [`PORTS`], and the DNS proxy's UDP socket on 15053).
 pub struct Served {
     pub netns: u64,
     pub listeners: Vec<TcpListener>,
+    pub dns_udp: Option<UdpSocket>,
+    /// The namespace, to bind the listeners again.
+    fd: OwnedFd,
 }
 
 #[derive(Default)]
@@ -39,6 +44,8 @@ pub struct ZState {
     pub seen: Vec<String>,
     /// Adds of these pods are refused (a nack naming them).
     pub nack: BTreeSet<String>,
+    /// Adds of these pods are acked, but no listener is bound for them.
+    pub hollow: BTreeSet<String>,
 }
 
 /// The stand-in; dropping it closes its connection (as a killed ztunnel's is).
@@ -92,6 +99,39 @@ impl TestZtunnel {
         self.reconnect.store(false, Ordering::Relaxed);
     }
 
+    /// Acks `uid`'s adds from now on without binding its listeners.
+    pub fn hollow(&self, uid: &str) {
+        self.state.lock().unwrap().hollow.insert(uid.to_owned());
+    }
+
+    /// Binds listeners for `uid` again at its adds.
+    pub fn whole(&self, uid: &str) {
+        self.state.lock().unwrap().hollow.remove(uid);
+    }
+
+    /// Closes `uid`'s listeners while it stays served (acked): a proxy that died.
+    pub fn close_listeners(&self, uid: &str) {
+        let mut z = self.state.lock().unwrap();
+        let served = z.pods.get_mut(uid).expect("a pod served");
+        served.listeners.clear();
+        served.dns_udp = None;
+    }
+
+    /// Binds `uid`'s listeners again (its proxy back).
+    pub fn open_listeners(&self, uid: &str) {
+        let mut z = self.state.lock().unwrap();
+        let served = z.pods.get_mut(uid).expect("a pod served");
+        let (tcp, udp) = listeners_in(served.fd.try_clone().unwrap());
+        served.listeners = tcp;
+        served.dns_udp = Some(udp);
+    }
+
+    /// How many TCP listeners it holds for `uid`.
+    pub fn listeners_of(&self, uid: &str) -> usize {
+        let z = self.state.lock().unwrap();
+        z.pods.get(uid).map_or(0, |s| s.listeners.len())
+    }
+
     pub fn serves(&self, uid: &str) -> bool {
         self.state.lock().unwrap().pods.contains_key(uid)
     }
@@ -121,7 +161,9 @@ impl TestZtunnel {
         let Some(served) = state.pods.get(uid) else {
             return false;
         };
-        let l = &served.listeners[0];
+        let Some(l) = served.listeners.first() else {
+            return false;
+        };
         l.set_nonblocking(true).unwrap();
         (0..50).any(|_| match l.accept() {
             Ok(_) => true,
@@ -186,12 +228,19 @@ fn handle(z: &mut ZState, r: WorkloadRequest, mut fds: Vec<OwnedFd>) -> Workload
             // The same namespace again (a new agent's snapshot): the listeners stay.
             if z.pods.get(&a.uid).is_none_or(|s| s.netns != ino) {
                 z.pods.remove(&a.uid);
-                let listeners = listeners_in(fd);
+                let (listeners, dns_udp) = if z.hollow.contains(&a.uid) {
+                    (Vec::new(), None)
+                } else {
+                    let (tcp, udp) = listeners_in(fd.try_clone().unwrap());
+                    (tcp, Some(udp))
+                };
                 z.pods.insert(
                     a.uid.clone(),
                     Served {
                         netns: ino,
                         listeners,
+                        dns_udp,
+                        fd,
                     },
                 );
             }
@@ -216,14 +265,16 @@ fn handle(z: &mut ZState, r: WorkloadRequest, mut fds: Vec<OwnedFd>) -> Workload
     WorkloadResponse::ack()
 }
 
-/// ztunnel's listeners, bound inside the namespace of `fd` by a thread that enters it.
-fn listeners_in(fd: OwnedFd) -> Vec<TcpListener> {
+/// ztunnel's listeners, bound inside the namespace of `fd` by a thread that enters it: TCP
+/// on each of [`PORTS`], UDP on the DNS proxy's.
+fn listeners_in(fd: OwnedFd) -> (Vec<TcpListener>, UdpSocket) {
     std::thread::spawn(move || {
         nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        PORTS
+        let tcp = PORTS
             .iter()
             .map(|p| TcpListener::bind(("0.0.0.0", *p)).unwrap())
-            .collect()
+            .collect();
+        (tcp, UdpSocket::bind(("0.0.0.0", 15053)).unwrap())
     })
     .join()
     .unwrap()

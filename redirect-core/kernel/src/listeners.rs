@@ -1,0 +1,233 @@
+//! The sockets listening in a network namespace, read over sock_diag (`NETLINK_SOCK_DIAG`,
+//! inet_diag) as `ss -ltun` lists them, without its binary: whether a proxy's listeners are
+//! there, the proof that traffic the rules redirect has somewhere to go.
+//!
+//! A [`SockDiag`] is a socket of the namespace it was opened in (a netlink socket answers for
+//! the namespace it was created in), so one opened in a pod is kept and asked again each pass
+//! without entering the pod.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+};
+use netlink_packet_sock_diag::constants::{
+    AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_CLOSE, TCP_LISTEN,
+};
+use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+use netlink_packet_sock_diag::SockDiagMessage;
+use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
+
+use crate::netns::Netns;
+
+/// Why the listening sockets could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The namespace could not be entered to open the socket there.
+    #[error(transparent)]
+    Netns(#[from] crate::netns::Error),
+    /// The netlink socket failed (open, send, receive, decode).
+    #[error("cannot {op} (sock_diag netlink): {cause}")]
+    Netlink {
+        /// What was being done.
+        op: &'static str,
+        /// The system's error.
+        cause: io::Error,
+    },
+    /// The kernel refused the dump.
+    #[error("the kernel refused to list the {transport} sockets: {}{}", io::Error::from_raw_os_error(*.errno), hint(*.errno))]
+    Refused {
+        /// The sockets asked for.
+        transport: Transport,
+        /// The kernel's errno.
+        errno: i32,
+    },
+}
+
+fn hint(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOENT | libc::EOPNOTSUPP => {
+            "; hint: the kernel lacks inet_diag for this protocol (modprobe inet_diag tcp_diag udp_diag)"
+        }
+        _ => "",
+    }
+}
+
+/// A transport protocol a proxy listens with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// TCP: sockets in `LISTEN`.
+    Tcp,
+    /// UDP: bound, unconnected sockets.
+    Udp,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
+        })
+    }
+}
+
+/// One listening socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Listener {
+    /// Its protocol.
+    pub transport: Transport,
+    /// The address and port it is bound to (`0.0.0.0` or `::` for any).
+    pub addr: SocketAddr,
+    /// The UID that owns it.
+    pub uid: u32,
+}
+
+/// A port and protocol, as a proxy's listener is named (`15001/tcp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Port {
+    /// The port.
+    pub port: u16,
+    /// Its protocol.
+    pub transport: Transport,
+}
+
+impl std::fmt::Display for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.port, self.transport)
+    }
+}
+
+/// The ports of `wanted` no socket of `listening` serves, on any address or family.
+pub fn missing(wanted: &[Port], listening: &[Listener]) -> Vec<Port> {
+    let held: BTreeSet<Port> = listening
+        .iter()
+        .map(|l| Port {
+            port: l.addr.port(),
+            transport: l.transport,
+        })
+        .collect();
+    wanted
+        .iter()
+        .copied()
+        .filter(|p| !held.contains(p))
+        .collect()
+}
+
+/// A sock_diag socket in the namespace it was opened in.
+pub struct SockDiag {
+    socket: Socket,
+    seq: u32,
+}
+
+impl SockDiag {
+    /// One in the calling thread's namespace.
+    pub fn open() -> Result<SockDiag, Error> {
+        let net = |op| move |cause| Error::Netlink { op, cause };
+        let mut socket = Socket::new(NETLINK_SOCK_DIAG).map_err(net("open a socket"))?;
+        socket.bind_auto().map_err(net("bind the socket"))?;
+        socket
+            .connect(&NlAddr::new(0, 0))
+            .map_err(net("connect the socket"))?;
+        Ok(SockDiag { socket, seq: 0 })
+    }
+
+    /// One in `netns` (created there, on a thread that entered it).
+    pub fn open_in(netns: &Netns) -> Result<SockDiag, Error> {
+        netns.run(SockDiag::open)?
+    }
+
+    /// Every listening socket of `transport`, IPv4 and IPv6.
+    pub fn listening(&mut self, transport: Transport) -> Result<Vec<Listener>, Error> {
+        let mut out = Vec::new();
+        for family in [AF_INET, AF_INET6] {
+            out.extend(self.dump(transport, family)?);
+        }
+        Ok(out)
+    }
+
+    /// Every listening TCP and bound, unconnected UDP socket.
+    pub fn all(&mut self) -> Result<Vec<Listener>, Error> {
+        let mut out = self.listening(Transport::Tcp)?;
+        out.extend(self.listening(Transport::Udp)?);
+        Ok(out)
+    }
+
+    fn dump(&mut self, transport: Transport, family: u8) -> Result<Vec<Listener>, Error> {
+        let (protocol, states) = match transport {
+            Transport::Tcp => (IPPROTO_TCP, StateFlags::from_bits_retain(1 << TCP_LISTEN)),
+            // A UDP socket that is bound and not connected reads as TCP_CLOSE.
+            Transport::Udp => (IPPROTO_UDP, StateFlags::from_bits_retain(1 << TCP_CLOSE)),
+        };
+        let socket_id = if family == AF_INET {
+            SocketId::new_v4()
+        } else {
+            SocketId::new_v6()
+        };
+        let request = SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol,
+            extensions: ExtensionFlags::empty(),
+            states,
+            socket_id,
+        });
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        header.sequence_number = self.seq;
+        let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(request));
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        let net = |op| move |cause| Error::Netlink { op, cause };
+        self.socket.send(&buf, 0).map_err(net("send a dump"))?;
+        let mut out = Vec::new();
+        loop {
+            let (datagram, _) = self
+                .socket
+                .recv_from_full()
+                .map_err(net("receive the dump"))?;
+            let mut rest = &datagram[..];
+            while !rest.is_empty() {
+                let reply = NetlinkMessage::<SockDiagMessage>::deserialize(rest)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+                    .map_err(net("decode the dump"))?;
+                // Messages are 4-byte aligned (NLMSG_ALIGN); deserialize checked the length.
+                let len = (reply.header.length as usize + 3) & !3;
+                rest = rest.get(len..).unwrap_or_default();
+                if reply.header.sequence_number != self.seq {
+                    continue;
+                }
+                match reply.payload {
+                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                        let id = &r.header.socket_id;
+                        // An unconnected UDP socket has no peer; a connected one is no listener.
+                        if transport == Transport::Udp && id.destination_port != 0 {
+                            continue;
+                        }
+                        out.push(Listener {
+                            transport,
+                            addr: SocketAddr::new(id.source_address, id.source_port),
+                            uid: r.header.uid,
+                        });
+                    }
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) => {
+                        let errno = e.raw_code().saturating_abs();
+                        if errno == 0 {
+                            return Ok(out);
+                        }
+                        // No IPv6 in this kernel: no IPv6 sockets to list.
+                        if errno == libc::EAFNOSUPPORT && family == AF_INET6 {
+                            return Ok(out);
+                        }
+                        return Err(Error::Refused { transport, errno });
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
