@@ -450,8 +450,8 @@ fn escape_into(out: &mut String, s: &str) {
 }
 
 /// Control characters (C0, DEL, C1: NEL among them), the line and paragraph separators, and
-/// the bidirectional overrides that make a line read as another.
-fn needs_escape(c: char) -> bool {
+/// the bidirectional overrides that make a line read as another: what [`escape`] escapes.
+pub fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }

@@ -12,6 +12,7 @@ mod explain;
 mod inspect;
 mod istio_validation;
 mod node;
+mod node_fetch;
 mod pod_file;
 
 use std::ffi::OsString;

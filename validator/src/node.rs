@@ -1,44 +1,65 @@
-//! `node`: the node agent's view of every pod on its node (`GET /debug/node` on its monitoring
-//! port, or a saved copy), as a table an operator reads at a glance: the pods that need
-//! attention first, each with its capture (sidecar or ambient), its state, its rules as last
-//! read back and when, its last repair and why, and what ztunnel acked on which connection.
+//! `node`: the node agent's view of every pod on its node (`GET /debug/node` on the agent's
+//! socket, `<CNI_AGENT_RUN_DIR>/debug.sock`, the node's root's alone; or on a TCP address
+//! forwarded to it; or a saved copy), as a table an operator reads at a glance: the pods that
+//! need attention first, each with its capture (sidecar or ambient), its state, its rules as
+//! last read back and when, its last repair and why, and what ztunnel acked on which
+//! connection.
 //!
-//! The agent listens on the node's loopback (or the pod's address): one plain HTTP/1.1 GET,
-//! written here in a few lines rather than linking an HTTP client into a static probe.
+//! The answer is read as `node_fetch` bounds it (16 MiB, 15 s for the whole fetch), and nothing
+//! of it reaches the terminal raw: every string printed from it has its control characters
+//! (and the bidirectional overrides) escaped, `\u{1b}` for an ESC.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::io::Write;
+use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, Command};
-use redirect_program::logging::stderr_line;
+use redirect_program::logging::{escape, needs_escape, stderr_line};
 use serde_json::Value;
 
+use crate::node_fetch::{self, Target, DEADLINE, MAX_ANSWER_TEXT};
 use crate::{EXIT_DIFFERS, EXIT_ERROR, EXIT_OK};
 
-const ABOUT: &str = "Shows the node agent's view of every pod on its node (GET /debug/node on its monitoring port): the pods that need attention first; exit 2 when one does";
-/// The agent's monitoring port on the node (the chart's).
-const DEFAULT_AGENT: &str = "http://127.0.0.1:15014";
+const ABOUT: &str = "Shows the node agent's view of every pod on its node (GET /debug/node on the agent's socket, root's alone): the pods that need attention first; exit 2 when one does";
+/// The agent's socket on the node: `debug.sock` in its run directory (CNI_AGENT_RUN_DIR, the
+/// chart's and the agent's default).
+pub const DEFAULT_SOCKET: &str = "/var/run/redirect-cni/debug.sock";
 
 pub fn main(args: Vec<OsString>) -> i32 {
     let cmd = Command::new("redirect-validate node")
         .about(ABOUT)
-        .arg(Arg::new("agent").long("agent").value_name("URL").help(
-            "The agent's monitoring address (http://HOST:PORT) [default: http://127.0.0.1:15014]",
+        .after_help(format!(
+            "The answer is refused past {MAX_ANSWER_TEXT}, and the whole fetch (connecting, \
+             asking, reading) past {} s.",
+            DEADLINE.as_secs()
         ))
+        .arg(
+            Arg::new("socket")
+                .long("socket")
+                .value_name("PATH")
+                .help(format!(
+                    "The agent's socket (root's alone) [default: {DEFAULT_SOCKET}]"
+                )),
+        )
+        .arg(
+            Arg::new("agent")
+                .long("agent")
+                .value_name("URL")
+                .conflicts_with("socket")
+                .help("The node view forwarded to a TCP address instead (http://HOST:PORT)"),
+        )
         .arg(
             Arg::new("file")
                 .long("file")
                 .value_name("FILE")
-                .conflicts_with("agent")
-                .help("Read a saved copy of /debug/node instead (e.g. from kubectl exec ... curl)"),
+                .conflicts_with_all(["agent", "socket"])
+                .help("Read a saved copy of /debug/node instead (e.g. from kubectl exec ... redirect-validate node --json)"),
         )
         .arg(
             Arg::new("json")
                 .long("json")
                 .action(ArgAction::SetTrue)
-                .help("Print the agent's JSON as it came"),
+                .help("Print the agent's JSON as it came (its control characters as \\u escapes)"),
         );
     let m = match cmd.try_get_matches_from(args) {
         Ok(m) => m,
@@ -47,14 +68,15 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return if e.use_stderr() { EXIT_ERROR } else { EXIT_OK };
         }
     };
-    let text = match m.get_one::<String>("file") {
-        Some(f) => std::fs::read_to_string(f).map_err(|e| format!("--file {f}: {e}")),
-        None => {
-            let agent = m
-                .get_one::<String>("agent")
+    let text = match (m.get_one::<String>("file"), m.get_one::<String>("agent")) {
+        (Some(f), _) => std::fs::read_to_string(f).map_err(|e| format!("--file {f}: {e}")),
+        (None, Some(agent)) => tcp_target(agent).and_then(|t| node_fetch::get(&t, "/debug/node")),
+        (None, None) => {
+            let socket = m
+                .get_one::<String>("socket")
                 .map(String::as_str)
-                .unwrap_or(DEFAULT_AGENT);
-            fetch(agent)
+                .unwrap_or(DEFAULT_SOCKET);
+            node_fetch::get(&Target::Socket(PathBuf::from(socket)), "/debug/node")
         }
     };
     let text = match text {
@@ -64,6 +86,10 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return EXIT_ERROR;
         }
     };
+    if let Err(msg) = few_enough_values(&text) {
+        stderr_line("error", &msg);
+        return EXIT_ERROR;
+    }
     let doc: Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => {
@@ -77,8 +103,10 @@ pub fn main(args: Vec<OsString>) -> i32 {
         }
     };
     if m.get_flag("json") {
-        println!("{text}");
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let _ = json_for_terminal(&text, &mut out).and_then(|()| writeln!(out));
     } else {
+        drop(text);
         print!("{}", table(&doc));
     }
     if attention(&doc) > 0 {
@@ -88,10 +116,10 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
 }
 
-/// `GET /debug/node` from `agent` (`http://HOST:PORT`).
-fn fetch(agent: &str) -> Result<String, String> {
+/// `--agent http://HOST:PORT` as a target.
+fn tcp_target(agent: &str) -> Result<Target, String> {
     let bad = |why: &str| {
-        format!("--agent {agent:?}: {why}; expected http://HOST:PORT, e.g. {DEFAULT_AGENT}")
+        format!("--agent {agent:?}: {why}; expected http://HOST:PORT, e.g. http://127.0.0.1:15014 (a port forwarded to the agent's socket)")
     };
     let rest = agent
         .strip_prefix("http://")
@@ -100,60 +128,65 @@ fn fetch(agent: &str) -> Result<String, String> {
     if host.is_empty() || host.contains('/') {
         return Err(bad("give the address alone, without a path"));
     }
-    let addr = host
-        .to_socket_addrs()
-        .map_err(|e| bad(&e.to_string()))?
-        .next()
-        .ok_or_else(|| bad("no address"))?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
-        format!("cannot reach the node agent at {agent}: {e} (is redirect-cni-node running, and its MONITORING_PORT this one?)")
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "GET /debug/node HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("{agent}: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("{agent}: {e}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{agent}: an answer that is not HTTP"))?;
-    let status = head.get(9..12).unwrap_or("");
-    if status != "200" {
-        return Err(format!(
-            "{agent}/debug/node answered {}: an agent older than /debug/node?",
-            head.lines().next().unwrap_or("")
-        ));
-    }
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase()
-            .starts_with("transfer-encoding: chunked")
-    });
-    Ok(if chunked {
-        unchunk(body)
-    } else {
-        body.to_owned()
+    Ok(Target::Tcp {
+        url: agent.trim_end_matches('/').to_string(),
+        host: host.to_string(),
     })
 }
 
-/// A chunked body, joined.
-fn unchunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
+/// The most JSON values (arrays, objects, their members) parsed: the view of a full node holds
+/// a few thousand, and each costs a hundred bytes or so parsed, whatever its size in the text
+/// (`[0,0,...]` of 16 MiB would take gigabytes).
+pub const MAX_VALUES: usize = 100_000;
+
+/// Refuses a document of more than [`MAX_VALUES`] values before it is parsed: its commas and
+/// brackets outside strings, counted.
+fn few_enough_values(text: &str) -> Result<(), String> {
+    let (mut n, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
         }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
+        match b {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => n += 1,
+            _ => {}
+        }
+        if n > MAX_VALUES {
+            return Err(format!(
+                "the agent's view holds more than {MAX_VALUES} JSON values: no node's view is \
+                 that large (a full node's holds a few thousand); is this redirect-cni-node's \
+                 /debug/node?"
+            ));
+        }
     }
-    out
+    Ok(())
+}
+
+/// The agent's JSON text, written to `out` with every character a terminal could act on as a
+/// JSON escape: the same document. A valid document holds control characters raw only as
+/// whitespace between tokens (tab, CR: written as spaces) or inside strings (DEL, C1, the
+/// bidirectional overrides: `\uXXXX`, all of them in the BMP).
+fn json_for_terminal(text: &str, out: &mut impl Write) -> std::io::Result<()> {
+    let mut plain = 0;
+    for (i, c) in text.char_indices() {
+        let swap = match c {
+            '\n' => continue,
+            '\t' | '\r' => " ".to_string(),
+            c if needs_escape(c) => format!("\\u{:04x}", c as u32),
+            _ => continue,
+        };
+        out.write_all(&text.as_bytes()[plain..i])?;
+        out.write_all(swap.as_bytes())?;
+        plain = i + c.len_utf8();
+    }
+    out.write_all(&text.as_bytes()[plain..])
 }
 
 /// How many pods need attention.
@@ -171,11 +204,20 @@ fn pods(doc: &Value) -> Vec<&Value> {
         .unwrap_or_default()
 }
 
+/// The most characters of one value printed in the table.
+const MAX_CELL: usize = 1024;
+
+/// A value of the document as printed: its control characters escaped, at most [`MAX_CELL`]
+/// characters of it.
 fn s(v: &Value) -> String {
+    let shown = |t: &str| match t.char_indices().nth(MAX_CELL) {
+        None => escape(t),
+        Some((cut, _)) => format!("{}... ({} more bytes)", escape(&t[..cut]), t.len() - cut),
+    };
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(t) => shown(t),
+        other => shown(&other.to_string()),
     }
 }
 
@@ -239,7 +281,7 @@ fn ambient_lines(a: &Value) -> String {
         .as_object()
         .map(|m| {
             m.iter()
-                .map(|(k, v)| format!("{k} {v}"))
+                .map(|(k, v)| format!("{} {}", s(&Value::String(k.clone())), s(v)))
                 .collect::<Vec<_>>()
                 .join(", ")
         })
@@ -434,7 +476,54 @@ mod tests {
     }
 
     #[test]
-    fn chunked_bodies_are_joined() {
-        assert_eq!(unchunk("4\r\nwiki\r\n5\r\npedia\r\n0\r\n\r\n"), "wikipedia");
+    fn what_the_document_holds_is_printed_escaped() {
+        let mut d = doc();
+        d["pods"][0]["name"] = "api\u{1b}[2J".into();
+        d["ambient"]["pass"]["repairs"] = serde_json::json!({"x\u{9b}1m": 1});
+        let t = table(&d);
+        assert!(!t.contains('\u{1b}') && !t.contains('\u{9b}'), "{t:?}");
+        assert!(t.contains("shop/api\\u{1b}[2J"), "{t}");
+        assert!(t.contains("x\\u{9b}1m 1"), "{t}");
+    }
+
+    #[test]
+    fn the_json_printed_is_the_same_document_without_raw_controls() {
+        let text = "{\"a\":\t\"b\u{7f}\u{9b}\u{202e}c\",\r\n\"d\": [1], \"é\": 1}";
+        let mut out = Vec::new();
+        json_for_terminal(text, &mut out).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.chars().all(|c| c == '\n' || !c.is_control()), "{out:?}");
+        assert!(!out.contains('\u{202e}'), "{out:?}");
+        let (a, b): (Value, Value) = (
+            serde_json::from_str(text).unwrap(),
+            serde_json::from_str(&out).unwrap(),
+        );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_document_of_too_many_values_is_refused_before_parsing() {
+        let many = format!("[{}0]", "0,".repeat(MAX_VALUES));
+        let e = few_enough_values(&many).unwrap_err();
+        assert!(e.contains("more than 100000 JSON values"), "{e}");
+        // Commas and brackets inside strings are text.
+        let text = format!(
+            "{{\"a\": \"{}\\\"\", \"b\": [1, 2]}}",
+            ",[{".repeat(MAX_VALUES)
+        );
+        serde_json::from_str::<Value>(&text).unwrap();
+        few_enough_values(&text).unwrap();
+        few_enough_values(&serde_json::to_string(&doc()).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_long_value_is_cut_in_the_table() {
+        let mut d = doc();
+        d["pods"][0]["name"] = "x".repeat(5000).into();
+        let t = table(&d);
+        assert!(
+            t.contains(&format!("shop/{}... (3976 more bytes)", "x".repeat(1024))),
+            "{t}"
+        );
     }
 }
