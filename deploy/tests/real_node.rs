@@ -1164,22 +1164,38 @@ fn host_probe_rules(node: &Node) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The agent's view of the node's pods (`/debug/node`).
+/// The agent's view of the node's pods (`/debug/node`), read as the node's root reads it: on the
+/// agent's socket in its run directory (the node's mount namespace). Its monitoring port
+/// answers 404 there.
 fn node_view(node: &Node) -> Value {
-    let out = node
-        .command("curl")
-        .args([
-            "-fsS",
-            "--max-time",
-            "5",
-            &format!("http://{}:15014/debug/node", cni_testkit::node::NODE_IP),
-        ])
-        .output()
-        .unwrap();
+    let out = node.sh(
+        "curl -fsS --max-time 5 --unix-socket /var/run/redirect-cni/debug.sock \
+         http://agent/debug/node",
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let port = node
+        .command("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("http://{}:15014/debug/node", cni_testkit::node::NODE_IP),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&port.stdout),
+        "404",
+        "the monitoring port serves the node view: {}",
+        String::from_utf8_lossy(&port.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -23,7 +23,8 @@ mod support;
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use cni_protocol::ambient::{ask, AddAnswer, AddRequest, Command};
@@ -251,9 +252,11 @@ fn deleted_tables_come_back_within_a_pass_and_adds_go_on_meanwhile() {
     }
     assert!(common::metric(&m, "redirect_cni_ambient_reconcile_passes_total", &[]) >= 1.0);
 
-    // What the pass knows, an operator sees: the agent's view, and redirect-validate's table.
+    // What the pass knows, an operator sees: the agent's view on its socket, and
+    // redirect-validate's table.
+    let socket = debug_socket(&n);
     let view: serde_json::Value = eventually("the view after the repair", || {
-        let (code, body) = common::http_get(&n.host, PORT, "/debug/node")?;
+        let (code, body) = common::unix_get(&socket, "/debug/node")?;
         assert_eq!(code, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let web = v["pods"]
@@ -272,12 +275,10 @@ fn deleted_tables_come_back_within_a_pass_and_adds_go_on_meanwhile() {
     }
     assert_eq!(view["ambient"]["ztunnel"]["connected"], true, "{view:#}");
     assert!(view["ambient"]["pass"]["repairs"]["host_table"].as_u64() >= Some(1));
-    let out = n.host.run(|| {
-        std::process::Command::new(common::validate_bin())
-            .args(["node", "--agent", "http://127.0.0.1:15014"])
-            .output()
-            .unwrap()
-    });
+    let out = std::process::Command::new(common::validate_bin())
+        .args(["node", "--socket", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -286,11 +287,58 @@ fn deleted_tables_come_back_within_a_pass_and_adds_go_on_meanwhile() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(table.contains("ztunnel: connected"), "{table}");
-    let web = table.lines().find(|l| l.contains("shop/web")).unwrap_or("");
+    let row = table.lines().find(|l| l.contains("shop/web")).unwrap_or("");
     assert!(
-        web.contains("enabled") && web.contains("pod_rules"),
+        row.contains("enabled") && row.contains("pod_rules"),
         "{table}"
     );
+
+    // Not on the port every pod reaches: a 404 saying where it went.
+    let (code, body) = common::http_get(&n.host, PORT, "/debug/node").unwrap();
+    assert_eq!(code, 404, "{body}");
+    assert!(
+        body.contains(socket.to_str().unwrap()) && body.contains("redirect-validate node"),
+        "{body}"
+    );
+    assert!(!body.contains("shop"), "{body}");
+    // And /metrics names no pod: not its name, namespace, UID, address or namespace path,
+    // which the view (the control) holds.
+    let identities = |text: &str| -> Vec<String> {
+        let mut said = Vec::new();
+        for p in [&web, &api] {
+            for v in [
+                &p.uid,
+                &p.ip,
+                &format!("\"{}\"", p.name),
+                &p.netns.path().display().to_string(),
+            ] {
+                if text.contains(v.as_str()) {
+                    said.push(v.clone());
+                }
+            }
+        }
+        if text.contains("shop") {
+            said.push("shop".into());
+        }
+        said
+    };
+    let in_view = identities(&view.to_string());
+    assert!(
+        in_view.len() >= 5,
+        "the control: the view names only {in_view:?}"
+    );
+    let m = metrics(&n);
+    assert!(m.contains("redirect_cni_ambient_pods"), "{m}");
+    assert_eq!(
+        identities(&m),
+        Vec::<String>::new(),
+        "/metrics names pods:\n{m}"
+    );
+}
+
+/// The node view's socket in the agent's run directory.
+fn debug_socket(n: &Node) -> std::path::PathBuf {
+    n.plugin_socket().with_file_name("debug.sock")
 }
 
 /// Item 4: A process that can reach `ambient.sock` names an enrolled pod with another namespace
@@ -455,18 +503,54 @@ fn silent_connections_on_either_socket_hold_up_nothing() {
     drop(silent);
 }
 
-/// Item 6: Started with umask 000, the sockets are still the agent's alone; a ZDS socket folder
-/// whose parent anyone may write (not sticky) is refused before anything is installed.
+/// Item 6: Started with umask 000, the sockets are still the agent's alone; the node view's
+/// (issue 47) is root's alone (0600), refuses another user, takes the place of a link left at
+/// its path without following it, and goes with the agent; a ZDS socket folder whose parent
+/// anyone may write (not sticky) is refused before anything is installed.
 #[test]
 fn sockets_are_the_agents_alone_whatever_the_umask() {
     if !kernel_tests_enabled() {
         return;
     }
     let n = Node::new();
-    let _agent = n.agent_as(&Launch {
+    // A link left at the node view's path, to a file of the node's: replaced, never followed.
+    // And the run directory open to all (as /var/run/redirect-cni is, 0755): the socket's own
+    // mode keeps others out.
+    let view = debug_socket(&n);
+    std::fs::create_dir_all(view.parent().unwrap()).unwrap();
+    std::fs::set_permissions(n.node.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim = n.node.path().join("victim");
+    std::fs::write(&victim, "kept").unwrap();
+    std::os::unix::fs::symlink(&victim, &view).unwrap();
+    let agent = n.agent_as(&Launch {
         umask: Some(0),
         ..Launch::default()
     });
+    let m = std::fs::symlink_metadata(&view).unwrap();
+    assert!(
+        m.file_type().is_socket() && m.mode() & 0o7777 == 0o600 && m.uid() == 0,
+        "{}: {:?}, mode {:o}, owner {}",
+        view.display(),
+        m.file_type(),
+        m.mode() & 0o7777,
+        m.uid()
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "kept");
+    let (code, body) = common::unix_get(&view, "/debug/node").unwrap();
+    assert_eq!(code, 200, "{body}");
+    // Another user is refused, and told why.
+    let out = std::process::Command::new(common::validate_bin())
+        .args(["node", "--socket", view.to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Permission denied") && stderr.contains("root"),
+        "{stderr}"
+    );
     let events = n.plugin_socket().with_file_name("plugin-events.sock");
     for socket in [n.plugin_socket(), n.socket.clone(), events] {
         let m = std::fs::symlink_metadata(&socket).unwrap();
@@ -480,6 +564,14 @@ fn sockets_are_the_agents_alone_whatever_the_umask() {
             dir.mode() & 0o7777
         );
     }
+
+    // Gone with the agent.
+    drop(agent);
+    assert!(
+        std::fs::symlink_metadata(&view).is_err(),
+        "{}",
+        view.display()
+    );
 
     let open = tempfile::tempdir().unwrap();
     let parent = open.path().join("shared");

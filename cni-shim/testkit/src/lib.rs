@@ -384,6 +384,24 @@ pub fn http_get(ns: &TestNetns, port: u16, path: &str) -> Option<(u16, String)> 
     })
 }
 
+/// `GET path` on the unix socket `socket` (the agent's node view): the status code and the
+/// body; `None` when nothing answers.
+pub fn unix_get(socket: &std::path::Path, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.get(9..12)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
 /// The sum of the samples of metric `name` in `text` (OpenMetrics) whose labels include every
 /// one of `labels` (`a="b"`); 0 when there is none.
 pub fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {

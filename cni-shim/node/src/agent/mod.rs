@@ -1,6 +1,6 @@
 //! The node agent's long-running parts beside the installer (`redirect-cni-node`): the repair
-//! controller, the untaint of its own node, the HTTP endpoints (metrics, probes), and the
-//! plugin's events (`plugin_events`). They run on one thread with a current-thread tokio
+//! controller, the untaint of its own node, the HTTP endpoints (metrics, probes; the node view
+//! on a socket of its own), and the plugin's events (`plugin_events`). They run on one thread with a current-thread tokio
 //! runtime; the installer's loop tells them when the plugin is installed
 //! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
 //! them before it uninstalls.
@@ -266,6 +266,12 @@ impl Parts {
     async fn serve(self) {
         let s = &self.settings;
         let mut tasks = tokio::task::JoinSet::new();
+        let status = http::Status {
+            metrics: self.metrics.clone(),
+            ready: self.ready.clone(),
+            view: self.view.clone(),
+            view_socket: s.cni_agent_run_dir.join(http::DEBUG_SOCKET),
+        };
         if let Some(l) = self.listener {
             match tokio::net::TcpListener::from_std(l) {
                 Ok(l) => {
@@ -273,15 +279,25 @@ impl Parts {
                         "serving /metrics, /readyz and /healthz on port {}",
                         s.monitoring_port
                     );
-                    let status = http::Status {
-                        metrics: self.metrics.clone(),
-                        ready: self.ready.clone(),
-                        view: self.view.clone(),
-                    };
-                    tasks.spawn(http::serve(l, status, self.stop.clone()));
+                    tasks.spawn(http::serve(l, status.clone(), self.stop.clone()));
                 }
                 Err(e) => tracing::error!("monitoring port {}: {e}", s.monitoring_port),
             }
+        }
+        // The node view names every pod: on a socket only the node's root may open, whatever
+        // MONITORING_PORT says.
+        match http::bind_view_socket(&s.cni_agent_run_dir) {
+            Ok((l, path)) => {
+                tracing::info!(
+                    "serving the node view (/debug/node) on {}, root's alone",
+                    path.display()
+                );
+                tasks.spawn(http::serve_view(l, path, status, self.stop.clone()));
+            }
+            Err(e) => tracing::error!(
+                "{}: {e}; the node view (redirect-validate node) is not served",
+                status.view_socket.display()
+            ),
         }
         match plugin_events::bind(&s.cni_agent_run_dir) {
             Ok((sock, path)) => {

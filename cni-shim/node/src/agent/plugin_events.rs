@@ -2,7 +2,6 @@
 //! the agent stops, each event counted in the metrics and each forwarded log line printed. The socket is the agent's alone (mode
 //! 0600: the plugin runs as root, as the runtime does), and goes when the agent stops.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixDatagram;
@@ -11,28 +10,11 @@ use tokio::sync::watch as signal;
 use crate::metrics::Metrics;
 use cni_protocol::events::{Event, LogLine, MAX_EVENT, SOCKET_NAME};
 
-/// Binds the socket in `run_dir` (a stale one from an agent killed before is replaced).
+/// Binds the socket in `run_dir` (a stale one from an agent killed before is replaced). A
+/// datagram socket takes datagrams as soon as it is bound: `run_dir::bind_socket` makes it
+/// 0600 before it is in place.
 pub fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {
-    let path = run_dir.join(SOCKET_NAME);
-    match std::fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    // Bound in a folder of mode 0700, made 0600 there, then moved into place: whatever the
-    // umask, no one else can send to it even for an instant (a datagram socket takes datagrams
-    // as soon as it is bound).
-    let private = run_dir.join(format!(".{SOCKET_NAME}.{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&private);
-    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
-    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
-    let staged = private.join(SOCKET_NAME);
-    let bound = UnixDatagram::bind(&staged).and_then(|sock| {
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
-        std::fs::rename(&staged, &path)?;
-        Ok(sock)
-    });
-    let _ = std::fs::remove_dir_all(&private);
-    Ok((bound?, path))
+    crate::run_dir::bind_socket(run_dir, SOCKET_NAME, |p| UnixDatagram::bind(p))
 }
 
 /// Counts every event until `stop`; then removes the socket.
