@@ -133,7 +133,6 @@ mod tests {
         fs::remove_dir_all(&base).unwrap();
     }
 
-    /// A folder of the test's own: the tests run in parallel and each removes its folder.
     #[test]
     fn a_socket_takes_the_place_of_what_was_left_there_without_following_it() {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -179,6 +178,7 @@ mod tests {
         fs::remove_dir_all(&run).unwrap();
     }
 
+    /// A folder of the test's own: the tests run in parallel and each removes its folder.
     fn tempfile_dir(test: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("rdc-run-dir-{}-{test}", std::process::id()));
         fs::create_dir_all(&d).unwrap();
