@@ -347,6 +347,16 @@ impl Namespace {
         Ok(true)
     }
 
+    /// Whether our table here holds ambient's in-pod rules (the node agent's, not a sidecar
+    /// capture the plugin applied).
+    pub fn holds_ambient(&self) -> Result<bool> {
+        Ok(self.backend.read_table()?.is_some_and(|t| {
+            t.chains
+                .iter()
+                .any(|c| redirect_model::ambient::is_ambient_chain(&c.name))
+        }))
+    }
+
     /// Run `f` inside the namespace, on a thread of its own (the caller's thread never
     /// changes namespace): to open a socket there, for instance. For [`Namespace::current`]
     /// and [`Namespace::with_backend`], `f` runs on the calling thread.

@@ -813,3 +813,238 @@ fn a_node_istio_set_up_in_ambient_mode_is_adopted_in_place() {
     }
     drop(agent);
 }
+
+/// Whether the pod's table sends DNS to ztunnel's proxy (15053).
+fn captures_dns(ns: &TestNetns) -> bool {
+    ns.sh("nft list table inet redirect_capture")
+        .contains("15053")
+}
+
+/// Issue 47, item 6: a changed `ambient.istio.io/dns-capture` annotation is applied to the
+/// running pod (the agent converges on it, as a pod enrolled now would get it), and holds
+/// through the agent's restart: the same rules whether or not the agent restarted since.
+#[test]
+fn a_changed_dns_capture_annotation_applies_to_the_running_pod_and_holds_through_restarts() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let agent = n.agent();
+    let z = TestZtunnel::start(&n.socket);
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let out = web.add(&n);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    wait_enabled(&n, &web, &z);
+    assert!(captures_dns(&web.netns));
+    let annotate = |v: &str| {
+        n.cp.kubectl_ok(&[
+            "annotate",
+            "--overwrite",
+            "pod",
+            "web",
+            "-n",
+            "shop",
+            &format!("ambient.istio.io/dns-capture={v}"),
+        ]);
+    };
+    annotate("false");
+    eventually("DNS no longer captured", || {
+        (!captures_dns(&web.netns)).then_some(())
+    });
+    assert!(
+        agent.log().contains("dns capture true -> false"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(web.annotation(&n).as_deref(), Some("enabled"));
+
+    drop(agent);
+    let agent = n.agent();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !captures_dns(&web.netns),
+        "the restarted agent captured DNS again\n{}",
+        agent.log()
+    );
+    annotate("true");
+    eventually("DNS captured again", || {
+        captures_dns(&web.netns).then_some(())
+    });
+}
+
+/// Issue 47, item 1: the host's probe table is read back whole, not only its set members. With
+/// the table kept but its chains flushed, made dormant, or an `accept` put first in its chain,
+/// kubelet's probes would stay captured: each is put right within a pass, counted as a
+/// `host_table` repair, and the table is what it was.
+#[test]
+fn a_host_table_flushed_made_dormant_or_bypassed_is_programmed_again_within_a_pass() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let agent = n.agent_as(&Launch {
+        args: MONITORED,
+        env: &[("AMBIENT_RECONCILE_INTERVAL", "1s")],
+        ..Launch::default()
+    });
+    let z = TestZtunnel::start(&n.socket);
+    wait_enabled(&n, &web, &z);
+    let listing = || n.host.sh("nft list table inet redirect_ambient_host");
+    let good = eventually("the host table with web", || {
+        let l = listing();
+        l.contains("10.77.0.2").then_some(l)
+    });
+    let first_chain = good
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("chain ")?.strip_suffix(" {"))
+        .expect("a chain")
+        .to_string();
+    let repairs = || {
+        common::metric(
+            &metrics(&n),
+            "redirect_cni_ambient_repairs_total",
+            &["kind=\"host_table\""],
+        )
+    };
+    for (fault, cmd) in [
+        (
+            "flushed",
+            "nft flush table inet redirect_ambient_host".to_string(),
+        ),
+        (
+            "dormant",
+            "nft add table inet redirect_ambient_host '{ flags dormant; }'".to_string(),
+        ),
+        (
+            "bypassed",
+            format!("nft insert rule inet redirect_ambient_host {first_chain} accept"),
+        ),
+    ] {
+        let before = repairs();
+        n.host.sh(&cmd);
+        assert_ne!(listing(), good, "{fault}: the fault changed nothing");
+        eventually(&format!("the host table {fault}, put right"), || {
+            (listing() == good && repairs() > before).then_some(())
+        });
+    }
+    let log = agent.log();
+    assert!(
+        log.contains("the host's probe table differed from its plan"),
+        "{log}"
+    );
+}
+
+/// Issue 47, item 2: the plugin fails an ADD (code 11) after its deadline while the agent is
+/// stalled; when the agent resumes, the abandoned request is dropped: ztunnel is sent nothing,
+/// no rule is written in the sandbox, the pod is not annotated.
+#[test]
+fn an_add_the_plugin_gave_up_on_is_not_carried_out_later() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let agent = n.agent();
+    let z = TestZtunnel::start(&n.socket);
+    eventually("ztunnel connected", || (z.snapshots() >= 1).then_some(()));
+    let web = pod(&n, "web", "10.77.0.2", 4100, false);
+    let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let out = web.add(&n);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_ne!(
+        out.code, 0,
+        "ADD passed with the agent stopped: {}",
+        out.stdout
+    );
+    assert_eq!(out.json()["code"], 11, "{}", out.stdout);
+    // The agent resumed: a pass or two later, nothing was done.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !z.seen().iter().any(|s| s.contains(&web.uid)),
+        "ztunnel was sent the abandoned pod: {:?}",
+        z.seen()
+    );
+    assert!(
+        our_table(&web.netns).is_none(),
+        "rules written in the abandoned sandbox"
+    );
+    assert_eq!(web.annotation(&n), None, "{}", agent.log());
+    agent.line_with(&["ambient:", "shop/web", "gave up"]);
+}
+
+/// Issue 47, item 5: a sandbox restart. The runtime's DEL takes our rules out of the old
+/// sandbox and its interface goes: the passes after it do not put the rules back in the dead
+/// namespace nor count a repair (a false alert on a routine event); the runtime's ADD of the
+/// new sandbox enrolls the pod there.
+#[test]
+fn a_sandbox_restart_is_not_taken_for_a_repair() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let agent = n.agent_as(&Launch {
+        args: MONITORED,
+        env: &[("AMBIENT_RECONCILE_INTERVAL", "1s")],
+        ..Launch::default()
+    });
+    let z = TestZtunnel::start(&n.socket);
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let out = web.add(&n);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    wait_enabled(&n, &web, &z);
+    let repairs = || {
+        common::metric(
+            &metrics(&n),
+            "redirect_cni_ambient_repairs_total",
+            &["kind=\"pod_rules\""],
+        )
+    };
+    assert_eq!(repairs(), 0.0);
+
+    // The runtime's DEL (ours, then the primary plugin's, which takes the interface): ours
+    // leaves ambient's rules to the agent.
+    let rules = our_table(&web.netns);
+    let out = n.cni("DEL", &web.netns, "shop", "web", &web.uid, &["10.77.0.2"]);
+    assert_eq!(out.code, 0, "DEL: {}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("left to it"), "{}", out.stderr);
+    assert_eq!(our_table(&web.netns), rules, "DEL changed ambient's rules");
+    n.host.sh("ip link del vweb");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        repairs(),
+        0.0,
+        "a pod_rules repair counted\n{}",
+        agent.log()
+    );
+    // Something else takes the rules out of the torn-down sandbox (an older plugin's DEL):
+    // not put back, not counted.
+    web.netns.sh("nft delete table inet redirect_capture");
+    agent.line_with(&["ambient:", "shop/web", "torn down"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        repairs(),
+        0.0,
+        "a pod_rules repair counted\n{}",
+        agent.log()
+    );
+    assert!(
+        our_table(&web.netns).is_none(),
+        "the rules were put back in the torn-down sandbox"
+    );
+
+    // The new sandbox, its process in the host's /proc.
+    let fresh = pod_netns(&n.host, "10.77.0.2", "vweb2");
+    n.proc.add(4101, &cgroupfs(&web.uid), 100, fresh.path());
+    let out = n.cni("ADD", &fresh, "shop", "web", &web.uid, &["10.77.0.2"]);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    let ino = std::fs::metadata(fresh.path()).unwrap().ino();
+    eventually("ztunnel serves web in the new sandbox", || {
+        (z.netns_of(&web.uid) == Some(ino) && our_table(&fresh).is_some()).then_some(())
+    });
+    assert_eq!(repairs(), 0.0, "{}", agent.log());
+}

@@ -799,6 +799,14 @@ fn del(call: &Call, conf: &NetConf) -> Result<&'static str, CniError> {
         return Ok("nothing removed (the plugin's own namespace)");
     }
     let k = open(call, &ns, what)?;
+    // Ambient's in-pod rules are the node agent's: it releases them with the pod, and a
+    // sandbox torn down takes them with it. Removed here, the agent's next pass would see
+    // them missing in a namespace it still holds and put them back (a sandbox restart
+    // counted as a repair).
+    if k.holds_ambient().map_err(|e| kernel_error(what, e))? {
+        info!("DEL {netns}: ambient's in-pod rules, the node agent's: left to it");
+        return Ok("ambient's rules left to the node agent");
+    }
     let removed = call
         .timed(|p| &mut p.apply_us, || k.remove_ours())
         .map_err(|e| kernel_error(what, e))?;

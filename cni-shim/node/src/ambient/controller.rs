@@ -438,6 +438,7 @@ impl Controller {
             }
             (Want::In(_) | Want::NoAddressYet, Some(_)) => {
                 self.confirm(state, &pod).await?;
+                self.reconfigure(&pod).await?;
                 let id = uid.to_owned();
                 match self.with_dataplane(move |dp| dp.stage(&id)).await {
                     Some(stage) => self.annotate(state, &pod, stage).await,
@@ -462,6 +463,30 @@ impl Controller {
                 self.unannotate(state, &pod).await
             }
         }
+    }
+
+    /// An enrolled pod's in-pod settings converged on its annotations as they are now: a
+    /// changed `ambient.istio.io/dns-capture` (or the like) is applied to the running pod, as
+    /// the same pod enrolled now would get, and holds through the agent's restarts (which
+    /// compute them from the annotations too). Istio reads them at enrollment only.
+    async fn reconfigure(&self, pod: &Pod) -> Result<(), AmbientError> {
+        let (uid, cfg) = (
+            pod.metadata.uid.clone().unwrap_or_default(),
+            self.pod_config(pod)?,
+        );
+        let to = cfg.clone();
+        if let Some(was) = self
+            .with_dataplane(move |dp| dp.reconfigure(&uid, &to))
+            .await?
+        {
+            tracing::info!(
+                "ambient: pod {}: its annotations changed its in-pod settings ({}): its rules \
+                 programmed again with them",
+                pods::label(pod),
+                settings_change(&was, &cfg)
+            );
+        }
+        Ok(())
     }
 
     /// The API's addresses of an enrolled pod checked against its namespace; a namespace that
@@ -806,6 +831,36 @@ fn pod_state(
         return ("enabled", Some("its annotation is not written yet".into()));
     }
     ("enabled", None)
+}
+
+/// What differs between two in-pod settings, in words.
+fn settings_change(
+    was: &redirect_core::AmbientConfig,
+    now: &redirect_core::AmbientConfig,
+) -> String {
+    let mut out = Vec::new();
+    if was.dns_capture != now.dns_capture {
+        out.push(format!(
+            "dns capture {} -> {}",
+            was.dns_capture, now.dns_capture
+        ));
+    }
+    if was.bypass_inbound != now.bypass_inbound {
+        out.push(format!(
+            "inbound bypass {} -> {}",
+            was.bypass_inbound, now.bypass_inbound
+        ));
+    }
+    if was.virtual_interfaces != now.virtual_interfaces {
+        out.push(format!(
+            "virtual interfaces {:?} -> {:?}",
+            was.virtual_interfaces, now.virtual_interfaces
+        ));
+    }
+    if out.is_empty() {
+        out.push("node-wide settings".into());
+    }
+    out.join(", ")
 }
 
 fn rfc3339(t: SystemTime) -> String {

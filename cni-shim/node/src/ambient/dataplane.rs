@@ -128,6 +128,8 @@ struct Enrolled {
     repair: Option<Repair>,
     /// ztunnel's listeners in its namespace, as last read.
     listeners: PodListeners,
+    /// The last pass found its sandbox torn down (logged once).
+    torn_down: bool,
 }
 
 /// One pod as the data plane holds it, for the node view.
@@ -177,6 +179,8 @@ pub struct Dataplane {
     branch_eni: BranchEniRules,
     /// `AMBIENT_CHECK_LISTENERS`: ztunnel's listeners read in each acked pod.
     check_listeners: bool,
+    /// The node's ruleset generation at which the host table last read back equal.
+    host_seen: Option<u32>,
 }
 
 impl Dataplane {
@@ -191,6 +195,7 @@ impl Dataplane {
             records: None,
             branch_eni: BranchEniRules::new(false),
             check_listeners: false,
+            host_seen: None,
         }
     }
 
@@ -399,6 +404,7 @@ impl Dataplane {
                     rules: None,
                     repair: None,
                     listeners: PodListeners::default(),
+                    torn_down: false,
                 },
             );
             return Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), None));
@@ -450,6 +456,7 @@ impl Dataplane {
                 }),
                 repair: adopted,
                 listeners: PodListeners::default(),
+                torn_down: false,
             },
         );
         self.branch_eni_after(&pod.label());
@@ -584,8 +591,13 @@ impl Dataplane {
         want.sort();
         want.dedup();
         let ns = Namespace::current()?;
-        let repair = match ns.members()? {
-            None => {
+        let held = ns.members()?;
+        let differs = match &held {
+            Some(h) => self.host_differs(&ns, &cfg, h)?,
+            None => None,
+        };
+        let repair = match (held, differs) {
+            (None, _) => {
                 let host = Capture::HostProbe {
                     config: cfg.clone(),
                     members: want.clone(),
@@ -601,7 +613,28 @@ impl Dataplane {
                     ),
                 })
             }
-            Some(held) => {
+            // The table is there: read whole (flags, chains, rules) against its plan with the
+            // members it holds; one that differs (chains flushed, made dormant, a rule put
+            // before ours) is programmed whole again, with every enrolled pod's addresses.
+            (Some(_), Some(found)) => {
+                let host = Capture::HostProbe {
+                    config: cfg.clone(),
+                    members: want.clone(),
+                };
+                ns.apply_with(&host, AMBIENT_POLICY)?;
+                self.host_seen = None;
+                Some(Repair {
+                    at: SystemTime::now(),
+                    kind: RepairKind::HostTable,
+                    why: format!(
+                        "the host's probe table differed from its plan ({}): programmed again \
+                         with {} address(es)",
+                        summary(&found),
+                        want.len()
+                    ),
+                })
+            }
+            (Some(held), None) => {
                 let missing: Vec<IpAddr> = want
                     .iter()
                     .copied()
@@ -646,6 +679,24 @@ impl Dataplane {
             self.host.repair.clone_from(&repair);
         }
         Ok(repair)
+    }
+
+    /// How the host's probe table differs from its plan with the members it holds (`None`:
+    /// equal). Its dump is skipped while the node's ruleset generation has not moved since it
+    /// last read back equal.
+    fn host_differs(
+        &mut self,
+        ns: &Namespace,
+        cfg: &HostProbeConfig,
+        held: &[IpAddr],
+    ) -> redirect_core::Result<Option<Vec<String>>> {
+        let host = Capture::HostProbe {
+            config: cfg.clone(),
+            members: held.to_vec(),
+        };
+        let (found, seen) = ns.check_since(&host, self.host_seen)?;
+        self.host_seen = seen;
+        Ok((!found.is_empty()).then(|| found.iter().map(|m| m.to_string()).collect()))
     }
 
     /// The pod's addresses out of the probe sets, but those another enrolled pod holds (an
@@ -709,6 +760,42 @@ impl Dataplane {
             }
         }
         Ok(true)
+    }
+
+    /// Pod `uid`'s in-pod settings, from its annotations now: when they differ from those it
+    /// was enrolled with (`ambient.istio.io/dns-capture` changed, say), its rules are
+    /// programmed with them in place and its listeners read again. Returns the settings it
+    /// had when they changed. A kept pod (namespace not found) only takes them.
+    pub fn reconfigure(
+        &mut self,
+        uid: &str,
+        cfg: &AmbientConfig,
+    ) -> Result<Option<AmbientConfig>, AddError> {
+        let adopt = self.adopt;
+        let Some(e) = self.pods.get_mut(uid) else {
+            return Ok(None);
+        };
+        if e.cfg == *cfg {
+            return Ok(None);
+        }
+        if let Some(netns) = &e.netns {
+            let failed = |error| AddError::Rules {
+                netns: netns.path().display().to_string(),
+                error,
+            };
+            if e.kernel.is_none() {
+                e.kernel = Some(namespace(netns).map_err(failed)?);
+            }
+            let ns = e.kernel.as_ref().expect("opened above");
+            Self::apply_pod(adopt, ns, cfg, &e.pod.label()).map_err(failed)?;
+            e.seen = None;
+            e.leave = false;
+        }
+        let was = std::mem::replace(&mut e.cfg, cfg.clone());
+        if let Some(Err(why)) = self.read_listeners(uid) {
+            tracing::warn!("ambient: pod {uid}: {why}");
+        }
+        Ok(Some(was))
     }
 
     /// The namespace of a pod ztunnel was told to keep, found at last: its rules checked (and
@@ -877,6 +964,23 @@ impl Dataplane {
             found
         };
         let now = SystemTime::now();
+        if !found.is_empty() && torn_down(ns, &e.pod.ips) {
+            // The runtime's DEL took our rules out of a sandbox it tears down (a restart):
+            // nothing to repair there; the runtime's next ADD enrolls the new one.
+            if !e.torn_down {
+                tracing::info!(
+                    "ambient: pod {label}: its namespace no longer holds its addresses (the \
+                     sandbox is torn down): its rules are not put back"
+                );
+            }
+            e.torn_down = true;
+            e.rules = Some(ReadBack {
+                at: now,
+                differences: vec![TORN_DOWN.into()],
+            });
+            return None;
+        }
+        e.torn_down = false;
         let mut repair = None;
         let mut left = found.clone();
         if !found.is_empty() {
@@ -1020,6 +1124,20 @@ fn since(ns: &Namespace, cfg: &AmbientConfig, seen: Option<u32>) -> (Vec<String>
         Ok((d, seen)) => (d.iter().map(|m| m.to_string()).collect(), seen),
         Err(e) => (vec![format!("cannot read the rules back: {e}")], None),
     }
+}
+
+/// What the node view says of a pod whose sandbox was torn down.
+pub(crate) const TORN_DOWN: &str =
+    "its namespace no longer holds its addresses: the sandbox is torn down (its rules are not put back; the runtime's next ADD enrolls the new one)";
+
+/// Whether a pod's namespace no longer holds any of its addresses: the runtime tore the
+/// sandbox down (its interface is gone), as at a sandbox restart. A pod whose addresses are
+/// not known yet is never taken for torn down.
+fn torn_down(ns: &Namespace, ips: &[IpAddr]) -> bool {
+    !ips.is_empty()
+        && ns
+            .addresses()
+            .is_ok_and(|held| !ips.iter().any(|ip| held.contains(ip)))
 }
 
 /// The first differences, for a log line.

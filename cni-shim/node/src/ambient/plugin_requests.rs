@@ -49,8 +49,26 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn send(self, answer: &AddAnswer) {
-        answer_on(&self.conn, answer);
+    /// Answers; the error when the plugin is gone (it gave up waiting: `Broken pipe`).
+    pub fn send(self, answer: &AddAnswer) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
+        seqpacket::send(self.conn.as_fd(), &bytes, None, MAX_MESSAGE)
+    }
+
+    /// Whether the plugin closed its end (it gave up waiting, and failed its ADD): then
+    /// nothing may be done for the request.
+    pub fn gone(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        // The end of a closed connection reads as readable (its EOF) and hung up.
+        let mut fds = [PollFd::new(self.conn.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => false,
+            // The plugin sends nothing after its request: anything readable is its end.
+            Ok(_) => fds[0].revents().is_some_and(|r| {
+                r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLIN)
+            }),
+            Err(_) => false,
+        }
     }
 }
 
@@ -150,9 +168,11 @@ fn door(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
                     ("the ambient controller is not running", r)
                 }
             };
-            r.reply.send(&AddAnswer::Failed {
+            if let Err(e) = r.reply.send(&AddAnswer::Failed {
                 error: error.into(),
-            });
+            }) {
+                tracing::warn!("ambient: could not answer the plugin: {e}");
+            }
         }
     };
     let tick = |closed: Closed| {
@@ -181,26 +201,45 @@ fn read_request(d: Datagram) -> Result<(AddRequest, OwnedFd), AmbientError> {
     }
 }
 
+/// The plugin's command, as the logs name it.
+fn verb(command: Command) -> &'static str {
+    match command {
+        Command::Add => "ADD",
+        Command::Check => "CHECK",
+    }
+}
+
 impl Controller {
     /// The plugin's ADD or CHECK: the pod decided from the watch's memory (or the API when
     /// the watch has not seen it yet).
     pub(super) async fn plugin_request(&self, state: &mut State, r: PluginRequest) {
         let who = format!("{}/{}", r.add.namespace, r.add.name);
         let command = r.add.command;
+        if r.reply.gone() {
+            // The plugin gave up waiting (the agent was stalled) and failed its ADD: the
+            // runtime tears the sandbox down. Doing it now would enroll a dead sandbox.
+            tracing::warn!(
+                "ambient: pod {who}: the plugin gave up on its {} before the agent got to it \
+                 (its connection is closed): dropped, nothing done",
+                verb(command)
+            );
+            return;
+        }
+        let mut uid = None;
         let answer = match self.decide_for_plugin(state, &r.add).await {
             Err(e) => AddAnswer::Failed {
                 error: e.to_string(),
             },
             Ok(Err(reason)) => AddAnswer::NotAmbient { reason },
-            Ok(Ok(pod)) => match command {
-                Command::Add => self.enroll_for_plugin(state, &pod, r.add, r.netns).await,
-                Command::Check => self.check_for_plugin(&pod, r.netns, &r.add.netns).await,
-            },
+            Ok(Ok(pod)) => {
+                uid.clone_from(&pod.metadata.uid);
+                match command {
+                    Command::Add => self.enroll_for_plugin(state, &pod, r.add, r.netns).await,
+                    Command::Check => self.check_for_plugin(&pod, r.netns, &r.add.netns).await,
+                }
+            }
         };
-        let verb = match command {
-            Command::Add => "ADD",
-            Command::Check => "CHECK",
-        };
+        let verb = verb(command);
         match &answer {
             AddAnswer::Enrolled => tracing::info!("ambient: pod {who} enrolled at ADD"),
             AddAnswer::Matches => tracing::debug!("ambient: pod {who} at CHECK: its rules match"),
@@ -223,7 +262,19 @@ impl Controller {
             (Command::Add, AddAnswer::Failed { .. }) => self.metrics.ambient_plugin_request("500"),
             _ => {}
         }
-        r.reply.send(&answer);
+        if let Err(e) = r.reply.send(&answer) {
+            tracing::warn!("ambient: pod {who}: could not answer the plugin's {verb}: {e}");
+            if let (AddAnswer::Enrolled, Some(uid)) = (&answer, &uid) {
+                // The plugin failed the ADD (it gave up meanwhile): the runtime tears the
+                // sandbox down, so what this ADD did is undone, as a failed ADD leaves
+                // nothing.
+                self.release(uid, false).await;
+                tracing::warn!(
+                    "ambient: pod {who}: the ADD the plugin gave up on is undone (released, \
+                     ztunnel told)"
+                );
+            }
+        }
         self.update_metrics();
     }
 

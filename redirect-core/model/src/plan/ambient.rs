@@ -191,6 +191,12 @@ impl AmbientConfig {
 
 /// Istio's chain names in each stage.
 const PRERT: &str = "ISTIO_PRERT";
+
+/// Whether a chain of our table, by its name, is one only the ambient in-pod rules have
+/// (`ISTIO_PRERT`, which sidecar capture never makes): the table is the node agent's.
+pub fn is_ambient_chain(name: &str) -> bool {
+    name.ends_with(&format!("_{}", PRERT.to_ascii_lowercase()))
+}
 const OUTPUT: &str = "ISTIO_OUTPUT";
 
 /// ztunnel's own packets (`negate`: not ztunnel's).
