@@ -229,7 +229,7 @@ fn table(doc: &Value) -> String {
         out.push_str(&ambient_lines(&doc["ambient"]));
     }
     out.push('\n');
-    let rows: Vec<[String; 7]> = pods(doc).iter().map(|p| row(p)).collect();
+    let rows: Vec<[String; 8]> = pods(doc).iter().map(|p| row(p)).collect();
     out.push_str(&columns(&rows));
     if rows.is_empty() {
         out.push_str("(no pod of the mesh on this node)\n");
@@ -304,8 +304,9 @@ fn ambient_lines(a: &Value) -> String {
     )
 }
 
-/// One pod's row: attention mark, pod, capture, state, rules, ztunnel, last repair.
-fn row(p: &Value) -> [String; 7] {
+/// One pod's row: attention mark, pod, capture, state, rules, ztunnel, its listeners in the
+/// pod, last repair.
+fn row(p: &Value) -> [String; 8] {
     let rules = match p["rules"]["differences"].as_array() {
         None => "-".to_string(),
         Some(d) if d.is_empty() => format!("equal at {}", short_time(&p["rules"]["at"])),
@@ -325,12 +326,34 @@ fn row(p: &Value) -> [String; 7] {
         s(&p["state"]),
         rules,
         ztunnel,
+        listeners(&p["ztunnel"]["listeners"]),
         repair_text(&p["last_repair"]).unwrap_or_else(|| "-".into()),
     ]
 }
 
+/// ztunnel's listeners in an ambient pod as the agent last read them: `seen since <time>`,
+/// `MISSING <ports> since <time>`, or `-` when not read (not acked, or the agent's
+/// `AMBIENT_CHECK_LISTENERS=false`).
+fn listeners(l: &Value) -> String {
+    if l.is_null() {
+        return "-".into();
+    }
+    if !l["error"].is_null() {
+        return "UNREADABLE".into();
+    }
+    let since = short_time(&l["since"]);
+    if l["seen"].as_bool() == Some(true) {
+        return format!("seen since {since}");
+    }
+    let missing: Vec<String> = l["missing"]
+        .as_array()
+        .map(|m| m.iter().map(s).collect())
+        .unwrap_or_default();
+    format!("MISSING {} since {since}", missing.join(","))
+}
+
 /// The rows under their header, each column as wide as its widest cell.
-fn columns(rows: &[[String; 7]]) -> String {
+fn columns(rows: &[[String; 8]]) -> String {
     let header = [
         "",
         "POD",
@@ -338,6 +361,7 @@ fn columns(rows: &[[String; 7]]) -> String {
         "STATE",
         "RULES (READ BACK)",
         "ZTUNNEL",
+        "LISTENERS",
         "LAST REPAIR",
     ]
     .map(String::from);
@@ -448,6 +472,31 @@ mod tests {
         );
         assert!(t.contains("! shop/api: ztunnel refused it: no"), "{t}");
         assert_eq!(attention(&doc()), 1);
+    }
+
+    #[test]
+    fn ztunnels_listeners_show_seen_or_missing_with_since_when() {
+        let mut d = doc();
+        d["pods"][1]["ztunnel"]["listeners"] = serde_json::json!({
+            "checked_at": "2026-11-27T22:00:00Z", "seen": true, "missing": [],
+            "since": "2026-11-27T21:40:00Z", "error": null});
+        d["pods"][0]["ztunnel"]["acked"] = true.into();
+        d["pods"][0]["ztunnel"]["listeners"] = serde_json::json!({
+            "checked_at": "2026-11-27T22:00:00Z", "seen": false,
+            "missing": ["15001/tcp", "15053/udp"], "since": "2026-11-27T21:59:55Z",
+            "error": null});
+        let t = table(&d);
+        let line = |pod: &str| t.lines().find(|l| l.contains(pod)).unwrap().to_string();
+        assert!(line("shop/web").contains("seen since 21:40:00"), "{t}");
+        assert!(
+            line("shop/api").contains("MISSING 15001/tcp,15053/udp since 21:59:55"),
+            "{t}"
+        );
+        assert!(line("books/reviews").contains("  -  "), "{t}");
+        assert!(
+            t.lines().next_back().is_some() && t.contains("LISTENERS"),
+            "{t}"
+        );
     }
 
     #[test]

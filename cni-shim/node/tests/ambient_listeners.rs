@@ -131,6 +131,24 @@ fn a_pod_whose_listeners_close_is_pending_within_a_pass_and_enabled_when_they_re
     eventually("the repair counted", || {
         (listener_repairs(&n) >= 1).then_some(())
     });
+    // The operator's table says it: the listeners missing, since when.
+    let socket = n.plugin_socket().with_file_name("debug.sock");
+    let table = eventually("the node view with web's listeners missing", || {
+        let out = std::process::Command::new(common::validate_bin())
+            .args(["node", "--socket", socket.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        t.lines()
+            .any(|l| l.contains("shop/web") && l.contains("MISSING 15001/tcp"))
+            .then_some(t)
+    });
+    let api_row = table.lines().find(|l| l.contains("shop/api")).unwrap_or("");
+    assert!(api_row.contains("seen since"), "{table}");
+    assert!(
+        table.contains("! shop/web: ztunnel acked it but its listeners"),
+        "{table}"
+    );
     // CHECK says why.
     let out = web.cni(&n, "CHECK");
     assert_ne!(out.code, 0, "CHECK passed: {}", out.stdout);
