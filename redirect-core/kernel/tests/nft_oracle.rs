@@ -72,6 +72,7 @@ fn meta_key(k: MetaKey) -> u32 {
         MetaKey::SkUid => libc::NFT_META_SKUID,
         MetaKey::SkGid => libc::NFT_META_SKGID,
         MetaKey::Mark => libc::NFT_META_MARK,
+        MetaKey::NfTrace => libc::NFT_META_NFTRACE,
     }) as u32
 }
 
@@ -352,13 +353,18 @@ fn set_flush_or_delete(table: &str, name: &str, delete: bool) -> Vec<u8> {
 }
 
 fn table_msg(ty: i32, flags: i32, name: &str, with_flags: bool) -> Vec<u8> {
+    table_msg_flags(ty, flags, name, with_flags.then_some(0))
+}
+
+/// A table message with `NFTNL_TABLE_FLAGS` set to `value` when given.
+fn table_msg_flags(ty: i32, flags: i32, name: &str, value: Option<u32>) -> Vec<u8> {
     let name = cstr(name);
     built(|buf| unsafe {
         let t = sys::nftnl_table_alloc();
         assert!(!t.is_null());
         sys::nftnl_table_set_str(t, sys::NFTNL_TABLE_NAME as u16, name.as_ptr());
-        if with_flags {
-            sys::nftnl_table_set_u32(t, sys::NFTNL_TABLE_FLAGS as u16, 0);
+        if let Some(v) = value {
+            sys::nftnl_table_set_u32(t, sys::NFTNL_TABLE_FLAGS as u16, v);
         }
         let h = hdr(buf, ty, flags);
         sys::nftnl_table_nlmsg_build_payload(h, t);
@@ -705,6 +711,65 @@ fn host_probe_table_and_its_members_encode_exactly_as_libnftnl() {
         compared += check(&batch, &t, "host update");
     }
     assert!(compared > 20, "{compared}");
+}
+
+#[test]
+fn trace_table_encodes_exactly_as_libnftnl() {
+    // `redirect-validate trace`'s table: one filter chain at -350, one rule per flow shape
+    // (TCP's SYN test, a source, a UID, IPv6) ending in `meta nftrace set 1`; created with and
+    // without NFT_TABLE_F_OWNER.
+    use redirect_model::L4;
+    let features = Features::of_running_kernel();
+    let flows = [
+        nft::TraceMatch {
+            outbound: true,
+            proto: L4::Tcp,
+            dst: "10.1.2.3:80".parse().unwrap(),
+            src: None,
+            uid: Some(1000),
+        },
+        nft::TraceMatch {
+            outbound: false,
+            proto: L4::Udp,
+            dst: "[fd00::7]:53".parse().unwrap(),
+            src: Some("fd00::9".parse().unwrap()),
+            uid: None,
+        },
+        nft::TraceMatch {
+            outbound: false,
+            proto: L4::Tcp,
+            dst: "10.77.0.2:8080".parse().unwrap(),
+            src: Some("10.77.0.1".parse().unwrap()),
+            uid: None,
+        },
+    ];
+    let mut compared = 0;
+    for m in &flows {
+        let t = nft::trace_table("redirect_trace_42", m);
+        assert!(t.chains[0].rules[0].contains(&Expr::MetaSet(nft::MetaKey::NfTrace)));
+        compared += check(&nft::trace_batch(&t, false, 1, features), &t, "trace table");
+        // Owned: the table message carries NFT_TABLE_F_OWNER (2); the rest is the same.
+        let owned = split(nft::trace_batch(&t, true, 1, features).bytes());
+        let plain = split(nft::trace_batch(&t, false, 1, features).bytes());
+        let theirs = table_msg_flags(
+            libc::NFT_MSG_NEWTABLE,
+            libc::NLM_F_CREATE | libc::NLM_F_EXCL | libc::NLM_F_ACK,
+            &t.name,
+            Some(2),
+        );
+        assert_eq!(
+            normalised(owned[1].clone()),
+            normalised(theirs),
+            "owned table"
+        );
+        assert_eq!(owned[2..], plain[2..], "the rest of the owned batch");
+        compared += 1;
+    }
+    assert_eq!(
+        compared,
+        3 * 6,
+        "begin, table, chain, rule, end, and the owned table"
+    );
 }
 
 #[test]

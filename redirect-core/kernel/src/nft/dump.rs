@@ -155,7 +155,7 @@ fn table_once(sock: &Socket, name: &str) -> Result<Option<TableState>> {
     Ok(Some(state))
 }
 
-fn bad(what: &'static str, e: DecodeError) -> Error {
+pub(super) fn bad(what: &'static str, e: DecodeError) -> Error {
     Error::Netlink {
         op: what,
         cause: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
@@ -171,7 +171,7 @@ const NFTA_RULE_EXPRESSIONS: u16 = 4;
 /// A dumped rule's table, chain and expressions. The top level is walked here; each
 /// expression is parsed by netlink-packet-netfilter (its rule parser formats the whole
 /// expression list into each expression's error context).
-fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), DecodeError> {
+pub(super) fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), DecodeError> {
     let (mut table, mut chain, mut exprs) = (String::new(), String::new(), Vec::new());
     for nla in NlasIterator::new(payload) {
         let nla = nla?;

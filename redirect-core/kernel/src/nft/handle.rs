@@ -64,6 +64,11 @@ impl Nft {
         self
     }
 
+    /// The socket, for the jobs of other modules (`trace`).
+    pub(super) fn socket(&self) -> &Socket {
+        &self.sock
+    }
+
     /// The name of the table this handle acts on.
     pub fn table(&self) -> &str {
         &self.table

@@ -48,6 +48,7 @@ mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;
+mod trace;
 mod update;
 mod xt_write;
 mod xtables;
@@ -64,6 +65,7 @@ pub use lower::{
 pub use probe::PROBE_TABLE;
 pub use redirect_model::table::TABLE;
 pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableState};
+pub use trace::{trace_batch, trace_table, RuleHandle, TraceMatch, TRACE_CHAIN, TRACE_PRIORITY};
 #[cfg(feature = "testing")]
 pub(crate) use update::changes;
 pub use update::Changes;

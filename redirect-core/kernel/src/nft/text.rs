@@ -166,6 +166,10 @@ impl<'a> Printer<'a> {
                 Reg::Ct(CtKey::Mark) => Some("meta mark set ct mark".into()),
                 _ => None,
             },
+            Expr::MetaSet(MetaKey::NfTrace) => match reg {
+                Reg::Imm(d) => d.first().map(|v| format!("meta nftrace set {v}")),
+                _ => None,
+            },
             Expr::CtSet(CtKey::Mark) if *reg == Reg::Meta(MetaKey::Mark) => {
                 Some("ct mark set meta mark".into())
             }

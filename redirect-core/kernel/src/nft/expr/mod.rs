@@ -53,6 +53,9 @@ pub enum MetaKey {
     SkGid,
     /// The packet's mark (fwmark).
     Mark,
+    /// The packet's trace bit (`meta nftrace`): set, the kernel reports every rule the packet
+    /// meets to `NFNLGRP_NFTRACE` (only the trace table of `redirect-validate trace` sets it).
+    NfTrace,
 }
 
 impl MetaKey {
@@ -60,6 +63,7 @@ impl MetaKey {
     fn raw(self) -> u32 {
         match self {
             MetaKey::Mark => 3,
+            MetaKey::NfTrace => 12,
             MetaKey::IifName => 6,
             MetaKey::OifName => 7,
             MetaKey::SkUid => 10,
@@ -78,6 +82,7 @@ impl MetaKey {
             NlMetaKey::SocketUserId => MetaKey::SkUid,
             NlMetaKey::SocketGroupId => MetaKey::SkGid,
             NlMetaKey::Mark => MetaKey::Mark,
+            NlMetaKey::NftraceBit => MetaKey::NfTrace,
             _ => return None,
         })
     }
@@ -92,6 +97,7 @@ impl MetaKey {
             MetaKey::SkUid => "skuid",
             MetaKey::SkGid => "skgid",
             MetaKey::Mark => "mark",
+            MetaKey::NfTrace => "nftrace",
         }
     }
 }
@@ -402,6 +408,7 @@ mod tests {
             MetaKey::SkUid,
             MetaKey::SkGid,
             MetaKey::Mark,
+            MetaKey::NfTrace,
         ]
         .into_iter()
         .flat_map(|k| [Expr::Meta(k), Expr::MetaSet(k)])

@@ -21,6 +21,7 @@ fn netlink(k: MetaKey) -> NlMetaKey {
         MetaKey::SkUid => NlMetaKey::SocketUserId,
         MetaKey::SkGid => NlMetaKey::SocketGroupId,
         MetaKey::Mark => NlMetaKey::Mark,
+        MetaKey::NfTrace => NlMetaKey::NftraceBit,
     }
 }
 
