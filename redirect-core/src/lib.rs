@@ -72,7 +72,8 @@
 //! feature), [`mesh`] (the mesh's decision from a pod's annotations), [`pod_facts`] (what
 //! Istio derives in the pod), [`foreign`] (the apply's policy, and Istio's rules as found),
 //! [`probe`] (Istio's validation probe and its diagnosis), [`ambient`] (ambient enrollment),
-//! [`view`] (a namespace's capture for a person: [`Namespace::inspect`]) and [`error`] (what
+//! [`view`] (a namespace's capture for a person: [`Namespace::inspect`]), [`trace`] (a
+//! packet's real path, from the kernel's trace reports) and [`error`] (what
 //! the one error's variants hold). The layers beneath (the model, the kernel, Istio's side)
 //! are crates of their own that Cargo keeps apart; this crate names what it exposes of them,
 //! item by item.
@@ -95,6 +96,7 @@ pub mod mesh;
 mod namespace;
 pub mod pod_facts;
 pub mod probe;
+pub mod trace;
 pub mod view;
 
 pub use error::{Error, Result};

@@ -17,6 +17,8 @@
 //!   feature `fake::Fake` in memory.
 //! - [`capture`]: capture in one namespace through a `Backend`: the routes, then the table
 //!   (undone on failure); checked against a config; removed; cleaned up.
+//! - [`trace`]: nf_tables' trace reports of one namespace (`NFNLGRP_NFTRACE`), and a flow's
+//!   first packet sent from inside it.
 //! - [`SystemGroups`]: the host's group database for the plan's owner groups.
 //! - [`Error`], [`Result`], [`errno_hint`].
 //!
@@ -40,6 +42,7 @@ pub mod routes;
 pub mod sockopt;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 
 pub use error::{errno_hint, Error, Result};
 pub use groups::SystemGroups;
