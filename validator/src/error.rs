@@ -50,6 +50,25 @@ pub enum Error {
     #[error("--redirect-dns without --capture-all-dns captures DNS to the pod's resolv.conf servers: give them with --nameservers (or --netns /proc/<pid>/ns/net, whose resolv.conf is read)")]
     NameserversNeeded,
 
+    /// A flag of `trace` with a value it cannot use.
+    #[error("--{flag} {value:?}: expected {want}")]
+    TraceArg {
+        flag: &'static str,
+        value: String,
+        want: &'static str,
+    },
+
+    /// `trace` saw no packet of the flow.
+    #[error("no packet of the flow was seen within {timeout:?}: {hint}")]
+    NoPacket {
+        timeout: std::time::Duration,
+        hint: &'static str,
+    },
+
+    /// `trace` was interrupted (SIGINT, SIGTERM); its table was removed.
+    #[error("interrupted: the trace table was removed, nothing else changed")]
+    Interrupted,
+
     /// Reading the namespace's rules failed (nf_tables needs CAP_NET_ADMIN there).
     #[error("{0} (inspect reads nf_tables over netlink: run it as root on the node)")]
     KernelRead(redirect_core::Error),

@@ -111,7 +111,7 @@ fn ip_arg(
 
 /// The config and rules the flows meet: the pod's, when a pod file decided it (a pod outside
 /// the mesh has none: every flow meets an empty ruleset), else Istio's flags'.
-fn rules(
+pub(crate) fn rules(
     decision: Option<Decision>,
     s: &mut Settings,
     host: &HostAddress,

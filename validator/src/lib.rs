@@ -1,6 +1,7 @@
 //! redirect-validate: Istio's `istio-validation` probe (the default mode, same flags), and
 //! tools for people debugging a pod: `inspect` (the rules a namespace holds, against what it
-//! should hold), `explain` (where a flow goes, and why) and `node` (the node agent's view of
+//! should hold), `explain` (where a flow goes, and why), `trace` (where the kernel really sent
+//! one packet, beside explain's answer) and `node` (the node agent's view of
 //! every pod on its node). Thin: the probe, the diagnosis, the
 //! evaluator and the read-back live in the library crates (redirect-model, redirect-kernel, redirect-istio).
 
@@ -14,6 +15,7 @@ mod istio_validation;
 mod node;
 mod node_fetch;
 mod pod_file;
+mod trace;
 
 use std::ffi::OsString;
 
@@ -36,6 +38,7 @@ pub fn main_with(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> i
         Some("inspect") => inspect::main(without_word(args), env),
         Some("explain") => explain::main(without_word(args), env),
         Some("node") => node::main(without_word(args)),
+        Some("trace") => trace::main(without_word(args), env),
         _ => istio_validation::main(args, env),
     }
 }

@@ -19,6 +19,7 @@ const MODES: &[(&[&str], &str)] = &[
     (&[], "## The probe"),
     (&["inspect"], "## inspect"),
     (&["explain"], "## explain"),
+    (&["trace"], "## trace"),
     (&["node"], "## node"),
 ];
 
