@@ -25,8 +25,9 @@ const ABOUT: &str = "Shows the node agent's view of every pod on its node (GET /
 /// chart's and the agent's default).
 pub const DEFAULT_SOCKET: &str = "/var/run/redirect-cni/debug.sock";
 
-pub fn main(args: Vec<OsString>) -> i32 {
-    let cmd = Command::new("redirect-validate node")
+/// The command's flags.
+fn command() -> Command {
+    Command::new("redirect-validate node")
         .about(ABOUT)
         .after_help(format!(
             "The answer is refused past {MAX_ANSWER_TEXT}, and the whole fetch (connecting, \
@@ -60,7 +61,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
                 .long("json")
                 .action(ArgAction::SetTrue)
                 .help("Print the agent's JSON as it came (its control characters as \\u escapes)"),
-        );
+        )
+}
+
+pub fn main(args: Vec<OsString>) -> i32 {
+    let cmd = command();
     let m = match cmd.try_get_matches_from(args) {
         Ok(m) => m,
         Err(e) => {

@@ -390,24 +390,7 @@ impl Dataplane {
         rules: Rules,
     ) -> Result<(Stage, Option<ZdsError>), AddError> {
         let Some((netns, binding)) = netns else {
-            self.zds.keep(&pod.uid, pod.info());
-            self.pods.insert(
-                pod.uid.clone(),
-                Enrolled {
-                    pod: pod.clone(),
-                    netns: None,
-                    kernel: None,
-                    seen: None,
-                    binding: None,
-                    cfg: cfg.clone(),
-                    leave: rules == Rules::Leave,
-                    rules: None,
-                    repair: None,
-                    listeners: PodListeners::default(),
-                    torn_down: false,
-                },
-            );
-            return Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), None));
+            return Ok((self.enroll_kept(pod, cfg, rules), None));
         };
         let where_ = netns.path().display().to_string();
         let fd = netns.try_clone_fd().map_err(|error| AddError::Descriptor {
@@ -466,6 +449,29 @@ impl Dataplane {
             tracing::warn!("ambient: pod {}: {e}", pod.label());
         }
         Ok((self.stage(&pod.uid).unwrap_or(Stage::Pending), refused))
+    }
+
+    /// A pod whose namespace was not found (after the agent's restart): ztunnel is told to
+    /// keep it as it has it.
+    fn enroll_kept(&mut self, pod: &PodRef, cfg: &AmbientConfig, rules: Rules) -> Stage {
+        self.zds.keep(&pod.uid, pod.info());
+        self.pods.insert(
+            pod.uid.clone(),
+            Enrolled {
+                pod: pod.clone(),
+                netns: None,
+                kernel: None,
+                seen: None,
+                binding: None,
+                cfg: cfg.clone(),
+                leave: rules == Rules::Leave,
+                rules: None,
+                repair: None,
+                listeners: PodListeners::default(),
+                torn_down: false,
+            },
+        );
+        self.stage(&pod.uid).unwrap_or(Stage::Pending)
     }
 
     /// Reads ztunnel's listeners in pod `uid`'s namespace when the current connection acked
@@ -598,80 +604,27 @@ impl Dataplane {
         };
         let repair = match (held, differs) {
             (None, _) => {
-                let host = Capture::HostProbe {
-                    config: cfg.clone(),
-                    members: want.clone(),
-                };
-                ns.apply_with(&host, AMBIENT_POLICY)?;
-                Some(Repair {
-                    at: SystemTime::now(),
-                    kind: RepairKind::HostTable,
-                    why: format!(
-                        "the host's probe table was gone (a firewall reload?): recreated with \
-                         {} address(es)",
-                        want.len()
-                    ),
-                })
+                let why = format!(
+                    "the host's probe table was gone (a firewall reload?): recreated with {} \
+                     address(es)",
+                    want.len()
+                );
+                Some(reprogram_host(&ns, &cfg, &want, why)?)
             }
             // The table is there: read whole (flags, chains, rules) against its plan with the
             // members it holds; one that differs (chains flushed, made dormant, a rule put
             // before ours) is programmed whole again, with every enrolled pod's addresses.
             (Some(_), Some(found)) => {
-                let host = Capture::HostProbe {
-                    config: cfg.clone(),
-                    members: want.clone(),
-                };
-                ns.apply_with(&host, AMBIENT_POLICY)?;
                 self.host_seen = None;
-                Some(Repair {
-                    at: SystemTime::now(),
-                    kind: RepairKind::HostTable,
-                    why: format!(
-                        "the host's probe table differed from its plan ({}): programmed again \
-                         with {} address(es)",
-                        summary(&found),
-                        want.len()
-                    ),
-                })
+                let why = format!(
+                    "the host's probe table differed from its plan ({}): programmed again with \
+                     {} address(es)",
+                    summary(&found),
+                    want.len()
+                );
+                Some(reprogram_host(&ns, &cfg, &want, why)?)
             }
-            (Some(held), None) => {
-                let missing: Vec<IpAddr> = want
-                    .iter()
-                    .copied()
-                    .filter(|ip| !held.contains(ip))
-                    .collect();
-                // A pod whose addresses the agent does not know (kept in ztunnel unseen) may
-                // own any member: none is taken for stale then.
-                let unknown = self.pods.values().any(|e| e.pod.ips.is_empty());
-                let stale: Vec<IpAddr> = held
-                    .iter()
-                    .copied()
-                    .filter(|_| !unknown)
-                    .filter(|ip| !want.contains(ip))
-                    .collect();
-                ns.add_members(&cfg, &missing)?;
-                ns.remove_members(&cfg, &stale)?;
-                if was_gone {
-                    Some(Repair {
-                        at: SystemTime::now(),
-                        kind: RepairKind::HostTable,
-                        why: format!(
-                            "the host's probe table was gone (a firewall reload?): recreated at \
-                             an ADD, with {} address(es)",
-                            want.len()
-                        ),
-                    })
-                } else {
-                    (!missing.is_empty() || !stale.is_empty()).then(|| Repair {
-                        at: SystemTime::now(),
-                        kind: RepairKind::HostMembers,
-                        why: format!(
-                            "the host's probe sets lacked {missing:?} and held {stale:?} of \
-                             no enrolled pod"
-                        ),
-                    })
-                }
-            }
+            (Some(held), None) => self.converge_members(&ns, &cfg, (&want, &held), was_gone)?,
         };
         self.host.members = Some(want);
         self.host.checked_at = Some(SystemTime::now());
@@ -679,6 +632,54 @@ impl Dataplane {
             self.host.repair.clone_from(&repair);
         }
         Ok(repair)
+    }
+
+    /// The host table's sets brought from `held` to `want`: the missing addresses added,
+    /// those of no enrolled pod removed; the repair, if any.
+    fn converge_members(
+        &self,
+        ns: &Namespace,
+        cfg: &HostProbeConfig,
+        (want, held): (&[IpAddr], &[IpAddr]),
+        was_gone: bool,
+    ) -> redirect_core::Result<Option<Repair>> {
+        let missing: Vec<IpAddr> = want
+            .iter()
+            .copied()
+            .filter(|ip| !held.contains(ip))
+            .collect();
+        // A pod whose addresses the agent does not know (kept in ztunnel unseen) may own any
+        // member: none is taken for stale then.
+        let unknown = self.pods.values().any(|e| e.pod.ips.is_empty());
+        let stale: Vec<IpAddr> = held
+            .iter()
+            .copied()
+            .filter(|_| !unknown)
+            .filter(|ip| !want.contains(ip))
+            .collect();
+        ns.add_members(cfg, &missing)?;
+        ns.remove_members(cfg, &stale)?;
+        let at = SystemTime::now();
+        Ok(if was_gone {
+            Some(Repair {
+                at,
+                kind: RepairKind::HostTable,
+                why: format!(
+                    "the host's probe table was gone (a firewall reload?): recreated at an ADD, \
+                     with {} address(es)",
+                    want.len()
+                ),
+            })
+        } else {
+            (!missing.is_empty() || !stale.is_empty()).then(|| Repair {
+                at,
+                kind: RepairKind::HostMembers,
+                why: format!(
+                    "the host's probe sets lacked {missing:?} and held {stale:?} of no enrolled \
+                     pod"
+                ),
+            })
+        })
     }
 
     /// How the host's probe table differs from its plan with the members it holds (`None`:
@@ -1124,6 +1125,25 @@ fn since(ns: &Namespace, cfg: &AmbientConfig, seen: Option<u32>) -> (Vec<String>
         Ok((d, seen)) => (d.iter().map(|m| m.to_string()).collect(), seen),
         Err(e) => (vec![format!("cannot read the rules back: {e}")], None),
     }
+}
+
+/// The host's probe table programmed whole with `members`: the repair, saying `why`.
+fn reprogram_host(
+    ns: &Namespace,
+    cfg: &HostProbeConfig,
+    members: &[IpAddr],
+    why: String,
+) -> redirect_core::Result<Repair> {
+    let host = Capture::HostProbe {
+        config: cfg.clone(),
+        members: members.to_vec(),
+    };
+    ns.apply_with(&host, AMBIENT_POLICY)?;
+    Ok(Repair {
+        at: SystemTime::now(),
+        kind: RepairKind::HostTable,
+        why,
+    })
 }
 
 /// What the node view says of a pod whose sandbox was torn down.
