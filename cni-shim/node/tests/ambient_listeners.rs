@@ -41,10 +41,17 @@ struct TestPod {
 }
 
 fn pod(n: &Node, name: &str, ip: &str, pid: u32) -> TestPod {
+    let p = sandbox(n, name, ip, pid);
+    running(&n.cp, "shop", name, ip);
+    p
+}
+
+/// A pod whose sandbox is made but whose status kubelet has not written yet: only the
+/// plugin's ADD enrolls it.
+fn sandbox(n: &Node, name: &str, ip: &str, pid: u32) -> TestPod {
     let uid = create_pod(&n.cp, "shop", name);
     let netns = pod_netns(&n.host, ip, &format!("v{name}"));
     n.proc.add(pid, &cgroupfs(&uid), 100, netns.path());
-    running(&n.cp, "shop", name, ip);
     TestPod {
         uid,
         name: name.into(),
@@ -206,7 +213,7 @@ fn a_pod_whose_listeners_were_never_made_is_never_enabled() {
     let agent = n.agent_as(&launch(EVERY_SECOND));
     let z = TestZtunnel::start(&n.socket);
     eventually("ztunnel connected", || (z.snapshots() >= 1).then_some(()));
-    let web = pod(&n, "web", "10.77.0.2", 4100);
+    let web = sandbox(&n, "web", "10.77.0.2", 4100);
     z.hollow(&web.uid);
     let out = web.cni(&n, "ADD");
     assert_ne!(out.code, 0, "ADD passed: {}", out.stdout);
@@ -215,8 +222,9 @@ fn a_pod_whose_listeners_were_never_made_is_never_enabled() {
         text.contains("listeners") && text.contains("15001/tcp"),
         "the ADD's error does not name the listeners: {text}"
     );
-    // The runtime would tear the sandbox down; the watch enrolls the pod meanwhile: still
-    // never enabled.
+    // kubelet writes its status (the watch enrolls it, found by its cgroup): still never
+    // enabled.
+    running(&n.cp, "shop", "web", "10.77.0.2");
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {
         assert_ne!(
