@@ -7,13 +7,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cni_protocol::seqpacket;
+use nix::sys::socket::SockType;
 use prost::Message;
 use redirect_testkit::TestNetns;
 use zds::proto::{Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
@@ -40,6 +41,8 @@ pub struct ZState {
     /// Pods named by the snapshot being received (ztunnel drops the others at its end).
     in_snapshot: BTreeSet<String>,
     pub snapshots: u32,
+    /// Connections it made to the agent (a new one each time the agent closed the last).
+    pub connections: u32,
     /// Each request, as `add <uid>`, `keep <uid>`, `del <uid>`, `snapshot-sent`.
     pub seen: Vec<String>,
     /// Adds of these pods are refused (a nack naming them).
@@ -81,7 +84,10 @@ impl TestZtunnel {
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) && r.load(Ordering::Relaxed) {
                 match connect_to(&path) {
-                    Some(sock) => serve(&sock, &s, &st),
+                    Some(sock) => {
+                        st.lock().unwrap().connections += 1;
+                        serve(&sock, &s, &st)
+                    }
                     None => std::thread::sleep(Duration::from_millis(100)),
                 }
             }
@@ -147,6 +153,11 @@ impl TestZtunnel {
 
     pub fn snapshots(&self) -> u32 {
         self.state.lock().unwrap().snapshots
+    }
+
+    /// Connections it made so far.
+    pub fn connections(&self) -> u32 {
+        self.state.lock().unwrap().connections
     }
 
     /// Whether a connection from `pod` to the outside lands on this ztunnel's outbound
@@ -270,12 +281,29 @@ fn handle(z: &mut ZState, r: WorkloadRequest, mut fds: Vec<OwnedFd>) -> Workload
 fn listeners_in(fd: OwnedFd) -> (Vec<TcpListener>, UdpSocket) {
     std::thread::spawn(move || {
         nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let tcp = PORTS
-            .iter()
-            .map(|p| TcpListener::bind(("0.0.0.0", *p)).unwrap())
-            .collect();
-        (tcp, UdpSocket::bind(("0.0.0.0", 15053)).unwrap())
+        let tcp = PORTS.iter().map(|p| listen_reusing(*p)).collect();
+        (tcp, UdpSocket::from(reusing(SockType::Datagram, 15053)))
     })
     .join()
     .unwrap()
+}
+
+/// A listener on `port` of the current namespace with `SO_REUSEPORT`, as ztunnel binds its
+/// in-pod listeners (`INPOD_PORT_REUSE`, on by default): during a rollout the old and the new
+/// ztunnel both listen in the same pod.
+fn listen_reusing(port: u16) -> TcpListener {
+    let sock = reusing(SockType::Stream, port);
+    nix::sys::socket::listen(&sock, nix::sys::socket::Backlog::new(128).unwrap()).unwrap();
+    TcpListener::from(sock)
+}
+
+/// A socket of `kind` bound to `port` (any address) with `SO_REUSEPORT`.
+fn reusing(kind: SockType, port: u16) -> OwnedFd {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockaddrIn,
+    };
+    let sock = socket(AddressFamily::Inet, kind, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    setsockopt(&sock, sockopt::ReusePort, &true).unwrap();
+    bind(sock.as_raw_fd(), &SockaddrIn::new(0, 0, 0, 0, port)).unwrap();
+    sock
 }
