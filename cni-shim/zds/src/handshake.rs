@@ -1,7 +1,7 @@
 //! ZDS's door and handshakes: the listener's thread lets hellos in (`gate`: silent peers cost
 //! no thread and delay no one), each hello's handshake runs on a thread of its own with its own
 //! deadlines, the snapshot sent without holding the server's lock, so a peer that stops
-//! answering delays no other; between connections, the idle one is watched for ztunnel's
+//! answering delays no other; between connections, each idle one is watched for ztunnel's
 //! hang-up.
 
 use std::collections::HashMap;
@@ -16,7 +16,7 @@ use cni_protocol::seqpacket::{self, Datagram};
 use prost::Message;
 
 use crate::proto::{WorkloadInfo, WorkloadRequest, ZdsHello, VERSION_V1};
-use crate::server::{bad, exchange, Conn, Inner, State};
+use crate::server::{bad, exchange, Conn, Inner, State, MAX_OPEN};
 use crate::wire;
 
 /// Connections that have not said hello, held at once (the oldest closed past that).
@@ -28,7 +28,7 @@ const HANDSHAKES: usize = 4;
 const LIVENESS: Duration = Duration::from_millis(100);
 
 /// The listener's thread: hellos let in by the door, each handshake on a thread of its own;
-/// the idle connection watched in between.
+/// the idle connections watched in between.
 pub(super) fn door(inner: &Arc<Inner>, listener: &OwnedFd) {
     let limits = Limits {
         waiting: WAITING_HELLOS,
@@ -104,7 +104,8 @@ fn start_handshake(inner: &Arc<Inner>, id: u64, sock: OwnedFd, hello: Datagram) 
 
 /// A connection's hello, then the snapshot: every pod held, sent without the server's lock
 /// (a ztunnel that stops answering holds up no one), then under the lock what changed
-/// meanwhile and `SnapshotSent`; then it becomes the connection requests go to.
+/// meanwhile and `SnapshotSent`; then it joins the connections open as the newest, the one
+/// that serves adds (the older ones stay open: during ztunnel's rollout both are connected).
 fn handshake(inner: &Inner, id: u64, sock: OwnedFd, hello: &Datagram) -> io::Result<()> {
     seqpacket::set_timeouts(&sock, inner.deadline)?;
     let version = hello_version(hello)?;
@@ -125,17 +126,40 @@ fn handshake(inner: &Inner, id: u64, sock: OwnedFd, hello: &Datagram) -> io::Res
         return Err(bad(&format!("a nack of snapshot-sent: {error}")));
     }
     let (held, refused) = (state.pods.len(), conn.refused.len());
-    if let Some(old) = state.conn.replace(conn) {
-        tracing::info!("ZDS connection {id} replaces connection {}", old.id);
-    }
+    state.conns.push(conn);
+    let closed = match state.conns.len() > MAX_OPEN {
+        true => Some(state.conns.remove(0).id),
+        false => None,
+    };
+    let older: Vec<String> = state.conns[..state.conns.len() - 1]
+        .iter()
+        .map(|c| c.id.to_string())
+        .collect();
     inner.connections.fetch_add(1, Ordering::Relaxed);
     drop(state);
+    if let Some(old) = closed {
+        tracing::warn!(
+            "ZDS: more than {MAX_OPEN} connections open: the oldest, connection {old}, closed \
+             (ztunnel is one process per node, two during its rollout)"
+        );
+    }
     tracing::info!(
         "ZDS connection {id}: ztunnel said hello (version {version}), got {held} pod(s) and \
-         the end of the snapshot{}",
+         the end of the snapshot{}; it serves adds{}",
         match refused {
             0 => String::new(),
             n => format!("; it refused {n} (sent again on the next pass)"),
+        },
+        match older.len() {
+            0 => String::new(),
+            1 => format!(
+                " (connection {} stays open for deletes, as in Istio: a ztunnel rollout)",
+                older[0]
+            ),
+            _ => format!(
+                " (connections {} stay open for deletes, as in Istio)",
+                older.join(", ")
+            ),
         }
     );
     inner.changed();

@@ -2,20 +2,24 @@
 //! (`/var/run/ztunnel/ztunnel.sock`, mode 0600 in a folder that must be the agent's alone),
 //! ztunnel connects and says hello, and the agent sends every pod it holds (its network
 //! namespace attached, or `keep` when the agent does not hold it) then `SnapshotSent`; after
-//! that, pods go to that connection one request in flight at a time, each answered by an ack
-//! or a nack in order. A newer connection replaces an older one (ztunnel restarted, or a
-//! second one during its rollout).
+//! that, requests go one at a time on each connection, each answered by an ack or a nack in
+//! order. Every connection that got its snapshot stays open until ztunnel closes it (or a
+//! request on it fails), as Istio's node agent keeps them: during ztunnel's rollout the old and
+//! the new ztunnel are both connected. The newest serves adds (the connection requests go to);
+//! a `del` goes to every connection open, so that the old ztunnel also stops serving a pod
+//! that is gone. When the newest closes, the next newest serves adds again.
 //!
 //! What ztunnel holds is read from its answers, per connection: a pod counts as served only
-//! when the current connection acked its add (of the namespace held now). A nack, or a new
-//! connection that has not acked it, leaves it unacked, and [`ZdsServer::unacked`] says what
-//! to send again; nothing is dropped because ztunnel refused it once.
+//! when the connection serving adds acked its add (of the namespace held now). A nack, or a
+//! connection that has not acked it (a new one, or an older one serving again), leaves it
+//! unacked, and [`ZdsServer::unacked`] says what to send again; nothing is dropped because
+//! ztunnel refused it once.
 //!
 //! Connections are let in by `gate` (silent peers cost no thread and delay no one); each
 //! hello's handshake runs on a thread of its own with its own deadlines, the snapshot sent
-//! without holding the server's lock, so a peer that stops answering delays no other. An idle
-//! connection is watched for ztunnel's hang-up (as Istio probes it), so that its death shows
-//! at once.
+//! without holding the server's lock, so a peer that stops answering delays no other. Each
+//! idle connection is watched for ztunnel's hang-up (as Istio probes it), so that its death
+//! shows at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -35,6 +39,10 @@ use crate::wire;
 
 /// ztunnel's deadline for each step; the agent uses the same.
 pub const DEADLINE: Duration = Duration::from_secs(5);
+
+/// Connections open at once; past that the oldest is closed. ztunnel is one process per node,
+/// two during its rollout (Istio sets no bound; each open connection costs a descriptor).
+pub const MAX_OPEN: usize = 8;
 
 /// What went wrong delivering a request to ztunnel.
 #[derive(Debug, thiserror::Error)]
@@ -69,10 +77,10 @@ pub enum Delivery {
     Queued,
 }
 
-/// What the current connection holds of one pod, as its answers said.
+/// What the connection serving adds (the newest) holds of one pod, as its answers said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
-    /// The current connection, if any.
+    /// The connection serving adds, if any is open.
     pub connection: Option<u64>,
     /// It acked the pod's add (or `keep`) of the namespace held now.
     pub acked: bool,
@@ -80,13 +88,22 @@ pub struct Held {
     pub refused: Option<String>,
 }
 
-/// The connection requests go to, as seen from outside.
+/// A connection, as seen from outside.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Connection {
     /// Its number, from 1 in the order connections arrived; the logs name it.
     pub id: u64,
     /// When its handshake began.
     pub since: SystemTime,
+}
+
+impl Connection {
+    fn of(c: &Conn) -> Connection {
+        Connection {
+            id: c.id,
+            since: c.since,
+        }
+    }
 }
 
 /// A pod to serve: who it is and, while the agent holds it, its network namespace; `gen`
@@ -110,8 +127,33 @@ pub(super) struct Conn {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) pods: BTreeMap<String, Workload>,
-    pub(super) conn: Option<Conn>,
+    /// Every connection open (each had its snapshot), oldest first: the last serves adds.
+    pub(super) conns: Vec<Conn>,
     pub(super) gen: u64,
+}
+
+impl State {
+    /// The connection serving adds: the newest.
+    fn newest(&self) -> Option<&Conn> {
+        self.conns.last()
+    }
+
+    fn conn_mut(&mut self, id: u64) -> Option<&mut Conn> {
+        self.conns.iter_mut().find(|c| c.id == id)
+    }
+
+    /// Who serves adds now, for the log.
+    pub(super) fn serving(&self) -> String {
+        match self.conns.as_slice() {
+            [] => "no ztunnel is connected".into(),
+            [only] => format!("connection {} serves", only.id),
+            [.., last] => format!(
+                "connection {} serves adds, {} connections open",
+                last.id,
+                self.conns.len()
+            ),
+        }
+    }
 }
 
 type OnChange = Box<dyn Fn() + Send + Sync>;
@@ -131,7 +173,7 @@ pub(super) struct Inner {
     pub(super) closed: Mutex<Closed>,
 }
 
-/// The ZDS server; dropping it stops accepting and closes the connection.
+/// The ZDS server; dropping it stops accepting and closes every connection.
 pub struct ZdsServer {
     inner: Arc<Inner>,
     path: PathBuf,
@@ -227,27 +269,31 @@ impl ZdsServer {
             .insert(uid.to_owned(), Workload { info, netns, gen });
     }
 
-    /// Sends `uid`'s add to the current connection unless it acked it already. A nack is
-    /// remembered (and the pod stays held, to be sent again); a failed connection is closed.
+    /// Sends `uid`'s add to the connection serving adds (the newest) unless it acked it
+    /// already; older connections get no adds (as Istio's `PodAdded`). A nack is remembered
+    /// (and the pod stays held, to be sent again); a failed connection is closed.
     pub fn sync(&self, uid: &str) -> Result<Delivery, ZdsError> {
         let mut state = self.inner.lock();
+        self.inner.drop_if_hung_up(&mut state);
         let Some(w) = state.pods.get(uid) else {
             return Ok(Delivery::Queued);
         };
         let gen = w.gen;
-        let acked = state
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.acked.get(uid) == Some(&gen));
-        if acked {
+        let Some(newest) = state.newest() else {
+            return Ok(Delivery::Queued);
+        };
+        if newest.acked.get(uid) == Some(&gen) {
             return Ok(Delivery::Acked);
         }
+        let id = newest.id;
         let Some(fd) = w.netns.as_ref().and_then(|f| f.try_clone().ok()) else {
             return Ok(Delivery::Queued);
         };
         let request = WorkloadRequest::add(uid, w.info.clone());
-        let result = self.inner.send(&mut state, &request, Some(fd.as_fd()));
-        if let Some(c) = state.conn.as_mut() {
+        let result = self
+            .inner
+            .send_to(&mut state, id, &request, Some(fd.as_fd()));
+        if let Some(c) = state.conn_mut(id) {
             match &result {
                 Ok(Delivery::Acked) => {
                     c.acked.insert(uid.to_owned(), gen);
@@ -275,20 +321,25 @@ impl ZdsServer {
         self.set(uid, info, None);
     }
 
-    /// Sends `uid` to the current connection again though it acked it: a `del`, then its
-    /// add. ztunnel takes a second add of the same namespace for done (it keeps its proxy
-    /// record even when the proxy's listeners are gone); a `del` first makes it start the
-    /// pod's proxy anew. The pod stays held whatever the answers.
+    /// Sends `uid` to the connection serving adds (the newest) again though it acked it: a
+    /// `del`, then its add. ztunnel takes a second add of the same namespace for done (it
+    /// keeps its proxy record even when the proxy's listeners are gone); a `del` first makes
+    /// it start the pod's proxy anew. Older connections are not told (their ztunnel is on its
+    /// way out and gets no adds). The pod stays held whatever the answers.
     pub fn readd(&self, uid: &str) -> Result<Delivery, ZdsError> {
         {
             let mut state = self.inner.lock();
+            self.inner.drop_if_hung_up(&mut state);
             if !state.pods.contains_key(uid) {
                 return Ok(Delivery::Queued);
             }
+            let Some(id) = state.newest().map(|c| c.id) else {
+                return Ok(Delivery::Queued);
+            };
             let sent = self
                 .inner
-                .send(&mut state, &WorkloadRequest::del(uid), None);
-            if let Some(c) = state.conn.as_mut() {
+                .send_to(&mut state, id, &WorkloadRequest::del(uid), None);
+            if let Some(c) = state.conn_mut(id) {
                 c.acked.remove(uid);
             }
             sent?;
@@ -296,25 +347,39 @@ impl ZdsServer {
         self.sync(uid)
     }
 
-    /// Releases a pod: forgotten here, `del` to ztunnel.
+    /// Releases a pod: forgotten here, `del` to every connection open (as Istio's
+    /// `PodDeleted`: an older ztunnel still serving it during a rollout stops too), the newest
+    /// first. `Acked` when each acked it; otherwise the first failure (every connection is
+    /// still told).
     pub fn del(&self, uid: &str) -> Result<Delivery, ZdsError> {
         let mut state = self.inner.lock();
         state.pods.remove(uid);
-        let sent = self
-            .inner
-            .send(&mut state, &WorkloadRequest::del(uid), None);
-        if let Some(c) = state.conn.as_mut() {
-            c.acked.remove(uid);
-            c.refused.remove(uid);
+        self.inner.drop_if_hung_up(&mut state);
+        let ids: Vec<u64> = state.conns.iter().rev().map(|c| c.id).collect();
+        let mut answer = match ids.is_empty() {
+            true => Ok(Delivery::Queued),
+            false => Ok(Delivery::Acked),
+        };
+        for id in ids {
+            let sent = self
+                .inner
+                .send_to(&mut state, id, &WorkloadRequest::del(uid), None);
+            if let Some(c) = state.conn_mut(id) {
+                c.acked.remove(uid);
+                c.refused.remove(uid);
+            }
+            if let (Err(e), Ok(_)) = (sent, &answer) {
+                answer = Err(e);
+            }
         }
-        sent
+        answer
     }
 
-    /// What the current connection holds of `uid`.
+    /// What the connection serving adds holds of `uid`.
     pub fn held(&self, uid: &str) -> Held {
         let state = self.inner.lock();
         let gen = state.pods.get(uid).map(|w| w.gen);
-        match &state.conn {
+        match state.newest() {
             None => Held {
                 connection: None,
                 acked: false,
@@ -328,11 +393,11 @@ impl ZdsServer {
         }
     }
 
-    /// The pods held that the current connection has not acked (none without a connection),
-    /// and could be sent (their namespace is held).
+    /// The pods held that the connection serving adds has not acked (none without a
+    /// connection), and could be sent (their namespace is held).
     pub fn unacked(&self) -> Vec<String> {
         let state = self.inner.lock();
-        let Some(c) = &state.conn else {
+        let Some(c) = state.newest() else {
             return Vec::new();
         };
         state
@@ -343,20 +408,18 @@ impl ZdsServer {
             .collect()
     }
 
-    /// Pods the current connection acked that are no longer held (released during its
-    /// handshake): each gets a `del`.
+    /// Pods a connection open acked that are no longer held (released during its
+    /// handshake): each gets a `del` (on every connection).
     pub fn release_leftovers(&self) -> Vec<(String, Result<Delivery, ZdsError>)> {
-        let left: Vec<String> = {
+        let left: std::collections::BTreeSet<String> = {
             let state = self.inner.lock();
-            match &state.conn {
-                Some(c) => c
-                    .acked
-                    .keys()
-                    .filter(|u| !state.pods.contains_key(*u))
-                    .cloned()
-                    .collect(),
-                None => Vec::new(),
-            }
+            state
+                .conns
+                .iter()
+                .flat_map(|c| c.acked.keys())
+                .filter(|u| !state.pods.contains_key(*u))
+                .cloned()
+                .collect()
         };
         left.into_iter()
             .map(|uid| {
@@ -366,12 +429,12 @@ impl ZdsServer {
             .collect()
     }
 
-    /// Looks at the idle connection now: closed when ztunnel hung up. Whether one is
+    /// Looks at each idle connection now: closed when its ztunnel hung up. Whether one is
     /// connected.
     pub fn check_alive(&self) -> bool {
         let mut state = self.inner.lock();
         self.inner.drop_if_hung_up(&mut state);
-        state.conn.is_some()
+        !state.conns.is_empty()
     }
 
     /// The pods held, by UID.
@@ -381,15 +444,18 @@ impl ZdsServer {
 
     /// Whether a ztunnel is connected (and has had its snapshot).
     pub fn connected(&self) -> bool {
-        self.inner.lock().conn.is_some()
+        !self.inner.lock().conns.is_empty()
     }
 
-    /// The current connection.
+    /// The connection serving adds: the newest open.
     pub fn connection(&self) -> Option<Connection> {
-        self.inner.lock().conn.as_ref().map(|c| Connection {
-            id: c.id,
-            since: c.since,
-        })
+        self.inner.lock().newest().map(Connection::of)
+    }
+
+    /// Every connection open, oldest first (the last serves adds): two during ztunnel's
+    /// rollout.
+    pub fn open(&self) -> Vec<Connection> {
+        self.inner.lock().conns.iter().map(Connection::of).collect()
     }
 
     /// Connections that got their snapshot so far.
@@ -435,16 +501,16 @@ impl Inner {
         }
     }
 
-    /// Sends `request` on the current connection and waits for its answer; on a failure the
-    /// connection is closed.
-    fn send(
+    /// Sends `request` on connection `id` and waits for its answer; on a failure the
+    /// connection is closed (the next newest then serves adds, if it was the newest).
+    fn send_to(
         &self,
         state: &mut State,
+        id: u64,
         request: &WorkloadRequest,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<Delivery, ZdsError> {
-        self.drop_if_hung_up(state);
-        let Some(conn) = &state.conn else {
+        let Some(conn) = state.conns.iter().find(|c| c.id == id) else {
             return Ok(Delivery::Queued);
         };
         match exchange(conn.sock.as_fd(), request, fd) {
@@ -454,12 +520,12 @@ impl Inner {
                 error,
             }),
             Err(source) => {
+                state.conns.retain(|c| c.id != id);
                 tracing::warn!(
-                    "ZDS connection {}: {} failed: {source}; closing it",
-                    conn.id,
-                    request.describe()
+                    "ZDS connection {id}: {} failed: {source}; closed it ({})",
+                    request.describe(),
+                    state.serving()
                 );
-                state.conn = None;
                 self.changed();
                 Err(ZdsError::Connection {
                     request: request.describe(),
@@ -469,18 +535,40 @@ impl Inner {
         }
     }
 
-    /// Closes the current connection if ztunnel hung up (or sent something unasked, which
-    /// breaks the one-answer-per-request order).
+    /// Closes each connection whose ztunnel hung up (or sent something unasked, which breaks
+    /// the one-answer-per-request order).
     fn drop_if_hung_up(&self, state: &mut State) {
-        if state.conn.as_ref().is_some_and(|c| hung_up(c.sock.as_fd())) {
-            let old = state.conn.take().map_or(0, |c| c.id);
-            tracing::warn!("ZDS connection {old}: ztunnel closed it; no ztunnel is connected");
-            self.changed();
+        let newest = state.newest().map(|c| c.id);
+        let mut gone = Vec::new();
+        state.conns.retain(|c| {
+            let dead = hung_up(c.sock.as_fd());
+            if dead {
+                gone.push(c.id);
+            }
+            !dead
+        });
+        if gone.is_empty() {
+            return;
         }
+        for id in gone {
+            // An older ztunnel leaving is the end of a rollout; the newest leaving is not.
+            if Some(id) == newest {
+                tracing::warn!(
+                    "ZDS connection {id}: ztunnel closed it; {}",
+                    state.serving()
+                );
+            } else {
+                tracing::info!(
+                    "ZDS connection {id}: ztunnel closed it; {}",
+                    state.serving()
+                );
+            }
+        }
+        self.changed();
     }
 
-    /// Run by the door's thread between connections: the idle connection looked at, unless
-    /// a request holds it (that request sees a hang-up itself).
+    /// Run by the door's thread between connections: each idle connection looked at, unless
+    /// a request holds the lock (that request sees a hang-up itself).
     pub(super) fn liveness(&self) {
         let Ok(mut state) = self.state.try_lock() else {
             return;

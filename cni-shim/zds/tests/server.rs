@@ -1,8 +1,9 @@
 //! The agent's ZDS server against a ztunnel of our own that speaks the protocol
 //! (`FakeZtunnel`): the hello and the snapshot, pods added and released, the namespace handed
 //! over (the fake binds its listeners inside the pod through the descriptor it received, and a
-//! connection from the pod lands on them), nacks, a ztunnel that hangs, reconnects, bad hellos,
-//! and what the socket path may hold.
+//! connection from the pod lands on them), nacks, a ztunnel that hangs, reconnects, two
+//! ztunnels connected at once (a rollout: adds to the newest, deletes to both), bad hellos, and
+//! what the socket path may hold.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -65,6 +66,21 @@ impl FakeZtunnel {
     /// Whether the agent closed this connection.
     fn closed(&self) -> bool {
         matches!(wire::recv(self.sock.as_fd()), Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof)
+    }
+
+    /// Whether the agent neither sent anything on this connection nor closed it (looked at
+    /// for 100 ms).
+    fn idle(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::from(100u8)).unwrap() == 0
+    }
+
+    /// Reads one request and acks it: the request.
+    fn ack_next(&self) -> WorkloadRequest {
+        let (r, _) = self.next();
+        self.answer(WorkloadResponse::ack());
+        r
     }
 }
 
@@ -256,8 +272,147 @@ fn pods_added_and_released_after_the_snapshot_are_acked_nacked_and_a_hung_ztunne
     assert_eq!(again, ["uid-c"]);
 }
 
+/// ztunnel's rollout: a second ztunnel connects while the first runs on. Both stay open (a
+/// new connection used to close the old, and real ztunnel reconnects at once: the two evicted
+/// each other); the second gets the whole snapshot with fresh descriptors and serves adds,
+/// the first gets none; a `del` goes to both (as Istio's `PodDeleted`); `readd` to the newest
+/// alone. When the newest goes, the first serves adds again: what it acked still counts, what
+/// it never had is unacked and sent to it.
 #[test]
-fn a_new_connection_replaces_the_old_and_gets_the_whole_snapshot_a_closed_one_is_noticed() {
+fn a_second_connection_serves_adds_the_first_stays_open_for_deletes() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
+    let ns = TestNetns::with_prefix("rdzds");
+    for uid in ["uid-0", "uid-1"] {
+        server.add(uid, info(uid), netns_fd(&ns)).unwrap();
+    }
+    let first = FakeZtunnel::hello(&socket_path(&dir));
+    assert_eq!(first.snapshot().len(), 2);
+    wait_connected(&server, 1);
+    let second = FakeZtunnel::hello(&socket_path(&dir));
+    let snap = second.snapshot();
+    assert_eq!(snap.len(), 2);
+    assert!(snap.iter().all(|(_, fds)| fds.len() == 1));
+    wait_connected(&server, 2);
+    let open: Vec<u64> = server.open().iter().map(|c| c.id).collect();
+    assert_eq!(open.len(), 2, "both connections open: {open:?}");
+    assert!(
+        first.idle(),
+        "the first connection was closed or sent something"
+    );
+    assert_eq!(server.connection().map(|c| c.id), Some(open[1]));
+    assert_eq!(server.held("uid-0").connection, Some(open[1]));
+    assert!(server.held("uid-0").acked);
+
+    // A new pod goes to the newest alone.
+    std::thread::scope(|s| {
+        let t = s.spawn(|| uid_of(&second.ack_next()));
+        let sent = server.add("uid-2", info("uid-2"), netns_fd(&ns)).unwrap();
+        assert_eq!(sent, Delivery::Acked);
+        assert_eq!(t.join().unwrap(), "uid-2");
+    });
+    assert!(first.idle(), "the older connection was sent an add");
+
+    // A release goes to both.
+    let (to_first, to_second) = std::thread::scope(|s| {
+        let (a, b) = (s.spawn(|| first.ack_next()), s.spawn(|| second.ack_next()));
+        assert_eq!(server.del("uid-1").unwrap(), Delivery::Acked);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for r in [&to_first, &to_second] {
+        assert!(
+            matches!(&r.payload, Some(Payload::Del(d)) if d.uid == "uid-1"),
+            "{r:?}"
+        );
+    }
+
+    // readd: del then add, to the newest alone.
+    let again = std::thread::scope(|s| {
+        let t = s.spawn(|| [second.ack_next(), second.ack_next()]);
+        assert_eq!(server.readd("uid-0").unwrap(), Delivery::Acked);
+        t.join().unwrap()
+    });
+    assert!(
+        matches!(again[0].payload, Some(Payload::Del(_))),
+        "{again:?}"
+    );
+    assert!(
+        matches!(again[1].payload, Some(Payload::Add(_))),
+        "{again:?}"
+    );
+    assert!(first.idle(), "the older connection was sent the readd");
+
+    // The newest goes: the first serves adds again. uid-0 it acked in its snapshot; uid-2 it
+    // never had.
+    drop(second);
+    cni_testkit::eventually(
+        "the newest's hang-up noticed",
+        Duration::from_secs(5),
+        || (server.open().len() == 1).then_some(()),
+    );
+    assert_eq!(server.connection().map(|c| c.id), Some(open[0]));
+    let held = server.held("uid-0");
+    assert_eq!(
+        (held.connection, held.acked),
+        (Some(open[0]), true),
+        "{held:?}"
+    );
+    assert!(!server.held("uid-2").acked);
+    assert_eq!(server.unacked(), ["uid-2"]);
+    std::thread::scope(|s| {
+        let t = s.spawn(|| uid_of(&first.ack_next()));
+        assert_eq!(server.sync("uid-2").unwrap(), Delivery::Acked);
+        assert_eq!(t.join().unwrap(), "uid-2");
+    });
+    assert!(server.unacked().is_empty());
+    // The last one goes: the next request is queued, not a failure.
+    drop(first);
+    assert!(!server.check_alive());
+    assert_eq!(server.del("uid-0").unwrap(), Delivery::Queued);
+    assert_eq!(server.enrolled(), ["uid-2"]);
+}
+
+/// The older of two connections hangs up while both are idle: noticed (not only the
+/// newest's hang-up), the newest serves on; whoever asked is told.
+#[test]
+fn an_older_connections_hang_up_is_noticed_too() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
+    let changes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = changes.clone();
+    server.on_change(move || {
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    let first = FakeZtunnel::hello(&socket_path(&dir));
+    assert!(first.snapshot().is_empty());
+    wait_connected(&server, 1);
+    let second = FakeZtunnel::hello(&socket_path(&dir));
+    assert!(second.snapshot().is_empty());
+    wait_connected(&server, 2);
+    let newest = server.connection().unwrap().id;
+    let before = changes.load(std::sync::atomic::Ordering::Relaxed);
+    drop(first);
+    cni_testkit::eventually(
+        "the older's hang-up noticed",
+        Duration::from_secs(3),
+        || (server.open().len() == 1).then_some(()),
+    );
+    assert_eq!(server.connection().map(|c| c.id), Some(newest));
+    assert!(server.check_alive());
+    assert!(changes.load(std::sync::atomic::Ordering::Relaxed) > before);
+    assert!(second.idle());
+}
+
+/// A `del` while the older connection hangs: the newest still gets it, the hung one is closed
+/// at the deadline, and the answer says so.
+#[test]
+fn a_del_reaches_the_newest_though_an_older_connection_hangs() {
     if !kernel_tests_enabled() {
         return;
     }
@@ -265,31 +420,44 @@ fn a_new_connection_replaces_the_old_and_gets_the_whole_snapshot_a_closed_one_is
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let ns = TestNetns::with_prefix("rdzds");
     server.add("uid-1", info("web-1"), netns_fd(&ns)).unwrap();
-    let first = FakeZtunnel::hello(&socket_path(&dir));
-    assert_eq!(first.snapshot().len(), 1);
+    let hung = FakeZtunnel::hello(&socket_path(&dir));
+    assert_eq!(hung.snapshot().len(), 1);
     wait_connected(&server, 1);
-    // ztunnel restarted: a second connection gets everything again with a fresh descriptor,
-    // and new pods go to it.
-    let second = FakeZtunnel::hello(&socket_path(&dir));
-    let snap = second.snapshot();
-    assert_eq!(snap.len(), 1);
-    assert_eq!(snap[0].1.len(), 1);
+    let newest = FakeZtunnel::hello(&socket_path(&dir));
+    assert_eq!(newest.snapshot().len(), 1);
     wait_connected(&server, 2);
-    assert!(first.closed(), "the replaced connection was closed");
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            second.next();
-            second.answer(WorkloadResponse::ack());
-        });
-        assert_eq!(
-            server.add("uid-2", info("web-2"), netns_fd(&ns)).unwrap(),
-            Delivery::Acked
-        );
+    let got = std::thread::scope(|s| {
+        let t = s.spawn(|| newest.ack_next());
+        let err = server.del("uid-1").unwrap_err();
+        assert!(matches!(err, ZdsError::Connection { .. }), "{err}");
+        t.join().unwrap()
     });
-    // ztunnel goes away: the next request is queued, not a failure.
-    drop(second);
-    assert_eq!(server.del("uid-1").unwrap(), Delivery::Queued);
-    assert_eq!(server.enrolled(), ["uid-2"]);
+    assert!(matches!(got.payload, Some(Payload::Del(_))), "{got:?}");
+    let (r, _) = hung.next();
+    assert!(matches!(r.payload, Some(Payload::Del(_))), "{r:?}");
+    assert!(hung.closed(), "the hung connection was closed");
+    assert_eq!(server.open().len(), 1);
+    assert!(server.connected());
+}
+
+/// More than `MAX_OPEN` connections at once: the oldest is closed, the rest stay.
+#[test]
+fn past_max_open_the_oldest_connection_is_closed() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
+    let mut all = Vec::new();
+    for n in 1..=zds::server::MAX_OPEN + 1 {
+        let z = FakeZtunnel::hello(&socket_path(&dir));
+        assert!(z.snapshot().is_empty());
+        wait_connected(&server, n as u64);
+        all.push(z);
+    }
+    assert!(all[0].closed(), "the oldest stayed open");
+    assert_eq!(server.open().len(), zds::server::MAX_OPEN);
+    assert!(all[1..].iter().all(FakeZtunnel::idle));
 }
 
 #[test]
