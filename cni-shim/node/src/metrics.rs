@@ -401,8 +401,9 @@ impl Metrics {
             .inc();
     }
 
-    /// The data plane as it stands: pods by stage, ztunnel's connection.
-    pub fn set_ambient(&self, enabled: usize, pending: usize, connected: bool, connections: u64) {
+    /// The data plane as it stands: pods by stage, ztunnel's connections open now (two during
+    /// its rollout) and made so far.
+    pub fn set_ambient(&self, enabled: usize, pending: usize, open: usize, connections: u64) {
         let a = &self.ambient;
         a.pods
             .get_or_create(&StageLabels { stage: "enabled" })
@@ -410,9 +411,10 @@ impl Metrics {
         a.pods
             .get_or_create(&StageLabels { stage: "pending" })
             .set(pending as i64);
-        a.connected.set(i64::from(connected));
-        // One connection serves at a time (a new one replaces the old).
-        a.ztunnel_connected.set(i64::from(connected));
+        a.connected.set(i64::from(open > 0));
+        // Istio's gauge counts the connections open, as its connMgr does.
+        a.ztunnel_connected
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
         let before = a
             .seen
             .swap(connections, std::sync::atomic::Ordering::Relaxed);

@@ -100,7 +100,7 @@ pub(crate) struct HostView {
     pub branch_eni_rules: Vec<String>,
 }
 
-/// What the current ZDS connection holds of a pod.
+/// What the ZDS connection serving adds (the newest open) holds of a pod.
 #[derive(Clone, Debug, serde::Serialize)]
 pub(crate) struct ZtunnelView {
     pub connection: Option<u64>,
@@ -162,10 +162,13 @@ pub(crate) struct PodEntry {
 pub(crate) struct ZtunnelState {
     pub socket: String,
     pub connected: bool,
+    /// The connection serving adds (the newest open), and since when.
     pub connection: Option<u64>,
     pub connected_since: Option<String>,
     /// Connections that got their snapshot since the agent started.
     pub connections: u64,
+    /// Connections open now: 1, or 2 while ztunnel rolls out (the older gets deletes only).
+    pub connections_open: usize,
     /// Connections closed before their hello.
     pub closed_silent: u64,
 }

@@ -1048,3 +1048,110 @@ fn a_sandbox_restart_is_not_taken_for_a_repair() {
     });
     assert_eq!(repairs(), 0.0, "{}", agent.log());
 }
+
+/// The agent's view's ztunnel part (`ambient.ztunnel` of `/debug/node`).
+fn ztunnel_view(n: &Node) -> Option<serde_json::Value> {
+    let (code, body) = common::unix_get(&debug_socket(n), "/debug/node")?;
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    Some(v["ambient"]["ztunnel"].clone())
+}
+
+/// Issue 47, item 3: a rolling ztunnel upgrade. ztunnel A serves the pods; the new
+/// DaemonSet's ztunnel B connects while A runs on. Both stay connected (each connects once and
+/// gets one snapshot: a new connection used to close the old, and each ztunnel reconnecting at
+/// once made them evict each other); a new pod's add goes to B alone; a pod deleted meanwhile
+/// is deleted on both (Istio sends deletes to every connection); A stops and the pods stay
+/// enabled, served by B, nothing sent again.
+#[test]
+fn a_rolling_ztunnel_upgrade_keeps_both_connections_adds_go_to_the_newest() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let db = pod(&n, "db", "10.77.0.5", 4300, true);
+    let _agent = n.agent_with(MONITORED);
+    let a = TestZtunnel::start(&n.socket);
+    wait_enabled(&n, &web, &a);
+    wait_enabled(&n, &db, &a);
+
+    let b = TestZtunnel::start(&n.socket);
+    eventually("B's snapshot", || (b.snapshots() >= 1).then_some(()));
+    // Both run side by side for 5 s, as during a DaemonSet's rolling update: count what each did.
+    std::thread::sleep(Duration::from_secs(5));
+    let counted = [
+        a.connections(),
+        b.connections(),
+        a.snapshots(),
+        b.snapshots(),
+    ];
+    assert_eq!(
+        counted,
+        [1, 1, 1, 1],
+        "over 5 s: A's connections, B's, A's snapshots, B's (they evicted each other)"
+    );
+    let gauge = || common::metric(&metrics(&n), "ztunnel_connected", &[]);
+    eventually("Istio's gauge at 2", || (gauge() == 2.0).then_some(()));
+    let view = eventually("the view: two connections open", || {
+        ztunnel_view(&n).filter(|z| z["connections_open"] == 2)
+    });
+    assert_eq!(view["connected"], true, "{view:#}");
+    let serving = view["connection"].clone();
+    assert!(serving.is_u64(), "{view:#}");
+    for p in [&web, &db] {
+        assert!(
+            a.serves(&p.uid) && b.serves(&p.uid),
+            "{} not on both",
+            p.name
+        );
+    }
+
+    // A new pod: its add goes to B, the newest; A never hears of it.
+    let api = pod(&n, "api", "10.77.0.3", 4200, false);
+    let out = api.add(&n);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    assert!(b.serves(&api.uid), "B did not get api: {:?}", b.seen());
+    assert!(b.lands(&api.netns, &api.uid), "api's connections not on B");
+    let add_api = format!("add {}", api.uid);
+    assert!(!a.seen().contains(&add_api), "A got api: {:?}", a.seen());
+    wait_enabled(&n, &api, &b);
+
+    // web deleted while both run: both are told.
+    n.cp.kubectl_ok(&["delete", "pod", "web", "-n", "shop", "--wait=false"]);
+    let del_web = format!("del {}", web.uid);
+    eventually("web deleted on A and B", || {
+        (a.seen().contains(&del_web) && b.seen().contains(&del_web)).then_some(())
+    });
+    assert!(!a.serves(&web.uid) && !b.serves(&web.uid));
+
+    // A's pod is stopped: B serves on, the pods stay enabled, nothing is sent again.
+    let b_seen = b.seen();
+    a.stop_reconnecting();
+    drop(a);
+    eventually("A's connection gone", || {
+        ztunnel_view(&n).filter(|z| z["connections_open"] == 1)
+    });
+    eventually("Istio's gauge at 1", || (gauge() == 1.0).then_some(()));
+    let passes = || {
+        common::metric(
+            &metrics(&n),
+            "redirect_cni_ambient_reconcile_passes_total",
+            &[],
+        )
+    };
+    let after = passes();
+    eventually("two passes since A left", || {
+        (passes() >= after + 2.0).then_some(())
+    });
+    let view = ztunnel_view(&n).unwrap();
+    assert_eq!(view["connection"], serving, "B no longer serves: {view:#}");
+    for p in [&db, &api] {
+        assert_eq!(p.annotation(&n).as_deref(), Some("enabled"), "{}", p.name);
+        assert!(b.serves(&p.uid), "{} not on B", p.name);
+    }
+    assert!(b.lands(&db.netns, &db.uid), "db's connections not on B");
+    assert_eq!(b.seen(), b_seen, "B was sent something again when A left");
+    assert_eq!((b.connections(), b.snapshots()), (1, 1));
+}

@@ -153,7 +153,7 @@ fn every_metric_is_documented_and_exists() {
     use cni_node::repair::detect::Action;
     use cni_protocol::events::Event;
     let m = Metrics::new(Some(Action::Repair.metric_type()), true).with_ambient();
-    m.set_ambient(1, 0, true, 1);
+    m.set_ambient(1, 0, 1, 1);
     m.ambient_failed();
     m.ambient_pass(std::time::Duration::from_millis(2));
     m.ambient_repair("pod_rules");

@@ -720,7 +720,7 @@ impl Controller {
         self.metrics.set_ambient(
             enabled,
             uids.len() - enabled,
-            dp.zds().connected(),
+            dp.zds().open().len(),
             dp.zds().connections(),
         );
     }
@@ -740,6 +740,7 @@ impl Controller {
                         connection: conn.as_ref().map(|c| c.id),
                         connected_since: conn.map(|c| rfc3339(c.since)),
                         connections: dp.zds().connections(),
+                        connections_open: dp.zds().open().len(),
                         closed_silent: closed.evicted + closed.timed_out,
                     },
                     host_probe: dp.host(),
@@ -797,7 +798,7 @@ fn pod_state(
     if !p.ztunnel.acked {
         return (
             "pending",
-            Some("the current ztunnel connection has not acked it".into()),
+            Some("the ztunnel connection serving adds has not acked it".into()),
         );
     }
     if let Some(l) = p.ztunnel.listeners.as_ref().filter(|l| !l.seen) {
