@@ -281,12 +281,19 @@ impl Namespace {
         capture: &Capture,
         seen: Option<u32>,
     ) -> Result<(Vec<Mismatch>, Option<u32>)> {
+        // Nothing committed since: no plan, no dump; the routes alone (most passes).
+        if let Some(at) = kernel_capture::unchanged_since(self.backend(), seen)? {
+            return Ok((
+                kernel_capture::check_routes(self.backend(), capture)?,
+                Some(at),
+            ));
+        }
         let rs = capture.plan(&SystemGroups)?;
         Ok(kernel_capture::check_since(
             self.backend(),
             capture,
             &rs,
-            seen,
+            None,
         )?)
     }
 

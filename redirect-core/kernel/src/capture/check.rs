@@ -141,6 +141,14 @@ pub fn compare(
         .into_iter()
         .map(Mismatch::Rules)
         .collect();
+    out.extend(compare_routes(routes, seen));
+    out
+}
+
+/// The routes alone: what `routes` needs that `seen` lacks (the TPROXY policy routing of each
+/// family, `::6` on `lo`).
+pub fn compare_routes(routes: &Routes, seen: &RoutesSeen) -> Vec<Mismatch> {
+    let mut out = Vec::new();
     if routes.policy.is_some() {
         for &family in &routes.families {
             if !seen.tproxy_complete(family) {

@@ -19,7 +19,7 @@ use redirect_model::{Capture, Family, HostProbeConfig, Routes, Ruleset};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::nft::{self, Applied, TableState};
+use crate::nft::{Applied, TableState};
 use crate::routes::TproxyRouting;
 
 /// The TPROXY mark and route table a sidecar's config names, whether or not it uses them.
@@ -127,17 +127,13 @@ pub fn check_since(
     rs: &Ruleset,
     seen: Option<u32>,
 ) -> Result<(Vec<Mismatch>, Option<u32>)> {
-    let unchanged = match (seen, k.generation()?) {
-        (Some(seen), Some(now)) => seen == now,
-        _ => false,
-    };
     let routes = c.routes();
-    let (generation, table) = if unchanged {
-        // Equal at `seen`, nothing committed since: the plan's own state.
-        (seen, Some(nft::expected(rs)))
-    } else {
-        k.read_named(c.table())?
-    };
+    if let Some(seen) = unchanged_since(k, seen)? {
+        // Equal at `seen`, nothing committed since: the table is as it read back, only the
+        // routes (which no generation covers) are read.
+        return Ok((check_routes(k, c)?, Some(seen)));
+    }
+    let (generation, table) = k.read_named(c.table())?;
     let found = RoutesSeen::read_for(k, &routes)?;
     let out = compare(&routes, rs, table.as_ref(), &found);
     let equal_at = if out.iter().any(Mismatch::is_rules) {
@@ -146,6 +142,22 @@ pub fn check_since(
         generation
     };
     Ok((out, equal_at))
+}
+
+/// The routes `c` needs that the namespace lacks, read without its table.
+pub fn check_routes(k: &dyn Backend, c: &Capture) -> Result<Vec<Mismatch>> {
+    let routes = c.routes();
+    let found = RoutesSeen::read_for(k, &routes)?;
+    Ok(check::compare_routes(&routes, &found))
+}
+
+/// `seen` when the namespace's ruleset generation is still `seen` (nothing was committed
+/// since our table last read back equal), else `None`.
+pub fn unchanged_since(k: &dyn Backend, seen: Option<u32>) -> Result<Option<u32>> {
+    Ok(match (seen, k.generation()?) {
+        (Some(seen), Some(now)) if seen == now => Some(seen),
+        _ => None,
+    })
 }
 
 /// Add pod addresses to the host probe's sets of `cfg`, in one batch. When the table is not
