@@ -15,7 +15,9 @@
 //! `cargo bench -p cni-node --bench ambient_pass` (root; `cargo test` runs it with 3 pods and
 //! a short window). With `BRANCH_ENI=1`, every pod is laid out as aws-vpc-cni lays out a pod
 //! behind a branch ENI (its host route in a table of its own, an `iif` rule into it, the node's
-//! `tcp_early_demux` 0): the pass then also reads back two ip rules per pod.
+//! `tcp_early_demux` 0): the pass then also reads back two ip rules per pod. With
+//! `CHECK_LISTENERS=0`, the agent does not read ztunnel's listeners in each pod
+//! (`AMBIENT_CHECK_LISTENERS=false`): the difference is that read's cost.
 
 use std::time::{Duration, Instant};
 
@@ -60,9 +62,19 @@ fn main() {
         running(&n.cp, "shop", &name, &ip);
         netns.push(ns);
     }
+    // CHECK_LISTENERS=0: the pass without the read of ztunnel's listeners in each pod.
+    let listeners = if std::env::var("CHECK_LISTENERS").is_ok_and(|v| v == "0") {
+        "false"
+    } else {
+        "true"
+    };
+    let env = [
+        ("AMBIENT_RECONCILE_INTERVAL", "1s"),
+        ("AMBIENT_CHECK_LISTENERS", listeners),
+    ];
     let launch = Launch {
         args: &["--monitoring-port=15014"],
-        env: &[("AMBIENT_RECONCILE_INTERVAL", "1s")],
+        env: &env,
         ..Launch::default()
     };
     let agent = n.agent_as(&launch);

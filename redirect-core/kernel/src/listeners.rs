@@ -148,6 +148,23 @@ impl SockDiag {
         Ok(out)
     }
 
+    /// The ports of `wanted` no socket listens on, dumping only what is needed: each
+    /// protocol's IPv6 sockets first (a dual-stack `[::]` listener serves IPv4 too), its IPv4
+    /// ones only while one of its ports is still missing.
+    pub fn missing(&mut self, wanted: &[Port]) -> Result<Vec<Port>, Error> {
+        let mut left: Vec<Port> = wanted.to_vec();
+        for transport in [Transport::Tcp, Transport::Udp] {
+            for family in [AF_INET6, AF_INET] {
+                if !left.iter().any(|p| p.transport == transport) {
+                    break;
+                }
+                let found = self.dump(transport, family)?;
+                left = missing(&left, &found);
+            }
+        }
+        Ok(left)
+    }
+
     /// Every listening TCP and bound, unconnected UDP socket.
     pub fn all(&mut self) -> Result<Vec<Listener>, Error> {
         let mut out = self.listening(Transport::Tcp)?;

@@ -71,6 +71,7 @@ fn listening_sockets_are_listed_and_connected_ones_are_not() {
         port(15053, Transport::Udp),
     ];
     assert!(missing(&ztunnel, &seen).is_empty());
+    assert!(diag.missing(&ztunnel).unwrap().is_empty());
 
     // The outbound listener and the DNS one over UDP close: those two are missing, read by
     // the same socket (no new entry into the namespace).
@@ -80,6 +81,10 @@ fn listening_sockets_are_listed_and_connected_ones_are_not() {
     let seen = diag.all().unwrap();
     assert_eq!(
         missing(&ztunnel, &seen),
+        [port(15001, Transport::Tcp), port(15053, Transport::Udp)]
+    );
+    assert_eq!(
+        diag.missing(&ztunnel).unwrap(),
         [port(15001, Transport::Tcp), port(15053, Transport::Udp)]
     );
     drop((inbound, plain, dns_tcp));

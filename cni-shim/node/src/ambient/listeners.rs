@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use redirect_core::ambient::{DNS_PORT, HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT};
-use redirect_core::listeners::{missing, Port, SockDiag, Transport};
+use redirect_core::listeners::{Port, SockDiag, Transport};
 use redirect_core::{AmbientConfig, Netns};
 
 use crate::node_view::ListenersView;
@@ -58,7 +58,7 @@ impl PodListeners {
     /// Reads the pod's listeners in `netns`: the ports of `wanted` missing, or why they
     /// could not be read.
     pub(crate) fn read(&mut self, netns: &Netns, wanted: &[Port]) -> Result<Vec<Port>, String> {
-        let found = self.listening(netns).map(|l| missing(wanted, &l));
+        let found = self.lacking_of(netns, wanted);
         let now = SystemTime::now();
         self.checked = Some(now);
         match found {
@@ -84,15 +84,13 @@ impl PodListeners {
         }
     }
 
-    fn listening(
-        &mut self,
-        netns: &Netns,
-    ) -> Result<Vec<redirect_core::listeners::Listener>, String> {
+    /// The ports of `wanted` missing, on the socket opened in the pod at the first read.
+    fn lacking_of(&mut self, netns: &Netns, wanted: &[Port]) -> Result<Vec<Port>, String> {
         if self.diag.is_none() {
             self.diag = Some(SockDiag::open_in(netns).map_err(|e| e.to_string())?);
         }
         let diag = self.diag.as_mut().expect("opened above");
-        diag.all().map_err(|e| e.to_string())
+        diag.missing(wanted).map_err(|e| e.to_string())
     }
 
     /// Whether the last read found a listener missing.

@@ -474,9 +474,7 @@ impl Controller {
             .then(|| super::listeners::wanted(&cfg));
         let checked = tokio::task::spawn_blocking(move || {
             let lacking = wanted.map(|w| {
-                redirect_core::listeners::SockDiag::open_in(&netns)
-                    .and_then(|mut d| d.all())
-                    .map(|l| redirect_core::listeners::missing(&w, &l))
+                redirect_core::listeners::SockDiag::open_in(&netns).and_then(|mut d| d.missing(&w))
             });
             let capture = redirect_core::Capture::Ambient(cfg);
             let rules =
