@@ -32,7 +32,7 @@ use common::ambient::{create_pod, pod_netns, running, Launch, Node};
 use common::host_proc::cgroupfs;
 use redirect_testkit::{kernel_tests_enabled, TestNetns};
 use support::ztunnel::TestZtunnel;
-use support::{has_rules, probe_members, redirection, resource_version, threads_and_fds};
+use support::{has_rules, pod, probe_members, resource_version, threads_and_fds, TestPod};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// The agent's monitoring port in the node's namespace.
@@ -41,47 +41,6 @@ const MONITORED: &[&str] = &["--monitoring-port=15014"];
 
 fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     common::eventually(what, WAIT, f)
-}
-
-/// A pod of namespace `shop` on the node: created, its namespace with `ip`, a process of it in
-/// the host's `/proc` (pid `pid`); running with its address when `status`.
-struct TestPod {
-    uid: String,
-    name: String,
-    ip: String,
-    netns: TestNetns,
-}
-
-fn pod(n: &Node, name: &str, ip: &str, pid: u32, status: bool) -> TestPod {
-    let uid = create_pod(&n.cp, "shop", name);
-    let netns = pod_netns(&n.host, ip, &format!("v{name}"));
-    n.proc.add(pid, &cgroupfs(&uid), 100, netns.path());
-    if status {
-        running(&n.cp, "shop", name, ip);
-    }
-    TestPod {
-        uid,
-        name: name.into(),
-        ip: ip.into(),
-        netns,
-    }
-}
-
-impl TestPod {
-    fn annotation(&self, n: &Node) -> Option<String> {
-        redirection(&n.cp, "shop", &self.name)
-    }
-
-    fn add(&self, n: &Node) -> common::Out {
-        n.cni(
-            "ADD",
-            &self.netns,
-            "shop",
-            &self.name,
-            &self.uid,
-            &[self.ip.as_str()],
-        )
-    }
 }
 
 fn wait_enabled(n: &Node, p: &TestPod, z: &TestZtunnel) {

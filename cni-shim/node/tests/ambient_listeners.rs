@@ -10,11 +10,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use common::ambient::{create_pod, pod_netns, running, Launch, Node};
-use common::host_proc::cgroupfs;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
-use support::redirection;
+use common::ambient::{running, Launch, Node};
+use redirect_testkit::kernel_tests_enabled;
 use support::ztunnel::TestZtunnel;
+use support::{pod, TestPod};
 
 const WAIT: Duration = Duration::from_secs(30);
 const PORT: u16 = 15014;
@@ -33,54 +32,11 @@ fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     common::eventually(what, WAIT, f)
 }
 
-struct TestPod {
-    uid: String,
-    name: String,
-    ip: String,
-    netns: TestNetns,
-}
-
-fn pod(n: &Node, name: &str, ip: &str, pid: u32) -> TestPod {
-    let p = sandbox(n, name, ip, pid);
-    running(&n.cp, "shop", name, ip);
-    p
-}
-
-/// A pod whose sandbox is made but whose status kubelet has not written yet: only the
-/// plugin's ADD enrolls it.
-fn sandbox(n: &Node, name: &str, ip: &str, pid: u32) -> TestPod {
-    let uid = create_pod(&n.cp, "shop", name);
-    let netns = pod_netns(&n.host, ip, &format!("v{name}"));
-    n.proc.add(pid, &cgroupfs(&uid), 100, netns.path());
-    TestPod {
-        uid,
-        name: name.into(),
-        ip: ip.into(),
-        netns,
-    }
-}
-
-impl TestPod {
-    fn annotation(&self, n: &Node) -> Option<String> {
-        redirection(&n.cp, "shop", &self.name)
-    }
-
-    fn cni(&self, n: &Node, command: &str) -> common::Out {
-        n.cni(
-            command,
-            &self.netns,
-            "shop",
-            &self.name,
-            &self.uid,
-            &[self.ip.as_str()],
-        )
-    }
-
-    fn wait_for(&self, n: &Node, value: &str) {
-        eventually(&format!("{} {value}", self.name), || {
-            (self.annotation(n).as_deref() == Some(value)).then_some(())
-        });
-    }
+/// Waits for `p`'s annotation to read `value`.
+fn wait_for(p: &TestPod, n: &Node, value: &str) {
+    eventually(&format!("{} {value}", p.name), || {
+        (p.annotation(n).as_deref() == Some(value)).then_some(())
+    });
 }
 
 fn metric(n: &Node, line: &str) -> Option<u64> {
@@ -108,12 +64,12 @@ fn a_pod_whose_listeners_close_is_pending_within_a_pass_and_enabled_when_they_re
     let agent = n.agent_as(&launch(EVERY_SECOND));
     let z = TestZtunnel::start(&n.socket);
     eventually("ztunnel connected", || (z.snapshots() >= 1).then_some(()));
-    let web = pod(&n, "web", "10.77.0.2", 4100);
-    let api = pod(&n, "api", "10.77.0.3", 4101);
+    let web = pod(&n, "web", "10.77.0.2", 4100, true);
+    let api = pod(&n, "api", "10.77.0.3", 4101, true);
     for p in [&web, &api] {
         let out = p.cni(&n, "ADD");
         assert_eq!(out.code, 0, "ADD {}: {}{}", p.name, out.stdout, out.stderr);
-        p.wait_for(&n, "enabled");
+        wait_for(p, &n, "enabled");
     }
     assert_eq!(listener_repairs(&n), 0, "{}", agent.log());
 
@@ -121,7 +77,7 @@ fn a_pod_whose_listeners_close_is_pending_within_a_pass_and_enabled_when_they_re
     z.hollow(&web.uid);
     z.close_listeners(&web.uid);
     let lost = Instant::now();
-    web.wait_for(&n, "pending");
+    wait_for(&web, &n, "pending");
     let took = lost.elapsed();
     assert!(
         took < Duration::from_secs(3),
@@ -182,7 +138,7 @@ fn a_pod_whose_listeners_close_is_pending_within_a_pass_and_enabled_when_they_re
     // The listeners return: enabled at the next pass.
     z.whole(&web.uid);
     z.open_listeners(&web.uid);
-    web.wait_for(&n, "enabled");
+    wait_for(&web, &n, "enabled");
     let out = web.cni(&n, "CHECK");
     assert_eq!(out.code, 0, "CHECK: {}{}", out.stdout, out.stderr);
 
@@ -213,7 +169,7 @@ fn a_pod_whose_listeners_were_never_made_is_never_enabled() {
     let agent = n.agent_as(&launch(EVERY_SECOND));
     let z = TestZtunnel::start(&n.socket);
     eventually("ztunnel connected", || (z.snapshots() >= 1).then_some(()));
-    let web = sandbox(&n, "web", "10.77.0.2", 4100);
+    let web = pod(&n, "web", "10.77.0.2", 4100, false);
     z.hollow(&web.uid);
     let out = web.cni(&n, "ADD");
     assert_ne!(out.code, 0, "ADD passed: {}", out.stdout);
@@ -241,5 +197,5 @@ fn a_pod_whose_listeners_were_never_made_is_never_enabled() {
         ("AMBIENT_RECONCILE_INTERVAL", "1s"),
         ("AMBIENT_CHECK_LISTENERS", "false"),
     ]));
-    web.wait_for(&n, "enabled");
+    wait_for(&web, &n, "enabled");
 }

@@ -4,8 +4,58 @@
 
 pub mod ztunnel;
 
+use cni_testkit::ambient::{create_pod, pod_netns, running, Node};
 use cni_testkit::apiserver::ControlPlane;
+use cni_testkit::host_proc::cgroupfs;
 use redirect_testkit::TestNetns;
+
+/// A pod of namespace `shop` on the node: created, its namespace with `ip` (its veth peer
+/// `v<name>` in the node), a process of it in the host's `/proc` (pid `pid`); running with its
+/// address when `status` (else only the plugin's ADD enrolls it).
+pub struct TestPod {
+    pub uid: String,
+    pub name: String,
+    pub ip: String,
+    pub netns: TestNetns,
+}
+
+pub fn pod(n: &Node, name: &str, ip: &str, pid: u32, status: bool) -> TestPod {
+    let uid = create_pod(&n.cp, "shop", name);
+    let netns = pod_netns(&n.host, ip, &format!("v{name}"));
+    n.proc.add(pid, &cgroupfs(&uid), 100, netns.path());
+    if status {
+        running(&n.cp, "shop", name, ip);
+    }
+    TestPod {
+        uid,
+        name: name.into(),
+        ip: ip.into(),
+        netns,
+    }
+}
+
+impl TestPod {
+    /// Its `ambient.istio.io/redirection`.
+    pub fn annotation(&self, n: &Node) -> Option<String> {
+        redirection(&n.cp, "shop", &self.name)
+    }
+
+    /// The plugin's `command` (ADD, CHECK, DEL) for it, as the runtime calls it.
+    pub fn cni(&self, n: &Node, command: &str) -> cni_testkit::Out {
+        n.cni(
+            command,
+            &self.netns,
+            "shop",
+            &self.name,
+            &self.uid,
+            &[self.ip.as_str()],
+        )
+    }
+
+    pub fn add(&self, n: &Node) -> cni_testkit::Out {
+        self.cni(n, "ADD")
+    }
+}
 
 /// A connection from the node as `uid` (kubelet's, or any other process's) to `ip`:8080, as
 /// "nowhere (connect: ...)" when it fails within 2 s.
