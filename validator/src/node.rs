@@ -263,8 +263,13 @@ fn table(doc: &Value) -> String {
 fn ambient_lines(a: &Value) -> String {
     let z = &a["ztunnel"];
     let conn = if z["connected"].as_bool() == Some(true) {
+        // During a ztunnel rollout the old connection stays open for deletes.
+        let open = match z["connections_open"].as_u64() {
+            Some(n) if n > 1 => format!(", {n} open: the newest serves adds"),
+            _ => String::new(),
+        };
         format!(
-            "connected (connection {} since {})",
+            "connected (connection {} since {}{open})",
             s(&z["connection"]),
             s(&z["connected_since"])
         )
@@ -500,6 +505,21 @@ mod tests {
         assert!(line("books/reviews").contains("  -  "), "{t}");
         assert!(
             t.lines().next_back().is_some() && t.contains("LISTENERS"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn two_open_connections_during_a_rollout_are_said() {
+        let mut d = doc();
+        let first = table(&d);
+        assert!(!first.contains(" open:"), "{first}");
+        d["ambient"]["ztunnel"]["connections_open"] = 2.into();
+        let t = table(&d);
+        assert!(
+            t.lines().nth(1).is_some_and(|l| l.contains(
+                "(connection 3 since 2026-11-27T21:00:00Z, 2 open: the newest serves adds)"
+            )),
             "{t}"
         );
     }
