@@ -250,10 +250,18 @@ fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
         ));
     }
     let started = Instant::now();
-    if g.send {
-        send(&g, direction, &ns, &mut notes)?;
+    // The packet is sent beside the collection, not before it: a connection attempt nobody
+    // answers blocks its sender for a second, and the reports are timed as they are read.
+    let (collected, sent) = std::thread::scope(|scope| {
+        let sender = g.send.then(|| scope.spawn(|| send(&g, direction, &ns)));
+        let collected = collect(&mut tracer, started, g.timeout, &stop);
+        let sent = sender.map(|h| h.join().expect("the sender does not panic"));
+        (collected, sent)
+    });
+    if let Some(note) = sent.transpose()?.flatten() {
+        notes.push(note);
     }
-    let (events, first) = collect(&mut tracer, started, g.timeout, &stop)?;
+    let (events, first) = collected?;
     if stop.load(Ordering::SeqCst) {
         let _ = tracer.stop();
         return Err(Error::Interrupted);
@@ -293,14 +301,13 @@ fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
 }
 
 /// The flow's first packet: outbound from inside the pod's namespace (as --uid), inbound from
-/// the namespace trace runs in. A send that fails is a note: the wait says whether a packet
-/// passed.
+/// the namespace trace runs in. A send that fails is a note (returned): the wait says whether
+/// a packet passed.
 fn send(
     g: &Given,
     direction: Direction,
     ns: &redirect_core::Netns,
-    notes: &mut Vec<String>,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let wait = Duration::from_secs(1);
     let sent = if direction == Direction::Out {
         kt::send_probe(Some(ns), g.tcp, g.to, g.from, g.uid, wait)
@@ -308,11 +315,8 @@ fn send(
         kt::send_probe(None, g.tcp, g.to, g.from, None, wait)
     };
     match sent {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => {
-            notes.push(format!("sending the packet: {e}"));
-            Ok(())
-        }
+        Ok(Ok(())) => Ok(None),
+        Ok(Err(e)) => Ok(Some(format!("sending the packet: {e}"))),
         Err(e) => Err(Error::KernelRead(e.into())),
     }
 }
