@@ -28,6 +28,7 @@
 
 mod error;
 mod groups;
+mod netlink;
 
 pub mod backend;
 pub mod branch_eni;

@@ -10,9 +10,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::SocketAddr;
 
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_sock_diag::constants::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_CLOSE, TCP_LISTEN,
 };
@@ -20,6 +18,7 @@ use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, Stat
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
 
+use crate::netlink::Step;
 use crate::netns::Netns;
 
 /// Why the listening sockets could not be read.
@@ -191,60 +190,38 @@ impl SockDiag {
             socket_id,
         });
         self.seq = self.seq.wrapping_add(1);
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        header.sequence_number = self.seq;
-        let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(request));
-        msg.finalize();
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        let net = |op| move |cause| Error::Netlink { op, cause };
-        self.socket.send(&buf, 0).map_err(net("send a dump"))?;
-        let mut out = Vec::new();
-        loop {
-            let (datagram, _) = self
-                .socket
-                .recv_from_full()
-                .map_err(net("receive the dump"))?;
-            let mut rest = &datagram[..];
-            while !rest.is_empty() {
-                let reply = NetlinkMessage::<SockDiagMessage>::deserialize(rest)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-                    .map_err(net("decode the dump"))?;
-                // Messages are 4-byte aligned (NLMSG_ALIGN); deserialize checked the length.
-                let len = (reply.header.length as usize + 3) & !3;
-                rest = rest.get(len..).unwrap_or_default();
-                if reply.header.sequence_number != self.seq {
-                    continue;
-                }
-                match reply.payload {
-                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                        let id = &r.header.socket_id;
-                        // An unconnected UDP socket has no peer; a connected one is no listener.
-                        if transport == Transport::Udp && id.destination_port != 0 {
-                            continue;
-                        }
-                        out.push(Listener {
-                            transport,
-                            addr: SocketAddr::new(id.source_address, id.source_port),
-                            uid: r.header.uid,
-                        });
-                    }
-                    NetlinkPayload::Done(_) => return Ok(out),
-                    NetlinkPayload::Error(e) => {
-                        let errno = e.raw_code().saturating_abs();
-                        if errno == 0 {
-                            return Ok(out);
-                        }
-                        // No IPv6 in this kernel: no IPv6 sockets to list.
-                        if errno == libc::EAFNOSUPPORT && family == AF_INET6 {
-                            return Ok(out);
-                        }
-                        return Err(Error::Refused { transport, errno });
-                    }
-                    _ => {}
-                }
-            }
+        let (replies, errno) =
+            crate::netlink::exchange(&self.socket, self.seq, request, NLM_F_REQUEST | NLM_F_DUMP)
+                .map_err(|(step, cause)| Error::Netlink {
+                op: match step {
+                    Step::Send => "send a dump",
+                    Step::Receive => "receive the dump",
+                    Step::Decode => "decode the dump",
+                },
+                cause,
+            })?;
+        match errno {
+            0 => {}
+            // No IPv6 in this kernel: no IPv6 sockets to list.
+            libc::EAFNOSUPPORT if family == AF_INET6 => return Ok(Vec::new()),
+            _ => return Err(Error::Refused { transport, errno }),
         }
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                SockDiagMessage::InetResponse(r) => Some(r),
+                _ => None,
+            })
+            // An unconnected UDP socket has no peer; a connected one is no listener.
+            .filter(|r| transport == Transport::Tcp || r.header.socket_id.destination_port == 0)
+            .map(|r| Listener {
+                transport,
+                addr: SocketAddr::new(
+                    r.header.socket_id.source_address,
+                    r.header.socket_id.source_port,
+                ),
+                uid: r.header.uid,
+            })
+            .collect())
     }
 }

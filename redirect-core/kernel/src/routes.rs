@@ -19,9 +19,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
 
-use netlink_packet_core::{
-    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::route::{
@@ -34,6 +32,7 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use std::cell::RefCell;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
+use crate::netlink::Step;
 use crate::netns::Netns;
 use redirect_model::Family;
 
@@ -652,42 +651,12 @@ impl Rtnl {
         flags: u16,
     ) -> Result<(Vec<RouteNetlinkMessage>, i32)> {
         self.seq = self.seq.wrapping_add(1);
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = flags;
-        req.header.sequence_number = self.seq;
-        req.finalize();
-        let mut buf = vec![0; req.buffer_len()];
-        req.serialize(&mut buf);
-        self.socket
-            .send(&buf, 0)
-            .map_err(netlink_error("send a routing request"))?;
-
-        let mut replies = Vec::new();
-        loop {
-            let (datagram, _) = self
-                .socket
-                .recv_from_full()
-                .map_err(netlink_error("receive a routing reply"))?;
-            let mut rest = &datagram[..];
-            while !rest.is_empty() {
-                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-                    .map_err(netlink_error("decode a routing reply"))?;
-                // Messages are 4-byte aligned (NLMSG_ALIGN); deserialize checked the length.
-                let len = (reply.header.length as usize + 3) & !3;
-                rest = rest.get(len..).unwrap_or_default();
-                if reply.header.sequence_number != self.seq {
-                    continue; // a late answer to something else
-                }
-                match reply.payload {
-                    NetlinkPayload::InnerMessage(m) => replies.push(m),
-                    NetlinkPayload::Done(done) => return Ok((replies, done.code.saturating_abs())),
-                    NetlinkPayload::Error(e) => {
-                        return Ok((replies, e.raw_code().saturating_abs()))
-                    }
-                    _ => {}
-                }
-            }
-        }
+        crate::netlink::exchange(&self.socket, self.seq, msg, flags).map_err(|(step, cause)| {
+            netlink_error(match step {
+                Step::Send => "send a routing request",
+                Step::Receive => "receive a routing reply",
+                Step::Decode => "decode a routing reply",
+            })(cause)
+        })
     }
 }
