@@ -132,6 +132,21 @@ struct Enrolled {
     torn_down: bool,
 }
 
+impl Enrolled {
+    /// Opens its netlink sockets (`kernel`) unless they are open: `None` for a pod whose
+    /// namespace is not held.
+    fn open_kernel(&mut self) -> Option<redirect_core::Result<()>> {
+        let netns = self.netns.as_ref()?;
+        if self.kernel.is_none() {
+            match namespace(netns) {
+                Ok(ns) => self.kernel = Some(ns),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(Ok(()))
+    }
+}
+
 /// One pod as the data plane holds it, for the node view.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PodState {
@@ -779,14 +794,16 @@ impl Dataplane {
         if e.cfg == *cfg {
             return Ok(None);
         }
-        if let Some(netns) = &e.netns {
+        if let Some(opened) = e.open_kernel() {
             let failed = |error| AddError::Rules {
-                netns: netns.path().display().to_string(),
+                netns: e
+                    .netns
+                    .as_ref()
+                    .map(|n| n.path().display().to_string())
+                    .unwrap_or_default(),
                 error,
             };
-            if e.kernel.is_none() {
-                e.kernel = Some(namespace(netns).map_err(failed)?);
-            }
+            opened.map_err(failed)?;
             let ns = e.kernel.as_ref().expect("opened above");
             Self::apply_pod(adopt, ns, cfg, &e.pod.label()).map_err(failed)?;
             e.seen = None;
@@ -940,14 +957,9 @@ impl Dataplane {
         let (adopt, records) = (self.adopt, self.records.as_deref());
         let e = self.pods.get_mut(uid)?;
         let label = e.pod.label();
-        if e.kernel.is_none() {
-            match e.netns.as_ref().map(namespace)? {
-                Ok(ns) => e.kernel = Some(ns),
-                Err(err) => {
-                    report.problems.push(format!("pod {label}: {err}"));
-                    return None;
-                }
-            }
+        if let Err(err) = e.open_kernel()? {
+            report.problems.push(format!("pod {label}: {err}"));
+            return None;
         }
         let ns = e.kernel.as_ref()?;
         report.checked += 1;

@@ -51,8 +51,7 @@ pub struct Reply {
 impl Reply {
     /// Answers; the error when the plugin is gone (it gave up waiting: `Broken pipe`).
     pub fn send(self, answer: &AddAnswer) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
-        seqpacket::send(self.conn.as_fd(), &bytes, None, MAX_MESSAGE)
+        send_answer(&self.conn, answer)
     }
 
     /// Whether the plugin closed its end (it gave up waiting, and failed its ADD): then
@@ -78,11 +77,16 @@ impl Drop for Reply {
     }
 }
 
+/// `answer` on the plugin's connection; the error when the plugin is gone.
+fn send_answer(conn: &OwnedFd, answer: &AddAnswer) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
+    seqpacket::send(conn.as_fd(), &bytes, None, MAX_MESSAGE)
+}
+
+/// [`send_answer`], a failure logged.
 fn answer_on(conn: &OwnedFd, answer: &AddAnswer) {
-    if let Ok(bytes) = serde_json::to_vec(answer) {
-        if let Err(e) = seqpacket::send(conn.as_fd(), &bytes, None, MAX_MESSAGE) {
-            tracing::warn!("ambient: could not answer the plugin: {e}");
-        }
+    if let Err(e) = send_answer(conn, answer) {
+        tracing::warn!("ambient: could not answer the plugin: {e}");
     }
 }
 
@@ -168,11 +172,12 @@ fn door(sock: &OwnedFd, stop: &AtomicBool, to: &mpsc::Sender<PluginRequest>) {
                     ("the ambient controller is not running", r)
                 }
             };
-            if let Err(e) = r.reply.send(&AddAnswer::Failed {
-                error: error.into(),
-            }) {
-                tracing::warn!("ambient: could not answer the plugin: {e}");
-            }
+            answer_on(
+                &r.reply.conn,
+                &AddAnswer::Failed {
+                    error: error.into(),
+                },
+            );
         }
     };
     let tick = |closed: Closed| {
