@@ -249,19 +249,7 @@ fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
             "this kernel has no owner tables (Linux 5.12+): {table} is removed when trace exits or is interrupted, but stays if trace is killed (nft delete table inet {table})"
         ));
     }
-    let started = Instant::now();
-    // The packet is sent beside the collection, not before it: a connection attempt nobody
-    // answers blocks its sender for a second, and the reports are timed as they are read.
-    let (collected, sent) = std::thread::scope(|scope| {
-        let sender = g.send.then(|| scope.spawn(|| send(&g, direction, &ns)));
-        let collected = collect(&mut tracer, started, g.timeout, &stop);
-        let sent = sender.map(|h| h.join().expect("the sender does not panic"));
-        (collected, sent)
-    });
-    if let Some(note) = sent.transpose()?.flatten() {
-        notes.push(note);
-    }
-    let (events, first) = collected?;
+    let (events, first) = send_and_collect(&g, direction, &ns, &mut tracer, &stop, &mut notes)?;
     if stop.load(Ordering::SeqCst) {
         let _ = tracer.stop();
         return Err(Error::Interrupted);
@@ -298,6 +286,30 @@ fn run(r: &redirect_core::cli::flags::Resolved) -> Result<Report, Error> {
         first_event_ms: first.map(|d| d.as_secs_f64() * 1000.0),
         notes,
     })
+}
+
+/// The reports of the flow's packets, and when the first came, the packet sent (with
+/// `--send`) beside the reading, not before it: a connection attempt nobody answers holds its
+/// sender for a second, and the reports are timed as they are read.
+fn send_and_collect(
+    g: &Given,
+    direction: Direction,
+    ns: &redirect_core::Netns,
+    tracer: &mut Tracer,
+    stop: &AtomicBool,
+    notes: &mut Vec<String>,
+) -> Result<(Vec<TraceEvent>, Option<Duration>), Error> {
+    let started = Instant::now();
+    let (collected, sent) = std::thread::scope(|scope| {
+        let sender = g.send.then(|| scope.spawn(|| send(g, direction, ns)));
+        let collected = collect(tracer, started, g.timeout, stop);
+        let sent = sender.map(|h| h.join().expect("the sender does not panic"));
+        (collected, sent)
+    });
+    if let Some(note) = sent.transpose()?.flatten() {
+        notes.push(note);
+    }
+    collected
 }
 
 /// The flow's first packet: outbound from inside the pod's namespace (as --uid), inbound from
