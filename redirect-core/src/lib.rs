@@ -114,9 +114,9 @@ pub use redirect_kernel::routes::TproxyRouting;
 pub use redirect_kernel::sockopt::original_dst;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
-    eval, render, sidecar_routes, AmbientConfig, Capture, CaptureConfig, DnsCapture, Family,
-    GroupRef, GroupResolver, HostProbeConfig, InterceptionMode, NoGroupDatabase, Routes, Ruleset,
-    Selection, ValidConfig, DNS_AGENT_PORT,
+    eval, render, sidecar_routes, AmbientConfig, Capture, CaptureConfig, Count, CountedPath,
+    DnsCapture, Family, GroupRef, GroupResolver, HostProbeConfig, InterceptionMode,
+    NoGroupDatabase, PathCounts, Routes, Ruleset, Selection, ValidConfig, DNS_AGENT_PORT,
 };
 
 /// The address types of the config's CIDR lists.

@@ -15,7 +15,7 @@ use redirect_kernel::netns::Netns;
 use redirect_kernel::nft::{self, Nft, TableState};
 use redirect_kernel::routes::{Routes, TproxyRouting};
 use redirect_kernel::SystemGroups;
-use redirect_model::{Capture, HostProbeConfig, Ruleset, ValidConfig};
+use redirect_model::{Capture, HostProbeConfig, PathCounts, Ruleset, ValidConfig};
 
 use crate::error::{Error, Result};
 use crate::foreign::{Applied, Apply, Foreign, ForeignRules, Ours, OursBefore};
@@ -295,6 +295,15 @@ impl Namespace {
             &rs,
             None,
         )?)
+    }
+
+    /// `capture`'s counters (its config has counters on), summed per path: one dump of the
+    /// table's rules. `None` when the table's counters are not exactly where `capture`'s plan
+    /// puts its counted rules (a table set up without counters, or by another config): a
+    /// counter is attributed to a path by its place.
+    pub fn path_counts(&self, capture: &Capture) -> Result<Option<PathCounts>> {
+        let rs = capture.plan(&SystemGroups)?;
+        Ok(kernel_capture::path_counts(self.backend(), capture, &rs)?)
     }
 
     /// `capture`'s table as the kernel holds it, one consistent read; `None` when there is

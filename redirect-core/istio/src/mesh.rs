@@ -101,6 +101,9 @@ pub struct MeshDefaults {
     pub bypass_uids: Vec<u32>,
     /// Bypass GIDs for every pod; the pod's annotation adds to them.
     pub bypass_gids: Vec<u32>,
+    /// Ours, opt-in: counters on the rules that decide a path (`CaptureConfig::counters`),
+    /// which the node agent exports per pod.
+    pub counters: bool,
 }
 
 /// The outcome for one pod.
@@ -304,6 +307,7 @@ fn config_for(
         drop_invalid,
         bypass_uids: [d.bypass_uids.as_slice(), &ann_bypass_uids].concat(),
         bypass_gids: [d.bypass_gids.as_slice(), &ann_bypass_gids].concat(),
+        counters: d.counters,
         ..CaptureConfig::default()
     };
     let config = config

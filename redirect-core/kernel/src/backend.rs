@@ -37,6 +37,26 @@ pub trait Backend: Send {
     fn generation(&self) -> Result<Option<u32>> {
         Ok(None)
     }
+    /// The counters of our table `table` (counters on): each counted rule's chain, position
+    /// and count. A backend that counts nothing (the fake) reports its counters at zero.
+    fn read_counters(&self, table: &str) -> Result<Vec<nft::RuleCounter>> {
+        let (_, state) = self.read_named(table)?;
+        let mut out = Vec::new();
+        for c in state.iter().flat_map(|t| &t.chains) {
+            for (index, rule) in c.rules.iter().enumerate() {
+                if rule.contains(&nft::Expr::Counter) {
+                    let chain = c.name.clone();
+                    let count = redirect_model::Count::default();
+                    out.push(nft::RuleCounter {
+                        chain,
+                        index,
+                        count,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
     /// The pod's table ([`TABLE`]), one state of it; `None` when there is none.
     fn read_table(&self) -> Result<Option<TableState>> {
         Ok(self.read_named(TABLE)?.1)
@@ -110,6 +130,9 @@ impl Backend for Live {
     }
     fn apply_named(&self, table: &str, rs: &Ruleset) -> Result<Applied> {
         Ok(self.nft.apply_named(table, rs)?)
+    }
+    fn read_counters(&self, table: &str) -> Result<Vec<nft::RuleCounter>> {
+        Ok(self.nft.counters(table)?)
     }
     fn remove_named(&self, table: &str) -> Result<bool> {
         Ok(self.nft.remove_named(table)?)

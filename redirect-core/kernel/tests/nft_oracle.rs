@@ -632,6 +632,33 @@ fn benchmark_configs_encode_exactly_as_libnftnl() {
 }
 
 #[test]
+fn counted_rules_encode_exactly_as_libnftnl() {
+    // Counters on: each counted rule gets a `counter` before its statement, in a new table
+    // and in an update from the same config without counters.
+    use redirect_testkit::configs;
+    let mut compared = 0;
+    for (name, cfg) in [
+        ("tproxy dns ipv6", configs::tproxy_dns_ipv6()),
+        ("300 excluded CIDRs", configs::with_excluded(300)),
+        ("sidecar", configs::sidecar_default()),
+    ] {
+        let counted = CaptureConfig {
+            counters: true,
+            ..cfg.clone()
+        };
+        let (rs, t) = lowered(&counted).expect("plans");
+        assert!(!nft::counted_rules(&rs).is_empty(), "{name}");
+        compared += check(
+            &nft::testing::encode_create(&t, 1, Features::of_running_kernel()),
+            &t,
+            &format!("{name} with counters"),
+        );
+        compared += check_pair(&cfg, &counted, &format!("{name} -> with counters"));
+    }
+    assert!(compared > 100, "{compared}");
+}
+
+#[test]
 fn ambient_rules_encode_exactly_as_libnftnl() {
     // Istio's in-pod rules for ambient: masked marks, a connection mark set bit by bit.
     use redirect_model::AmbientConfig;
@@ -645,6 +672,11 @@ fn ambient_rules_encode_exactly_as_libnftnl() {
         },
         AmbientConfig {
             bypass_inbound: true,
+            virtual_interfaces: vec!["tap0".into()],
+            ..d()
+        },
+        AmbientConfig {
+            counters: true,
             virtual_interfaces: vec!["tap0".into()],
             ..d()
         },

@@ -50,6 +50,6 @@ pub use plan::ambient::{self, AmbientConfig};
 pub use plan::host_probe::{self, HostProbeConfig};
 pub use plan::{chains, sets, GroupResolver, NoGroupDatabase};
 pub use ruleset::{
-    Action, AddrMatch, Chain, ChainKind, CtStates, Family, Hook, HookedChains, Match, NamedSet,
-    PortMatch, Rule, Ruleset, SetElements, Stage, L4,
+    Action, AddrMatch, Chain, ChainKind, Count, CountedPath, CtStates, Family, Hook, HookedChains,
+    Match, NamedSet, PathCounts, PortMatch, Rule, Ruleset, SetElements, Stage, L4,
 };

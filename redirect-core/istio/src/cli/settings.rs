@@ -315,6 +315,8 @@ fn capture_config(
         ipv6: false,
         bypass_uids: typed(v(&BYPASS_UIDS), parse_ids)?,
         bypass_gids: typed(v(&BYPASS_GIDS), parse_ids)?,
+        // The node agent exports counters; an init container has no one to read them.
+        counters: false,
     })
 }
 

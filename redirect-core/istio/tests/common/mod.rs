@@ -76,6 +76,7 @@ pub fn config_of(case: &IstioCase) -> CaptureConfig {
         ipv6: b("enable-ipv6"),
         bypass_uids: Vec::new(),
         bypass_gids: Vec::new(),
+        counters: false,
     };
     cfg.validate()
         .unwrap_or_else(|e| panic!("{}: {e}", case.name));

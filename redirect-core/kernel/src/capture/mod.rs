@@ -15,7 +15,7 @@ pub use check::{check, check_in, compare, compare_uncaptured, Mismatch, RoutesSe
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use redirect_model::table::HOST_PROBE_TABLE;
-use redirect_model::{Capture, Family, HostProbeConfig, Routes, Ruleset};
+use redirect_model::{Capture, Family, HostProbeConfig, PathCounts, Routes, Ruleset};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -142,6 +142,17 @@ pub fn check_since(
         generation
     };
     Ok((out, equal_at))
+}
+
+/// `c`'s counters (counters on), summed per path by where `rs`, its plan, puts the counted
+/// rules; `None` when the table's counters are not exactly there (no counters, or a table of
+/// another shape).
+pub fn path_counts(k: &dyn Backend, c: &Capture, rs: &Ruleset) -> Result<Option<PathCounts>> {
+    let read = k.read_counters(c.table())?;
+    Ok(crate::nft::path_counts(
+        &read,
+        &crate::nft::counted_rules(rs),
+    ))
 }
 
 /// The routes `c` needs that the namespace lacks, read without its table.

@@ -89,6 +89,11 @@ impl Nft {
         dump::table_at(&self.sock, table)
     }
 
+    /// The counters of our table named `table`, in one dump of its rules.
+    pub fn counters(&self, table: &str) -> Result<Vec<super::RuleCounter>> {
+        super::counters(&self.sock, table)
+    }
+
     /// `apply` of a lowered table.
     pub fn apply_table(&self, table: &NftTable) -> Result<Applied> {
         let sock = &self.sock;

@@ -31,6 +31,7 @@
 //! libnftnl itself.
 
 mod batch;
+mod counters;
 mod dump;
 mod elements;
 mod error;
@@ -54,13 +55,15 @@ mod xt_write;
 mod xtables;
 
 pub use batch::{Encoded, Label};
+pub use counters::{counters, path_counts, RuleCounter};
 pub use error::{Error, MissingFeature, Result};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
 pub use feature::Feature;
 pub use foreign::TableList;
 pub use handle::{Applied, Nft};
 pub use lower::{
-    addr_elem, lower, lower_named, BaseSpec, ChainKind, NftChain, NftSet, NftTable, SetElem,
+    addr_elem, counted_rules, lower, lower_named, BaseSpec, ChainKind, CountedRule, NftChain,
+    NftSet, NftTable, SetElem,
 };
 pub use probe::PROBE_TABLE;
 pub use redirect_model::table::TABLE;

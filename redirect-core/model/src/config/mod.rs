@@ -241,6 +241,9 @@ pub struct CaptureConfig {
     pub bypass_uids: Vec<u32>,
     /// Ours: the same by GID.
     pub bypass_gids: Vec<u32>,
+    /// Ours, opt-in: a counter on each rule that decides a path (inbound or outbound captured,
+    /// bypassed by the proxy's owner, excluded), read back per path (`CountedPath`).
+    pub counters: bool,
 }
 
 impl Default for CaptureConfig {
@@ -270,6 +273,7 @@ impl Default for CaptureConfig {
             ipv6: false,
             bypass_uids: Vec::new(),
             bypass_gids: Vec::new(),
+            counters: false,
         }
     }
 }

@@ -15,7 +15,7 @@ use ipnet::IpNet;
 use super::builder::{dport, jump, tcp, udp, Builder};
 use crate::config::check_interface;
 use crate::error::Result;
-use crate::ruleset::{Action, AddrMatch, Family, Match, PortMatch, Ruleset, Stage};
+use crate::ruleset::{Action, AddrMatch, CountedPath, Family, Match, PortMatch, Ruleset, Stage};
 
 /// The mark on every socket ztunnel opens in the pod (its `DEFAULT_INPOD_MARK`, 1337).
 pub const ZTUNNEL_MARK: u32 = 0x539;
@@ -55,6 +55,9 @@ pub struct AmbientConfig {
     pub probe_snat_v4: Ipv4Addr,
     /// The same for IPv6 (`HOST_PROBE_SNAT_IPV6`).
     pub probe_snat_v6: Ipv6Addr,
+    /// Ours, opt-in: counters on the rules that capture (inbound to 15006, outbound to 15001
+    /// and 15053), and a rule that counts ztunnel's own connections (its mark) as bypassed.
+    pub counters: bool,
 }
 
 impl Default for AmbientConfig {
@@ -69,6 +72,7 @@ impl Default for AmbientConfig {
             probe_snat_v6: Ipv6Addr::new(
                 0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
             ),
+            counters: false,
         }
     }
 }
@@ -91,7 +95,7 @@ impl AmbientConfig {
     }
 
     fn family(&self, family: Family) -> Vec<crate::ruleset::Chain> {
-        let mut b = Builder::new(family);
+        let mut b = Builder::counting(family, self.counters);
         self.jumps(&mut b);
         self.inbound(&mut b, family);
         self.outbound(&mut b, family);
@@ -104,6 +108,12 @@ impl AmbientConfig {
         b.append(Mangle, "PREROUTING", vec![], jump(PRERT));
         b.append(Mangle, "OUTPUT", vec![], jump(OUTPUT));
         b.append(Nat, "OUTPUT", vec![], jump(OUTPUT));
+        if b.counts() {
+            // Not in Istio's rules: ztunnel's packets pass the chain anyway (every later rule
+            // accepts them or skips them); this RETURN first only counts them.
+            let m = vec![ztunnel(false)];
+            b.append_counted(CountedPath::Bypassed, (Nat, OUTPUT), m, Action::Return);
+        }
         if self.dns_capture {
             b.append(Raw, "PREROUTING", vec![], jump(PRERT));
             b.append(Raw, "OUTPUT", vec![], jump(OUTPUT));
@@ -116,7 +126,13 @@ impl AmbientConfig {
         use Stage::*;
         for vif in &self.virtual_interfaces {
             let on = || vec![iif(vif), tcp()];
-            b.append(Nat, PRERT, on(), Action::Redirect(OUTBOUND_PORT));
+            let rerouted = CountedPath::OutboundCaptured;
+            b.append_counted(
+                rerouted,
+                (Nat, PRERT),
+                on(),
+                Action::Redirect(OUTBOUND_PORT),
+            );
             b.append(Nat, PRERT, on(), Action::Return);
         }
         b.append(
@@ -142,7 +158,8 @@ impl AmbientConfig {
                 not_port(HBONE_PORT),
                 ztunnel(true),
             ];
-            b.append(Nat, PRERT, m, Action::Redirect(INBOUND_PORT));
+            let inbound = CountedPath::InboundCaptured;
+            b.append_counted(inbound, (Nat, PRERT), m, Action::Redirect(INBOUND_PORT));
         }
     }
 
@@ -160,9 +177,10 @@ impl AmbientConfig {
                 negate: true,
             };
             let udp_dns = vec![not_lo, udp(), ztunnel(true), dport(53)];
-            b.append(Nat, OUTPUT, udp_dns, Action::Redirect(DNS_PORT));
+            let dns = CountedPath::OutboundCaptured;
+            b.append_counted(dns, (Nat, OUTPUT), udp_dns, Action::Redirect(DNS_PORT));
             let tcp_dns = vec![not_loopback(family), tcp(), dport(53), ztunnel(true)];
-            b.append(Nat, OUTPUT, tcp_dns, Action::Redirect(DNS_PORT));
+            b.append_counted(dns, (Nat, OUTPUT), tcp_dns, Action::Redirect(DNS_PORT));
             let to_upstream = vec![udp(), ztunnel(false), dport(53)];
             b.append(Raw, OUTPUT, to_upstream, Action::CtZone(DNS_ZONE));
             let from_upstream = vec![udp(), ztunnel(true), Match::SPort(PortMatch::Eq(53))];
@@ -177,7 +195,13 @@ impl AmbientConfig {
         let own = vec![not_loopback(family), iif_out_lo()];
         b.append(Nat, OUTPUT, own, Action::Accept);
         let out = vec![not_loopback(family), tcp(), ztunnel(true)];
-        b.append(Nat, OUTPUT, out, Action::Redirect(OUTBOUND_PORT));
+        let outbound = CountedPath::OutboundCaptured;
+        b.append_counted(
+            outbound,
+            (Nat, OUTPUT),
+            out,
+            Action::Redirect(OUTBOUND_PORT),
+        );
     }
 
     fn probe(&self, family: Family) -> IpNet {

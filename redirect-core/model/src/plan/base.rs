@@ -6,7 +6,7 @@ use super::builder::{dport, iif, jump, oif, tcp};
 use super::{
     FamilyPlanner, ISTIO_DROP, ISTIO_INBOUND, ISTIO_IN_REDIRECT, ISTIO_REDIRECT, OUTPUT, PREROUTING,
 };
-use crate::ruleset::{Action, CtStates, Match, Stage};
+use crate::ruleset::{Action, CountedPath, CtStates, Match, Stage};
 use Stage::{Mangle, Nat};
 
 impl FamilyPlanner<'_> {
@@ -15,8 +15,9 @@ impl FamilyPlanner<'_> {
         let tproxy = self.tproxy();
         for i in &self.cfg.exclude_interfaces {
             let b = &mut self.b;
-            b.append(Nat, PREROUTING, vec![iif(i)], Action::Return);
-            b.append(Nat, OUTPUT, vec![oif(i)], Action::Return);
+            let excluded = CountedPath::Excluded;
+            b.append_counted(excluded, (Nat, PREROUTING), vec![iif(i)], Action::Return);
+            b.append_counted(excluded, (Nat, OUTPUT), vec![oif(i)], Action::Return);
             if tproxy {
                 b.append(Mangle, PREROUTING, vec![iif(i)], Action::Return);
                 b.append(Mangle, OUTPUT, vec![oif(i)], Action::Return);
@@ -55,15 +56,15 @@ impl FamilyPlanner<'_> {
             vec![tcp(), dport(cfg.inbound_tunnel_port)],
             Action::Return,
         );
-        b.append(
-            Nat,
-            ISTIO_REDIRECT,
+        b.append_counted(
+            CountedPath::OutboundCaptured,
+            (Nat, ISTIO_REDIRECT),
             vec![tcp()],
             Action::Redirect(cfg.envoy_port),
         );
-        b.append(
-            Nat,
-            ISTIO_IN_REDIRECT,
+        b.append_counted(
+            CountedPath::InboundCaptured,
+            (Nat, ISTIO_IN_REDIRECT),
             vec![tcp()],
             Action::Redirect(cfg.inbound_capture_port),
         );

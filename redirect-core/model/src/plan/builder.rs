@@ -5,7 +5,8 @@
 use ipnet::IpNet;
 
 use crate::ruleset::{
-    Action, Chain, Family, Hook, Match, NamedSet, PortMatch, Rule, SetElements, Stage, L4,
+    Action, Chain, CountedPath, Family, Hook, Match, NamedSet, PortMatch, Rule, SetElements, Stage,
+    L4,
 };
 
 /// Named sets, deduplicated by name.
@@ -47,14 +48,27 @@ impl SetRegistry {
 pub(super) struct Builder {
     family: Family,
     chains: Vec<Chain>,
+    /// Counters on (opt-in): the rules appended with a path carry a counter.
+    counting: bool,
 }
 
 impl Builder {
     pub(super) fn new(family: Family) -> Self {
+        Builder::counting(family, false)
+    }
+
+    /// A builder whose counted rules carry a counter when `on`.
+    pub(super) fn counting(family: Family, on: bool) -> Self {
         Builder {
             family,
             chains: Vec::new(),
+            counting: on,
         }
+    }
+
+    /// Whether counted rules carry a counter.
+    pub(super) fn counts(&self) -> bool {
+        self.counting
     }
 
     fn chain(&mut self, stage: Stage, name: &str) -> &mut Chain {
@@ -90,6 +104,21 @@ impl Builder {
         self.chain(stage, chain)
             .rules
             .push(Rule::new(matches, action));
+    }
+
+    /// `-A chain`, a rule deciding `path`: with counters on, its counter adds to that path.
+    pub(super) fn append_counted(
+        &mut self,
+        path: CountedPath,
+        (stage, chain): (Stage, &str),
+        matches: Vec<Match>,
+        action: Action,
+    ) {
+        self.append(stage, chain, matches, action);
+        if self.counting {
+            let rule = self.chain(stage, chain).rules.last_mut();
+            rule.expect("just appended").count = Some(path);
+        }
     }
 
     /// `-I chain pos` (1-based, as iptables).

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use super::builder::{dport, jump, tcp, udp};
 use super::{FamilyPlanner, ISTIO_INBOUND, ISTIO_OUTPUT, ISTIO_OUTPUT_DNS, OUTPUT, PREROUTING};
 use crate::config::{DnsCapture, DNS_AGENT_PORT};
-use crate::ruleset::{Action, AddrMatch, Family, Match, PortMatch, Stage};
+use crate::ruleset::{Action, AddrMatch, CountedPath, Family, Match, PortMatch, Stage};
 use Stage::{Nat, Raw};
 
 impl FamilyPlanner<'_> {
@@ -46,8 +46,12 @@ impl FamilyPlanner<'_> {
             for s in servers {
                 let mut m = vec![proto.clone(), dport(53)];
                 m.extend(s.map(|s| Match::DAddr(AddrMatch::Eq(s))));
-                self.b
-                    .append(Nat, ISTIO_OUTPUT_DNS, m, Action::Redirect(DNS_AGENT_PORT));
+                self.b.append_counted(
+                    CountedPath::OutboundCaptured,
+                    (Nat, ISTIO_OUTPUT_DNS),
+                    m,
+                    Action::Redirect(DNS_AGENT_PORT),
+                );
             }
         }
     }

@@ -7,7 +7,7 @@ use super::{
     FamilyPlanner, ISTIO_DIVERT, ISTIO_INBOUND, ISTIO_IN_REDIRECT, ISTIO_TPROXY, PREROUTING,
 };
 use crate::config::Selection;
-use crate::ruleset::{Action, CtStates, Match, Stage};
+use crate::ruleset::{Action, CountedPath, CtStates, Match, Stage};
 
 impl FamilyPlanner<'_> {
     /// 5. Inbound capture.
@@ -39,9 +39,9 @@ impl FamilyPlanner<'_> {
             Action::SetMark(cfg.tproxy_mark),
         );
         b.append(Stage::Mangle, ISTIO_DIVERT, vec![], Action::Accept);
-        b.append(
-            Stage::Mangle,
-            ISTIO_TPROXY,
+        b.append_counted(
+            CountedPath::InboundCaptured,
+            (Stage::Mangle, ISTIO_TPROXY),
             vec![not_lo, tcp()],
             Action::Tproxy {
                 port: cfg.inbound_capture_port,
@@ -62,9 +62,9 @@ impl FamilyPlanner<'_> {
                         sets::INBOUND_EXCLUDE_PORTS,
                         &cfg.inbound_exclude_ports,
                     );
-                    self.b.append(
-                        stage,
-                        ISTIO_INBOUND,
+                    self.b.append_counted(
+                        CountedPath::Excluded,
+                        (stage, ISTIO_INBOUND),
                         vec![tcp(), Match::DPort(m)],
                         Action::Return,
                     );

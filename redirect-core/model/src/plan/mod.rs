@@ -94,7 +94,7 @@ fn plan_checked(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Rules
             family,
             owner_include: owner_include.as_deref(),
             owner_exclude: &owner_exclude,
-            b: Builder::new(family),
+            b: Builder::counting(family, cfg.counters),
         };
         chains.extend(p.run(&mut sets));
     }

@@ -7,7 +7,7 @@ use super::builder::{gid, iif, jump, lo, tcp, udp, uid, SetRegistry};
 use super::sets;
 use super::{FamilyPlanner, ISTIO_IN_REDIRECT, ISTIO_OUTPUT, ISTIO_REDIRECT, OUTPUT, PREROUTING};
 use crate::config::Selection;
-use crate::ruleset::{Action, AddrMatch, Match, PortMatch, Stage};
+use crate::ruleset::{Action, AddrMatch, CountedPath, Match, PortMatch, Stage};
 use Stage::Nat;
 
 impl FamilyPlanner<'_> {
@@ -15,13 +15,16 @@ impl FamilyPlanner<'_> {
     pub(super) fn outbound_entry(&mut self) {
         let cfg = self.cfg;
         self.b.append(Nat, OUTPUT, vec![], jump(ISTIO_OUTPUT));
+        let bypassed = CountedPath::Bypassed;
         for u in &cfg.bypass_uids {
+            let m = vec![uid(*u, false)];
             self.b
-                .append(Nat, ISTIO_OUTPUT, vec![uid(*u, false)], Action::Return);
+                .append_counted(bypassed, (Nat, ISTIO_OUTPUT), m, Action::Return);
         }
         for g in &cfg.bypass_gids {
+            let m = vec![gid(*g, false)];
             self.b
-                .append(Nat, ISTIO_OUTPUT, vec![gid(*g, false)], Action::Return);
+                .append_counted(bypassed, (Nat, ISTIO_OUTPUT), m, Action::Return);
         }
     }
 
@@ -36,15 +39,16 @@ impl FamilyPlanner<'_> {
             sets::OUTBOUND_EXCLUDE_PORTS,
             &cfg.outbound_exclude_ports,
         );
-        self.b.append(
-            Nat,
-            ISTIO_OUTPUT,
+        let excluded = CountedPath::Excluded;
+        self.b.append_counted(
+            excluded,
+            (Nat, ISTIO_OUTPUT),
             vec![tcp(), Match::DPort(m.clone())],
             Action::Return,
         );
-        self.b.append(
-            Nat,
-            ISTIO_OUTPUT,
+        self.b.append_counted(
+            excluded,
+            (Nat, ISTIO_OUTPUT),
             vec![udp(), Match::DPort(m)],
             Action::Return,
         );
@@ -105,8 +109,12 @@ impl FamilyPlanner<'_> {
             };
             self.b.append(Nat, ISTIO_OUTPUT, m, Action::Return);
         }
-        self.b
-            .append(Nat, ISTIO_OUTPUT, vec![owner(false)], Action::Return);
+        self.b.append_counted(
+            CountedPath::Bypassed,
+            (Nat, ISTIO_OUTPUT),
+            vec![owner(false)],
+            Action::Return,
+        );
     }
 
     /// 11. Owner groups.
@@ -114,12 +122,16 @@ impl FamilyPlanner<'_> {
         match self.owner_include {
             Some(include) => {
                 let m = include.iter().map(|&g| gid(g, true)).collect();
-                self.b.append(Nat, ISTIO_OUTPUT, m, Action::Return);
+                let excluded = CountedPath::Excluded;
+                self.b
+                    .append_counted(excluded, (Nat, ISTIO_OUTPUT), m, Action::Return);
             }
             None => {
                 for &g in self.owner_exclude {
+                    let m = vec![gid(g, false)];
+                    let excluded = CountedPath::Excluded;
                     self.b
-                        .append(Nat, ISTIO_OUTPUT, vec![gid(g, false)], Action::Return);
+                        .append_counted(excluded, (Nat, ISTIO_OUTPUT), m, Action::Return);
                 }
             }
         }
@@ -141,8 +153,12 @@ impl FamilyPlanner<'_> {
         let exclude = self.of_family(&self.cfg.outbound_exclude_cidrs);
         if !exclude.is_empty() {
             let m = self.cidr_match(sets, sets::EXCLUDE_CIDRS, &exclude);
-            self.b
-                .append(Nat, ISTIO_OUTPUT, vec![Match::DAddr(m)], Action::Return);
+            self.b.append_counted(
+                CountedPath::Excluded,
+                (Nat, ISTIO_OUTPUT),
+                vec![Match::DAddr(m)],
+                Action::Return,
+            );
         }
     }
 

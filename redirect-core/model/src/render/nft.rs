@@ -151,33 +151,11 @@ pub fn nft_rule_in(r: &Rule, family: Family, stage: Stage, sets: &[NamedSet]) ->
     };
     let mut m: Vec<String> = Vec::new();
     for cond in &r.matches {
-        m.push(match cond {
-            Match::Proto(p) => format!("meta l4proto {}", p.name()),
-            Match::DPort(PortMatch::InSet(s)) if hashed(s) => {
-                format!("@th,16,32 & 0xffff0000 @{s}")
-            }
-            Match::SPort(PortMatch::InSet(s)) if hashed(s) => format!("@th,0,32 & 0xffff0000 @{s}"),
-            Match::DPort(pm) => port("dport", pm),
-            Match::SPort(pm) => port("sport", pm),
-            Match::DAddr(am) => addr(fam, "daddr", am),
-            Match::SAddr(am) => addr(fam, "saddr", am),
-            Match::Iif { name, negate } => format!("iifname {}\"{name}\"", neg(*negate)),
-            Match::Oif { name, negate } => format!("oifname {}\"{name}\"", neg(*negate)),
-            Match::Uid { id, negate } => format!("meta skuid {}{id}", neg(*negate)),
-            Match::Gid { id, negate } => format!("meta skgid {}{id}", neg(*negate)),
-            Match::Mark { value, negate } => format!("meta mark {}{value}", neg(*negate)),
-            Match::CtMark { value } => format!("ct mark {value}"),
-            Match::MarkBits {
-                value,
-                mask,
-                negate,
-            } => {
-                format!("meta mark & {mask:#x} {}{value:#x}", eq_or_ne(*negate))
-            }
-            Match::CtMarkBits { value, mask } => format!("ct mark & {mask:#x} == {value:#x}"),
-            Match::CtState(CtStates::Invalid) => "ct state invalid".into(),
-            Match::CtState(CtStates::RelatedEstablished) => "ct state established,related".into(),
-        });
+        m.push(match_text(cond, fam, &hashed));
+    }
+    // A counted rule counts what matched, before its statement (`... counter redirect ...`).
+    if r.count.is_some() {
+        m.push("counter".into());
     }
     let prefix = if m.is_empty() {
         String::new()
@@ -207,6 +185,37 @@ pub fn nft_rule_in(r: &Rule, family: Family, stage: Stage, sets: &[NamedSet]) ->
         Action::Snat(a) => format!("snat {fam} to {a}"),
     };
     vec![format!("{prefix}{action}")]
+}
+
+/// One match in nft syntax; `hashed` tells a hashed port set by its name.
+fn match_text(cond: &Match, fam: &str, hashed: &dyn Fn(&str) -> bool) -> String {
+    match cond {
+        Match::Proto(p) => format!("meta l4proto {}", p.name()),
+        Match::DPort(PortMatch::InSet(s)) if hashed(s) => {
+            format!("@th,16,32 & 0xffff0000 @{s}")
+        }
+        Match::SPort(PortMatch::InSet(s)) if hashed(s) => format!("@th,0,32 & 0xffff0000 @{s}"),
+        Match::DPort(pm) => port("dport", pm),
+        Match::SPort(pm) => port("sport", pm),
+        Match::DAddr(am) => addr(fam, "daddr", am),
+        Match::SAddr(am) => addr(fam, "saddr", am),
+        Match::Iif { name, negate } => format!("iifname {}\"{name}\"", neg(*negate)),
+        Match::Oif { name, negate } => format!("oifname {}\"{name}\"", neg(*negate)),
+        Match::Uid { id, negate } => format!("meta skuid {}{id}", neg(*negate)),
+        Match::Gid { id, negate } => format!("meta skgid {}{id}", neg(*negate)),
+        Match::Mark { value, negate } => format!("meta mark {}{value}", neg(*negate)),
+        Match::CtMark { value } => format!("ct mark {value}"),
+        Match::MarkBits {
+            value,
+            mask,
+            negate,
+        } => {
+            format!("meta mark & {mask:#x} {}{value:#x}", eq_or_ne(*negate))
+        }
+        Match::CtMarkBits { value, mask } => format!("ct mark & {mask:#x} == {value:#x}"),
+        Match::CtState(CtStates::Invalid) => "ct state invalid".into(),
+        Match::CtState(CtStates::RelatedEstablished) => "ct state established,related".into(),
+    }
 }
 
 /// A masked comparison's operator: nft needs it spelled out after `&`.

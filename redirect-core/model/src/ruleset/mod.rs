@@ -14,8 +14,10 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+mod counted;
 mod hooks;
 
+pub use counted::{Count, CountedPath, PathCounts};
 pub use hooks::{ChainKind, HookedChains};
 
 /// Address family of a chain. Rules of a family never see the other family's packets.
@@ -275,12 +277,20 @@ pub struct Rule {
     pub matches: Vec<Match>,
     /// What the rule does to a matching packet.
     pub action: Action,
+    /// With counters on (opt-in), the path whose counter this rule adds to; `None` for a rule
+    /// without a counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<CountedPath>,
 }
 
 impl Rule {
-    /// A rule from its conditions and action.
+    /// A rule from its conditions and action, without a counter.
     pub fn new(matches: Vec<Match>, action: Action) -> Self {
-        Rule { matches, action }
+        Rule {
+            matches,
+            action,
+            count: None,
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! rule to expressions, `sets` lowers the named sets (long CIDR lists as hash sets per prefix).
 
 use super::expr::{Expr, MetaKey, Verdict};
-use redirect_model::{Family, Hook, HookedChains, Ruleset, Stage};
+use redirect_model::{CountedPath, Family, Hook, HookedChains, Ruleset, Stage};
 
 mod rules;
 mod sets;
@@ -138,6 +138,34 @@ pub fn lower_named(rs: &Ruleset, name: &str) -> NftTable {
         .chains
         .extend(rs.chains.iter().map(|c| rules::lower_chain(c, &forms)));
     table
+}
+
+/// A rule of our table that carries a counter (counters on): where it is, and its path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountedRule {
+    /// The chain's name in the table.
+    pub chain: String,
+    /// The rule's position in the chain, from 0.
+    pub index: usize,
+    /// The path its counter adds to.
+    pub path: CountedPath,
+}
+
+/// The rules of `rs`, lowered, that carry a counter: where a read of the counters finds each
+/// path's (see [`crate::nft::counters`]).
+pub fn counted_rules(rs: &Ruleset) -> Vec<CountedRule> {
+    let forms = sets::lower_sets(&rs.sets, &mut Vec::new());
+    let mut out = Vec::new();
+    for c in &rs.chains {
+        let (chain, paths) = rules::lower_chain_counted(c, &forms);
+        for (index, path) in paths.into_iter().enumerate() {
+            if let Some(path) = path {
+                let chain = chain.name.clone();
+                out.push(CountedRule { chain, index, path });
+            }
+        }
+    }
+    out
 }
 
 /// The base chain of a (stage, hook): one jump per family to that family's chain.

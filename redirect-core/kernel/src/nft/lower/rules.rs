@@ -8,21 +8,38 @@ use super::sets::{int_to_key, SetForms};
 use super::{nfproto, NftChain};
 use crate::nft::expr::{Base, CtKey, Expr, MetaKey, Verdict};
 use redirect_model::table::chain_name;
-use redirect_model::{Action, AddrMatch, Chain, CtStates, Family, Match, PortMatch, Stage};
+use redirect_model::{
+    Action, AddrMatch, Chain, CountedPath, CtStates, Family, Match, PortMatch, Stage,
+};
 
 /// A family's chain: each rule's matches (one list, or one per prefix group) with its action.
 pub(super) fn lower_chain(c: &Chain, forms: &SetForms) -> NftChain {
-    let mut rules = Vec::new();
+    lower_chain_counted(c, forms).0
+}
+
+/// [`lower_chain`], with the path each lowered rule's counter adds to (`None`: no counter).
+/// A counted rule gets its `counter` after its matches, before its statements; every rule it
+/// lowers to (one per prefix group, TPROXY's drop) carries one.
+pub(super) fn lower_chain_counted(
+    c: &Chain,
+    forms: &SetForms,
+) -> (NftChain, Vec<Option<CountedPath>>) {
+    let (mut rules, mut paths) = (Vec::new(), Vec::new());
     for r in &c.rules {
-        for m in lower_matches(&r.matches, c.family, forms) {
+        for mut m in lower_matches(&r.matches, c.family, forms) {
+            if r.count.is_some() {
+                m.push(Expr::Counter);
+            }
             lower_action(&mut rules, m, &r.action, c.stage, c.family);
+            paths.resize(rules.len(), r.count);
         }
     }
-    NftChain {
+    let chain = NftChain {
         name: chain_name(c.stage, c.family, &c.name),
         base: None,
         rules,
-    }
+    };
+    (chain, paths)
 }
 
 /// The rule's matches, lowered: one expression list, or one per prefix group when the rule
