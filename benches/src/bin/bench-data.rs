@@ -1,6 +1,7 @@
 //! Writes the inputs of the scripts in `benches/` into a directory: Istio's rules for the
 //! measured configurations (iptables-restore input, `nft -f` scripts), our own rules as an
-//! `nft -f` script, the excluded-CIDR list as `-x` takes it, and redirect-cni ADD configs.
+//! `nft -f` script (also with counters, and 1,000-rule stacks with and without a counter for
+//! `counters.sh`), the excluded-CIDR list as `-x` takes it, and redirect-cni ADD configs.
 //!
 //! Usage: `bench-data OUT_DIR ISTIO_CNI_BASIC_RESTORE [N_CIDRS]`
 
@@ -52,6 +53,14 @@ fn main() {
         &istio_rules::nft_sidecar_default(&[]),
     );
     write(&out, "ours-default.nft", &ours(sidecar_default()));
+    let counted = redirect_model::CaptureConfig {
+        counters: true,
+        ..sidecar_default()
+    };
+    write(&out, "ours-counted.nft", &ours(counted));
+    for (name, statement) in [("stack-plain.nft", ""), ("stack-counted.nft", " counter")] {
+        write(&out, name, &stack(1000, statement));
+    }
     write(
         &out,
         "istio-exclude.restore",
@@ -70,6 +79,19 @@ fn main() {
         cidr_list(&cidrs),
     );
     write(&out, "cni-exclude.json", &cni_conf(Some(exclude)));
+}
+
+/// A table of `n` rules that every new outbound TCP connection walks, each with `statement`
+/// (or none): set beside our rules, the cost of `n` counters per connection shows.
+fn stack(n: usize, statement: &str) -> String {
+    let mut s = String::from(
+        "table inet redirect_bench_stack {\n  chain out {\n    type nat hook output priority -110;\n",
+    );
+    for _ in 0..n {
+        s.push_str(&format!("    meta l4proto tcp{statement}\n"));
+    }
+    s.push_str("  }\n}\n");
+    s
 }
 
 /// A chained plugin's ADD config for a sidecar pod: the annotations from the runtime (no API

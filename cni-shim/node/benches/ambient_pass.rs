@@ -17,7 +17,10 @@
 //! behind a branch ENI (its host route in a table of its own, an `iif` rule into it, the node's
 //! `tcp_early_demux` 0): the pass then also reads back two ip rules per pod. With
 //! `CHECK_LISTENERS=0`, the agent does not read ztunnel's listeners in each pod
-//! (`AMBIENT_CHECK_LISTENERS=false`): the difference is that read's cost.
+//! (`AMBIENT_CHECK_LISTENERS=false`): the difference is that read's cost. With
+//! `CAPTURE_COUNTERS=pod` (or `node`), the pods' rules carry counters and each pass reads them
+//! (one dump of a pod's rules, at most every `CAPTURE_COUNTERS_INTERVAL`, 15 s unless set):
+//! the difference is the counters' cost to the pass.
 
 use std::time::{Duration, Instant};
 
@@ -68,9 +71,13 @@ fn main() {
     } else {
         "true"
     };
+    let counters = std::env::var("CAPTURE_COUNTERS").unwrap_or_else(|_| "off".into());
+    let every = std::env::var("CAPTURE_COUNTERS_INTERVAL").unwrap_or_else(|_| "15s".into());
     let env = [
+        ("CAPTURE_COUNTERS_INTERVAL", every.as_str()),
         ("AMBIENT_RECONCILE_INTERVAL", "1s"),
         ("AMBIENT_CHECK_LISTENERS", listeners),
+        ("CAPTURE_COUNTERS", counters.as_str()),
     ];
     let launch = Launch {
         args: &["--monitoring-port=15014"],

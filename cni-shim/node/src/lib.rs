@@ -13,6 +13,7 @@ pub mod adopted_forms;
 pub mod agent;
 pub mod ambient;
 pub mod atomic_file;
+pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod hand_back;

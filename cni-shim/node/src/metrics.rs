@@ -127,6 +127,8 @@ pub struct Metrics {
     watch_listed: Gauge<f64, AtomicU64>,
     adopted: Family<AdoptLabels, Counter>,
     ambient: AmbientMetrics,
+    /// `CAPTURE_COUNTERS`: the pods' counters, encoded at each scrape.
+    counts: Option<crate::counters::CaptureCounts>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -319,6 +321,7 @@ impl Metrics {
             watch_listed,
             adopted,
             ambient: AmbientMetrics::default(),
+            counts: None,
         }
     }
 
@@ -378,6 +381,23 @@ impl Metrics {
             let _ = a.repairs.get_or_create(&KindLabels { kind });
         }
         self
+    }
+
+    /// Adds the capture counters (`CAPTURE_COUNTERS`, right after [`Metrics::new`], before
+    /// any clone): `redirect_cni_capture_packets_total` and `redirect_cni_capture_bytes_total`,
+    /// per path, and per pod when the mode says so.
+    pub fn with_counters(mut self, counts: crate::counters::CaptureCounts) -> Self {
+        let Some(registry) = Arc::get_mut(&mut self.registry) else {
+            return self;
+        };
+        registry.register_collector(Box::new(counts.clone()));
+        self.counts = Some(counts);
+        self
+    }
+
+    /// The pods' counters (`CAPTURE_COUNTERS`), for the readers to set; `None` when off.
+    pub fn capture_counts(&self) -> Option<&crate::counters::CaptureCounts> {
+        self.counts.as_ref()
     }
 
     /// One pod found holding Istio's rules: `result` replaced, kept or failed; `form` Istio's.

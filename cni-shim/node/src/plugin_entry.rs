@@ -43,6 +43,10 @@ pub fn plugin_entry(s: &Settings) -> Value {
         s.exclude_namespaces.clone().into(),
     );
     m.insert("pod_namespace".into(), s.pod_namespace.clone().into());
+    if s.capture_counters.on() {
+        // The plugin's ADD puts counters on a sidecar pod's rules; the agent reads them.
+        m.insert("counters".into(), true.into());
+    }
     if s.ambient.enabled {
         // The plugin asks the agent at each ADD (`cni_protocol::ambient`).
         m.insert("ambient_enabled".into(), true.into());

@@ -442,6 +442,22 @@ redirect_core::cli::flags! {
             "Ambient: on a node with net.ipv4.tcp_early_demux=0 (EKS Security Groups for Pods), \
              ip rules that let kubelet's probes reach enrolled pods behind an AWS branch ENI",
         ),
+        CAPTURE_COUNTERS = s(
+            "capture-counters",
+            Some("CAPTURE_COUNTERS"),
+            "off",
+            "Counters on the capture rules of every pod set up from now on (the plugin's \
+             `counters` for sidecar pods, ambient's in-pod rules), exported on the metrics port \
+             per path (inbound and outbound captured, bypassed, excluded): off, node (summed \
+             over the node's pods) or pod (per pod: the metrics port then names every pod)",
+        ),
+        CAPTURE_COUNTERS_INTERVAL = s(
+            "capture-counters-interval",
+            Some("CAPTURE_COUNTERS_INTERVAL"),
+            "15s",
+            "With CAPTURE_COUNTERS: how often the sidecar pods' counters are read (ambient pods' \
+             at each ambient pass); 1s to 1h",
+        ),
         AMBIENT_CHECK_LISTENERS = b(
             "ambient-check-listeners",
             "AMBIENT_CHECK_LISTENERS",
@@ -561,6 +577,10 @@ pub struct Settings {
     pub untaint: Option<String>,
     /// The agent's HTTP port; 0: no endpoints.
     pub monitoring_port: u16,
+    /// `CAPTURE_COUNTERS`: counters on the capture rules, exported per path (and pod).
+    pub capture_counters: crate::counters::CountersMode,
+    /// `CAPTURE_COUNTERS_INTERVAL`: how often the sidecar pods' counters are read.
+    pub capture_counters_interval: Duration,
     /// Ambient mode (`AMBIENT_ENABLED` and the rest).
     pub ambient: AmbientSettings,
 }
@@ -781,6 +801,8 @@ fn settings(v: &Values) -> Result<Settings> {
         repair,
         untaint,
         monitoring_port,
+        capture_counters: counters_mode(v)?,
+        capture_counters_interval: duration(v, &CAPTURE_COUNTERS_INTERVAL)?,
         ambient: ambient(v)?,
     })
 }
@@ -796,6 +818,7 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
     let mut base = AmbientConfig {
         dns_capture: v.boolean(&AMBIENT_DNS_CAPTURE)?,
         ipv6: v.boolean(&AMBIENT_IPV6)?,
+        counters: counters_mode(v)?.on(),
         ..AmbientConfig::default()
     };
     match ip(&HOST_PROBE_SNAT_IP)? {
@@ -811,16 +834,7 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         let reason = "expected an absolute path, e.g. /var/run/ztunnel/ztunnel.sock";
         return Err(v.invalid(&ZTUNNEL_UDS_ADDRESS, reason.into()));
     }
-    let text = v.string(&AMBIENT_RECONCILE_INTERVAL);
-    let reconcile_interval = humantime::parse_duration(text.trim())
-        .ok()
-        .filter(|d| (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(d))
-        .ok_or_else(|| {
-            v.invalid(
-                &AMBIENT_RECONCILE_INTERVAL,
-                "expected a duration from 1s to 1h, such as 5s or 1m".into(),
-            )
-        })?;
+    let reconcile_interval = duration(v, &AMBIENT_RECONCILE_INTERVAL)?;
     Ok(AmbientSettings {
         enabled: v.boolean(&AMBIENT_ENABLED)?,
         selectors: enablement_selectors(v)?,
@@ -831,6 +845,25 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         aws_branch_eni_probe: v.boolean(&AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE)?,
         check_listeners: v.boolean(&AMBIENT_CHECK_LISTENERS)?,
     })
+}
+
+/// `CAPTURE_COUNTERS`'s value.
+fn counters_mode(v: &Values) -> Result<crate::counters::CountersMode> {
+    crate::counters::CountersMode::parse(&v.string(&CAPTURE_COUNTERS))
+        .map_err(|why| v.invalid(&CAPTURE_COUNTERS, why))
+}
+
+/// A duration setting from 1 s to 1 h (`5s`, `1m`).
+fn duration(v: &Values, key: &Flag) -> Result<Duration> {
+    humantime::parse_duration(v.string(key).trim())
+        .ok()
+        .filter(|d| (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(d))
+        .ok_or_else(|| {
+            v.invalid(
+                key,
+                "expected a duration from 1s to 1h, such as 5s or 1m".into(),
+            )
+        })
 }
 
 /// Istio's default name for the owned config file (`ISTIO_OWNED_CNI_CONFIG`).

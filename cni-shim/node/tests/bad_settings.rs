@@ -179,6 +179,18 @@ fn bad_installer_settings() {
             ],
         ),
         (
+            "CAPTURE_COUNTERS not a mode",
+            &[],
+            &[("CAPTURE_COUNTERS", "yes")],
+            &["CAPTURE_COUNTERS", "yes", "off, node", "pod"],
+        ),
+        (
+            "CAPTURE_COUNTERS_INTERVAL out of range",
+            &["--capture-counters-interval", "500ms"],
+            &[],
+            &["capture-counters-interval", "500ms", "1s to 1h"],
+        ),
+        (
             "HAND_BACK_FORM the agent's image cannot write",
             &["--hand-back-form", "iptables-legacy"],
             &[],
@@ -310,4 +322,35 @@ fn the_enablement_selector_is_read_as_istio_writes_it_and_reaches_the_plugin() {
         plugin_entry(&nothing)["enablement_selectors"],
         serde_json::json!([])
     );
+}
+
+/// `CAPTURE_COUNTERS`: the plugin's entry carries `counters` (the plugin's ADD puts them in a
+/// sidecar pod's rules) in either mode that counts, and ambient's in-pod rules carry them too.
+#[test]
+fn capture_counters_reach_the_plugin_entry_and_ambients_rules() {
+    use cni_node::counters::CountersMode;
+    use cni_node::plugin_entry::plugin_entry;
+    use cni_node::settings::{parse, Parsed};
+    let with = |value: &str| {
+        let env = |k: &str| (k == "CAPTURE_COUNTERS").then(|| value.to_string());
+        match parse(Vec::<OsString>::new(), &env) {
+            Ok(Parsed::Run(s)) => *s,
+            other => panic!("CAPTURE_COUNTERS={value}: {other:?}"),
+        }
+    };
+    for (value, mode) in [
+        ("off", CountersMode::Off),
+        ("node", CountersMode::Node),
+        ("pod", CountersMode::Pod),
+    ] {
+        let s = with(value);
+        assert_eq!(s.capture_counters, mode);
+        let entry = plugin_entry(&s);
+        assert_eq!(
+            entry.get("counters").is_some(),
+            mode.on(),
+            "{value}: {entry}"
+        );
+        assert_eq!(s.ambient.base.counters, mode.on(), "{value}");
+    }
 }

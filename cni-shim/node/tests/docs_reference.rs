@@ -152,7 +152,10 @@ fn every_metric_is_documented_and_exists() {
     use cni_node::metrics::{Install, Metrics};
     use cni_node::repair::detect::Action;
     use cni_protocol::events::Event;
-    let m = Metrics::new(Some(Action::Repair.metric_type()), true).with_ambient();
+    let counts = cni_node::counters::CaptureCounts::new(cni_node::counters::CountersMode::Pod);
+    let m = Metrics::new(Some(Action::Repair.metric_type()), true)
+        .with_ambient()
+        .with_counters(counts);
     m.set_ambient(1, 0, 1, 1);
     m.ambient_failed();
     m.ambient_pass(std::time::Duration::from_millis(2));

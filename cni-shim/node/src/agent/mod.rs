@@ -62,6 +62,10 @@ impl Agent {
         if settings.ambient.enabled {
             metrics = metrics.with_ambient();
         }
+        if settings.capture_counters.on() {
+            let counts = crate::counters::CaptureCounts::new(settings.capture_counters);
+            metrics = metrics.with_counters(counts);
+        }
         // Before anything is installed: an unsafe socket folder stops the agent here.
         let zds = zds_server(settings)?;
         // The installer checks it too, later; the status file and the socket need it now.
@@ -74,9 +78,9 @@ impl Agent {
         );
         let (stop, stop_rx) = signal::channel(false);
         let (ready, ready_rx) = signal::channel(false);
-        let known = settings
-            .hand_back_on_uninstall
-            .map(|_| crate::pods::KnownPods::default());
+        // The pod watch's listing, for the hand-back's fallback and the sidecar counters.
+        let known = (settings.hand_back_on_uninstall.is_some() || settings.capture_counters.on())
+            .then(crate::pods::KnownPods::default);
         let parts = Parts {
             known: known.clone(),
             settings: settings.clone(),
@@ -389,6 +393,7 @@ async fn with_client(
         view,
         known,
     } = shared;
+    sidecar_counters(s, (&plugin, &metrics, known.as_ref()), tasks, &stop);
     if sidecar_pods {
         let mut settings = s.repair.clone();
         if !s.repair.enabled {
@@ -423,6 +428,35 @@ async fn with_client(
             stop,
         ));
     }
+}
+
+/// `CAPTURE_COUNTERS`: the sidecar pods' counters read every `CAPTURE_COUNTERS_INTERVAL` from
+/// the pods the watch lists (`known`).
+fn sidecar_counters(
+    s: &Settings,
+    (plugin, metrics, known): (&NetConf, &Metrics, Option<&crate::pods::KnownPods>),
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &signal::Receiver<bool>,
+) {
+    let (Some(counts), Some(known)) = (metrics.capture_counts(), known) else {
+        return;
+    };
+    if s.repair.node_name.is_empty() {
+        tracing::warn!(
+            "CAPTURE_COUNTERS: the sidecar pods' counters need this node's name (NODE_NAME) to \
+             list its pods: only ambient pods are counted"
+        );
+        return;
+    }
+    let reader = crate::counters::sidecar::SidecarReader::new(plugin.mesh.clone());
+    tasks.spawn(crate::counters::sidecar::run(
+        reader,
+        known.clone(),
+        counts.clone(),
+        s.repair.places.clone(),
+        s.capture_counters_interval,
+        stop.clone(),
+    ));
 }
 
 /// The host's probe SNAT for kubelet's UID, found in the host's `/proc`: without it kubelet's
@@ -507,7 +541,8 @@ fn ambient_start(
             Dataplane::new(zds)
                 .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
                 .with_branch_eni(s.ambient.aws_branch_eni_probe)
-                .with_listener_check(s.ambient.check_listeners),
+                .with_listener_check(s.ambient.check_listeners)
+                .with_counters_every(s.capture_counters_interval),
         ))),
         requests,
         view,

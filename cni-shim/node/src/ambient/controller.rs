@@ -345,6 +345,8 @@ impl Controller {
         state.passes.last = Some(rfc3339(SystemTime::now()));
         state.passes.took_ms = report.took.as_secs_f64() * 1000.0;
         self.metrics.ambient_pass(report.took);
+        // The stages and, with CAPTURE_COUNTERS, the counters this pass read.
+        self.update_metrics();
         self.publish(state).await;
     }
 
@@ -723,6 +725,9 @@ impl Controller {
             dp.zds().open().len(),
             dp.zds().connections(),
         );
+        if let Some(counts) = self.metrics.capture_counts() {
+            counts.set(crate::counters::Source::Ambient, dp.counts());
+        }
     }
 
     /// The node view's ambient part, from what the pass read.

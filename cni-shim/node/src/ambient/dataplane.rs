@@ -130,9 +130,23 @@ struct Enrolled {
     listeners: PodListeners,
     /// The last pass found its sandbox torn down (logged once).
     torn_down: bool,
+    /// Its counters per path as last read (`CAPTURE_COUNTERS`), and when.
+    counts: Option<(redirect_core::PathCounts, Instant)>,
 }
 
 impl Enrolled {
+    /// Reads its counters (`CAPTURE_COUNTERS`) when its table is `equal` to the plan (each
+    /// counter sits where the plan puts it), at most once `every`: a read is a rule dump.
+    fn read_counts(&mut self, equal: bool, every: std::time::Duration) {
+        let due = self.counts.is_none_or(|(_, at)| at.elapsed() >= every);
+        if !self.cfg.counters || !equal {
+            self.counts = None;
+        } else if let (true, Some(ns)) = (due, &self.kernel) {
+            let read = ns.path_counts(&Capture::Ambient(self.cfg.clone()));
+            self.counts = read.ok().flatten().map(|c| (c, Instant::now()));
+        }
+    }
+
     /// Opens its netlink sockets (`kernel`) unless they are open: `None` for a pod whose
     /// namespace is not held.
     fn open_kernel(&mut self) -> Option<redirect_core::Result<()>> {
@@ -196,7 +210,12 @@ pub struct Dataplane {
     check_listeners: bool,
     /// The node's ruleset generation at which the host table last read back equal.
     host_seen: Option<u32>,
+    /// `CAPTURE_COUNTERS_INTERVAL`: how often a pod's counters are read.
+    counters_every: std::time::Duration,
 }
+
+/// `CAPTURE_COUNTERS_INTERVAL`'s default.
+const DEFAULT_COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl Dataplane {
     pub fn new(zds: ZdsServer) -> Dataplane {
@@ -211,7 +230,15 @@ impl Dataplane {
             branch_eni: BranchEniRules::new(false),
             check_listeners: false,
             host_seen: None,
+            counters_every: DEFAULT_COUNTERS_EVERY,
         }
+    }
+
+    /// The same, reading each pod's counters (`CAPTURE_COUNTERS`, when its rules carry them) at
+    /// most once every `every` (`CAPTURE_COUNTERS_INTERVAL`): a read is a dump of its rules.
+    pub fn with_counters_every(mut self, every: std::time::Duration) -> Dataplane {
+        self.counters_every = every;
+        self
     }
 
     /// The same, reading ztunnel's listeners in each acked pod when `enabled`
@@ -455,6 +482,7 @@ impl Dataplane {
                 repair: adopted,
                 listeners: PodListeners::default(),
                 torn_down: false,
+                counts: None,
             },
         );
         self.branch_eni_after(&pod.label());
@@ -484,6 +512,7 @@ impl Dataplane {
                 repair: None,
                 listeners: PodListeners::default(),
                 torn_down: false,
+                counts: None,
             },
         );
         self.stage(&pod.uid).unwrap_or(Stage::Pending)
@@ -955,6 +984,7 @@ impl Dataplane {
     fn converge_rules(&mut self, uid: &str, report: &mut PassReport) -> Option<(String, Repair)> {
         // Fields borrowed apart: no copy of the record folder per pod and pass.
         let (adopt, records) = (self.adopt, self.records.as_deref());
+        let counters_every = self.counters_every;
         let e = self.pods.get_mut(uid)?;
         let label = e.pod.label();
         if let Err(err) = e.open_kernel()? {
@@ -1014,6 +1044,7 @@ impl Dataplane {
                     .push(format!("pod {label}: reprogramming its rules: {err}")),
             }
         }
+        e.read_counts(left.is_empty(), counters_every);
         e.rules = Some(ReadBack {
             at: now,
             differences: left,
@@ -1022,6 +1053,18 @@ impl Dataplane {
             e.repair = Some(r.clone());
         }
         repair.map(|r| (label, r))
+    }
+
+    /// Each enrolled pod's counters per path as the last pass read them (`CAPTURE_COUNTERS`).
+    pub fn counts(&self) -> Vec<(crate::counters::PodKey, redirect_core::PathCounts)> {
+        let key = |p: &PodRef| crate::counters::PodKey {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+        };
+        let pods = self.pods.values();
+        pods.filter_map(|e| Some((key(&e.pod), e.counts?.0)))
+            .collect()
     }
 
     /// The stage of an enrolled pod, from what the current ZDS connection acked and, with

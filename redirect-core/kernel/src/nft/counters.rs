@@ -3,12 +3,10 @@
 //! the counted rules (`lower::counted_rules`). Counter values are the kernel's; the rest of a
 //! read (`dump`) ignores them, so a table compares equal whatever it has counted.
 
-use netlink_packet_core::{parse_string, Nla, NlasIterator, Parseable, NLA_TYPE_MASK};
-use netlink_packet_netfilter::nftables::{ExpressionAttribute, Expressions, ListAttribute};
+use netlink_packet_core::{parse_string, NlasIterator};
 
 use super::dump::bad;
 use super::error::Result;
-use super::extra;
 use super::lower::CountedRule;
 use super::message;
 use super::socket::Socket;
@@ -83,7 +81,13 @@ pub fn path_counts(read: &[RuleCounter], counted: &[CountedRule]) -> Option<Path
 
 type Decoded = (String, String, Option<Count>);
 
-/// A dumped rule's table, chain and counter, if it has one.
+// enum nft_expr_attributes
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+
+/// A dumped rule's table, chain and counter, if it has one. The expressions are walked as
+/// raw attributes: only a counter's name and values are read (the netlink crate's typed
+/// parse of every expression costs more than the dump itself).
 fn rule_counter(payload: &[u8]) -> std::result::Result<Decoded, netlink_packet_core::DecodeError> {
     let (mut table, mut chain, mut count) = (String::new(), String::new(), None);
     for nla in NlasIterator::new(payload) {
@@ -93,8 +97,7 @@ fn rule_counter(payload: &[u8]) -> std::result::Result<Decoded, netlink_packet_c
             NFTA_RULE_CHAIN => chain = parse_string(nla.value())?,
             NFTA_RULE_EXPRESSIONS => {
                 for e in NlasIterator::new(nla.value()) {
-                    let list = ListAttribute::<ExpressionAttribute>::parse(&e?)?;
-                    count = count.or_else(|| counter_of(&list));
+                    count = count.or(counter_of(e?.value())?);
                 }
             }
             _ => {}
@@ -103,30 +106,31 @@ fn rule_counter(payload: &[u8]) -> std::result::Result<Decoded, netlink_packet_c
     Ok((table, chain, count))
 }
 
-/// The packets and bytes of a `counter` expression; `None` for any other.
-fn counter_of(elem: &ListAttribute<ExpressionAttribute>) -> Option<Count> {
-    let ListAttribute::Element(attrs) = elem else {
-        return None;
-    };
-    let is_counter = attrs
-        .iter()
-        .any(|a| matches!(a, ExpressionAttribute::Name(n) if n == "counter"));
-    let data = attrs.iter().find_map(|a| match a {
-        ExpressionAttribute::Data(Expressions::Other { attributes, .. }) => Some(attributes),
-        _ => None,
-    });
-    let (true, Some(data)) = (is_counter, data) else {
-        return None;
-    };
-    let mut count = Count::default();
-    for a in data {
-        let v = extra::value(a);
-        let n = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-        match a.kind() & NLA_TYPE_MASK {
-            NFTA_COUNTER_BYTES => count.bytes = n,
-            NFTA_COUNTER_PACKETS => count.packets = n,
+/// The packets and bytes of one expression (`NFTA_LIST_ELEM`'s value) if it is a `counter`.
+fn counter_of(elem: &[u8]) -> std::result::Result<Option<Count>, netlink_packet_core::DecodeError> {
+    let (mut is_counter, mut data) = (false, None);
+    for a in NlasIterator::new(elem) {
+        let a = a?;
+        match a.kind() {
+            NFTA_EXPR_NAME => is_counter = parse_string(a.value())? == "counter",
+            NFTA_EXPR_DATA => data = Some(a.value().to_vec()),
             _ => {}
         }
     }
-    Some(count)
+    let (true, Some(data)) = (is_counter, data) else {
+        return Ok(None);
+    };
+    let mut count = Count::default();
+    for a in NlasIterator::new(&data[..]) {
+        let a = a?;
+        let Some(n) = a.value().get(..8).and_then(|v| v.try_into().ok()) else {
+            continue;
+        };
+        match a.kind() {
+            NFTA_COUNTER_BYTES => count.bytes = u64::from_be_bytes(n),
+            NFTA_COUNTER_PACKETS => count.packets = u64::from_be_bytes(n),
+            _ => {}
+        }
+    }
+    Ok(Some(count))
 }
