@@ -260,3 +260,66 @@ fn summed_over_the_node_the_metrics_port_names_no_pod() {
     }
     assert!(!text.contains("web"), "a pod named:\n{text}");
 }
+
+/// A sidecar pod set up by the plugin's ADD with the installer's `counters`: the agent's reader
+/// finds its namespace (by its cgroup under the host's `/proc`, as repair does) and its
+/// connections show on `/metrics`, summed over the node.
+#[test]
+fn a_sidecar_pods_connections_show_on_the_metrics_port() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    let env = [
+        ("CAPTURE_COUNTERS", "node"),
+        ("CAPTURE_COUNTERS_INTERVAL", "1s"),
+    ];
+    let launch = Launch {
+        args: &["--monitoring-port=15014"],
+        env: &env,
+        ..Launch::default()
+    };
+    let agent = n.agent_as(&launch);
+    n.cp.namespace("shop");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "shop",
+                     "annotations": {"sidecar.istio.io/status": STATUS}},
+        "spec": {"nodeName": common::ambient::NODE, "containers": [
+            {"name": "app", "image": "app"},
+            {"name": "istio-proxy", "image": "proxyv2",
+             "securityContext": {"runAsUser": 1337, "runAsGroup": 1337}}]}});
+    let out =
+        n.cp.kubectl_in(&["create", "-o", "json", "-f", "-"], Some(&pod.to_string()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
+    let netns = common::ambient::pod_netns(&n.host, "10.77.0.2", "vweb");
+    let cgroup = cni_testkit::host_proc::cgroupfs(&uid);
+    n.proc.add(4100, &cgroup, 100, netns.path());
+    common::ambient::running(&n.cp, "shop", "web", "10.77.0.2");
+    let out = n.cni("ADD", &netns, "shop", "web", &uid, &["10.77.0.2"]);
+    assert_eq!(out.code, 0, "ADD: {}{}", out.stdout, out.stderr);
+    // The app's connections go to 15001 (no proxy listens: counted all the same), the proxy's
+    // pass.
+    for _ in 0..3 {
+        let _ = support::connect_as(&netns, 1000, "10.77.0.1");
+    }
+    let _ = support::connect_as(&netns, 1337, "10.77.0.1");
+    let want = [
+        "redirect_cni_capture_packets_total{path=\"outbound_captured\"} 3",
+        "redirect_cni_capture_packets_total{path=\"bypassed\"} 1",
+    ];
+    common::eventually_or(
+        "the sidecar pod's counts on /metrics",
+        Duration::from_secs(30),
+        || format!("{}\n{}", metrics(&n), agent.log()),
+        || {
+            let t = metrics(&n);
+            want.iter().all(|w| t.contains(w)).then_some(())
+        },
+    );
+}
