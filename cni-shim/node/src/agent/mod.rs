@@ -507,7 +507,8 @@ fn ambient_start(
             Dataplane::new(zds)
                 .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
                 .with_branch_eni(s.ambient.aws_branch_eni_probe)
-                .with_listener_check(s.ambient.check_listeners),
+                .with_listener_check(s.ambient.check_listeners)
+                .with_synthetic_check(s.ambient.synthetic_check.clone()),
         ))),
         requests,
         view,
