@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_sock_diag::constants::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN,
-    TCP_SYN_RECV,
 };
 use netlink_packet_sock_diag::inet::{
     ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags,
@@ -174,9 +173,9 @@ impl SockDiag {
         Ok(out)
     }
 
-    /// The TCP socket, connected or being accepted, whose local port is `port` and whose
-    /// peer is `peer`: the server's end of a connection made from `peer` to a listener on
-    /// `port` (accepted or still in its queue). IPv4 and IPv6 sockets are read, an IPv4
+    /// The TCP socket, in any state but `LISTEN`, whose local port is `port` and whose peer
+    /// is `peer`: the server's end of a connection made from `peer` to a listener on `port`
+    /// (in its queue, accepted, or accepted and closed already). IPv4 and IPv6 sockets are read, an IPv4
     /// address mapped into IPv6 (a dual-stack listener's) taken for the IPv4 one.
     pub fn accepted_from(
         &mut self,
@@ -184,8 +183,10 @@ impl SockDiag {
         peer: SocketAddr,
     ) -> Result<Option<Accepted>, Error> {
         let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-        // The request sockets of a handshake not yet done are asked for too (SYN_RECV).
-        let states = StateFlags::from_bits_retain((1 << TCP_ESTABLISHED) | (1 << TCP_SYN_RECV));
+        // Every state but LISTEN: the request socket of a handshake not yet done (SYN_RECV),
+        // and one the server already accepted and closed (FIN_WAIT, TIME_WAIT...): a proxy
+        // that accepts at once and cannot serve the connection closes it before we look.
+        let states = StateFlags::from_bits_retain(0x1ffe & !(1 << TCP_LISTEN));
         for family in [AF_INET, AF_INET6] {
             let found = self
                 .request(Transport::Tcp, family, IPPROTO_TCP, states.clone())?
@@ -286,6 +287,6 @@ pub struct Accepted {
     pub local: SocketAddr,
     /// The UID that owns it (the listener's).
     pub uid: u32,
-    /// The handshake is done (`ESTABLISHED`); `false`: still a request (`SYN_RECV`).
+    /// It is `ESTABLISHED`; `false`: still a request (`SYN_RECV`), or closed by the server.
     pub established: bool,
 }
