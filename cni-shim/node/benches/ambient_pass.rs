@@ -182,6 +182,15 @@ fn synthetic_report(n: &Node) {
         .filter_map(|p| p["synthetic_check"]["took_ms"].as_f64())
         .collect();
     took.sort_by(f64::total_cmp);
+    // A failure's last word, if it is still a pod's last check.
+    for p in view["pods"].as_array().into_iter().flatten() {
+        if p["synthetic_check"]["ok"] == false {
+            println!(
+                "synthetic check of {}: {}",
+                p["name"], p["synthetic_check"]["detail"]
+            );
+        }
+    }
     println!(
         "synthetic checks: {ok} ok, {failed} failed; one check took {:.3} ms (median of the \
          last check of {} pods), {:.3} ms at most",
