@@ -112,6 +112,7 @@ pub use redirect_kernel::netns::{current_netns_id, netns_id_of, Netns, NetnsId};
 pub use redirect_kernel::nft::{Difference, TableState};
 pub use redirect_kernel::routes::TproxyRouting;
 pub use redirect_kernel::sockopt::original_dst;
+pub use redirect_kernel::synthetic;
 pub use redirect_kernel::SystemGroups;
 pub use redirect_model::{
     eval, render, sidecar_routes, AmbientConfig, Capture, CaptureConfig, Count, CountedPath,

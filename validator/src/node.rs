@@ -256,7 +256,36 @@ fn table(doc: &Value) -> String {
         out.push_str(&needing.join("\n"));
         out.push('\n');
     }
+    out.push_str(&synthetic_lines(doc));
     out
+}
+
+/// The ambient pods' last synthetic checks (`AMBIENT_SYNTHETIC_CHECK`), a line each under
+/// the table: observational, a failed one changes no pod's state.
+fn synthetic_lines(doc: &Value) -> String {
+    let lines: Vec<String> = pods(doc)
+        .iter()
+        .map(|p| (p, &p["synthetic_check"]))
+        .filter(|(_, c)| !c.is_null())
+        .map(|(p, c)| {
+            let ok = if c["ok"].as_bool() == Some(true) {
+                "ok"
+            } else {
+                "FAILED"
+            };
+            format!(
+                "synthetic check {}/{} at {}: {ok}: {}",
+                s(&p["namespace"]),
+                s(&p["name"]),
+                short_time(&c["at"]),
+                s(&c["detail"])
+            )
+        })
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!("\n{}\n", lines.join("\n"))
 }
 
 /// ztunnel's connection, the host's probe table and the passes, a line each.
@@ -505,6 +534,20 @@ mod tests {
         assert!(line("books/reviews").contains("  -  "), "{t}");
         assert!(
             t.lines().next_back().is_some() && t.contains("LISTENERS"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_last_synthetic_check_is_said_under_the_table() {
+        let mut d = doc();
+        assert!(!table(&d).contains("synthetic check"), "none ran");
+        d["pods"][1]["synthetic_check"] = serde_json::json!({
+            "at": "2026-11-27T22:00:01Z", "ok": false, "result": "refused",
+            "detail": "refused: a connection to 192.0.2.1:9 was reset", "took_ms": 0.4});
+        let t = table(&d);
+        assert!(
+            t.contains("synthetic check shop/web at 22:00:01: FAILED: refused: a connection"),
             "{t}"
         );
     }

@@ -20,7 +20,10 @@
 //! (`AMBIENT_CHECK_LISTENERS=false`): the difference is that read's cost. With
 //! `CAPTURE_COUNTERS=pod` (or `node`), the pods' rules carry counters and each pass reads them
 //! (one dump of a pod's rules, at most every `CAPTURE_COUNTERS_INTERVAL`, 15 s unless set):
-//! the difference is the counters' cost to the pass.
+//! the difference is the counters' cost to the pass. With `SYNTHETIC=1`,
+//! the agent runs the synthetic check (`AMBIENT_SYNTHETIC_CHECK=rotate`: one pod a pass, a
+//! connection to 192.0.2.1:9 landing on the stand-in's 15001): the difference is its cost, and
+//! the checks' own time is read from the node view.
 
 use std::time::{Duration, Instant};
 
@@ -73,11 +76,18 @@ fn main() {
     };
     let counters = std::env::var("CAPTURE_COUNTERS").unwrap_or_else(|_| "off".into());
     let every = std::env::var("CAPTURE_COUNTERS_INTERVAL").unwrap_or_else(|_| "15s".into());
+    // SYNTHETIC=1: the pass with the synthetic check of one pod.
+    let synthetic = if std::env::var("SYNTHETIC").is_ok_and(|v| v == "1") {
+        "rotate"
+    } else {
+        "off"
+    };
     let env = [
         ("CAPTURE_COUNTERS_INTERVAL", every.as_str()),
         ("AMBIENT_RECONCILE_INTERVAL", "1s"),
         ("AMBIENT_CHECK_LISTENERS", listeners),
         ("CAPTURE_COUNTERS", counters.as_str()),
+        ("AMBIENT_SYNTHETIC_CHECK", synthetic),
     ];
     let launch = Launch {
         args: &["--monitoring-port=15014"],
@@ -129,6 +139,10 @@ fn main() {
         (after.api_reads - before.api_reads) / passes,
     );
 
+    if synthetic == "rotate" {
+        synthetic_report(&n);
+    }
+
     // The restart, nothing changed.
     let writes = status_writes(&n);
     drop(agent);
@@ -152,6 +166,45 @@ fn main() {
         status_writes(&n) - writes
     );
     drop(netns);
+}
+
+/// The synthetic checks over the window: how many, how many failed, and the last one's time
+/// per pod (the node view's `took_ms`), as a median and the largest.
+fn synthetic_report(n: &Node) {
+    let ok = metric(n, "redirect_cni_synthetic_checks_total", &["result=\"ok\""]);
+    let failed = metric(
+        n,
+        "redirect_cni_synthetic_checks_total",
+        &["result=\"failed\""],
+    );
+    let socket = n.plugin_socket().with_file_name("debug.sock");
+    let body = cni_testkit::unix_get(&socket, "/debug/node")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let mut took: Vec<f64> = view["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["synthetic_check"]["took_ms"].as_f64())
+        .collect();
+    took.sort_by(f64::total_cmp);
+    // A failure's last word, if it is still a pod's last check.
+    for p in view["pods"].as_array().into_iter().flatten() {
+        if p["synthetic_check"]["ok"] == false {
+            println!(
+                "synthetic check of {}: {}",
+                p["name"], p["synthetic_check"]["detail"]
+            );
+        }
+    }
+    println!(
+        "synthetic checks: {ok} ok, {failed} failed; one check took {:.3} ms (median of the \
+         last check of {} pods), {:.3} ms at most",
+        took.get(took.len() / 2).copied().unwrap_or(f64::NAN),
+        took.len(),
+        took.last().copied().unwrap_or(f64::NAN),
+    );
 }
 
 /// What is read at each end of the window.

@@ -14,6 +14,8 @@
 //!   histograms of ADD's whole time and of each phase (istio#60472);
 //! - `redirect_cni_adopted_pods_total{result,form}`: pods found holding Istio's rules
 //!   (`ADOPT_ISTIO`), replaced, kept or failed, by Istio's form;
+//! - `redirect_cni_synthetic_checks_total{result}`: the ambient synthetic checks
+//!   (`AMBIENT_SYNTHETIC_CHECK`), `ok` or `failed`; absent while the check is off;
 //! - `redirect_cni_repair_watch_up` and `redirect_cni_repair_watch_last_list_timestamp_seconds`:
 //!   whether the repair controller's watch of this node's pods works, and when it last listed
 //!   them (only while the controller runs), for an alert on an agent that cannot reach the API.
@@ -153,6 +155,8 @@ struct AmbientMetrics {
     events: Family<TypeLabels, Counter>,
     /// Istio's `istio_cni_plugin_requests_total{response_code}`.
     istio_requests: Family<CodeLabels, Counter>,
+    /// `redirect_cni_synthetic_checks_total{result}`.
+    synthetic: Family<ResultLabels, Counter>,
     /// Connections counted so far (the server's count only grows).
     seen: Arc<AtomicU64>,
 }
@@ -173,6 +177,7 @@ impl Default for AmbientMetrics {
             ztunnel_connected: Gauge::default(),
             events: Family::default(),
             istio_requests: Family::default(),
+            synthetic: Family::default(),
             seen: Arc::default(),
         }
     }
@@ -366,6 +371,11 @@ impl Metrics {
             "What the passes found differing and put right, by kind (host_table: the host's probe table recreated; host_members: addresses missing from or left in its sets; pod_rules: a pod's in-pod rules programmed again; namespace: a pod's namespace found again or bound anew; resent: a pod the current ztunnel had not acked, sent again; probe_routes: an ip rule for a pod behind an AWS branch ENI added or removed)",
             a.repairs.clone(),
         );
+        registry.register(
+            "redirect_cni_synthetic_checks",
+            "Synthetic checks of ambient pods (AMBIENT_SYNTHETIC_CHECK), one a pass at most: a connection to a documentation address in the pod's namespace, by result (ok: it landed on ztunnel's outbound listener 15001; failed: refused, timed out, no route, landed elsewhere or the namespace gone)",
+            a.synthetic.clone(),
+        );
         register_istios_ambient(registry, a);
         for stage in ["enabled", "pending"] {
             a.pods.get_or_create(&StageLabels { stage }).set(0);
@@ -419,6 +429,15 @@ impl Metrics {
             .repairs
             .get_or_create(&KindLabels { kind })
             .inc();
+    }
+
+    /// One synthetic check, `ok` or failed; both series present from the first.
+    pub fn synthetic_check(&self, ok: bool) {
+        let s = &self.ambient.synthetic;
+        let _ = s.get_or_create(&ResultLabels { result: "ok" });
+        let _ = s.get_or_create(&ResultLabels { result: "failed" });
+        let result = if ok { "ok" } else { "failed" };
+        s.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// The data plane as it stands: pods by stage, ztunnel's connections open now (two during

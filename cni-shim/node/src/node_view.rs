@@ -127,6 +127,22 @@ pub(crate) struct ListenersView {
     pub error: Option<String>,
 }
 
+/// The last synthetic check of a pod (`AMBIENT_SYNTHETIC_CHECK`): a connection to a
+/// documentation address in its namespace, proved to land on ztunnel's 15001.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub(crate) struct SyntheticView {
+    #[serde(with = "rfc3339")]
+    pub at: SystemTime,
+    pub ok: bool,
+    /// In one word: `ok`, `refused`, `timed_out`, `no_route`, `landed_elsewhere`,
+    /// `namespace_gone`, `failed`.
+    pub result: &'static str,
+    /// In words.
+    pub detail: String,
+    /// How long the check took, in ms.
+    pub took_ms: f64,
+}
+
 /// The kind of capture a pod has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,6 +171,8 @@ pub(crate) struct PodEntry {
     pub rules: Option<ReadBack>,
     pub last_repair: Option<Repair>,
     pub ztunnel: Option<ZtunnelView>,
+    /// The last synthetic check (`None`: none ran for it; observational, its state unchanged).
+    pub synthetic_check: Option<SyntheticView>,
 }
 
 /// ztunnel's connection as the agent holds it.

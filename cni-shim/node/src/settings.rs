@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use super::error::{Error, Result};
 use super::plugin_entry::PLUGIN_TYPE;
 use crate::adopt::AdoptIstio;
+use crate::ambient::synthetic::SyntheticCheck;
 use crate::ambient::AmbientSettings;
 use crate::pods::Places;
 use crate::repair::detect::{Action, Filter};
@@ -466,6 +467,15 @@ redirect_core::cli::flags! {
              pod whose ztunnel listeners (15001, 15006, 15008, and 15053 with DNS capture) are \
              missing is pending, and its add is sent to ztunnel again with backoff",
         ),
+        AMBIENT_SYNTHETIC_CHECK = s(
+            "ambient-synthetic-check",
+            Some("AMBIENT_SYNTHETIC_CHECK"),
+            "off",
+            "Ambient: each pass, a synthetic connection in one pod's namespace to 192.0.2.1:9 \
+             (or [2001:db8::1]:9), proved over sock_diag to land on ztunnel's 15001: off, \
+             rotate (one enabled pod each pass, in turn) or <namespace>/<name> (that pod); \
+             observational, a pod's state is not changed",
+        ),
         AMBIENT_RECONCILE_INTERVAL = s(
             "ambient-reconcile-interval",
             Some("AMBIENT_RECONCILE_INTERVAL"),
@@ -844,6 +854,8 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
         ztunnel_socket: socket,
         aws_branch_eni_probe: v.boolean(&AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE)?,
         check_listeners: v.boolean(&AMBIENT_CHECK_LISTENERS)?,
+        synthetic_check: SyntheticCheck::parse(&v.string(&AMBIENT_SYNTHETIC_CHECK))
+            .map_err(|why| v.invalid(&AMBIENT_SYNTHETIC_CHECK, why))?,
     })
 }
 

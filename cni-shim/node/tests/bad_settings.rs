@@ -55,6 +55,23 @@ fn bad_installer_settings() {
             &["kubeconfig-mode", "0660", "0640"],
         ),
         (
+            // A word that is none of the accepted forms: named, with the forms.
+            "synthetic check",
+            &["--ambient-synthetic-check=sometimes"],
+            &[],
+            &[
+                "ambient-synthetic-check",
+                "sometimes",
+                "off, rotate, or <namespace>/<name>",
+            ],
+        ),
+        (
+            "synthetic check from env, a pod with no name",
+            &[],
+            &[("AMBIENT_SYNTHETIC_CHECK", "shop/")],
+            &["AMBIENT_SYNTHETIC_CHECK", "shop/", "<namespace>/<name>"],
+        ),
+        (
             "ambient switch",
             &["--ambient-enabled=sometimes"],
             &[],

@@ -160,6 +160,7 @@ fn every_metric_is_documented_and_exists() {
     m.ambient_failed();
     m.ambient_pass(std::time::Duration::from_millis(2));
     m.ambient_repair("pod_rules");
+    m.synthetic_check(true);
     m.ambient_plugin_request("200");
     m.reconcile_event("add");
     m.set_watch_up(true);

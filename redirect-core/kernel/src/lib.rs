@@ -11,6 +11,8 @@
 //!   inside it.
 //! - [`listeners`]: the sockets listening in a namespace (sock_diag), as `ss -ltun` lists
 //!   them.
+//! - [`synthetic`]: a synthetic connection through a namespace's capture, proved to land on a
+//!   listener (sock_diag).
 //! - [`sockopt`]: the original destination of a redirected connection (`SO_ORIGINAL_DST`).
 //! - [`backend`]: what capture needs of one namespace (our table, the routes beside it, the
 //!   addresses), behind the `Backend` trait: `Live` over the kernel, and with the `testing`
@@ -41,6 +43,7 @@ pub mod netns;
 pub mod nft;
 pub mod routes;
 pub mod sockopt;
+pub mod synthetic;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;

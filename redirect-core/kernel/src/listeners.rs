@@ -12,9 +12,11 @@ use std::net::SocketAddr;
 
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_sock_diag::constants::{
-    AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_CLOSE, TCP_LISTEN,
+    AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN,
 };
-use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+use netlink_packet_sock_diag::inet::{
+    ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags,
+};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
 
@@ -171,12 +173,73 @@ impl SockDiag {
         Ok(out)
     }
 
+    /// The TCP socket, in any state but `LISTEN`, whose local port is `port` and whose peer
+    /// is `peer`: the server's end of a connection made from `peer` to a listener on `port`
+    /// (in its queue, accepted, or accepted and closed already). IPv4 and IPv6 sockets are read, an IPv4
+    /// address mapped into IPv6 (a dual-stack listener's) taken for the IPv4 one.
+    pub fn accepted_from(
+        &mut self,
+        port: u16,
+        peer: SocketAddr,
+    ) -> Result<Option<Accepted>, Error> {
+        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
+        // Every state but LISTEN: the request socket of a handshake not yet done (SYN_RECV),
+        // and one the server already accepted and closed (FIN_WAIT, TIME_WAIT...): a proxy
+        // that accepts at once and cannot serve the connection closes it before we look.
+        let states = StateFlags::from_bits_retain(0x1ffe & !(1 << TCP_LISTEN));
+        for family in [AF_INET, AF_INET6] {
+            let found = self
+                .request(Transport::Tcp, family, IPPROTO_TCP, states.clone())?
+                .into_iter()
+                .map(|r| r.header)
+                .find(|h| {
+                    let id = &h.socket_id;
+                    id.source_port == port
+                        && id.destination_port == peer.port()
+                        && id.destination_address.to_canonical() == peer.ip()
+                });
+            if let Some(h) = found {
+                let id = &h.socket_id;
+                return Ok(Some(Accepted {
+                    local: SocketAddr::new(id.source_address.to_canonical(), id.source_port),
+                    uid: h.uid,
+                    established: h.state == TCP_ESTABLISHED,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     fn dump(&mut self, transport: Transport, family: u8) -> Result<Vec<Listener>, Error> {
         let (protocol, states) = match transport {
             Transport::Tcp => (IPPROTO_TCP, StateFlags::from_bits_retain(1 << TCP_LISTEN)),
             // A UDP socket that is bound and not connected reads as TCP_CLOSE.
             Transport::Udp => (IPPROTO_UDP, StateFlags::from_bits_retain(1 << TCP_CLOSE)),
         };
+        Ok(self
+            .request(transport, family, protocol, states)?
+            .into_iter()
+            // An unconnected UDP socket has no peer; a connected one is no listener.
+            .filter(|r| transport == Transport::Tcp || r.header.socket_id.destination_port == 0)
+            .map(|r| Listener {
+                transport,
+                addr: SocketAddr::new(
+                    r.header.socket_id.source_address,
+                    r.header.socket_id.source_port,
+                ),
+                uid: r.header.uid,
+            })
+            .collect())
+    }
+
+    /// The sockets of `protocol` and `family` in `states`, dumped.
+    fn request(
+        &mut self,
+        transport: Transport,
+        family: u8,
+        protocol: u8,
+        states: StateFlags,
+    ) -> Result<Vec<InetResponse>, Error> {
         let socket_id = if family == AF_INET {
             SocketId::new_v4()
         } else {
@@ -209,19 +272,21 @@ impl SockDiag {
         Ok(replies
             .into_iter()
             .filter_map(|m| match m {
-                SockDiagMessage::InetResponse(r) => Some(r),
+                SockDiagMessage::InetResponse(r) => Some(*r),
                 _ => None,
-            })
-            // An unconnected UDP socket has no peer; a connected one is no listener.
-            .filter(|r| transport == Transport::Tcp || r.header.socket_id.destination_port == 0)
-            .map(|r| Listener {
-                transport,
-                addr: SocketAddr::new(
-                    r.header.socket_id.source_address,
-                    r.header.socket_id.source_port,
-                ),
-                uid: r.header.uid,
             })
             .collect())
     }
+}
+
+/// The server's end of a connection, found by [`SockDiag::accepted_from`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// Its local address: the listener's port, on the address the connection reached
+    /// (`127.0.0.1:15001` for one redirected in the namespace's nat OUTPUT).
+    pub local: SocketAddr,
+    /// The UID that owns it (the listener's).
+    pub uid: u32,
+    /// It is `ESTABLISHED`; `false`: still a request (`SYN_RECV`), or closed by the server.
+    pub established: bool,
 }

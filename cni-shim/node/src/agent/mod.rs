@@ -542,7 +542,8 @@ fn ambient_start(
                 .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
                 .with_branch_eni(s.ambient.aws_branch_eni_probe)
                 .with_listener_check(s.ambient.check_listeners)
-                .with_counters_every(s.capture_counters_interval),
+                .with_counters_every(s.capture_counters_interval)
+                .with_synthetic_check(s.ambient.synthetic_check.clone()),
         ))),
         requests,
         view,

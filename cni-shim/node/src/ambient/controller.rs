@@ -369,6 +369,18 @@ impl Controller {
         for p in &report.problems {
             tracing::warn!("ambient: {p}; trying again on the next pass");
         }
+        if let Some((pod, before, outcome)) = &report.synthetic {
+            self.metrics.synthetic_check(outcome.is_ok());
+            if !outcome.is_ok() {
+                tracing::warn!(
+                    "ambient: pod {pod}: synthetic check failed ({}): {outcome} (observational: \
+                     its state is unchanged)",
+                    outcome.reason()
+                );
+            } else if *before == Some(false) {
+                tracing::info!("ambient: pod {pod}: synthetic check recovered: {outcome}");
+            }
+        }
     }
 
     /// The pods ztunnel keeps whose namespace the agent did not find: looked for again.
@@ -774,6 +786,7 @@ impl Controller {
                     rules: p.rules,
                     last_repair: p.repair,
                     ztunnel: Some(p.ztunnel),
+                    synthetic_check: p.synthetic_check,
                 }
             })
             .collect();

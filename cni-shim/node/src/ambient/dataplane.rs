@@ -23,12 +23,16 @@ use redirect_core::{AmbientConfig, Apply, Capture, Foreign, HostProbeConfig, Nam
 
 use crate::adopt::AdoptIstio;
 
-pub(crate) use crate::node_view::{HostView, ReadBack, Repair, RepairKind, ZtunnelView};
+pub(crate) use crate::node_view::{
+    HostView, ReadBack, Repair, RepairKind, SyntheticView, ZtunnelView,
+};
+use redirect_core::synthetic::Outcome;
 
 use super::branch_eni::{self, BranchEniRules};
 use super::error::AmbientError;
 use super::identity::Binding;
 use super::listeners::{self, PodListeners};
+use super::synthetic::{self, Checked, SyntheticCheck};
 use zds::proto::WorkloadInfo;
 use zds::server::{Delivery, Held, ZdsError, ZdsServer};
 
@@ -128,6 +132,8 @@ struct Enrolled {
     repair: Option<Repair>,
     /// ztunnel's listeners in its namespace, as last read.
     listeners: PodListeners,
+    /// The last synthetic check (`AMBIENT_SYNTHETIC_CHECK`).
+    synthetic: Option<Checked>,
     /// The last pass found its sandbox torn down (logged once).
     torn_down: bool,
     /// Its counters per path as last read (`CAPTURE_COUNTERS`), and when.
@@ -174,6 +180,7 @@ pub struct PodState {
     pub rules: Option<ReadBack>,
     pub repair: Option<Repair>,
     pub ztunnel: ZtunnelView,
+    pub synthetic_check: Option<SyntheticView>,
 }
 
 /// What one pass read and put right.
@@ -185,6 +192,9 @@ pub struct PassReport {
     pub problems: Vec<String>,
     /// Pods whose rules were read back.
     pub checked: usize,
+    /// The synthetic check of this pass: the pod's label, whether its last check was ok
+    /// (`None`: its first), and the outcome.
+    pub synthetic: Option<(String, Option<bool>, Outcome)>,
     pub took: std::time::Duration,
 }
 
@@ -208,6 +218,9 @@ pub struct Dataplane {
     branch_eni: BranchEniRules,
     /// `AMBIENT_CHECK_LISTENERS`: ztunnel's listeners read in each acked pod.
     check_listeners: bool,
+    /// `AMBIENT_SYNTHETIC_CHECK`, and the pod the last rotation checked.
+    synthetic: SyntheticCheck,
+    synthetic_last: Option<String>,
     /// The node's ruleset generation at which the host table last read back equal.
     host_seen: Option<u32>,
     /// `CAPTURE_COUNTERS_INTERVAL`: how often a pod's counters are read.
@@ -229,6 +242,8 @@ impl Dataplane {
             records: None,
             branch_eni: BranchEniRules::new(false),
             check_listeners: false,
+            synthetic: SyntheticCheck::Off,
+            synthetic_last: None,
             host_seen: None,
             counters_every: DEFAULT_COUNTERS_EVERY,
         }
@@ -246,6 +261,48 @@ impl Dataplane {
     pub fn with_listener_check(mut self, enabled: bool) -> Dataplane {
         self.check_listeners = enabled;
         self
+    }
+
+    /// The same, with a synthetic check each pass as `setting` says (`AMBIENT_SYNTHETIC_CHECK`).
+    pub fn with_synthetic_check(mut self, setting: SyntheticCheck) -> Dataplane {
+        self.synthetic = setting;
+        self
+    }
+
+    /// The synthetic check of this pass: the pod the setting picks (one `enabled` pod in
+    /// turn, or the one named) with its namespace held. Observational: no state changes.
+    fn synthetic_check(&mut self, report: &mut PassReport) {
+        if !self.synthetic.is_on() {
+            return;
+        }
+        let candidates: Vec<(String, String, bool)> = self
+            .pods
+            .iter()
+            .filter(|(_, e)| e.netns.is_some())
+            .map(|(u, e)| {
+                (
+                    u.clone(),
+                    e.pod.label(),
+                    self.stage(u) == Some(Stage::Enabled),
+                )
+            })
+            .collect();
+        let last = self.synthetic_last.as_deref();
+        let Some(uid) = synthetic::pick(&self.synthetic, &candidates, last).map(str::to_owned)
+        else {
+            return;
+        };
+        let Some(e) = self.pods.get_mut(&uid) else {
+            return;
+        };
+        let Some(netns) = e.netns.as_ref() else {
+            return;
+        };
+        let checked = synthetic::run(netns, &e.pod.ips);
+        let before = e.synthetic.as_ref().map(|c| c.outcome.is_ok());
+        report.synthetic = Some((e.pod.label(), before, checked.outcome.clone()));
+        e.synthetic = Some(checked);
+        self.synthetic_last = Some(uid);
     }
 
     /// The same, with the ip rules for pods behind an AWS branch ENI when `enabled`
@@ -481,6 +538,7 @@ impl Dataplane {
                 }),
                 repair: adopted,
                 listeners: PodListeners::default(),
+                synthetic: None,
                 torn_down: false,
                 counts: None,
             },
@@ -511,6 +569,7 @@ impl Dataplane {
                 rules: None,
                 repair: None,
                 listeners: PodListeners::default(),
+                synthetic: None,
                 torn_down: false,
                 counts: None,
             },
@@ -967,6 +1026,7 @@ impl Dataplane {
             }
         }
         self.converge_listeners(&mut report);
+        self.synthetic_check(&mut report);
         for (uid, sent) in self.zds.release_leftovers() {
             if let Err(e) = sent {
                 report.problems.push(format!(
@@ -1150,6 +1210,7 @@ impl Dataplane {
                             None
                         },
                     },
+                    synthetic_check: e.synthetic.as_ref().map(Checked::view),
                 }
             })
             .collect()

@@ -12,6 +12,7 @@ pub(crate) mod identity;
 pub(crate) mod listeners;
 pub(crate) mod plugin_requests;
 pub(crate) mod pods;
+pub mod synthetic;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,4 +41,7 @@ pub struct AmbientSettings {
     /// `AMBIENT_CHECK_LISTENERS`: a pod is `enabled` only while ztunnel's listeners are seen
     /// in its namespace.
     pub check_listeners: bool,
+    /// `AMBIENT_SYNTHETIC_CHECK`: which pod a pass sends a synthetic connection through, to
+    /// prove it lands on ztunnel's 15001 (observational).
+    pub synthetic_check: synthetic::SyntheticCheck,
 }

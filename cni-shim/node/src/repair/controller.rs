@@ -472,6 +472,7 @@ impl Controller {
             }),
             last_repair: repair,
             ztunnel: None,
+            synthetic_check: None,
         });
     }
 }
