@@ -5,7 +5,7 @@
 
 use netlink_packet_core::{parse_string, NlasIterator};
 
-use super::dump::bad;
+use super::dump::{bad, rule_walk};
 use super::error::Result;
 use super::lower::CountedRule;
 use super::message;
@@ -23,10 +23,7 @@ pub struct RuleCounter {
     pub count: Count,
 }
 
-// enum nft_rule_attributes, enum nft_counter_attributes
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
+// enum nft_counter_attributes
 const NFTA_COUNTER_BYTES: u16 = 1;
 const NFTA_COUNTER_PACKETS: u16 = 2;
 
@@ -89,20 +86,12 @@ const NFTA_EXPR_DATA: u16 = 2;
 /// raw attributes: only a counter's name and values are read (the netlink crate's typed
 /// parse of every expression costs more than the dump itself).
 fn rule_counter(payload: &[u8]) -> std::result::Result<Decoded, netlink_packet_core::DecodeError> {
-    let (mut table, mut chain, mut count) = (String::new(), String::new(), None);
-    for nla in NlasIterator::new(payload) {
-        let nla = nla?;
-        match nla.kind() {
-            NFTA_RULE_TABLE => table = parse_string(nla.value())?,
-            NFTA_RULE_CHAIN => chain = parse_string(nla.value())?,
-            NFTA_RULE_EXPRESSIONS => {
-                for e in NlasIterator::new(nla.value()) {
-                    count = count.or(counter_of(e?.value())?);
-                }
-            }
-            _ => {}
-        }
-    }
+    let mut count = None;
+    let (table, chain) = rule_walk(payload, |e| {
+        let c = counter_of(e.value())?;
+        count = count.or(c);
+        Ok(())
+    })?;
     Ok((table, chain, count))
 }
 

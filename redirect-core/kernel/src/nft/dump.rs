@@ -3,7 +3,7 @@
 //! `netlink-packet-core` (a rule's top level, set elements), and decoded into the typed form
 //! the plan is lowered to.
 
-use netlink_packet_core::{parse_string, DecodeError, NlasIterator, Parseable};
+use netlink_packet_core::{parse_string, DecodeError, NlaBuffer, NlasIterator, Parseable};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ExpressionAttribute, GenAttribute, Hook as NlHook, ListAttribute,
     NfTablesMessage, SetAttribute, SetDescription, TableAttribute, TableMessage,
@@ -172,7 +172,22 @@ const NFTA_RULE_EXPRESSIONS: u16 = 4;
 /// expression is parsed by netlink-packet-netfilter (its rule parser formats the whole
 /// expression list into each expression's error context).
 pub(super) fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), DecodeError> {
-    let (mut table, mut chain, mut exprs) = (String::new(), String::new(), Vec::new());
+    let mut exprs = Vec::new();
+    let (table, chain) = rule_walk(payload, |e| {
+        let list = ListAttribute::<ExpressionAttribute>::parse(e)?;
+        exprs.push(Expr::decode(&list));
+        Ok(())
+    })?;
+    Ok((table, chain, exprs))
+}
+
+/// A dumped rule's table and chain, with `each` called on every expression (`NFTA_LIST_ELEM`)
+/// in order: the one walk of a rule's top level, for the typed read and the counters' read.
+pub(super) fn rule_walk(
+    payload: &[u8],
+    mut each: impl FnMut(&NlaBuffer<&[u8]>) -> Result<(), DecodeError>,
+) -> Result<(String, String), DecodeError> {
+    let (mut table, mut chain) = (String::new(), String::new());
     for nla in NlasIterator::new(payload) {
         let nla = nla?;
         match nla.kind() {
@@ -180,14 +195,13 @@ pub(super) fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), Decode
             NFTA_RULE_CHAIN => chain = parse_string(nla.value())?,
             NFTA_RULE_EXPRESSIONS => {
                 for e in NlasIterator::new(nla.value()) {
-                    let list = ListAttribute::<ExpressionAttribute>::parse(&e?)?;
-                    exprs.push(Expr::decode(&list));
+                    each(&e?)?;
                 }
             }
             _ => {}
         }
     }
-    Ok((table, chain, exprs))
+    Ok((table, chain))
 }
 
 fn chain(attrs: Vec<ChainAttribute>, ours: &str) -> Option<ChainState> {
