@@ -144,8 +144,13 @@ fn the_manifests_keep_the_layers() {
     );
     assert_eq!(
         ours(&m, "redirect-testkit", &normal),
-        set(&["redirect-model"]),
-        "the test kit uses the model only (the kernel's tests use it)"
+        set(&["redirect-model", "redirect-testkit-macros"]),
+        "the test kit uses the model only (the kernel's tests use it), and its attribute's crate"
+    );
+    assert_eq!(
+        ours(&m, "redirect-testkit-macros", &all),
+        set(&[]),
+        "the test kit's attribute (#[kernel_test]) depends on nothing"
     );
     assert_eq!(
         ours(&m, "cni-protocol", &normal),
@@ -182,6 +187,7 @@ fn the_manifests_keep_the_layers() {
                         "nftnl-sys",
                         "mnl",
                         "redirect-testkit",
+                        "redirect-testkit-macros",
                         "redirect-benches",
                         "cni-testkit"
                     ]
