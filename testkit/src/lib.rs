@@ -121,29 +121,6 @@ fn kernel() -> Result<(), String> {
         .clone()
 }
 
-/// The environment variable that skips kernel tests explicitly (CI never sets it).
-pub const SKIP_ENV: &str = "REDIRECT_SKIP_KERNEL_TESTS";
-
-/// Whether kernel tests run here. `REDIRECT_SKIP_KERNEL_TESTS=1` skips them (with a notice on
-/// stderr); otherwise they need root, and without it this panics with a message that says so,
-/// so a missing privilege is a failure, never a silent pass.
-pub fn kernel_tests_enabled() -> bool {
-    if std::env::var(SKIP_ENV).is_ok_and(|v| v == "1") {
-        eprintln!(
-            "NOTICE: kernel test skipped because {SKIP_ENV}=1 (it sends real traffic through network \
-             namespaces and needs root)"
-        );
-        return false;
-    }
-    if !nix::unistd::geteuid().is_root() {
-        panic!(
-            "kernel tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run as root or set \
-             {SKIP_ENV}=1 to skip them explicitly"
-        );
-    }
-    true
-}
-
 /// Runs `f` on a thread inside the namespace at `path` (`TestNetns::path()`,
 /// `/run/netns/NAME`); panics when it cannot be entered. The kernel crate's handles on a
 /// test's namespace are `redirect_kernel::testing` (this kit links no crate of the kernel's).
