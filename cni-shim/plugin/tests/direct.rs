@@ -71,7 +71,7 @@ fn version_with_podmans_dummy_env() {
     assert_eq!(out.json()["cniVersion"], "1.1.0");
 }
 
-#[test]
+#[kernel_test]
 fn status_and_gc_of_cni_1_1() {
     let c = conf("1.1.0", None, serde_json::json!({}));
     let out = plugin(
