@@ -20,7 +20,8 @@
 # amd64 guests also get this machine's `ip` and `nft` (with the shared libraries they load) and,
 # with --kernel-tests FILE (lines `NAME PATH`: test executables of the workspace's kernel tests,
 # built by cargo for this machine), those executables: the guest runs each whole, one test at a
-# time, as a check of its own (ambient's in-pod rules and the host probe SNAT among them).
+# time, with --include-ignored (their #[kernel_test]s; one left ignored fails), as a check of
+# its own (ambient's in-pod rules and the host probe SNAT among them).
 #
 # --leave-out MODULE builds an initramfs without MODULE and runs the kernel-floor checks instead
 # (VM_MODE=floor in the guest): what needs MODULE must fail before changing anything, with an

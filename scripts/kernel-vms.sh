@@ -11,7 +11,8 @@
 #   arm64-bookworm  Debian 12's arm64 Linux 6.1, our aarch64 binaries (the guest checks)
 #
 # The kernel tests are the workspace's test executables that program the kernel (the list below,
-# built here with `cargo test --workspace --all-targets --no-run`), run whole in each amd64 guest: ambient's in-pod rules
+# built here with `cargo test --workspace --all-targets --no-run`), run whole in each amd64 guest
+# with --include-ignored (their #[kernel_test]s; one left ignored fails): ambient's in-pod rules
 # (15001, 15006, 15053, ztunnel's mark, the reply routing) and the host probe SNAT with real
 # connections among them. Each VM's log is target/vm/NAME.log; a summary line per VM at the end.
 # Sets REDIRECT_REQUIRE_VMS=1: a VM that cannot run fails, never skips.

@@ -35,7 +35,7 @@ kube_built
 # floor's error), and arm64's 6.1 with the aarch64 binaries; every VM must run and pass.
 bash scripts/kernel-vms.sh
 bash scripts/build-node-images.sh target/node-images # deploy/tests/real_node.rs
-cargo test --workspace --all-targets
+bash scripts/test-all.sh # every test; as root, the kernel tests too, and none may be ignored
 cargo test --workspace --doc
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet # the library's docs build without a warning
 # ...and alone, as a user's `cargo doc -p redirect-core` (or docs.rs) builds them: without the

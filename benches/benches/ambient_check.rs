@@ -13,10 +13,10 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_core::{AmbientConfig, Capture, Namespace, Netns};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_available, TestNetns};
 
 fn ambient_check(c: &mut Criterion) {
-    if !kernel_tests_enabled() {
+    if !kernel_available("the ambient_check benchmark") {
         return;
     }
     let pod = TestNetns::with_prefix("rdbenchamb");

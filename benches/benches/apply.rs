@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use redirect_benches::configs;
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_available, TestNetns};
 
 /// Sum of `iters` timings of `f`, each in a fresh namespace where `setup` ran first.
 fn in_fresh_namespaces(
@@ -42,7 +42,7 @@ fn timed(f: impl FnOnce()) -> Duration {
 }
 
 fn apply(c: &mut Criterion) {
-    if !kernel_tests_enabled() {
+    if !kernel_available("the apply benchmark") {
         return;
     }
     for (name, cfg) in configs() {

@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use redirect_benches::{sidecar_default, with_excluded};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 const BIN: &str = env!("CARGO_BIN_EXE_connrate");
 
@@ -35,11 +35,8 @@ fn field(json: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {json}"))
 }
 
-#[test]
+#[kernel_test]
 fn counts_redirected_connections_and_fails_without_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for cfg in [sidecar_default(), with_excluded(10_000)] {
         let ns = pod();
         let config = cfg.validated().expect("valid");

@@ -2783,11 +2783,8 @@ fn the_migration_section_names_each_difference_from_istios_container() {
 /// capabilities the DaemonSet gives its container (setpriv's bounding set), chains into a
 /// root-owned node; on folders owned by another user it cannot, until DAC_OVERRIDE is added
 /// (what Istio's container adds it for).
-#[test]
+#[redirect_testkit::kernel_test]
 fn root_with_the_containers_capabilities_writes_root_owned_host_folders() {
-    if !redirect_testkit::kernel_tests_enabled() {
-        return;
-    }
     let yaml = render(&[]);
     let objects = parse(&yaml, "default");
     let data = objects[CM]["data"].clone();

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cni_testkit::apiserver::{as_written, ControlPlane, SYSTEM};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 use serde_json::json;
 
 fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
@@ -147,11 +147,8 @@ const AMBIENT_RIGHTS: [(&str, &str); 4] = [
     ("patch", "pods/status"),
 ];
 
-#[test]
+#[kernel_test]
 fn every_manifest_of_deploy_is_accepted_by_a_real_api_server() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cp = ControlPlane::start();
     // Each file as its header says: into a namespace of one's choice, SET-ME replaced; the
     // main file applied for real first (the others refer to its account).
@@ -243,11 +240,8 @@ fn helm_template(namespace: &str, values: &[&str]) -> String {
 /// The chart's three settings of the seeds, OpenShift Service Mesh 3's values and its default,
 /// rendered and applied for real (each into a namespace of its own): the server takes every
 /// object, and the DaemonSet and its ConfigMap hold what the values asked for.
-#[test]
+#[kernel_test]
 fn the_helm_charts_renderings_are_accepted_by_a_real_api_server() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cp = ControlPlane::start();
     openshift_crds(&cp);
     const OPENSHIFT: &str = "cni.chained=false,cni.provider=multus,cni.cniBinDir=/var/lib/cni/bin,\

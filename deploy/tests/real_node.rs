@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use cni_testkit::node::{Node, Options};
 use redirect_istio::iptables_form::{restore_file, IstioIptables};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 use serde_json::{json, Value};
 
 /// Nodes running, and a start under way.
@@ -86,16 +86,13 @@ impl Drop for Lane {
     }
 }
 
-fn node(name: &str, opts: Options) -> Option<Lane> {
-    if !kernel_tests_enabled() {
-        return None;
-    }
+fn node(name: &str, opts: Options) -> Lane {
     let slot = Slot::take();
     let _starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
-    Some(Lane {
+    Lane {
         node: Some(Node::start(name, &opts)),
         _slot: slot,
-    })
+    }
 }
 
 fn eventually<T>(node: &Node, what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
@@ -399,17 +396,15 @@ fn env_value<'a>(env: &'a str, key: &str) -> &'a str {
 
 /// Prevention, install, capture, what kubelet passes, DEL, uninstall: the node registers
 /// tainted, as Istio's docs set it up, with a recorder in its chain.
-#[test]
+#[kernel_test]
 fn tainted_node_install_capture_and_uninstall() {
-    let Some(node) = node(
+    let node = node(
         "install",
         Options {
             taint: Some(TAINT.into()),
             record_cni: true,
         },
-    ) else {
-        return;
-    };
+    );
     let conflist_before = node.read(CONFLIST).expect("the node's conflist");
 
     // Prevention: with the taint on, the pod waits unscheduled.
@@ -611,11 +606,9 @@ fn repaired(node: &Node, kind: &str, result: &str) -> f64 {
 /// The seeds' race, repaired in place (the chart's default): a pod started while the node had
 /// no plugin in its chain crash-loops; once the agent is installed it programs the pod's
 /// namespace, and kubelet's next restart of the validation passes. Same pod, captured.
-#[test]
+#[kernel_test]
 fn seeds_race_repaired_in_place() {
-    let Some(node) = node("in-place", Options::default()) else {
-        return;
-    };
+    let node = node("in-place", Options::default());
     node.apply(&injected_pod("early"));
     let before = crash_looping(&node, "early");
 
@@ -649,11 +642,9 @@ fn seeds_race_repaired_in_place() {
 
 /// Delete mode: the crash-looping pod is deleted, and its ReplicaSet's new pod is captured
 /// from its start.
-#[test]
+#[kernel_test]
 fn seeds_race_delete_mode() {
-    let Some(node) = node("delete", Options::default()) else {
-        return;
-    };
+    let node = node("delete", Options::default());
     node.apply(&injected_deployment("web", 1));
     let early = eventually(&node, "the Deployment's pod", 60, || {
         pods_of(&node, "web").first().map(name_of)
@@ -686,11 +677,9 @@ fn seeds_race_delete_mode() {
 }
 
 /// Label mode: the crash-looping pod gets the label, and nothing else changes.
-#[test]
+#[kernel_test]
 fn seeds_race_label_mode() {
-    let Some(node) = node("label", Options::default()) else {
-        return;
-    };
+    let node = node("label", Options::default());
     node.apply(&injected_pod("early"));
     let before = crash_looping(&node, "early");
 
@@ -739,11 +728,9 @@ fn seeds_race_label_mode() {
 /// reaches Running captured from its start, none crash-looping: the old agent saw its
 /// DaemonSet stay (SAFE_UPGRADE) and left the plugin in place for the gap (3 to 12 s) until
 /// the new agent ran.
-#[test]
+#[kernel_test]
 fn daemonset_rollout_while_pods_start() {
-    let Some(node) = node("rollout", Options::default()) else {
-        return;
-    };
+    let node = node("rollout", Options::default());
     install(&node, &[]);
     let old = node.kubectl(&[
         "-n",
@@ -938,11 +925,9 @@ fn ztunnel_log(node: &Node) -> String {
 /// bound through the descriptor ztunnel got, from the first one; kubelet's readiness probe
 /// reaches it through the host's probe SNAT; `ambient.istio.io/redirection: enabled`); the
 /// agent's restart and ztunnel's restart lose nothing; the pod labelled `none` is released.
-#[test]
+#[kernel_test]
 fn ambient_pod_enrolled_by_label_survives_restarts_and_is_released() {
-    let Some(node) = node("ambient", Options::default()) else {
-        return;
-    };
+    let node = node("ambient", Options::default());
     install(&node, &["--set", "ambient.enabled=true"]);
     node.apply(
         &json!({"apiVersion": "v1", "kind": "Namespace",
@@ -1301,11 +1286,9 @@ fn never_lost(node: &Node, pod: &str) -> usize {
 /// kept beside ours, "amb-0 adopted and served by ztunnel: not within 60s"; with ambient pods
 /// handed back as sidecar pods, "amb-0: no \"-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j
 /// CONNMARK --set-xmark 0x111/0xfff\"".
-#[test]
+#[kernel_test]
 fn a_node_istio_set_up_is_switched_to_ours_with_no_pod_restarted() {
-    let Some(node) = node("switch", Options::default()) else {
-        return;
-    };
+    let node = node("switch", Options::default());
     istio_on(&node);
     // ztunnel, and an ambient pod holding the in-pod rules Istio's agent wrote: no agent
     // serves ztunnel yet, so the app's connections are refused at 15001 until the switch.
@@ -1625,11 +1608,9 @@ fn redirection_of(node: &Node, namespace: &str, name: &str) -> Option<String> {
 /// a namespace labelled `none` (nor ztunnel); `kubectl logs` of the agent shows the plugin's
 /// line for the pod's ADD; Istio's metric names are scraped with their meaning; and a helm
 /// upgrade back to Istio's default selectors releases the pod.
-#[test]
+#[kernel_test]
 fn istio_131_values_owned_config_opt_out_selectors_plugin_logs_and_metrics() {
-    let Some(node) = node("values131", Options::default()) else {
-        return;
-    };
+    let node = node("values131", Options::default());
     let primary = node.read(CONFLIST).expect("the node's conflist");
     let values = node.dir().join("values-131.yaml");
     std::fs::write(&values, VALUES_131).unwrap();

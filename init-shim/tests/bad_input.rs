@@ -20,7 +20,7 @@ use common::{run_in, snapshot, Run, BIN};
 use init_shim::flags::{self, Parsed};
 use init_shim::settings::Settings;
 use redirect_testkit::bad_input::{assert_none, check_rows, pod_ns, short, tail, Outcome};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// One invocation and what its error must name.
 struct Row {
@@ -663,43 +663,40 @@ fn misc_rows() -> Vec<Row> {
 }
 
 fn run_kind(kind: &str, rows: Vec<Row>) {
-    if !kernel_tests_enabled() {
-        return;
-    }
     assert_none(check_bad(kind, &rows));
 }
 
-#[test]
+#[kernel_test]
 fn bad_ports() {
     run_kind("ports", port_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_port_lists() {
     run_kind("port lists", port_list_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_cidrs() {
     run_kind("CIDR lists", cidr_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_uids_gids() {
     run_kind("uids/gids", id_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_modes_marks_route_tables() {
     run_kind("modes/marks/tables", mode_mark_table_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_interfaces_booleans_durations() {
     run_kind("interfaces/booleans/durations", iface_bool_duration_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_groups_backends_and_command_line() {
     run_kind("groups/backends/command line", misc_rows());
 }
@@ -788,11 +785,8 @@ fn dry(r: &Row) -> Row {
     }
 }
 
-#[test]
+#[kernel_test]
 fn lenient_rows_succeed_like_their_canonical_form() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let before = snapshot(&ns);
     let mut failures = Vec::new();
@@ -957,7 +951,7 @@ fn non_utf8_env_rows() -> Vec<Row> {
     .collect()
 }
 
-#[test]
+#[kernel_test]
 fn non_utf8_env_values_are_refused_by_name() {
     run_kind("non-UTF-8 env", non_utf8_env_rows());
 }

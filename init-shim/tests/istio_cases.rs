@@ -8,7 +8,7 @@ mod common;
 
 use common::{run_in, Run};
 use redirect_testkit::istio::{list_cases, load_istio_case, probe_matrix, IstioCase};
-use redirect_testkit::{kernel_tests_enabled, run_probes, Topology};
+use redirect_testkit::{kernel_test, run_probes, Topology};
 
 /// Flags that take a value, by the case JSON's key, with the variable Istio binds to them.
 const VALUE_FLAGS: &[(&str, Option<&str>)] = &[
@@ -103,11 +103,8 @@ fn invocation(case: &IstioCase, as_env: bool) -> Run {
     run
 }
 
-#[test]
+#[kernel_test]
 fn redirect_init_captures_like_istio_in_every_case() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cases = list_cases();
     assert_eq!(cases.len(), 27, "Istio's iptables test data has 27 cases");
     let mut mismatches = Vec::new();

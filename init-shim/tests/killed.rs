@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::BIN;
 use redirect_testkit::istio::SIDECAR_ARGS;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// Istio's sidecar arguments with inbound TPROXY (mark 1337, route table 133).
 fn args() -> Vec<&'static str> {
@@ -55,11 +55,8 @@ fn run(ns: &TestNetns) -> Command {
     cmd
 }
 
-#[test]
+#[kernel_test]
 fn a_killed_run_never_leaves_the_table_without_its_routes_and_the_next_run_completes_it() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // How long a whole run takes here and now (a few milliseconds, more on a loaded machine),
     // so that the kills spread over all of it.
     let mut whole: Vec<Duration> = (0..5)

@@ -9,9 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use common::{run_in, snapshot, snapshot_effective, snapshot_effective_of, Run, BIN};
 use redirect_testkit::istio::{load_istio_case, IstioCase};
-use redirect_testkit::{
-    kernel_tests_enabled, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
-};
+use redirect_testkit::{kernel_test, run_probes, From, Outcome, Probe, Side, TestNetns, Topology};
 
 use redirect_testkit::istio::SIDECAR_ARGS as ISTIO_ARGS;
 
@@ -66,11 +64,8 @@ fn all_probes(topo: &Topology, v6: bool) -> Vec<Probe> {
     p
 }
 
-#[test]
+#[kernel_test]
 fn bad_input_exits_1_names_the_value_and_leaves_the_namespace_untouched() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     // Something of ours is there already: bad input must not change or remove it either.
     run_in(&topo.pod, &Run::args(ISTIO_ARGS)).expect_ok("initial apply");
@@ -197,11 +192,8 @@ fn pipe_into(ns: &TestNetns, cmd: &str, input: &str) {
     );
 }
 
-#[test]
+#[kernel_test]
 fn dry_run_output_loads_with_the_tools_and_captures_like_the_native_apply() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for (label, extra) in [
         ("istio default", vec![]),
         (
@@ -307,11 +299,8 @@ fn dry_run_output_loads_with_the_tools_and_captures_like_the_native_apply() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn cleanup_only_removes_ours_and_istios_leftovers() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let pristine = snapshot(&topo.pod);
     run_in(
@@ -348,11 +337,8 @@ fn cleanup_only_removes_ours_and_istios_leftovers() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn reconcile_and_force_apply() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // Istio's rules in place: refused without --reconcile, replaced with it.
     let topo = Topology::basic();
     load_istio_case(&topo.pod, &IstioCase::load("ipnets"));
@@ -416,11 +402,8 @@ fn reconcile_and_force_apply() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn validation_exits_0_with_rules_and_126_without() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let probe_args = [
         "-p",
         "15001",
@@ -491,11 +474,8 @@ fn validation_exits_0_with_rules_and_126_without() {
 /// Istio's injector adds `--log_as_json` with `global.logAsJson`: every line redirect-init
 /// writes on stderr is then one JSON object (its start-up block one line), for an apply and for
 /// a failed validation.
-#[test]
+#[kernel_test]
 fn log_as_json_makes_every_stderr_line_a_json_object() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let objects = |stderr: &str| -> Vec<serde_json::Value> {
         stderr
             .lines()
@@ -546,11 +526,8 @@ fn log_as_json_makes_every_stderr_line_a_json_object() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn iptables_backend_with_each_variant() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for variant in ["legacy", "nft"] {
         let topo = Topology::basic();
         let pristine = snapshot(&topo.pod);
@@ -594,11 +571,8 @@ fn iptables_backend_with_each_variant() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn network_namespace_flag_acts_in_that_namespace() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     // Run from another namespace (not the host's), so a mistake cannot touch the host.
     let outer = TestNetns::new();

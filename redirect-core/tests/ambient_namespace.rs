@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
 use redirect_core::Mismatch;
 use redirect_core::{AmbientConfig, Capture, Family, Namespace};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -53,11 +53,8 @@ fn deliver(topo: &Topology, from: SocketAddr, to: SocketAddr) -> Result<String, 
     })
 }
 
-#[test]
+#[kernel_test]
 fn apply_check_and_remove_with_the_reply_routing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let pod = Namespace::open(topo.pod.path()).unwrap();
     let cfg = AmbientConfig::default();
@@ -128,11 +125,8 @@ fn apply_check_and_remove_with_the_reply_routing() {
     pod.remove(&Capture::Ambient(cfg.clone())).unwrap();
 }
 
-#[test]
+#[kernel_test]
 fn ipv4_only_adds_no_ipv6_routing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let pod = Namespace::open(topo.pod.path()).unwrap();
     let cfg = AmbientConfig {
@@ -154,11 +148,8 @@ fn ipv4_only_adds_no_ipv6_routing() {
 /// the same; a commit anywhere in the namespace (another table) moves it and the table is
 /// read again; a deleted table and deleted reply routing are each found (the routing is read
 /// every time, whatever the generation says).
-#[test]
+#[kernel_test]
 fn check_since_skips_the_dump_only_while_nothing_was_committed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let pod = redirect_testkit::TestNetns::with_prefix("rdambsince");
     pod.sh("ip link set lo up");
     let ns = Namespace::open(pod.path()).unwrap();

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
 use redirect_core::{AmbientConfig, Capture, CaptureConfig, CountedPath, Namespace, PathCounts};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -41,11 +41,8 @@ fn sidecar(counters: bool) -> Capture {
     Capture::Sidecar(cfg.validated().unwrap())
 }
 
-#[test]
+#[kernel_test]
 fn sidecar_connections_on_each_path_read_back_as_their_number() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let pod = Namespace::open(topo.pod.path()).unwrap();
     pod.apply(&sidecar(true)).unwrap();
@@ -97,11 +94,8 @@ fn sidecar_connections_on_each_path_read_back_as_their_number() {
     assert_eq!(pod.check(&sidecar(true)).unwrap(), []);
 }
 
-#[test]
+#[kernel_test]
 fn without_counters_the_table_has_none_and_counters_on_is_a_difference() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let pod = Namespace::open(topo.pod.path()).unwrap();
     pod.apply(&sidecar(false)).unwrap();
@@ -147,11 +141,8 @@ fn ztunnel_connect(topo: &Topology, to: SocketAddr) {
     });
 }
 
-#[test]
+#[kernel_test]
 fn ambient_connections_on_each_path_read_back_as_their_number() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let pod = Namespace::open(topo.pod.path()).unwrap();
     let cfg = AmbientConfig {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// The example's binary, built by `cargo test` beside this test's (built here when missing).
 fn example(name: &str) -> PathBuf {
@@ -68,11 +68,8 @@ fn plan_refuses_a_bad_config_naming_the_field() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn capture_applies_proves_and_removes_in_a_namespace() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     ns.sh("ip link add d0 type veth peer name d1 && ip addr add 10.99.0.1/24 dev d0 && ip link set d0 up && ip link set d1 up");
     let (code, out, err) = run("capture", &[ns.path().to_str().unwrap()]);
@@ -102,11 +99,8 @@ fn capture_names_a_missing_namespace() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn ambient_applies_proves_and_removes_in_a_pod_and_a_host() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (host, pod) = (TestNetns::new(), TestNetns::new());
     pod.sh("ip link set lo up");
     host.sh(&format!(

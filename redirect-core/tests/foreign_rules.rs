@@ -13,7 +13,7 @@ use redirect_core::foreign::{ForeignRules, Leftover, Ours, OursBefore, Variant};
 use redirect_core::testing::{Fake, FakeForeign};
 use redirect_core::{Apply, Capture, CaptureConfig, Error, Family, Foreign, Mismatch, Namespace};
 use redirect_testkit::istio::{iptables_restore_with, istio_testdata_dir};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sidecar(envoy_port: u16) -> Capture {
     let mut cfg = CaptureConfig::istio_sidecar_default();
@@ -176,11 +176,8 @@ fn istio_captures_outbound(topo: &Topology) {
     );
 }
 
-#[test]
+#[kernel_test]
 fn istios_rules_in_each_form_are_found_refused_and_replaced() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for form in ["native", "nft", "legacy"] {
         let topo = pod_with_istio(form);
         istio_captures_outbound(&topo);
@@ -225,11 +222,8 @@ fn istios_rules_in_each_form_are_found_refused_and_replaced() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn kept_rules_stay_and_are_reported() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = pod_with_istio("native");
     let ns = Namespace::open(topo.pod.path()).unwrap();
     ns.apply_with(&sidecar(15020), Apply::foreign(Foreign::Keep))

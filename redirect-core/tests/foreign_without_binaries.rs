@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use redirect_core::{Apply, Capture, CaptureConfig, Error, Foreign, Namespace};
 use redirect_testkit::istio::{iptables_restore_with, istio_testdata_dir};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sidecar(envoy_port: u16) -> Capture {
     let mut cfg = CaptureConfig::istio_sidecar_default();
@@ -56,11 +56,8 @@ fn without_binaries<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
-#[test]
+#[kernel_test]
 fn without_binaries_nft_chains_are_replaced_and_legacy_tables_refused_up_front() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let golden = istio_testdata_dir()
         .join("iptables")
         .join("kube-virt-interfaces.restore");

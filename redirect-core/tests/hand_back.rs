@@ -13,9 +13,7 @@ use redirect_core::{
 };
 use redirect_istio::iptables_form::{restore_file, IstioIptables};
 use redirect_istio::nft_form::IstioNft;
-use redirect_testkit::{
-    kernel_tests_enabled, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
-};
+use redirect_testkit::{kernel_test, run_probes, From, Outcome, Probe, Side, TestNetns, Topology};
 
 /// Istio's rules for `cfg` in `form`, loaded as Istio loads them, in `ns`.
 fn load_istios(ns: &TestNetns, cfg: &CaptureConfig, form: IstioForm) {
@@ -57,11 +55,8 @@ fn listing(ns: &TestNetns) -> String {
     .join("\n")
 }
 
-#[test]
+#[kernel_test]
 fn a_pod_is_handed_back_in_each_of_istios_forms_or_refused_unchanged() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let mut cfg = CaptureConfig::istio_sidecar_default();
     for form in [IstioForm::Nftables, IstioForm::IptablesNft] {
         for mode in [InterceptionMode::Redirect, InterceptionMode::Tproxy] {
@@ -111,11 +106,8 @@ fn a_pod_is_handed_back_in_each_of_istios_forms_or_refused_unchanged() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn an_ambient_pod_is_handed_back_in_each_of_istios_forms_with_its_routing_kept() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let configs = [
         AmbientConfig::default(),
         AmbientConfig {

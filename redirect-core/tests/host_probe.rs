@@ -15,7 +15,7 @@ use redirect_core::TableState;
 use redirect_core::{render, Capture, HostProbeConfig, Namespace};
 use redirect_model::table::HOST_PROBE_TABLE;
 use redirect_testkit::netns::become_ids;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 const KUBELET: u32 = 4242;
 const OTHER: u32 = 4343;
@@ -99,11 +99,8 @@ impl Pair {
     }
 }
 
-#[test]
+#[kernel_test]
 fn kubelets_connections_to_members_come_from_the_snat_address() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let p = Pair::new();
     let host = p.ns();
     let cfg = HostProbeConfig::new(KUBELET);
@@ -154,11 +151,8 @@ fn kubelets_connections_to_members_come_from_the_snat_address() {
     drop(p.pod);
 }
 
-#[test]
+#[kernel_test]
 fn bad_addresses_are_refused_and_change_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::with_prefix("rdt-host");
     let host = Namespace::open(ns.path()).unwrap();
     let v4_only = HostProbeConfig {
@@ -235,11 +229,8 @@ fn shape(t: &TableState) -> (Vec<(String, Vec<String>)>, Vec<String>) {
     (chains, sets)
 }
 
-#[test]
+#[kernel_test]
 fn the_rendered_script_loads_as_the_same_table() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for cfg in [
         HostProbeConfig::new(KUBELET),
         HostProbeConfig {

@@ -144,8 +144,13 @@ fn the_manifests_keep_the_layers() {
     );
     assert_eq!(
         ours(&m, "redirect-testkit", &normal),
-        set(&["redirect-model"]),
-        "the test kit uses the model only (the kernel's tests use it)"
+        set(&["redirect-model", "redirect-testkit-macros"]),
+        "the test kit uses the model only (the kernel's tests use it), and its attribute's crate"
+    );
+    assert_eq!(
+        ours(&m, "redirect-testkit-macros", &all),
+        set(&[]),
+        "the test kit's attribute (#[kernel_test]) depends on nothing"
     );
     assert_eq!(
         ours(&m, "cni-protocol", &normal),
@@ -182,6 +187,7 @@ fn the_manifests_keep_the_layers() {
                         "nftnl-sys",
                         "mnl",
                         "redirect-testkit",
+                        "redirect-testkit-macros",
                         "redirect-benches",
                         "cni-testkit"
                     ]
@@ -469,4 +475,180 @@ fn every_shipped_crate_logs_as_ours() {
         missing.is_empty(),
         "not in redirect_program::logging::OURS: {missing:?}"
     );
+}
+
+/// Kernel tests say what they are (issue 48): a test that needs root and network namespaces is a
+/// `#[kernel_test]` (redirect_testkit), reported ignored with its reason where it cannot run and
+/// run by `--include-ignored`, never a `#[test]` that returns early and passes. No file of the
+/// workspace keeps the old guard; and, as a heuristic, no plain `#[test]` makes a network
+/// namespace through the test kits (a `Topology`, a `TestNetns`, a user-namespace pod, the
+/// ambient `Node`).
+#[test]
+fn kernel_tests_are_marked_as_such() {
+    let offenders = kernel_test_offenders(&repo());
+    assert!(
+        offenders.is_empty(),
+        "kernel tests must be #[kernel_test] (redirect_testkit::kernel_test), not a #[test] \
+         with a guard:\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// `file:line: why` for every place under `root` that breaks the rule above.
+fn kernel_test_offenders(root: &Path) -> Vec<String> {
+    // Spelled in two pieces, so that this file is not one of its own offenders.
+    let old_guard = concat!("kernel_tests", "_enabled");
+    let mut files = Vec::new();
+    workspace_rust_files(root, &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let rel = f.strip_prefix(root).unwrap_or(&f).display().to_string();
+        for (i, l) in text.lines().enumerate() {
+            if l.contains(old_guard) {
+                out.push(format!("{rel}:{}: the old guard `{old_guard}`", i + 1));
+            }
+        }
+        // The ambient `Node` of cni-testkit makes a namespace; a test's own `struct Node` may not.
+        let own_node = text.contains("struct Node");
+        let mut makers = vec!["Topology::", "TestNetns::", "UserNsPod::"];
+        if !own_node {
+            makers.extend(["Node::new(", "Node::start("]);
+        }
+        for (line, name, body) in plain_tests(&text) {
+            if let Some(m) = makers.iter().find(|m| body.contains(**m)) {
+                out.push(format!(
+                    "{rel}:{line}: `{name}` is a plain #[test] that makes a network namespace \
+                     (`{m}`): make it a #[kernel_test]"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The `.rs` files of the workspace's crates (not `target`, `fuzz` or hidden folders).
+fn workspace_rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if !name.starts_with('.') && name != "target" && name != "fuzz" {
+                workspace_rust_files(&p, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Each plain `#[test]` fn of `text`: (line, name, body without comments and strings).
+/// Attributes and doc comments may sit between `#[test]` and the `fn`.
+fn plain_tests(text: &str) -> Vec<(usize, String, String)> {
+    let text = &code_only(text);
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("#[test]") {
+        let start = from + at;
+        from = start + "#[test]".len();
+        // The attribute itself, first on its line (not in a comment or a string).
+        let line_start = text[..start].rfind('\n').map_or(0, |n| n + 1);
+        if !text[line_start..start].trim().is_empty() {
+            continue;
+        }
+        let rest = &text[from..];
+        let Some(fn_at) = rest.find("fn ") else { break };
+        // Only attributes, doc comments and `pub` between the attribute and its fn.
+        let between = &rest[..fn_at];
+        if !between.lines().all(|l| {
+            let l = l.trim();
+            l.is_empty() || l.starts_with("#[") || l.starts_with("//") || l == "pub"
+        }) {
+            continue;
+        }
+        let name: String = rest[fn_at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = rest[fn_at..].find('{') else {
+            break;
+        };
+        let body_start = from + fn_at + open;
+        let mut depth = 0usize;
+        let body_end = text[body_start..]
+            .char_indices()
+            .find(|(_, c)| {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => return false,
+                }
+                depth == 0
+            })
+            .map_or(text.len(), |(n, _)| body_start + n + 1);
+        let line = text[..start].matches('\n').count() + 1;
+        out.push((line, name, text[body_start..body_end].to_string()));
+    }
+    out
+}
+
+/// `text` with its comments, strings and char literals blanked (each byte a space, newlines
+/// kept), so that only code is matched and braces counted.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = b.to_vec();
+    let blank = |from: usize, to: usize, out: &mut Vec<u8>| {
+        for c in &mut out[from..to.min(b.len())] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+    };
+    let mut i = 0;
+    while i < b.len() {
+        let end = match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => text[i..].find('\n').map_or(b.len(), |n| i + n),
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                text[i..].find("*/").map_or(b.len(), |n| i + n + 2)
+            }
+            b'r' if i > 0
+                && !b[i - 1].is_ascii_alphanumeric()
+                && b[i - 1] != b'_'
+                && matches!(b.get(i + 1), Some(b'"' | b'#')) =>
+            {
+                let hashes = text[i + 1..].chars().take_while(|c| *c == '#').count();
+                if b.get(i + 1 + hashes) != Some(&b'"') {
+                    i += 1;
+                    continue;
+                }
+                let close = format!("\"{}", "#".repeat(hashes));
+                let from = i + 2 + hashes;
+                text[from..]
+                    .find(&close)
+                    .map_or(b.len(), |n| from + n + close.len())
+            }
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                j + 1
+            }
+            // A char literal ('{', '\'', '\n'); a lifetime ('a) has no closing quote.
+            b'\'' if b.get(i + 1) == Some(&b'\\') => {
+                text[i + 3..].find('\'').map_or(i + 1, |n| i + 3 + n + 1)
+            }
+            b'\'' => match text[i + 1..].char_indices().nth(1) {
+                Some((n, '\'')) => i + 1 + n + 1,
+                _ => i + 1,
+            },
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        blank(i, end, &mut out);
+        i = end.max(i + 1);
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

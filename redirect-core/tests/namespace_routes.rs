@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redirect_core::{Capture, CaptureConfig, InterceptionMode, Namespace};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// Another process holding our table's name with `flags owner`: nobody else may change it, so
 /// our apply is refused (EPERM) after the routes went in. Dropped, the table goes with it.
@@ -51,11 +51,8 @@ fn routes(ns: &TestNetns) -> String {
     ns.sh("ip rule; ip -6 rule; ip route show table 133 2>/dev/null; ip -6 route show table 133 2>/dev/null; ip -6 addr show dev lo; true")
 }
 
-#[test]
+#[kernel_test]
 fn a_failed_apply_takes_back_the_routes_it_added() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let cfg = CaptureConfig {
         mode: InterceptionMode::Tproxy,

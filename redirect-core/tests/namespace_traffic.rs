@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use redirect_core::{Capture, CaptureConfig, DnsCapture, InterceptionMode, Namespace};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -140,18 +140,14 @@ fn check(mode: InterceptionMode) {
     );
 }
 
-#[test]
+#[kernel_test]
 fn redirect_mode_captures_as_istio_says() {
-    if kernel_tests_enabled() {
-        check(InterceptionMode::Redirect);
-    }
+    check(InterceptionMode::Redirect);
 }
 
-#[test]
+#[kernel_test]
 fn tproxy_mode_captures_as_istio_says() {
-    if kernel_tests_enabled() {
-        check(InterceptionMode::Tproxy);
-    }
+    check(InterceptionMode::Tproxy);
 }
 
 /// An init container's IDs, for the bypass test.
@@ -168,11 +164,8 @@ const INIT_GID_ONLY: From = From::Pod {
 /// running as a bypass UID (or GID) reaches DNS and services directly, both families, and the
 /// DNS answers come back through the conntrack zones the DNS rules set; the application's
 /// traffic and inbound traffic are still captured.
-#[test]
+#[kernel_test]
 fn bypass_ids_reach_dns_and_services_directly_while_the_app_is_captured() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cfg = CaptureConfig {
         bypass_uids: vec![4000],
         bypass_gids: vec![4200],

@@ -2,10 +2,11 @@
 //! ten-line example of the crate's documentation, taken from `src/lib.rs` itself so the two
 //! cannot drift, and the program runs: its namespace ends up captured with the one change.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
-use redirect_testkit::{docs::workspace, kernel_tests_enabled, TestNetns};
+use redirect_testkit::{docs::workspace, kernel_test, TestNetns};
 
 /// The example: the first `no_run` block of the crate's doc, without its `//! ` prefixes.
 fn doc_example() -> String {
@@ -56,12 +57,22 @@ fn build_outside_crate() -> PathBuf {
     dir.join("target/debug/outside")
 }
 
+/// The outside crate's binary, built once per process (both tests want it; one build at a time
+/// writes its folder).
+fn outside_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(build_outside_crate)
+}
+
+/// Without root too: the example builds in a crate of its own.
 #[test]
+fn the_doc_example_builds_in_an_outside_crate() {
+    assert!(outside_binary().is_file());
+}
+
+#[kernel_test]
 fn the_doc_example_builds_in_an_outside_crate_and_captures() {
-    let bin = build_outside_crate();
-    if !kernel_tests_enabled() {
-        return;
-    }
+    let bin = outside_binary();
     // The example opens /run/netns/pod: give it this test's namespace under that name, in a
     // mount namespace of its own, so nothing on the machine is named or touched.
     let ns = TestNetns::new();

@@ -18,15 +18,24 @@
 //! Typical use, for any ruleset:
 //!
 //! ```no_run
-//! use redirect_testkit::{istio, kernel_tests_enabled, run_probes, Topology};
-//! if !kernel_tests_enabled() {
-//!     return;
-//! }
+//! use redirect_testkit::{istio, kernel_test, run_probes, Topology};
+//! #[kernel_test]
+//! fn tproxy_case_lands_as_istio_says() {
 //! let case = istio::IstioCase::load("tproxy");
 //! let topo = Topology::for_case(&case);
 //! istio::load_istio_case(&topo.pod, &case); // or: topo.pod.run(|| apply_our_rules())
 //! let outcomes = run_probes(&topo, &istio::probe_matrix(&case));
+//! }
 //! ```
+//!
+//! **Kernel tests say what they are.** A test that needs root and network namespaces (it
+//! creates namespaces, sends real traffic, programs nftables) is a [`kernel_test`], never a
+//! plain `#[test]` with a guard that returns early: `#[kernel_test]` makes it a test ignored
+//! with its reason (`ignored, kernel test: needs root and network namespaces ...`), and
+//! `cargo test -- --include-ignored` runs it, first calling [`require_kernel`], which fails
+//! naming what is missing where it cannot run. `scripts/test.sh` runs every test with
+//! `--include-ignored` as root and fails if any test was reported ignored
+//! (`redirect-core/tests/layers.rs` finds a test left with the old guard).
 
 #![deny(missing_docs)]
 
@@ -49,6 +58,7 @@ pub use flow::{Proto, Side, Timing};
 pub use landings::{Landing, Landings};
 pub use listeners::{ListenerSpec, CAPTURE_PORTS, DNS_PROXY_PORT};
 pub use netns::TestNetns;
+pub use redirect_testkit_macros::kernel_test;
 pub use topology::{Link, Topology, TopologySpec, PEER4, PEER6, POD4, POD6};
 pub use traffic::{
     run_probe, run_probe_report, run_probe_with, run_probes, run_probes_report, From, Outcome,
@@ -63,27 +73,52 @@ pub fn race_runs(default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The environment variable that skips kernel tests explicitly (CI never sets it).
-pub const SKIP_ENV: &str = "REDIRECT_SKIP_KERNEL_TESTS";
-
-/// Whether kernel tests run here. `REDIRECT_SKIP_KERNEL_TESTS=1` skips them (with a notice on
-/// stderr); otherwise they need root, and without it this panics with a message that says so,
-/// so a missing privilege is a failure, never a silent pass.
-pub fn kernel_tests_enabled() -> bool {
-    if std::env::var(SKIP_ENV).is_ok_and(|v| v == "1") {
-        eprintln!(
-            "NOTICE: kernel test skipped because {SKIP_ENV}=1 (it sends real traffic through network \
-             namespaces and needs root)"
-        );
-        return false;
-    }
-    if !nix::unistd::geteuid().is_root() {
+/// Checks that this process can run a kernel test, the first statement of every
+/// [`kernel_test`]: panics naming what is missing (not root; a network namespace cannot be
+/// created), so a kernel test run with `--include-ignored` where it cannot run fails saying
+/// why, never passes without running.
+pub fn require_kernel() {
+    if let Err(missing) = kernel() {
         panic!(
-            "kernel tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run as root or set \
-             {SKIP_ENV}=1 to skip them explicitly"
+            "kernel test run where it cannot run: {missing}. Kernel tests need root and network \
+             namespaces (CAP_NET_ADMIN, CAP_SYS_ADMIN): run them as root (scripts/test.sh does), \
+             or without --include-ignored, which reports them ignored"
         );
     }
-    true
+}
+
+/// Whether kernel work can run here (root, and a network namespace can be created); when not,
+/// prints a notice naming `what` and why on stderr. For the harness-less benchmarks, which
+/// are no tests and have no "ignored"; a test is a [`kernel_test`] instead.
+pub fn kernel_available(what: &str) -> bool {
+    match kernel() {
+        Ok(()) => true,
+        Err(missing) => {
+            eprintln!("NOTICE: {what} not run: {missing} (it needs root and network namespaces)");
+            false
+        }
+    }
+}
+
+/// `Ok` when this process is root and can create a network namespace, else what is missing;
+/// found once per process.
+fn kernel() -> Result<(), String> {
+    static FOUND: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let euid = nix::unistd::geteuid();
+            if !euid.is_root() {
+                return Err(format!("not root (effective uid {euid})"));
+            }
+            // A short-lived thread of its own unshares, so that no thread of the test moves.
+            std::thread::spawn(|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET))
+                .join()
+                .expect("the namespace check's thread")
+                .map_err(|e| {
+                    format!("cannot create a network namespace (unshare(CLONE_NEWNET): {e})")
+                })
+        })
+        .clone()
 }
 
 /// Runs `f` on a thread inside the namespace at `path` (`TestNetns::path()`,

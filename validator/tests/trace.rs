@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use redirect_core::{AmbientConfig, Capture, CaptureConfig, Namespace};
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
-use redirect_testkit::{kernel_tests_enabled, TestNetns, Topology};
+use redirect_testkit::{kernel_test, TestNetns, Topology};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redirect-validate");
@@ -92,11 +92,8 @@ fn agrees(topo: &Topology, args: &[String], at_least: usize) -> Vec<String> {
     traced
 }
 
-#[test]
+#[kernel_test]
 fn sidecar_flows_take_the_path_explain_predicts() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = sidecar_pod();
     // Inbound to the app: ISTIO_INBOUND, ISTIO_IN_REDIRECT, to 15006.
     let inbound = agrees(
@@ -140,11 +137,8 @@ fn sidecar_flows_take_the_path_explain_predicts() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn ambient_flows_take_the_path_explain_predicts() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = ambient_pod();
     let args = |extra: &[&str]| {
         let mut v: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
@@ -166,11 +160,8 @@ fn ambient_flows_take_the_path_explain_predicts() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn an_altered_rule_makes_the_paths_differ_and_says_where() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = sidecar_pod();
     let args = sidecar_args(&["--to", "10.77.0.1:80", "--uid", "1000", "--send"]);
     agrees(&topo, &args, 2);
@@ -231,11 +222,8 @@ fn spawn_waiting(topo: &Topology) -> std::process::Child {
         .expect("spawn trace")
 }
 
-#[test]
+#[kernel_test]
 fn no_trace_table_is_left_after_sigkill() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = sidecar_pod();
     let mut child = spawn_waiting(&topo);
     wait_for("the trace table", || {
@@ -255,11 +243,8 @@ fn no_trace_table_is_left_after_sigkill() {
     assert!(tables(&topo.pod).contains("redirect_capture"));
 }
 
-#[test]
+#[kernel_test]
 fn sigterm_ends_the_wait_and_removes_the_table() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = sidecar_pod();
     let child = spawn_waiting(&topo);
     wait_for("the trace table", || {
@@ -277,11 +262,8 @@ fn sigterm_ends_the_wait_and_removes_the_table() {
     assert!(!tables(&topo.pod).contains("redirect_trace_"));
 }
 
-#[test]
+#[kernel_test]
 fn bad_input_exits_1_naming_the_value_and_changes_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = sidecar_pod();
     let before = snapshot(&topo.pod);
     let pod = topo.pod.path().to_string_lossy().into_owned();

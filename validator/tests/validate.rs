@@ -16,7 +16,7 @@ use redirect_core::Capture;
 use redirect_core::CaptureConfig;
 use redirect_testkit::binary::{run_in, snapshot, Ran, Run};
 use redirect_testkit::istio::SIDECAR_ARGS;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redirect-validate");
@@ -67,11 +67,8 @@ fn cause(r: &Ran) -> String {
         .to_string()
 }
 
-#[test]
+#[kernel_test]
 fn probe_passes_with_rules_in_place() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     apply(&ns, &CaptureConfig::istio_sidecar_default());
     let r = validate(&ns, &["--probe-timeout", "5s"], 1337);
@@ -90,11 +87,8 @@ fn probe_passes_with_rules_in_place() {
     assert!(v["elapsed_ms"].as_u64().unwrap() < 1000, "{v}");
 }
 
-#[test]
+#[kernel_test]
 fn probe_without_rules_is_126_no_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     let r = validate(&ns, &["--probe-timeout", "1s"], 1337);
     assert_eq!(r.code, 126, "{}", r.stderr);
@@ -135,11 +129,8 @@ fn json_lines(stderr: &str) -> Vec<Value> {
 /// Istio's injector adds `--log_as_json` with `global.logAsJson`: each line on stderr is then a
 /// JSON object (the diagnosis too), and `--log_output_level` of the proxy's scopes is passed
 /// over; a bad value for either is refused by name before any probe.
-#[test]
+#[kernel_test]
 fn log_as_json_gives_json_lines_and_bad_log_flags_are_refused() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     let r = validate(
         &ns,
@@ -181,11 +172,8 @@ fn log_as_json_gives_json_lines_and_bad_log_flags_are_refused() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn probe_as_another_uid_is_126_not_proxy_uid() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     apply(&ns, &CaptureConfig::istio_sidecar_default());
     let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1000);
@@ -214,11 +202,8 @@ fn probe_as_another_uid_is_126_not_proxy_uid() {
 
 /// An IPv6 pod that missed the plugin has no rules at all: `no_rules`, whose fix is the
 /// repair (before: `ipv6_rules_missing`, which sent operators after dual-stack settings).
-#[test]
+#[kernel_test]
 fn ipv6_pod_without_rules_is_126_no_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("fd77::2/64");
     let r = validate(&ns, &["--probe-timeout", "1s", "--json"], 1337);
     assert_eq!(r.code, 126, "{}", r.stderr);
@@ -235,11 +220,8 @@ fn ipv6_pod_without_rules_is_126_no_rules() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn ipv6_pod_with_ipv4_rules_is_126_ipv6_rules_missing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("fd77::2/64");
     // IPv4 rules only, as for an IPv4 pod.
     apply(&ns, &CaptureConfig::istio_sidecar_default());
@@ -264,11 +246,8 @@ fn ipv6_pod_with_ipv4_rules_is_126_ipv6_rules_missing() {
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
 
-#[test]
+#[kernel_test]
 fn taken_capture_port_is_126_listener_port_taken() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     apply(&ns, &CaptureConfig::istio_sidecar_default());
     // Another process holds 15006 without SO_REUSEPORT and answers every connection.
@@ -288,11 +267,8 @@ fn taken_capture_port_is_126_listener_port_taken() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn bad_flags_exit_1_name_the_value_and_touch_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     apply(&ns, &CaptureConfig::istio_sidecar_default());
     let before = snapshot(&ns);
@@ -361,11 +337,8 @@ fn inspect(ns: &TestNetns, extra: &[&str]) -> Ran {
     }
 }
 
-#[test]
+#[kernel_test]
 fn inspect_compares_and_names_a_deleted_rule() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     let flags: Vec<&str> = SIDECAR_ARGS.to_vec();
     // Nothing there yet: the table is missing.
@@ -423,11 +396,8 @@ fn inspect_compares_and_names_a_deleted_rule() {
 }
 
 /// A dormant table captures nothing whatever its rules: inspect says so and counts it.
-#[test]
+#[kernel_test]
 fn inspect_names_a_dormant_table() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     let flags: Vec<&str> = SIDECAR_ARGS.to_vec();
     apply(&ns, &CaptureConfig::istio_sidecar_default());
@@ -454,11 +424,8 @@ fn inspect_names_a_dormant_table() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
 }
 
-#[test]
+#[kernel_test]
 fn inspect_with_annotations_and_istio_leftovers() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("10.77.0.2/24");
     let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#;
     let file = std::env::temp_dir().join(format!("rdv-annotations-{}", std::process::id()));
@@ -513,11 +480,8 @@ fn inspect_with_annotations_and_istio_leftovers() {
 
 /// `::6` missing on `lo` of an IPv6 pod is a difference for `inspect`, as for CNI CHECK: both
 /// ask `capture::check`.
-#[test]
+#[kernel_test]
 fn inspect_counts_a_missing_lo_v6_address() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod("fd00:77::2/64");
     let mut cfg = CaptureConfig::istio_sidecar_default();
     cfg.ipv6 = true;
@@ -536,11 +500,8 @@ fn inspect_counts_a_missing_lo_v6_address() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn explain_prints_the_verdict_and_the_path() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::with_prefix("rdv");
     let flags: Vec<&str> = SIDECAR_ARGS.to_vec();
     let mut args = vec!["explain"];
@@ -711,11 +672,8 @@ fn explain_plans_from_a_pods_annotations() {
 }
 
 /// Run as root the probe reads the rules, and tells stale rules of ours from Istio's.
-#[test]
+#[kernel_test]
 fn probe_tells_stale_rules_from_istio_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // Our table for proxy UID 1337; the validation says the proxy is uid 0 (root).
     let ns = pod("10.77.0.2/24");
     apply(&ns, &CaptureConfig::istio_sidecar_default());

@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
 use redirect_core::{AmbientConfig, Capture, IstioForm, Namespace, Netns};
 use redirect_testkit::istio::{iptables_restore_with, istio_testdata_dir};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_available, TestNetns};
 
 /// Pods whose app connects in a loop during the switch.
 const LOOPED: usize = 3;
@@ -40,8 +40,7 @@ const LOOPED: usize = 3;
 const OUTSIDE: &str = "10.99.0.1:80";
 
 fn main() {
-    if !kernel_tests_enabled() {
-        eprintln!("adopt_switch: needs root and network namespaces; skipped");
+    if !kernel_available("the adopt_switch benchmark") {
         return;
     }
     let quick = !std::env::args().any(|a| a == "--bench");

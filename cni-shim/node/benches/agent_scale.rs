@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use cni_testkit::apiserver::{ControlPlane, SYSTEM};
 use cni_testkit::host_proc::{cgroupfs, FakeProc};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_available, TestNetns};
 use serde_json::{json, Value};
 
 const NODE: &str = "worker-1";
@@ -65,7 +65,7 @@ const SMOKE: Scale = Scale {
 fn main() {
     // `cargo bench` passes --bench; `cargo test` runs the target without it.
     let full = std::env::args().any(|a| a == "--bench");
-    if !kernel_tests_enabled() {
+    if !kernel_available("the agent_scale benchmark") {
         return;
     }
     let scale = if full { FULL } else { SMOKE };

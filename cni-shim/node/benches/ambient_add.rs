@@ -16,12 +16,11 @@ use std::time::{Duration, Instant};
 use cni_testkit::ambient::{create_pod, pod_netns, running, Node, ZtunnelProcess};
 use cni_testkit::host_proc::cgroupfs;
 use cni_testkit::{cni_env, plugin_in};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_available, TestNetns};
 use serde_json::{json, Value};
 
 fn main() {
-    if !kernel_tests_enabled() {
-        eprintln!("ambient_add: needs root and network namespaces; skipped");
+    if !kernel_available("the ambient_add benchmark") {
         return;
     }
     let quick = !std::env::args().any(|a| a == "--bench");

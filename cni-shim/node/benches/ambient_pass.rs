@@ -29,13 +29,12 @@ use std::time::{Duration, Instant};
 
 use cni_testkit::ambient::{create_pod, pod_netns, running, Launch, Node, ZtunnelProcess};
 use cni_testkit::host_proc::cgroupfs;
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_available;
 
 const PORT: u16 = 15014;
 
 fn main() {
-    if !kernel_tests_enabled() {
-        eprintln!("ambient_pass: needs root and network namespaces; skipped");
+    if !kernel_available("the ambient_pass benchmark") {
         return;
     }
     let quick = !std::env::args().any(|a| a == "--bench");

@@ -27,7 +27,7 @@ use common::ambient::{add_ipv6, create_pod, pod_netns, running_with, Node, KUBEL
 use common::cni_env;
 use common::host_proc::cgroupfs;
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType, UnixAddr};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use serde_json::json;
 use support::ztunnel::{TestZtunnel, OUTSIDE};
 use support::{has_rules, probe_members, redirection};
@@ -89,11 +89,8 @@ fn probe(
     "nowhere".into()
 }
 
-#[test]
+#[kernel_test]
 fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releases() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.cp.namespace("shop");
     let web_uid = create_pod(&n.cp, "shop", "web");
@@ -280,11 +277,8 @@ fn label_enrolls_restarts_lose_nothing_the_plugin_enrolls_at_add_and_none_releas
 /// With `ambient_enabled` and no agent listening (none at all, or a socket left by a dead
 /// one), ADD of a pod without a sidecar fails with "try again later", naming the socket, and
 /// leaves the pod's namespace as it was: an ambient pod must not start uncaptured.
-#[test]
+#[kernel_test]
 fn without_the_agent_an_ambient_add_fails_naming_the_socket_and_changes_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let run = tempfile::tempdir().unwrap();
     let conf = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "redirect-cni",
         "ambient_enabled": true, "cni_agent_run_dir": run.path(),
@@ -331,11 +325,8 @@ fn socket_at(path: &Path) -> OwnedFd {
 /// and its namespace's labels itself, as Istio's plugin does: a pod that is not ambient starts
 /// (uncaptured, as without ambient mode), an ambient one fails with code 11 and its namespace
 /// unchanged until the agent is back.
-#[test]
+#[kernel_test]
 fn without_the_agent_only_ambient_pods_wait() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.cp.namespace("plain");
     n.ambient_namespace("shop");

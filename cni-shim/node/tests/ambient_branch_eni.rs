@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::ambient::{create_pod, pod_netns, running, Node, KUBELET_UID};
 use common::host_proc::cgroupfs;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use support::redirection;
 use support::ztunnel::TestZtunnel;
 
@@ -77,11 +77,8 @@ fn rules(node: &TestNetns) -> String {
     node.sh("ip -4 rule show")
 }
 
-#[test]
+#[kernel_test]
 fn kubelets_probes_reach_an_ambient_pod_behind_a_branch_eni() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     let vpc = TestNetns::with_prefix("rdvpc");
     n.ambient_namespace("shop");

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use cni_protocol::ambient::{ask, AddAnswer, AddRequest, Command};
 use common::ambient::{create_pod, pod_netns, running, Launch, Node};
 use common::host_proc::cgroupfs;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use support::ztunnel::TestZtunnel;
 use support::{has_rules, pod, probe_members, resource_version, threads_and_fds, TestPod};
 
@@ -63,11 +63,8 @@ fn our_table(ns: &TestNetns) -> Option<redirect_core::TableState> {
 /// plugin enrolled at ADD has none in its status when the agent restarts. The new agent must
 /// still name it in ztunnel's snapshot (found by its cgroup, or `keep` when its namespace
 /// cannot be found), else ztunnel drains it and its connections are refused.
-#[test]
+#[kernel_test]
 fn a_pod_enrolled_before_its_address_is_kept_across_the_agents_restart() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent();
@@ -132,11 +129,8 @@ fn a_pod_enrolled_before_its_address_is_kept_across_the_agents_restart() {
 /// Item 2: ztunnel refuses a pod; a second ztunnel connects (a rollout) and acks everything its
 /// snapshot holds. The pod must be `pending` while refused and `enabled` only once a
 /// connection acked it: never annotated enabled while no ztunnel serves it.
-#[test]
+#[kernel_test]
 fn a_refused_pod_is_pending_until_a_connection_acks_it() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let web = pod(&n, "web", "10.77.0.2", 4100, true);
@@ -170,11 +164,8 @@ fn a_refused_pod_is_pending_until_a_connection_acks_it() {
 /// Item 3: A node firewall reload that flushes the ruleset deletes the host's probe table; someone
 /// deletes a pod's table. Both come back within one pass (the host table with every enrolled
 /// pod's address), ADDs go on meanwhile, and each repair is logged and counted.
-#[test]
+#[kernel_test]
 fn deleted_tables_come_back_within_a_pass_and_adds_go_on_meanwhile() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let web = pod(&n, "web", "10.77.0.2", 4100, true);
@@ -303,11 +294,8 @@ fn debug_socket(n: &Node) -> std::path::PathBuf {
 /// Item 4: A process that can reach `ambient.sock` names an enrolled pod with another namespace
 /// (its own, or a running pod's that is not ambient): refused, and nothing changes in either
 /// namespace, in ztunnel or in the probe set.
-#[test]
+#[kernel_test]
 fn a_forged_request_with_another_namespace_is_refused_and_changes_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     n.cp.namespace("plain");
@@ -396,11 +384,8 @@ fn a_forged_request_with_another_namespace_is_refused_and_changes_nothing() {
 /// Item 5: Connections that say nothing: 300 on the plugin's socket and 300 on ztunnel's. The
 /// agent's threads and descriptors stay flat, a pod's ADD is served, and a ztunnel that
 /// connects meanwhile gets its snapshot at once.
-#[test]
+#[kernel_test]
 fn silent_connections_on_either_socket_hold_up_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent();
@@ -466,11 +451,8 @@ fn silent_connections_on_either_socket_hold_up_nothing() {
 /// (issue 47) is root's alone (0600), refuses another user, takes the place of a link left at
 /// its path without following it, and goes with the agent; a ZDS socket folder whose parent
 /// anyone may write (not sticky) is refused before anything is installed.
-#[test]
+#[kernel_test]
 fn sockets_are_the_agents_alone_whatever_the_umask() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     // A link left at the node view's path, to a file of the node's: replaced, never followed.
     // And the run directory open to all (as /var/run/redirect-cni is, 0755): the socket's own
@@ -558,11 +540,8 @@ fn sockets_are_the_agents_alone_whatever_the_umask() {
 }
 
 /// Item 7: ztunnel killed: the connected gauge falls within seconds, as an alert needs.
-#[test]
+#[kernel_test]
 fn a_dead_ztunnel_shows_on_the_gauge_within_seconds() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     let _agent = n.agent_with(MONITORED);
     let z = TestZtunnel::start(&n.socket);
@@ -582,11 +561,8 @@ fn a_dead_ztunnel_shows_on_the_gauge_within_seconds() {
 
 /// Item 8: CHECK of an ambient pod compares its in-pod rules: equal, exit 0; its table deleted,
 /// code 100 naming what differs (the agent's pass would repair it; its interval is long here).
-#[test]
+#[kernel_test]
 fn check_of_an_ambient_pod_fails_when_its_rules_differ() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let _agent = n.agent_as(&Launch {
@@ -617,11 +593,8 @@ fn check_of_an_ambient_pod_fails_when_its_rules_differ() {
 
 /// Item 9: The agent restarts and nothing changed: no pod's status is written (no `pending` and
 /// back), ztunnel keeps serving every pod.
-#[test]
+#[kernel_test]
 fn a_restart_writes_nothing_to_unchanged_pods() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let pods: Vec<TestPod> = (0..3)
@@ -706,11 +679,8 @@ fn istio_left(ns: &TestNetns) -> String {
 /// form) gets ours and loses Istio's (the form it held recorded for a hand-back), ztunnel is
 /// handed every pod and never told to delete one, and Istio's host probe chain and IP set go
 /// once our probe table holds.
-#[test]
+#[kernel_test]
 fn a_node_istio_set_up_in_ambient_mode_is_adopted_in_place() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     istios_host_rules(&n.host);
@@ -782,11 +752,8 @@ fn captures_dns(ns: &TestNetns) -> bool {
 /// Issue 47, item 6: a changed `ambient.istio.io/dns-capture` annotation is applied to the
 /// running pod (the agent converges on it, as a pod enrolled now would get it), and holds
 /// through the agent's restart: the same rules whether or not the agent restarted since.
-#[test]
+#[kernel_test]
 fn a_changed_dns_capture_annotation_applies_to_the_running_pod_and_holds_through_restarts() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent();
@@ -836,11 +803,8 @@ fn a_changed_dns_capture_annotation_applies_to_the_running_pod_and_holds_through
 /// the table kept but its chains flushed, made dormant, or an `accept` put first in its chain,
 /// kubelet's probes would stay captured: each is put right within a pass, counted as a
 /// `host_table` repair, and the table is what it was.
-#[test]
+#[kernel_test]
 fn a_host_table_flushed_made_dormant_or_bypassed_is_programmed_again_within_a_pass() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let web = pod(&n, "web", "10.77.0.2", 4100, true);
@@ -899,11 +863,8 @@ fn a_host_table_flushed_made_dormant_or_bypassed_is_programmed_again_within_a_pa
 /// Issue 47, item 2: the plugin fails an ADD (code 11) after its deadline while the agent is
 /// stalled; when the agent resumes, the abandoned request is dropped: ztunnel is sent nothing,
 /// no rule is written in the sandbox, the pod is not annotated.
-#[test]
+#[kernel_test]
 fn an_add_the_plugin_gave_up_on_is_not_carried_out_later() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent();
@@ -939,11 +900,8 @@ fn an_add_the_plugin_gave_up_on_is_not_carried_out_later() {
 /// sandbox and its interface goes: the passes after it do not put the rules back in the dead
 /// namespace nor count a repair (a false alert on a routine event); the runtime's ADD of the
 /// new sandbox enrolls the pod there.
-#[test]
+#[kernel_test]
 fn a_sandbox_restart_is_not_taken_for_a_repair() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent_as(&Launch {
@@ -1022,11 +980,8 @@ fn ztunnel_view(n: &Node) -> Option<serde_json::Value> {
 /// once made them evict each other); a new pod's add goes to B alone; a pod deleted meanwhile
 /// is deleted on both (Istio sends deletes to every connection); A stops and the pods stay
 /// enabled, served by B, nothing sent again.
-#[test]
+#[kernel_test]
 fn a_rolling_ztunnel_upgrade_keeps_both_connections_adds_go_to_the_newest() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let web = pod(&n, "web", "10.77.0.2", 4100, true);

@@ -11,7 +11,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::ambient::{running, Launch, Node};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 use support::ztunnel::TestZtunnel;
 use support::{pod, TestPod};
 
@@ -54,11 +54,8 @@ fn listener_repairs(n: &Node) -> u64 {
 /// within a pass (the other stays `enabled`), its add is sent again (`del`, `add`), and it is
 /// `enabled` again once the listeners are back. When the resend brings them back at once (a
 /// ztunnel that starts the pod's proxy anew), the pod is repaired in the same pass.
-#[test]
+#[kernel_test]
 fn a_pod_whose_listeners_close_is_pending_within_a_pass_and_enabled_when_they_return() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent_as(&launch(EVERY_SECOND));
@@ -159,11 +156,8 @@ fn a_pod_whose_listeners_close_is_pending_within_a_pass_and_enabled_when_they_re
 /// The stand-in acks a pod but never makes its listeners: the ADD fails naming them, and the
 /// pod is never `enabled`. With `AMBIENT_CHECK_LISTENERS=false`, the ack alone enables it (as
 /// before).
-#[test]
+#[kernel_test]
 fn a_pod_whose_listeners_were_never_made_is_never_enabled() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent_as(&launch(EVERY_SECOND));

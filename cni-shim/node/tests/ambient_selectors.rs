@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use common::ambient::{create_pod, pod_netns, running, Node};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 use support::ztunnel::TestZtunnel;
 use support::{has_rules, redirection};
 
@@ -48,11 +48,8 @@ fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     common::eventually(what, WAIT, f)
 }
 
-#[test]
+#[kernel_test]
 fn a_cluster_wide_opt_out_enrolls_unlabelled_namespaces_and_a_changed_selector_converges() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = node();
     let (web_uid, old_uid) = (
         create_pod(&n.cp, "plain", "web"),
@@ -119,11 +116,8 @@ fn a_cluster_wide_opt_out_enrolls_unlabelled_namespaces_and_a_changed_selector_c
 /// The installer puts the terms in the plugin's entry; with no agent listening, the plugin
 /// decides by them: a new pod of an unlabelled namespace is ambient (waits, code 11), one of a
 /// namespace labelled `none` starts uncaptured.
-#[test]
+#[kernel_test]
 fn without_the_agent_the_plugin_decides_by_the_same_terms() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = node();
     let opt_out = format!("--ambient-enablement-selector={OPT_OUT}");
     drop(n.agent_with(&[&opt_out, "--cleanup-on-exit=false"]));

@@ -12,7 +12,7 @@ mod support;
 use std::time::Duration;
 
 use common::ambient::{Launch, Node};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 use serde_json::Value;
 use support::ztunnel::TestZtunnel;
 use support::{pod, TestPod};
@@ -66,11 +66,8 @@ fn enabled(p: &TestPod, n: &Node) {
 /// pod's listeners (with `AMBIENT_CHECK_LISTENERS=false`, so the ack alone keeps it
 /// `enabled`): the check fails as refused, logged with the pod, and the pod stays `enabled`;
 /// the listeners back, it recovers.
-#[test]
+#[kernel_test]
 fn synthetic_rotate_lands_on_15001_and_fails_naming_why_when_the_listeners_close() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let agent = n.agent_as(&launch(&[
@@ -140,11 +137,8 @@ fn synthetic_rotate_lands_on_15001_and_fails_naming_why_when_the_listeners_close
 }
 
 /// `off` (the default): no check runs, no series, nothing in the view.
-#[test]
+#[kernel_test]
 fn synthetic_off_runs_no_check() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let _agent = n.agent_as(&launch(&[("AMBIENT_RECONCILE_INTERVAL", "1s")]));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::ambient::{create_pod, running, Node};
 use common::host_proc::cgroupfs;
 use common::user_ns::UserNsPod;
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 use support::redirection;
 use support::ztunnel::TestZtunnel;
 
@@ -40,11 +40,8 @@ fn has_rules(netns: &Path) -> bool {
         .is_some()
 }
 
-#[test]
+#[kernel_test]
 fn an_ambient_pod_in_a_user_namespace_is_found_enrolled_and_released() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let uid = create_pod(&n.cp, "shop", "web");

@@ -21,7 +21,7 @@ use cni_node::pods::search::FindError;
 use common::ambient::{Launch, Node};
 use redirect_core::mesh::{self, Decision, MeshDefaults};
 use redirect_core::{Capture, CountedPath, Namespace, Netns, PathCounts};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 use serde_json::json;
 use support::ztunnel::TestZtunnel;
 
@@ -84,11 +84,8 @@ fn times(topo: &Topology, n: usize, probe: Probe, want: Outcome) {
     }
 }
 
-#[test]
+#[kernel_test]
 fn the_sidecar_reader_reads_each_paths_connections_as_their_number() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let defaults = MeshDefaults {
         counters: true,
@@ -144,11 +141,8 @@ fn the_sidecar_reader_reads_each_paths_connections_as_their_number() {
     assert_eq!(reader.held(), 0);
 }
 
-#[test]
+#[kernel_test]
 fn a_sidecar_pod_set_up_without_counters_is_not_reported() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     plugin_add(&topo, &MeshDefaults::default());
     let mut reader = SidecarReader::new(MeshDefaults {
@@ -225,11 +219,8 @@ fn ambient_counts(mode: &str) -> (String, String) {
     (text, agent.log())
 }
 
-#[test]
+#[kernel_test]
 fn an_ambient_pods_connections_show_per_pod_on_the_metrics_port() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (text, log) = ambient_counts("pod");
     let pod = "redirect_cni_capture_packets_total{namespace=\"shop\",pod=\"web\"";
     let line = |path: &str| {
@@ -248,11 +239,8 @@ fn an_ambient_pods_connections_show_per_pod_on_the_metrics_port() {
     assert_eq!(got, want, "{text}\n{log}");
 }
 
-#[test]
+#[kernel_test]
 fn summed_over_the_node_the_metrics_port_names_no_pod() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (text, _) = ambient_counts("node");
     for (path, n) in [("inbound_captured", 2), ("outbound_captured", 3)] {
         let line = format!("redirect_cni_capture_packets_total{{path=\"{path}\"}} {n}");
@@ -264,11 +252,8 @@ fn summed_over_the_node_the_metrics_port_names_no_pod() {
 /// A sidecar pod set up by the plugin's ADD with the installer's `counters`: the agent's reader
 /// finds its namespace (by its cgroup under the host's `/proc`, as repair does) and its
 /// connections show on `/metrics`, summed over the node.
-#[test]
+#[kernel_test]
 fn a_sidecar_pods_connections_show_on_the_metrics_port() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     let env = [
         ("CAPTURE_COUNTERS", "node"),

@@ -21,6 +21,7 @@ use cni_node::plugin_entry::{plugin_entry, standalone_conf};
 use cni_node::server_url;
 use cni_node::settings::{parse, parse_mode};
 use cni_node::{Error, Parsed, Settings};
+use redirect_testkit::kernel_test;
 use secrecy::ExposeSecret;
 use serde_json::{json, Value};
 
@@ -1489,8 +1490,8 @@ fn the_manifests_configmaps_use_known_settings_and_the_nad_example_matches() {
 
 /// The run directory must be the agent's alone: one its group or others may write, or that
 /// another user owns, is refused at start (exit 1, naming the mode and the fix) and nothing is
-/// installed. (Before: taken as it was.)
-#[test]
+/// installed. (Before: taken as it was.) A kernel test: another user's folder is made (root).
+#[kernel_test]
 fn binary_refuses_a_run_dir_others_may_write() {
     let env = [
         ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
@@ -1625,8 +1626,9 @@ fn sigterm(child: std::process::Child) -> String {
 /// Ambient mode: ztunnel's socket folder must be the agent's alone (whoever may write there
 /// can put a socket of their own in the agent's place and receive every pod's network
 /// namespace): one its group or others may write, or another user's, stops the agent at start
-/// naming the folder, its mode and the fix, and nothing is installed.
-#[test]
+/// naming the folder, its mode and the fix, and nothing is installed. A kernel test: another
+/// user's folder is made (root).
+#[kernel_test]
 fn binary_refuses_a_ztunnel_socket_folder_others_may_write() {
     for (mode, owner, needle) in [
         (0o777, None, "mode 0777"),

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{cni_env, node_bin, plugin, pod_ns, Out, STATUS_CNI};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use serde_json::{json, Value};
 
 const PORT: u16 = 15014;
@@ -122,11 +122,8 @@ fn dirs() -> tempfile::TempDir {
 /// STATUS before any agent (ready), while the agent waits for its service account (not
 /// ready, code 50, saying why), and once installed (ready); then 50 ADDs in namespaces, a
 /// refused ADD, CHECKs and DELs, counted and timed on `/metrics`.
-#[test]
+#[kernel_test]
 fn the_agent_counts_and_times_the_plugins_calls() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let d = dirs();
     let run = d.path().join("run");
     assert_eq!(
@@ -304,11 +301,8 @@ fn check_histograms(text: &str, all: usize, applied: usize, wall: Duration) {
 
 /// An agent that does not read (its socket bound, its queue full) costs the plugin nothing:
 /// every call answers as before.
-#[test]
+#[kernel_test]
 fn a_hung_agent_changes_nothing_for_the_plugin() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let d = dirs();
     let run = d.path().join("run");
     let hung = UnixDatagram::bind(run.join("plugin-events.sock")).unwrap();
@@ -338,11 +332,8 @@ fn a_hung_agent_changes_nothing_for_the_plugin() {
 /// The start and end lines an operator greps for: `ADD <namespace>/<name>: start` and
 /// `ADD <namespace>/<name>: end: <outcome> (<time> ms)`, for a captured pod, one left alone,
 /// and a refused one.
-#[test]
+#[kernel_test]
 fn start_and_end_lines_name_the_pod_and_the_outcome() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let d = dirs();
     let run = d.path().join("run");
     let ns = pod_ns();
@@ -378,11 +369,8 @@ fn start_and_end_lines_name_the_pod_and_the_outcome() {
 
 /// Datagrams no plugin sends add no label value and no time: 300 codes the plugin never
 /// answers are counted under `other`, a call of u64::MAX µs and an overlong pod are dropped.
-#[test]
+#[kernel_test]
 fn forged_datagrams_add_no_label_values() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let d = dirs();
     fs::write(d.path().join("sa/token"), "t0k3n").unwrap();
     fs::write(d.path().join("sa/ca.crt"), "-----BEGIN CERTIFICATE-----\n").unwrap();
@@ -431,11 +419,8 @@ fn forged_datagrams_add_no_label_values() {
 /// ADD is printed by the agent with the command and the pod, in text and, with `LOG_AS_JSON`
 /// (the agent) and `log_as_json` (the plugin), as JSON lines that parse one by one; a forged
 /// line stays one line.
-#[test]
+#[kernel_test]
 fn the_plugins_lines_reach_the_agents_log_as_text_and_as_json() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for json in [false, true] {
         let d = dirs();
         let run = d.path().join("run");

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use common::apiserver::{ControlPlane, SYSTEM};
 use common::host_proc::{cgroupfs, FakeProc};
 use common::{cni_env, node_bin, plugin};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use serde_json::{json, Value};
 
 const NODE: &str = "worker-2";
@@ -185,11 +185,8 @@ fn deployed() -> (ControlPlane, tempfile::TempDir) {
     (cp, sa)
 }
 
-#[test]
+#[kernel_test]
 fn the_agent_repairs_deletes_labels_and_untaints_with_the_rbac_of_deploy() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let t0 = Instant::now();
     let (cp, sa) = deployed();
     cp.namespace("shop");
@@ -377,11 +374,8 @@ fn args(name: &str) -> String {
     format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name};K8S_POD_UID=u-{name}")
 }
 
-#[test]
+#[kernel_test]
 fn the_plugin_reads_real_pods_with_the_agents_rbac() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let t0 = Instant::now();
     let (cp, _sa) = deployed();
     cp.namespace("shop");
@@ -564,11 +558,8 @@ fn istio_tables(ns: &TestNetns) -> Vec<String> {
 /// validation probe; an ambient pod our agent enrolled gets the in-pod rules Istio's agent
 /// writes, its routing kept; a pod without a sidecar and a pod of another node are not touched;
 /// a form that cannot be written is refused first, naming what to do, with nothing changed.
-#[test]
+#[kernel_test]
 fn the_hand_back_command_gives_each_pod_of_the_node_back_to_istio() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (cp, sa) = deployed();
     cp.namespace("shop");
     let proc = FakeProc::new();

@@ -32,7 +32,7 @@ use redirect_core::CaptureConfig;
 use redirect_core::Netns;
 use redirect_testkit::binary::{self, Run};
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 use cni_testkit::fixtures::ISTIO_POD;
 
@@ -59,11 +59,8 @@ fn same_ns(found: &Netns, ns: &TestNetns) -> bool {
     found.id() == netns_id_of(ns.path()).unwrap()
 }
 
-#[test]
+#[kernel_test]
 fn the_oldest_process_of_the_pod_whose_namespace_holds_its_ip_wins() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (a, b, c) = (
         pod_ns(&["10.55.0.2"]),
         pod_ns(&["10.55.0.2"]),
@@ -84,11 +81,8 @@ fn the_oldest_process_of_the_pod_whose_namespace_holds_its_ip_wins() {
     assert_eq!(found.path(), proc.path().join("11/ns/net"));
 }
 
-#[test]
+#[kernel_test]
 fn the_systemd_cgroup_driver_spells_the_uid_with_underscores() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let a = pod_ns(&["10.55.1.2"]);
     let proc = FakeProc::new();
     let slice = format!(
@@ -100,11 +94,8 @@ fn the_systemd_cgroup_driver_spells_the_uid_with_underscores() {
     assert!(same_ns(&found, &a));
 }
 
-#[test]
+#[kernel_test]
 fn the_agents_own_namespace_is_never_the_pods() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let agent = pod_ns(&["10.55.2.2"]);
     let proc = FakeProc::new();
     proc.add(7, &cgroupfs(UID), 100, agent.path());
@@ -123,11 +114,8 @@ fn the_agents_own_namespace_is_never_the_pods() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn without_a_process_the_pinned_namespaces_are_searched() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (a, b) = (pod_ns(&["10.55.3.9"]), pod_ns(&["10.55.3.2"]));
     let proc = FakeProc::new();
     let pins = tempfile::tempdir().unwrap();
@@ -169,11 +157,8 @@ fn places(proc: &FakeProc) -> Places {
     }
 }
 
-#[test]
+#[kernel_test]
 fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let validate = static_bin("redirect-validate");
     let validate = validate.to_str().unwrap();
     let (ns, proc) = running_pod("10.55.5.2");
@@ -217,11 +202,8 @@ fn a_broken_pod_gets_the_plugins_capture_and_then_passes_the_real_probe() {
     assert_eq!(ran.code, 0, "the probe after the repair: {ran:?}");
 }
 
-#[test]
+#[kernel_test]
 fn a_pod_the_plugin_would_not_capture_is_left_alone() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, proc) = running_pod("10.55.6.2");
     let mut pod = sidecar_pod(UID, "10.55.6.2");
     pod.metadata
@@ -236,11 +218,8 @@ fn a_pod_the_plugin_would_not_capture_is_left_alone() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn a_pod_whose_namespace_is_not_found_is_a_failure_with_nothing_applied() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // The pod's process is there, but its namespace does not hold the pod's IP.
     let (ns, proc) = running_pod("10.55.7.2");
     let err = repair(
@@ -515,11 +494,8 @@ fn broken_pod(
     ns
 }
 
-#[test]
+#[kernel_test]
 fn the_controller_repairs_a_broken_pod_and_the_real_probe_then_passes() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let validate = static_bin("redirect-validate");
     let home = home("10.56.0.1");
     let proc = FakeProc::new();
@@ -563,11 +539,8 @@ fn the_controller_repairs_a_broken_pod_and_the_real_probe_then_passes() {
 /// A sidecar pod with `hostUsers: false` (issue 46): its network namespace belongs to a user
 /// namespace of its own (root mapped to 100000, as a runtime maps it). The controller finds it
 /// by its cgroup in the host's `/proc` and repairs it there as any pod.
-#[test]
+#[kernel_test]
 fn a_broken_pod_in_a_user_namespace_is_found_and_repaired() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     const USERNS_UID: &str = "6a0e3b1c-5d7f-4c2e-8b9a-1f2e3d4c5b6a";
     let home = home("10.56.3.1");
     let proc = FakeProc::new();
@@ -595,11 +568,8 @@ fn a_broken_pod_in_a_user_namespace_is_found_and_repaired() {
     });
 }
 
-#[test]
+#[kernel_test]
 fn pods_that_are_not_broken_or_not_ours_are_left_alone() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.1.99");
     let proc = FakeProc::new();
     let uid = |i: u32| format!("00000000-0000-0000-0000-0000000001{i:02}");
@@ -662,11 +632,8 @@ fn pods_that_are_not_broken_or_not_ours_are_left_alone() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn delete_mode_deletes_with_preconditions_and_a_warning_event() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.2.99");
     let proc = FakeProc::new();
     let stored = put_broken(&home, "web-0", UID, "10.56.2.2");
@@ -715,11 +682,8 @@ fn delete_mode_deletes_with_preconditions_and_a_warning_event() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn label_mode_patches_the_status_once_and_then_skips() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.3.99");
     let proc = FakeProc::new();
     put_broken(&home, "web-0", UID, "10.56.3.2");
@@ -759,11 +723,8 @@ fn label_mode_patches_the_status_once_and_then_skips() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn a_pod_recreated_under_the_same_name_is_a_new_pod() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.4.99");
     let proc = FakeProc::new();
     let first = broken_pod(&home, &proc, 1, "web-0", UID, "10.56.4.2");
@@ -778,11 +739,8 @@ fn a_pod_recreated_under_the_same_name_is_a_new_pod() {
     });
 }
 
-#[test]
+#[kernel_test]
 fn pods_already_broken_when_the_agent_starts_are_repaired() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.5.99");
     let proc = FakeProc::new();
     let first = start_controller(&home, repair_settings(Action::Repair, proc.path()));
@@ -793,11 +751,8 @@ fn pods_already_broken_when_the_agent_starts_are_repaired() {
     eventually("the pod repaired", WAIT, || has_rules(&ns).then_some(()));
 }
 
-#[test]
+#[kernel_test]
 fn retries_stop_at_the_bound_until_the_pod_changes() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.6.99");
     // No process of the pod anywhere: every attempt fails.
     let proc = FakeProc::new();
@@ -880,11 +835,8 @@ fn agent_settings(
     }
 }
 
-#[test]
+#[kernel_test]
 fn the_agent_serves_metrics_that_count_its_repairs_and_its_readiness() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.7.99");
     let proc = FakeProc::new();
     let sa = tempfile::tempdir().unwrap();
@@ -925,11 +877,8 @@ fn the_agent_serves_metrics_that_count_its_repairs_and_its_readiness() {
     agent.stop();
 }
 
-#[test]
+#[kernel_test]
 fn untaint_removes_only_our_taint_and_only_once_ready() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.8.99");
     let proc = FakeProc::new();
     let sa = tempfile::tempdir().unwrap();
@@ -976,11 +925,8 @@ fn untaint_removes_only_our_taint_and_only_once_ready() {
 /// The installer binary runs the agent: ready once installed, repairs, stops on SIGTERM. Its
 /// idle RSS and CPU are printed (`REDIRECT_IDLE_SECS`, default 3, sets how long it idles;
 /// `REDIRECT_AGENT_BIN` runs another build, e.g. the static release binary, for measuring).
-#[test]
+#[kernel_test]
 fn the_installer_binary_runs_the_agent_until_sigterm() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.9.99");
     let proc = FakeProc::new();
     let sa = tempfile::tempdir().unwrap();
@@ -1105,11 +1051,8 @@ fn the_installer_binary_runs_the_agent_until_sigterm() {
 /// failing, and the tries spaced by a doubling delay up to the cap (before: a try every
 /// 0.8 s and two lines each: kube's backoff was reset by the watcher's own start of a
 /// listing, which also counted as "the watch is back").
-#[test]
+#[kernel_test]
 fn a_refused_watch_backs_off_and_is_logged_once() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.8.99");
     let proc = FakeProc::new();
     let closer = home
@@ -1193,11 +1136,8 @@ fn a_refused_watch_backs_off_and_is_logged_once() {
 /// A watch the API server forbids (RBAC) and then allows: one line naming the missing
 /// permission, one line when it works again with how long it was down and how many retries,
 /// and the gauges say so.
-#[test]
+#[kernel_test]
 fn a_forbidden_watch_is_logged_once_and_its_end_once() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let home = home("10.56.9.99");
     let proc = FakeProc::new();
     home.cluster().fail_next("GET", "/api/v1/pods", 403, 6);
@@ -1300,11 +1240,8 @@ fn adopting(mode: AdoptIstio, proc: &Path) -> RepairSettings {
 /// (iptables-nft and nftables; iptables-legacy, which cannot be handed back to, is not); the
 /// fourth is left alone. With `keep`, nothing changes, the pods are counted as kept and nothing
 /// is recorded.
-#[test]
+#[kernel_test]
 fn the_controller_adopts_running_pods_holding_istios_rules_in_place() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for mode in [AdoptIstio::Replace, AdoptIstio::Keep] {
         let home = home("10.57.0.1");
         let proc = FakeProc::new();

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use common::{plugin_bin, ARGS, STATUS_CNI};
 use redirect_testkit::bad_input::{assert_none, check_rows, pod_ns, short, Outcome};
 use redirect_testkit::binary::snapshot;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use serde_json::{json, Value};
 
 struct Row {
@@ -147,9 +147,6 @@ fn judge(r: &Row, out: &Outcome) -> Vec<String> {
 }
 
 fn run_kind(kind: &str, rows: Vec<Row>) {
-    if !kernel_tests_enabled() {
-        return;
-    }
     assert_none(check_bad(kind, &rows));
 }
 
@@ -540,33 +537,30 @@ fn annotation_rows() -> Vec<Row> {
         .collect()
 }
 
-#[test]
+#[kernel_test]
 fn bad_stdin() {
     run_kind("stdin", stdin_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_env() {
     run_kind("env", env_rows());
 }
 
-#[test]
+#[kernel_test]
 fn bad_annotations() {
     run_kind("annotations", annotation_rows());
 }
 
-#[test]
+#[kernel_test]
 fn config_bypass_conflict_names_the_config_field() {
     run_kind("conflicts", conflict_rows());
 }
 
 /// A failed ADD is in the plugin's log file too (with the pod), not only on stderr: the log file
 /// is where an operator looks on the node.
-#[test]
+#[kernel_test]
 fn a_failed_add_is_written_to_the_log_file() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let log = std::env::temp_dir().join(format!("rdc-errlog-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
@@ -615,18 +609,15 @@ fn not_a_netns_rows() -> Vec<Row> {
     ]
 }
 
-#[test]
+#[kernel_test]
 fn cni_netns_not_a_namespace_is_code_3() {
     run_kind("CNI_NETNS not a namespace", not_a_netns_rows());
 }
 
 /// Lenient rows: a pod outside the mesh (no status annotation) is passed through, whatever
 /// else is odd; duplicate keys keep the last value (serde_json, like Go's encoding/json).
-#[test]
+#[kernel_test]
 fn lenient_rows_pass_the_pod_through() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let before = snapshot(&ns);
     let not_mesh = br#"{"cniVersion":"1.0.0","name":"a","name":"b","type":"redirect-cni","proxy_uid":"x","proxy_uid":1337,"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{}}}"#.to_vec();
@@ -715,7 +706,7 @@ fn non_utf8_cni_args_rows() -> Vec<Row> {
     }]
 }
 
-#[test]
+#[kernel_test]
 fn non_utf8_cni_args_is_refused_by_name() {
     run_kind("non-UTF-8 CNI_ARGS", non_utf8_cni_args_rows());
 }

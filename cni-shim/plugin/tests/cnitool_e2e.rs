@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{listen, plugin_bin, Probe, STATUS_CNI};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 fn cnitool() -> PathBuf {
     let p = std::env::var_os("CNITOOL")
@@ -102,11 +102,8 @@ fn pod_ip(add_stdout: &str) -> IpAddr {
     addr.split('/').next().unwrap().parse().unwrap()
 }
 
-#[test]
+#[kernel_test]
 fn chained_after_bridge_with_the_reference_client() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for (version, exclude) in [("0.4.0", None), ("1.0.0", Some("8080"))] {
         let net = network(version, version);
         let node = TestNetns::new();

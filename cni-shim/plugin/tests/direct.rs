@@ -6,7 +6,7 @@
 use cni_testkit as common;
 
 use common::{cni_env as env, plugin, pod_ns, Out, ARGS, STATUS_CNI};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 fn conf(version: &str, annotations: Option<serde_json::Value>, extra: serde_json::Value) -> String {
     let mut c = serde_json::json!({"cniVersion": version, "name": "podnet", "type": "redirect-cni", "proxy_uid": 1337});
@@ -71,7 +71,7 @@ fn version_with_podmans_dummy_env() {
     assert_eq!(out.json()["cniVersion"], "1.1.0");
 }
 
-#[test]
+#[kernel_test]
 fn status_and_gc_of_cni_1_1() {
     let c = conf("1.1.0", None, serde_json::json!({}));
     let out = plugin(
@@ -149,11 +149,8 @@ fn del_succeeds_without_a_namespace_a_prev_result_or_twice() {
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
 
-#[test]
+#[kernel_test]
 fn podman_add_without_a_kubernetes_pod_passes_the_result_through() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let before = state(&ns);
     let prev = serde_json::json!({"cniVersion":"1.0.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:21:00:05","sandbox":ns.path()}],
@@ -176,11 +173,8 @@ fn podman_add_without_a_kubernetes_pod_passes_the_result_through() {
     assert_eq!(state(&ns), before, "a non-Kubernetes container was touched");
 }
 
-#[test]
+#[kernel_test]
 fn multus_standalone_conf_add_check_del() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let p = ns.path().to_str().unwrap().to_string();
     // Multus runs a standalone .conf as a plugin of its own: no prevResult.
@@ -225,11 +219,8 @@ fn multus_standalone_conf_add_check_del() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn pods_outside_the_mesh_are_passed_through() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let p = ns.path().to_str().unwrap().to_string();
     let before = state(&ns);
@@ -296,11 +287,8 @@ fn pods_outside_the_mesh_are_passed_through() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn the_plugin_refuses_its_own_namespace() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // The plugin runs in "node" and is handed node's own namespace as the pod's.
     let node = pod_ns();
     let before = state(&node);
@@ -322,11 +310,8 @@ fn the_plugin_refuses_its_own_namespace() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn bad_input_is_a_cni_error_naming_the_value_and_applies_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let p = ns.path().to_str().unwrap().to_string();
     let before = state(&ns);
@@ -430,11 +415,8 @@ fn bad_input_is_a_cni_error_naming_the_value_and_applies_nothing() {
 /// the result's IPv6 address alone turns IPv6 rules on; the result's order does not matter
 /// (IPv4 first, as the kernel lists them). Without a result, the namespace's addresses decide,
 /// and a namespace with none is refused naming it.
-#[test]
+#[kernel_test]
 fn the_previous_results_addresses_decide_ipv6() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let result = |ips: &[&str]| {
         let ips: Vec<serde_json::Value> = ips
             .iter()

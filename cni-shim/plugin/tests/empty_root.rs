@@ -25,7 +25,7 @@ use common::{cni_env, mesh_conf, plugin_bin, pod_ns, static_bin, ARGS};
 use redirect_core::CaptureConfig;
 use redirect_testkit::istio::SIDECAR_ARGS;
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// A root holding only `bin` (as `/<name>`), an empty `/proc` and an empty `/netns` to bind
 /// mounts on.
@@ -119,11 +119,8 @@ impl Drop for EmptyRoot {
     }
 }
 
-#[test]
+#[kernel_test]
 fn the_plugin_runs_add_check_del_from_an_empty_root() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let root = EmptyRoot::new(&static_bin("redirect-cni"));
     let pod = pod_ns();
     let conf = mesh_conf();
@@ -165,11 +162,8 @@ fn the_plugin_runs_add_check_del_from_an_empty_root() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn the_init_container_and_the_probe_run_from_empty_roots() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let init = EmptyRoot::new(&static_bin("redirect-init"));
     let pod = pod_ns();
     let out = init.run(SIDECAR_ARGS, &[], "", pod.path(), true, None);
@@ -192,11 +186,8 @@ fn the_init_container_and_the_probe_run_from_empty_roots() {
 }
 
 /// The control: a dynamically linked build cannot even start in such a root.
-#[test]
+#[kernel_test]
 fn a_dynamic_build_does_not_start_from_an_empty_root() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let elf = std::fs::read(plugin_bin()).unwrap();
     assert!(
         elf.windows(b"ld-linux".len()).any(|w| w == b"ld-linux"),

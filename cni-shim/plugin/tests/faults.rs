@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{cni_env, mesh_conf, plugin, plugin_bin, pod_ns, Out, Rng, ARGS};
 use redirect_testkit::binary::snapshot;
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 
 fn env<'a>(cmd: &'a str, netns: &'a str) -> Vec<(&'a str, &'a str)> {
     cni_env(cmd, netns, ARGS)
@@ -81,11 +81,8 @@ fn cni_error(out: &Out, codes: &[u64], what: &str) -> u64 {
     code
 }
 
-#[test]
+#[kernel_test]
 fn the_namespace_disappears_during_add() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let host_before = host_state();
     let conf = mesh_conf();
     let mut rng = Rng::new("netns race");
@@ -160,11 +157,8 @@ fn the_namespace_disappears_during_add() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn no_permission_is_a_cni_error_and_touches_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let path = ns.path().to_str().unwrap().to_string();
     let before = snapshot(&ns);
@@ -218,11 +212,8 @@ fn no_permission_is_a_cni_error_and_touches_nothing() {
     eprintln!("no permission: 3 unprivileged ADDs, 3 CNI errors, 3 snapshots unchanged");
 }
 
-#[test]
+#[kernel_test]
 fn concurrent_add_del_check_on_one_namespace() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let path = ns.path().to_str().unwrap().to_string();
     let conf = mesh_conf();
@@ -293,11 +284,8 @@ fn concurrent_add_del_check_on_one_namespace() {
 /// DEL must succeed when the capture is already gone (CNI spec), also when another DEL (or an
 /// ADD's replace) removes it concurrently: `nft::remove` dumps the table, then deletes it, and a
 /// DEL that loses the race between the two gets ENOENT, which means "already gone".
-#[test]
+#[kernel_test]
 fn racing_dels_all_succeed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let path = ns.path().to_str().unwrap().to_string();
     let conf = mesh_conf();
@@ -328,11 +316,8 @@ fn racing_dels_all_succeed() {
     assert!(failed.is_empty(), "{failed:#?}");
 }
 
-#[test]
+#[kernel_test]
 fn add_repeated_is_idempotent() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let path = ns.path().to_str().unwrap().to_string();
     let conf = mesh_conf();

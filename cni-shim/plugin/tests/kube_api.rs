@@ -843,16 +843,28 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
 // Proxies from the environment
 
 /// The runtime passes its environment on to CNI plugins; an HTTPS_PROXY there (set for image
-/// pulls) must not send the API request elsewhere, nor fail it. Runs in a child process, so
-/// that setting the variable does not race with the other tests.
+/// pulls) must not send the API request elsewhere, nor fail it. Runs again in a child process
+/// (this test alone, `REDIRECT_TEST_KUBECONFIG` set), so that setting the variable does not race
+/// with the other tests; the child does the request.
 #[test]
 fn https_proxy_from_the_environment_is_ignored() {
+    if let Some(kubeconfig) = std::env::var_os("REDIRECT_TEST_KUBECONFIG") {
+        assert!(std::env::var_os("HTTPS_PROXY").is_some());
+        let pod = fetch_pod(
+            Path::new(&kubeconfig),
+            "bookinfo",
+            "reviews-v1-5b5d6494f4-7xk2p",
+            &quick(1),
+        )
+        .unwrap();
+        assert_eq!(pod.name, "reviews-v1-5b5d6494f4-7xk2p");
+        return;
+    }
     let s = setup(vec![], Reply::Ok(ISTIO_POD));
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "proxy_child",
-            "--ignored",
+            "https_proxy_from_the_environment_is_ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -863,24 +875,6 @@ fn https_proxy_from_the_environment_is_ignored() {
         .unwrap();
     assert!(status.success(), "the child failed: {status}");
     assert_eq!(s.server.hits(), 1);
-}
-
-/// The child of `https_proxy_from_the_environment_is_ignored`; does nothing on its own.
-#[test]
-#[ignore = "run by https_proxy_from_the_environment_is_ignored"]
-fn proxy_child() {
-    let Some(kubeconfig) = std::env::var_os("REDIRECT_TEST_KUBECONFIG") else {
-        return;
-    };
-    assert!(std::env::var_os("HTTPS_PROXY").is_some());
-    let pod = fetch_pod(
-        Path::new(&kubeconfig),
-        "bookinfo",
-        "reviews-v1-5b5d6494f4-7xk2p",
-        &quick(1),
-    )
-    .unwrap();
-    assert_eq!(pod.name, "reviews-v1-5b5d6494f4-7xk2p");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -938,11 +932,8 @@ fn env_from_a_reference_hides_an_earlier_literal() {
 /// The plugin end to end on the API path: the runtime sends no annotations, so ADD reads the
 /// pod from the stand-in and takes the proxy UID from istio-proxy's runAsUser (OpenShift's
 /// per-namespace UID), and the rules in the pod's namespace carry it.
-#[test]
+#[redirect_testkit::kernel_test]
 fn plugin_add_reads_the_pod_when_the_runtime_sends_no_annotations() {
-    if !redirect_testkit::kernel_tests_enabled() {
-        return;
-    }
     let s = setup(
         vec![Reply::Status(503, "warming up".into())],
         Reply::Ok(OPENSHIFT_POD),

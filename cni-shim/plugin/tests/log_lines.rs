@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{cni_env as env, plugin_within, pod_ns, STATUS_CNI};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 
 const FORGED_TIME: &str = "2026-01-01T00:00:00.000Z";
 
@@ -51,11 +51,8 @@ fn assert_unforged(what: &str, stderr: &str, file: &str) {
     );
 }
 
-#[test]
+#[kernel_test]
 fn outside_strings_never_forge_a_log_line() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = pod_ns();
     let p = ns.path().to_str().unwrap().to_string();
     let dir = temp("forge");
@@ -86,11 +83,8 @@ fn outside_strings_never_forge_a_log_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
+#[kernel_test]
 fn a_log_file_that_is_a_fifo_or_a_directory_never_blocks_add() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = temp("fifo");
     let fifo = dir.join("plugin.log");
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();

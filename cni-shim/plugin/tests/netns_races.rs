@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use common::{cni_env as env, mesh_conf, plugin, plugin_in, pod_ns, Out, ARGS};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 const TABLE: &str = "redirect_capture";
 
@@ -101,11 +101,8 @@ fn cni_code(out: &Out) -> Option<u64> {
     (out.code != 0).then(|| out.json()["code"].as_u64().unwrap_or(0))
 }
 
-#[test]
+#[kernel_test]
 fn add_through_a_flipping_symlink_never_programs_the_node() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let node = node_ns();
     let pod = pod_ns();
     let flip = Flipper::start("add", pod.path(), node.path());
@@ -141,11 +138,8 @@ fn add_through_a_flipping_symlink_never_programs_the_node() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn del_through_a_flipping_symlink_never_cleans_the_node() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let node = node_ns();
     let pod = pod_ns();
     // The node has a table of that name (a test node, or a second runtime's plugin): a DEL
@@ -209,11 +203,8 @@ impl Drop for Stale {
     }
 }
 
-#[test]
+#[kernel_test]
 fn del_of_a_sandbox_that_is_gone_succeeds_add_and_check_fail_clearly() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let stale = Stale::new();
     let mnt = "/proc/self/ns/mnt";
     let paths = [

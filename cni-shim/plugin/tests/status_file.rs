@@ -1,7 +1,8 @@
 //! STATUS reads the node agent's status file (`<cni_agent_run_dir>/agent-ready`) as the
 //! agent's own or not at all: whatever else sits at that path (a FIFO, a link to /dev/zero or
 //! to a secret, a directory, a 50 MB file, a file of another user, a hard link to a secret)
-//! answers "not ready" (code 50) at once, quotes nothing of it, and never blocks.
+//! answers "not ready" (code 50) at once, quotes nothing of it, and never blocks. A kernel test:
+//! STATUS asks nf_tables in this namespace (CAP_NET_ADMIN), and a file of another user is made.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -9,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cni_testkit::{plugin_within, Out};
+use redirect_testkit::kernel_test;
 
 const SECRET: &str = "hunter2-secret-line";
 
@@ -42,7 +44,7 @@ fn not_ready(run: &Path, what: &str, needle: &str) {
     );
 }
 
-#[test]
+#[kernel_test]
 fn anything_but_the_agents_file_is_not_ready_and_quoted_nowhere() {
     let d = tempfile::tempdir().unwrap();
     let run = d.path().join("run");

@@ -8,15 +8,12 @@ use cni_testkit as common;
 use std::net::SocketAddr;
 
 use common::{cni_env as env, listen, mesh_conf, plugin, pod_ns, Probe, ARGS};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 
 const APP_UID: u32 = 1000;
 
-#[test]
+#[kernel_test]
 fn a_dormant_table_or_a_changed_base_chain_fails_check_and_add_restores_capture() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let pod = pod_ns();
     let p = pod.path().to_str().unwrap().to_string();
     let l = listen(&pod, &[15001]);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::user_ns::UserNsPod;
 use common::{cni_env, mesh_conf, plugin, ARGS};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 
 /// A `hostUsers: false` pod with its interface and address, as the primary CNI gives them.
 fn user_ns_pod() -> UserNsPod {
@@ -37,11 +37,8 @@ fn lands(netns: &str) -> &'static str {
     })
 }
 
-#[test]
+#[kernel_test]
 fn a_pod_in_a_user_namespace_is_captured_checked_and_released() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let pod = user_ns_pod();
     let netns = pod.ns("net");
     // The pod's root is UID 100000 on the node: the namespace really is another user's.

@@ -208,11 +208,8 @@ mod tests {
     use super::*;
     use std::net::TcpStream;
 
-    #[test]
+    #[redirect_testkit::kernel_test]
     fn the_filtered_listener_is_listed_but_never_connected_to() {
-        if !redirect_testkit::kernel_tests_enabled() {
-            return;
-        }
         let ns = redirect_testkit::TestNetns::with_prefix("zf");
         ns.sh("ip link set lo up");
         let (filtered, plain, _held) = ns.run(|| {

@@ -8,7 +8,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 const BIN: &str = env!("CARGO_BIN_EXE_testpod");
 
@@ -20,11 +20,8 @@ fn a_bad_command_line_is_refused_with_the_usage() {
     assert!(err.contains("usage: testpod listen"), "{err}");
 }
 
-#[test]
+#[kernel_test]
 fn the_app_reaches_the_proxy_stand_in_and_prints_where_it_landed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     ns.sh("ip link set lo up");
     let mut proxy = Command::new("ip")

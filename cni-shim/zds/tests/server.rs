@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use prost::Message;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 use zds::proto::{Payload, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
 use zds::server::{Delivery, ZdsError, ZdsServer};
 use zds::wire;
@@ -132,11 +132,8 @@ fn listeners_in(fd: OwnedFd, ports: &[u16]) -> Vec<TcpListener> {
     .unwrap()
 }
 
-#[test]
+#[kernel_test]
 fn the_snapshot_hands_each_pod_with_its_namespace_and_connections_land_on_ztunnels_listeners() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let pods: Vec<TestNetns> = (0..2).map(|_| TestNetns::with_prefix("rdzds")).collect();
@@ -178,11 +175,8 @@ fn the_snapshot_hands_each_pod_with_its_namespace_and_connections_land_on_ztunne
     assert!(refused, "pod 1 reached a listener bound in pod 0");
 }
 
-#[test]
+#[kernel_test]
 fn pods_added_and_released_after_the_snapshot_are_acked_nacked_and_a_hung_ztunnel_is_dropped() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let z = FakeZtunnel::hello(&socket_path(&dir));
@@ -278,11 +272,8 @@ fn pods_added_and_released_after_the_snapshot_are_acked_nacked_and_a_hung_ztunne
 /// the first gets none; a `del` goes to both (as Istio's `PodDeleted`); `readd` to the newest
 /// alone. When the newest goes, the first serves adds again: what it acked still counts, what
 /// it never had is unacked and sent to it.
-#[test]
+#[kernel_test]
 fn a_second_connection_serves_adds_the_first_stays_open_for_deletes() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let ns = TestNetns::with_prefix("rdzds");
@@ -377,11 +368,8 @@ fn a_second_connection_serves_adds_the_first_stays_open_for_deletes() {
 
 /// The older of two connections hangs up while both are idle: noticed (not only the
 /// newest's hang-up), the newest serves on; whoever asked is told.
-#[test]
+#[kernel_test]
 fn an_older_connections_hang_up_is_noticed_too() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let changes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
@@ -411,11 +399,8 @@ fn an_older_connections_hang_up_is_noticed_too() {
 
 /// A `del` while the older connection hangs: the newest still gets it, the hung one is closed
 /// at the deadline, and the answer says so.
-#[test]
+#[kernel_test]
 fn a_del_reaches_the_newest_though_an_older_connection_hangs() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let ns = TestNetns::with_prefix("rdzds");
@@ -441,11 +426,8 @@ fn a_del_reaches_the_newest_though_an_older_connection_hangs() {
 }
 
 /// More than `MAX_OPEN` connections at once: the oldest is closed, the rest stay.
-#[test]
+#[kernel_test]
 fn past_max_open_the_oldest_connection_is_closed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let mut all = Vec::new();
@@ -460,11 +442,8 @@ fn past_max_open_the_oldest_connection_is_closed() {
     assert!(all[1..].iter().all(FakeZtunnel::idle));
 }
 
-#[test]
+#[kernel_test]
 fn bad_hellos_are_dropped_and_the_server_keeps_serving() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     // Version 2, garbage, an oversized datagram, nothing at all (the deadline).
@@ -507,11 +486,8 @@ fn the_socket_path_a_stale_socket_is_replaced_anything_else_refused() {
 
 /// A ztunnel refuses a pod in its snapshot: the pod stays held and unacked; a new connection's
 /// snapshot carries it and its ack counts; an ack on an older connection does not.
-#[test]
+#[kernel_test]
 fn a_refused_pod_is_unacked_until_a_connection_acks_it() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let ns = TestNetns::with_prefix("rdzds");
@@ -544,11 +520,8 @@ fn a_refused_pod_is_unacked_until_a_connection_acks_it() {
 
 /// A peer that says hello and then stops answering in the middle of its snapshot holds up no
 /// other: a real ztunnel connecting meanwhile gets its whole snapshot at once.
-#[test]
+#[kernel_test]
 fn a_peer_that_stops_answering_holds_up_no_other_handshake() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), Duration::from_secs(5)).unwrap();
     let ns = TestNetns::with_prefix("rdzds");
@@ -570,11 +543,8 @@ fn a_peer_that_stops_answering_holds_up_no_other_handshake() {
 
 /// ztunnel dies while the connection is idle: noticed without any request, within the
 /// liveness check's period, and whoever asked is told.
-#[test]
+#[kernel_test]
 fn a_dead_ztunnel_is_noticed_while_the_connection_is_idle() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ZdsServer::bind(&socket_path(&dir), QUICK).unwrap();
     let changes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));

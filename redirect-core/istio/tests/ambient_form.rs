@@ -15,7 +15,7 @@ use common::{ambient_combinations, handed_over_differs, none_wrong};
 use redirect_istio::iptables_form::{chains, restore_file, IstioIptables, XtRule};
 use redirect_model::AmbientConfig;
 use redirect_testkit::istio::iptables_restore_with;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 fn state(rules: &[XtRule]) -> BTreeMap<String, Vec<String>> {
     chains(rules)
@@ -117,11 +117,8 @@ fn an_ingress_pod_with_virtual_interfaces_and_no_dns_is_istios_too() {
     assert!(!got.keys().any(|k| k.starts_with("raw")), "{got:?}");
 }
 
-#[test]
+#[kernel_test]
 fn handed_back_ambient_tables_are_what_iptables_nft_restore_makes_of_istios_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let mut wrong = Vec::new();
     let mut cases = 0;
     for (name, cfg) in ambient_combinations(&["kubevirt0"]) {

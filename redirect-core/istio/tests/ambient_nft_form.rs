@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use common::{ambient_combinations, handed_over_differs, none_wrong};
 use redirect_istio::nft_form::IstioNft;
 use redirect_model::AmbientConfig;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// `table chain` to its rules, each rule's words joined by one space (Istio's text has a
 /// doubled space in two rules).
@@ -157,11 +157,8 @@ fn an_ingress_pod_with_virtual_interfaces_and_no_dns_is_istios_too() {
     assert!(!chains(&bare).contains_key(&format!("{NAT} istio-prerouting")));
 }
 
-#[test]
+#[kernel_test]
 fn handed_back_ambient_tables_are_what_nft_makes_of_istios_text() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let mut wrong = Vec::new();
     let mut cases = 0;
     for (name, cfg) in ambient_combinations(&["kubevirt0", "eth1"]) {

@@ -19,7 +19,7 @@ use redirect_kernel::nft::Nft;
 use redirect_testkit::istio::{
     group_gid, list_cases, list_cni_cases, load_istio_case_with, IstioCase,
 };
-use redirect_testkit::{kernel_tests_enabled, plan_with, TestNetns};
+use redirect_testkit::{kernel_test, plan_with, TestNetns};
 
 fn word(w: &str) -> String {
     match w.parse::<ipnet::IpNet>() {
@@ -124,11 +124,8 @@ fn istios_iptables_rules_equal_what_each_golden_leaves_in_each_chain() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn handed_back_iptables_tables_are_what_iptables_nft_restore_makes_of_each_golden() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let groups = |n: &str| group_gid(n);
     let mut wrong = Vec::new();
     let all = list_cases().into_iter().map(|n| IstioCase::load(&n));

@@ -11,14 +11,11 @@ use common::config_of;
 use redirect_testkit::istio::{
     self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase,
 };
-use redirect_testkit::{kernel_tests_enabled, run_probes, Topology};
+use redirect_testkit::{kernel_test, run_probes, Topology};
 use redirect_testkit::{run_probe_with, Outcome, Timing};
 
-#[test]
+#[kernel_test]
 fn every_istio_case_sends_every_probe_to_the_same_place() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cases = list_cases();
     assert_eq!(cases.len(), 27, "Istio's iptables test data has 27 cases");
     let resolver = |n: &str| group_gid(n);

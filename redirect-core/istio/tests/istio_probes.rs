@@ -1,15 +1,16 @@
 //! The kernel test kit held against known facts about Istio's rules, and every Istio
 //! `istio-iptables` case run through its probe matrix.
 //!
-//! Needs root; `REDIRECT_SKIP_KERNEL_TESTS=1` skips explicitly.
+//! Kernel tests (`#[kernel_test]`): ignored with their reason unless run with
+//! `--include-ignored`, as root.
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
 use redirect_testkit::istio::{self, IstioCase};
 use redirect_testkit::{
-    kernel_tests_enabled, run_probe, run_probe_report, run_probes_report, From, Outcome, Probe,
-    Side, Topology,
+    kernel_test, run_probe, run_probe_report, run_probes_report, From, Outcome, Probe, Side,
+    Topology,
 };
 
 fn sa(s: &str) -> SocketAddr {
@@ -34,11 +35,8 @@ fn landed(side: Side, port: u16, orig: Option<&str>) -> Outcome {
     Outcome::landed(side, port, orig.map(sa))
 }
 
-#[test]
+#[kernel_test]
 fn without_rules_nothing_is_diverted() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let cases = [
         (
@@ -89,11 +87,8 @@ fn without_rules_nothing_is_diverted() {
     assert_eq!(r.local, Some(sa("10.77.0.2:8080")));
 }
 
-#[test]
+#[kernel_test]
 fn istio_cni_basic_lands_where_istio_says() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let topo = Topology::basic();
     let case = IstioCase::load_cni("basic");
     istio::iptables_restore(&topo.pod, false, &case.restore_path());
@@ -253,11 +248,8 @@ fn case_facts(case: &str) -> Vec<(Probe, Outcome)> {
     }
 }
 
-#[test]
+#[kernel_test]
 fn every_istio_case_gives_definite_outcomes() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let started = Instant::now();
     let names = istio::list_cases();
     assert_eq!(names.len(), 27, "expected Istio's 27 istio-iptables cases");

@@ -15,7 +15,7 @@ use common::config_of;
 use redirect_istio::nft_form::IstioNft;
 use redirect_kernel::nft::Nft;
 use redirect_testkit::istio::{group_file, group_gid, istio_testdata_dir, IstioCase};
-use redirect_testkit::{kernel_tests_enabled, plan_with, TestNetns};
+use redirect_testkit::{kernel_test, plan_with, TestNetns};
 
 fn cases() -> Vec<(IstioCase, String)> {
     let dir = istio_testdata_dir().join("nftables");
@@ -152,11 +152,8 @@ fn nft_load(ns: &TestNetns, case: &str) {
     let _ = std::fs::remove_file(group);
 }
 
-#[test]
+#[kernel_test]
 fn handed_back_tables_are_what_nft_makes_of_each_golden_and_ours_is_gone() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let groups = |n: &str| group_gid(n);
     let mut wrong = Vec::new();
     for (case, _) in cases() {

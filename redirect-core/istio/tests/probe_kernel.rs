@@ -8,7 +8,7 @@ use std::time::Duration;
 use redirect_istio::validation::probe::{self, ProbeFailure, ProbeSpec, ProbeSuccess};
 use redirect_kernel::SystemGroups;
 use redirect_model::{CaptureConfig, InterceptionMode};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -75,11 +75,8 @@ fn assert_timeout(result: Result<ProbeSuccess, ProbeFailure>) -> (Option<i32>, P
     (errno, failure)
 }
 
-#[test]
+#[kernel_test]
 fn succeeds_with_rules_for_the_probes_uid() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ok = assert_ok(
         probe_with(Some(&root_proxy()), &spec(false)),
         15006,
@@ -88,11 +85,8 @@ fn succeeds_with_rules_for_the_probes_uid() {
     assert!(ok.attempts >= 1 && ok.listen_errors.is_empty(), "{ok:?}");
 }
 
-#[test]
+#[kernel_test]
 fn times_out_without_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (errno, failure) = assert_timeout(probe_with(None, &spec(false)));
     assert_eq!(errno, Some(libc::ECONNREFUSED), "{failure:?}");
     let ProbeFailure::Timeout {
@@ -116,11 +110,8 @@ fn times_out_without_rules() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn reports_connections_with_other_destinations() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     // No rules: the probe's own connections are refused, while another client reaches the
     // listener on 15001 directly. Not NATed, so its original destination is 127.0.0.1:15001.
@@ -155,11 +146,8 @@ fn reports_connections_with_other_destinations() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn times_out_when_the_proxy_is_another_uid() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // Istio's default proxy 1337; the probe runs as root, so `! --uid-owner 1337 -j RETURN`
     // passes it by.
     let cfg = CaptureConfig::istio_sidecar_default();
@@ -167,11 +155,8 @@ fn times_out_when_the_proxy_is_another_uid() {
     assert_eq!(errno, Some(libc::ECONNREFUSED), "{failure:?}");
 }
 
-#[test]
+#[kernel_test]
 fn succeeds_in_every_config_tproxy_or_no_capture() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // The redirect the probe relies on exists whatever is captured (§5).
     let tproxy = CaptureConfig {
         mode: InterceptionMode::Tproxy,
@@ -191,11 +176,8 @@ fn succeeds_in_every_config_tproxy_or_no_capture() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn ipv6_succeeds_with_ipv6_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // kernel::capture::apply also puts ::6 on lo, which the connect needs to be routed at all.
     let cfg = CaptureConfig {
         ipv6: true,
@@ -204,11 +186,8 @@ fn ipv6_succeeds_with_ipv6_rules() {
     assert_ok(probe_with(Some(&cfg), &spec(true)), 15006, "[::6]:15002");
 }
 
-#[test]
+#[kernel_test]
 fn ipv6_times_out_with_ipv4_rules_only() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let result = ns.run(|| {
         apply_here(&root_proxy());
@@ -242,11 +221,8 @@ fn ports_and_errnos(errors: &[(u16, std::io::Error)]) -> Vec<(u16, Option<i32>)>
     errors.iter().map(|(p, e)| (*p, e.raw_os_error())).collect()
 }
 
-#[test]
+#[kernel_test]
 fn runs_on_the_free_port_when_one_is_taken() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     // 15006 taken: the redirected connection lands on the other listener, not ours.
     let (_, failure) = assert_timeout(probe_with_taken(&[15006]));
     let ProbeFailure::Timeout {
@@ -275,11 +251,8 @@ fn runs_on_the_free_port_when_one_is_taken() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn no_listener_when_both_ports_are_taken() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let failure = probe_with_taken(&[15001, 15006]).unwrap_err();
     let ProbeFailure::NoListener { errors } = &failure else {
         panic!("not NoListener: {failure:?}");
@@ -299,11 +272,8 @@ fn no_listener_when_both_ports_are_taken() {
     assert!(msg.contains(", 15006 ("), "{msg}");
 }
 
-#[test]
+#[kernel_test]
 fn custom_ports() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cfg = CaptureConfig {
         envoy_port: 16001,
         inbound_capture_port: 16006,

@@ -15,7 +15,7 @@ use redirect_testkit::istio::{
 };
 use redirect_testkit::plan;
 use redirect_testkit::{
-    kernel_tests_enabled, run_probe, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
+    kernel_test, run_probe, run_probes, From, Outcome, Probe, Side, TestNetns, Topology,
 };
 
 const VARIANTS: [Variant; 2] = [Variant::Legacy, Variant::Nft];
@@ -151,11 +151,8 @@ fn force_iptables_binary_is_parsed_and_bad_values_are_named() {
 
 /// Istio's sidecar default with each variant forced: the ISTIO chains hold the planned rules,
 /// only in that variant, and real connections are captured; removing them restores traffic.
-#[test]
+#[kernel_test]
 fn apply_with_each_variant_captures_real_traffic() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let rs = sidecar();
     for variant in VARIANTS {
         let topo = Topology::basic();
@@ -218,11 +215,8 @@ fn apply_with_each_variant_captures_real_traffic() {
 }
 
 /// Without a forced variant in a fresh namespace: nft for both families, v6 traffic captured.
-#[test]
+#[kernel_test]
 fn apply_picks_nft_for_both_families_in_a_fresh_namespace() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let rs = plan(&CaptureConfig {
         ipv6: true,
         ..CaptureConfig::istio_sidecar_default()
@@ -253,11 +247,8 @@ fn apply_picks_nft_for_both_families_in_a_fresh_namespace() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn detect_prefers_legacy_only_when_it_holds_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let detect = |ns: &TestNetns, f: Family, force: Option<Variant>| {
         redirect_testkit::run_in(ns.path(), || xtables::detect(f, force))
             .unwrap_or_else(|e| panic!("{f} {force:?}: {e}"))
@@ -307,11 +298,8 @@ fn detect_prefers_legacy_only_when_it_holds_rules() {
 
 /// Istio's chains are there (CNI `basic`, loaded with each variant): apply refuses, naming the
 /// tool and the chains, and no dump of either variant or family changes.
-#[test]
+#[kernel_test]
 fn apply_over_istio_chains_fails_and_changes_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let rs = sidecar();
     let basic = istio_testdata_dir().join("cni/basic.restore");
     for variant in VARIANTS {
@@ -357,11 +345,8 @@ fn apply_over_istio_chains_fails_and_changes_nothing() {
 
 /// A ruleset whose nat table cannot load (a v6 address in a v4 rule): mangle, written first,
 /// is rolled back; and a v6 failure rolls back v4.
-#[test]
+#[kernel_test]
 fn failed_restore_rolls_back_every_table_and_family() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let broken = |rs: &mut Ruleset, family: Family, addr: &str| {
         let chain = rs
             .chains
@@ -489,11 +474,8 @@ fn sorted(mut v: Vec<Leftover>) -> Vec<Leftover> {
 /// `basic-exclude-nic` cases, loaded with each variant: found as Istio's files imply, removed
 /// completely (no ISTIO chain, no rule left in any dump), and every probe of the case's matrix
 /// ends as it did before Istio's rules were loaded.
-#[test]
+#[kernel_test]
 fn istio_leftovers_are_found_and_removed_for_both_variants() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for name in ["tproxy", "basic-exclude-nic"] {
         let case = IstioCase::load(name);
         let probes = probe_matrix(&case);
@@ -554,11 +536,8 @@ fn istio_leftovers_are_found_and_removed_for_both_variants() {
 
 /// Rules of someone else's, in tables without ISTIO chains, look like Istio's exclude rules
 /// but stay.
-#[test]
+#[kernel_test]
 fn leftover_cleanup_leaves_tables_without_istio_chains_alone() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for variant in VARIANTS {
         let ns = TestNetns::new();
         let ipt = bin(Family::V4, variant, "restore").replace("-restore", "");
@@ -582,11 +561,8 @@ fn leftover_cleanup_leaves_tables_without_istio_chains_alone() {
 
 /// Istio's native nftables tables (a golden loaded with `nft -f`, plus an ambient one) are
 /// listed and deleted; our table and tables of other families or names stay.
-#[test]
+#[kernel_test]
 fn istio_nft_tables_are_removed_and_ours_kept() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let rs = sidecar();
     redirect_kernel::testing::nft_in(ns.path())
@@ -669,11 +645,8 @@ fn istio_nft_tables_are_removed_and_ours_kept() {
 /// and the netlink removal leaves exactly what the binaries' removal leaves in a twin.
 /// Istio's TPROXY tail (mangle's CONNMARK rules, an xtables target) is the one shape the
 /// netlink read does not know: in `tproxy` it finds the chains and jumps, not those rules.
-#[test]
+#[kernel_test]
 fn iptables_nft_chains_are_read_and_removed_over_netlink_as_the_binaries_do() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let key = |l: &Leftover| {
         (
             l.family.to_string(),

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use redirect_kernel::nft;
 use redirect_model::eval::{evaluate, Flow};
 use redirect_model::{AmbientConfig, Ruleset};
-use redirect_testkit::{kernel_tests_enabled, run_probe, From, Outcome, Probe, Side, Topology};
+use redirect_testkit::{kernel_test, run_probe, From, Outcome, Probe, Side, Topology};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -58,11 +58,8 @@ fn apply(topo: &Topology, rs: &Ruleset) {
     assert!(nft.diff(rs).unwrap().is_empty(), "read back as applied");
 }
 
-#[test]
+#[kernel_test]
 fn each_variant_applies_reads_back_and_loads_the_same_with_nft() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for (name, cfg) in variants() {
         let rs = cfg.plan().unwrap();
         let ns = redirect_testkit::TestNetns::new();
@@ -182,11 +179,8 @@ fn evaluated(rs: &Ruleset, flow: &str) -> Option<u16> {
         .redirect_port()
 }
 
-#[test]
+#[kernel_test]
 fn connections_land_where_the_evaluator_says() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let rs = AmbientConfig::default().plan().unwrap();
     let topo = Topology::basic();
     apply(&topo, &rs);
@@ -274,11 +268,8 @@ fn connections_land_where_the_evaluator_says() {
     assert!(line.contains("side=pod port=15001"), "{line}");
 }
 
-#[test]
+#[kernel_test]
 fn bypass_inbound_leaves_inbound_to_the_app() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cfg = AmbientConfig {
         bypass_inbound: true,
         ..AmbientConfig::default()

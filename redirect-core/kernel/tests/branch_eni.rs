@@ -4,7 +4,7 @@
 //! compared with `ip rule show` and with what Istio's `ip rule add` commands make.
 
 use redirect_kernel::branch_eni::{self, BranchEni, ProbeRoutes, ProbeRule};
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// The node's side of two pods behind a branch ENI (10.0.5.7 and fd00::7 on `vlanpod1`,
 /// 10.0.5.9 on `vlanpod2`, table 101), one plain veth pod (10.0.9.9, main table), and a decoy:
@@ -58,11 +58,8 @@ fn pods() -> Vec<std::net::IpAddr> {
         .collect()
 }
 
-#[test]
+#[kernel_test]
 fn branch_eni_pods_are_found_given_istios_rules_read_back_and_cleaned_up() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let node = eks_node();
     let aws = ip_rules(&node);
     let routes = node.run(|| ProbeRoutes::open().unwrap());
@@ -150,11 +147,8 @@ fn branch_eni_pods_are_found_given_istios_rules_read_back_and_cleaned_up() {
     assert_eq!(ip_rules(&node), aws);
 }
 
-#[test]
+#[kernel_test]
 fn rules_of_others_are_taken_as_there_and_never_removed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let node = eks_node();
     // Istio's agent, before the switch, added the pod's rules (no protocol of ours).
     node.sh("ip rule add to 10.0.5.7 lookup 101 pref 512
@@ -174,11 +168,8 @@ fn rules_of_others_are_taken_as_there_and_never_removed() {
     assert!(routes.held().unwrap().is_empty());
 }
 
-#[test]
+#[kernel_test]
 fn a_plain_node_has_no_branch_eni_and_early_demux_is_read_per_namespace() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let node = TestNetns::with_prefix("eni");
     node.sh(
         "ip link add plain0 type veth peer name plain0-peer && ip link set plain0 up

@@ -3,7 +3,7 @@
 //! destroyed once none does, and someone else's set stays.
 
 use redirect_kernel::ipset;
-use redirect_testkit::{kernel_tests_enabled, run_in, TestNetns};
+use redirect_testkit::{kernel_test, run_in, TestNetns};
 
 const ISTIO: &str = "istio-inpod-probes-v4";
 
@@ -11,11 +11,8 @@ fn listed(ns: &TestNetns) -> Vec<String> {
     ns.sh("ipset list -n").lines().map(str::to_owned).collect()
 }
 
-#[test]
+#[kernel_test]
 fn a_set_is_found_refused_while_matched_and_destroyed_once_free() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     assert!(!run_in(ns.path(), || ipset::exists(ISTIO)).unwrap());
     ns.sh(&format!(

@@ -5,17 +5,14 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 
 use redirect_kernel::listeners::{missing, Listener, Port, SockDiag, Transport};
 use redirect_kernel::netns::Netns;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 fn port(port: u16, transport: Transport) -> Port {
     Port { port, transport }
 }
 
-#[test]
+#[kernel_test]
 fn listening_sockets_are_listed_and_connected_ones_are_not() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let pod = TestNetns::with_prefix("lsn");
     pod.sh("ip link set lo up");
     let netns = Netns::open(pod.path()).unwrap();
@@ -91,11 +88,8 @@ fn listening_sockets_are_listed_and_connected_ones_are_not() {
     assert_eq!(missing(&ztunnel, &diag.all().unwrap()).len(), 5);
 }
 
-#[test]
+#[kernel_test]
 fn the_socket_answers_for_its_own_namespace_only() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (a, b) = (TestNetns::with_prefix("lsa"), TestNetns::with_prefix("lsb"));
     let _in_a = a.run(|| TcpListener::bind("127.0.0.1:15001").unwrap());
     let mut in_b = SockDiag::open_in(&Netns::open(b.path()).unwrap()).unwrap();

@@ -5,7 +5,7 @@ use redirect_kernel::nft::{self, text, Difference, TABLE};
 use redirect_model::{Action, Chain, Family, Match, Rule, Stage, L4};
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_test, netns::TestNetns};
 
 fn full_config() -> CaptureConfig {
     CaptureConfig {
@@ -59,11 +59,8 @@ fn configs() -> Vec<(&'static str, CaptureConfig)> {
     ]
 }
 
-#[test]
+#[kernel_test]
 fn apply_reads_back_equal_to_the_plan() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for (name, cfg) in configs() {
         let ns = TestNetns::new();
         let rs = plan(&cfg).unwrap();
@@ -87,11 +84,8 @@ fn apply_reads_back_equal_to_the_plan() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn apply_twice_gives_the_same_state_and_replaces_a_different_one() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let full = plan(&full_config()).unwrap();
     let small = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
@@ -122,11 +116,8 @@ fn apply_twice_gives_the_same_state_and_replaces_a_different_one() {
     assert_eq!(ns.sh("nft list tables").lines().count(), 1);
 }
 
-#[test]
+#[kernel_test]
 fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let good = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
     redirect_kernel::testing::nft_in(ns.path())
@@ -167,11 +158,8 @@ fn a_ruleset_the_kernel_rejects_leaves_the_previous_one() {
     assert_eq!(empty.sh("nft list ruleset").trim(), "");
 }
 
-#[test]
+#[kernel_test]
 fn remove_leaves_nothing_and_is_idempotent() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     redirect_kernel::testing::nft_in(ns.path())
         .apply(&plan(&full_config()).unwrap())
@@ -196,11 +184,8 @@ fn remove_leaves_nothing_and_is_idempotent() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn a_rule_deleted_by_hand_is_reported() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let rs = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
     redirect_kernel::testing::nft_in(ns.path())
@@ -252,11 +237,8 @@ fn a_rule_deleted_by_hand_is_reported() {
     );
 }
 
-#[test]
+#[kernel_test]
 fn large_cidr_lists_load_as_one_set() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let exclude: Vec<ipnet::IpNet> = (0..10_000u32)
         .map(|i| {
@@ -281,11 +263,8 @@ fn large_cidr_lists_load_as_one_set() {
 /// A long port list is one interval set of merged ranges, read back as ranges; one that
 /// merges little (every other port) a fixed-size hash of 4-byte keys, looked up with a masked
 /// 4-byte load; a second apply sends nothing.
-#[test]
+#[kernel_test]
 fn long_port_lists_are_ranges_in_an_interval_set() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let rs = plan(&long_port_lists()).unwrap();
     let t = nft::lower(&rs);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use redirect_kernel::nft::{self, TableState};
 use redirect_model::{CaptureConfig, DnsCapture, Selection};
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_test, netns::TestNetns};
 
 fn reads() -> usize {
     redirect_testkit::race_runs(1000)
@@ -37,11 +37,8 @@ fn pair() -> (CaptureConfig, CaptureConfig) {
     (a, b)
 }
 
-#[test]
+#[kernel_test]
 fn reads_while_another_writer_switches_configs_are_never_a_mix() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let (a, b) = pair();
     let (ra, rb) = (plan(&a).unwrap(), plan(&b).unwrap());

@@ -6,7 +6,7 @@ use redirect_kernel::nft::{self, TABLE};
 use redirect_model::{Action, Chain, Family, Hook, Match, PortMatch, Rule, Ruleset, Stage, L4};
 use redirect_model::{CaptureConfig, InterceptionMode};
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_test, netns::TestNetns};
 
 /// A valid ruleset with one extra chain appended last (so its rules are late in the batch).
 fn with_late_chain(base: &Ruleset, chain: Chain) -> Ruleset {
@@ -128,11 +128,8 @@ fn refused(base: &Ruleset) -> Vec<(&'static str, Ruleset, String)> {
     ]
 }
 
-#[test]
+#[kernel_test]
 fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let bases = [
         (
             "istio default",
@@ -229,11 +226,8 @@ fn a_refused_batch_leaves_the_previous_table_exactly_or_none() {
 /// table: a refused create batch left its later answers unread on the socket, and the replace
 /// batch that followed reused the same sequence numbers, so the old ENOENT was read as its
 /// own. Every batch now takes fresh sequence numbers and no batch is sent to fail.)
-#[test]
+#[kernel_test]
 fn a_refused_jump_is_attributed_to_its_own_rule() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let base = plan(&CaptureConfig::istio_sidecar_default()).unwrap();
     for filler in [0u16, 1, 5, 200] {
         let mut rules: Vec<Rule> = (0..filler)

@@ -7,7 +7,7 @@ use redirect_kernel::capture;
 use redirect_kernel::fake::Fake;
 use redirect_kernel::nft::{self, feature, Expr, Foreign, NftChain, NftTable, PROBE_TABLE};
 use redirect_model::{Capture, CaptureConfig, Family, InterceptionMode};
-use redirect_testkit::{kernel_tests_enabled, netns::TestNetns, plan};
+use redirect_testkit::{kernel_test, netns::TestNetns, plan};
 
 fn tproxy_config() -> CaptureConfig {
     CaptureConfig {
@@ -39,11 +39,8 @@ fn tables(ns: &TestNetns) -> String {
 
 /// A check-only batch (no end message) of a table that would be created leaves nothing: the
 /// table does not exist afterwards and the ruleset's generation has not moved.
-#[test]
+#[kernel_test]
 fn the_probe_commits_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let nft = redirect_kernel::testing::nft_in(ns.path());
     let before = nft.generation().unwrap();
@@ -59,11 +56,8 @@ fn the_probe_commits_nothing() {
 }
 
 /// An expression the kernel does not know is named, with its module; nothing is committed.
-#[test]
+#[kernel_test]
 fn the_probe_names_an_unknown_expression() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let nft = redirect_kernel::testing::nft_in(ns.path());
     let before = nft.generation().unwrap();
@@ -76,11 +70,8 @@ fn the_probe_names_an_unknown_expression() {
 
 /// The kernel refuses the apply (ENOENT, for the rule): the error names the missing feature
 /// and the refused rule, and no table is left.
-#[test]
+#[kernel_test]
 fn a_refused_apply_names_the_missing_feature() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let nft = redirect_kernel::testing::nft_in(ns.path());
     let err = nft.apply_table(&with_bogus_expression()).unwrap_err();
@@ -102,11 +93,8 @@ fn a_refused_apply_names_the_missing_feature() {
 
 /// A refusal that is no missing feature (a jump to a chain that does not exist: ENOENT too)
 /// stays the kernel's refusal.
-#[test]
+#[kernel_test]
 fn a_refusal_for_another_cause_is_not_called_a_missing_feature() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let nft = redirect_kernel::testing::nft_in(ns.path());
     let mut t = nft::lower(&plan(&CaptureConfig::istio_sidecar_default()).unwrap());
@@ -123,11 +111,8 @@ fn a_refusal_for_another_cause_is_not_called_a_missing_feature() {
 
 /// With TPROXY's routes to add, the rules refused for a missing feature: the routes this apply
 /// added are gone again, and there is no table.
-#[test]
+#[kernel_test]
 fn a_missing_feature_leaves_no_routes_and_no_table() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let live = redirect_kernel::testing::live_in(ns.path());
     let routes = Capture::Sidecar(tproxy_config().validated().unwrap()).routes();
@@ -168,11 +153,8 @@ fn a_missing_feature_fails_the_capture_and_leaves_nothing() {
 }
 
 /// On a kernel with every feature, the check passes and the capture applies.
-#[test]
+#[kernel_test]
 fn a_kernel_with_every_feature_applies() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let live = redirect_kernel::testing::live_in(ns.path());
     let c = Capture::Sidecar(tproxy_config().validated().unwrap());

@@ -6,7 +6,7 @@
 use redirect_kernel::nft::{self, Applied, Changes, Difference, TABLE};
 use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
+use redirect_testkit::{kernel_test, netns::TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {
     vec![
@@ -70,11 +70,8 @@ fn updated(a: Applied) -> Changes {
     }
 }
 
-#[test]
+#[kernel_test]
 fn every_config_is_reached_from_every_other_in_place() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let mut updates = 0;
     for (from_name, from) in configs() {
         for (to_name, to) in configs() {
@@ -111,11 +108,8 @@ fn every_config_is_reached_from_every_other_in_place() {
     assert_eq!(updates, 12);
 }
 
-#[test]
+#[kernel_test]
 fn an_update_touches_only_what_changed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let a = CaptureConfig::istio_sidecar_default();
     let b = CaptureConfig {
@@ -139,11 +133,8 @@ fn an_update_touches_only_what_changed() {
     assert_eq!(rule_handles(&after), rule_handles(&handles));
 }
 
-#[test]
+#[kernel_test]
 fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let cfg = CaptureConfig::istio_sidecar_default();
     let rs = plan(&cfg).unwrap();
@@ -190,11 +181,8 @@ fn strangers_in_our_table_are_reported_and_removed_by_the_next_apply() {
         .is_empty());
 }
 
-#[test]
+#[kernel_test]
 fn objects_whose_kind_changed_are_deleted_and_added_again() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let cfg = CaptureConfig {
         outbound_exclude_cidrs: vec![
@@ -235,11 +223,8 @@ fn objects_whose_kind_changed_are_deleted_and_added_again() {
 /// Writers racing on one namespace, each with its own configuration: every apply succeeds
 /// (re-reading when the ruleset moved, replacing the table when it keeps moving) and the table
 /// ends equal to one of the plans, never to a mix.
-#[test]
+#[kernel_test]
 fn racing_writers_all_succeed_and_leave_one_whole_plan() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::new();
     let plans: Vec<_> = configs()
         .into_iter()

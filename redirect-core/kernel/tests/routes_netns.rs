@@ -1,5 +1,6 @@
 //! Kernel tests for `netns` and `routes`. Each test makes a fresh network namespace of its own.
-//! They need root; without it they fail, unless REDIRECT_SKIP_KERNEL_TESTS=1 (CI never sets it).
+//! They are kernel tests (`#[kernel_test]`): ignored with their reason unless run with
+//! `--include-ignored`, and then they need root.
 //!
 //! State is checked twice: through our read-back functions and through `ip` (iproute2) run
 //! inside the namespace, compared with what Istio's `ip` commands produce.
@@ -14,6 +15,7 @@ use nix::sched::{unshare, CloneFlags};
 use redirect_kernel::netns::{current_netns_id, netns_id_of};
 use redirect_kernel::routes::{self, TproxyRouting, TproxyState};
 use redirect_model::Family;
+use redirect_testkit::kernel_test;
 
 /// Istio's TPROXY mark and route table.
 const ISTIO: TproxyRouting = TproxyRouting {
@@ -24,22 +26,6 @@ const ISTIO: TproxyRouting = TproxyRouting {
 };
 
 // ---- helpers ----
-
-/// True if kernel tests may run. Not root: panics saying so, or, with
-/// REDIRECT_SKIP_KERNEL_TESTS=1, prints that it skips and returns false.
-fn kernel_tests_allowed(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var("REDIRECT_SKIP_KERNEL_TESTS").as_deref() == Ok("1") {
-        eprintln!("{test}: skipped: needs root (REDIRECT_SKIP_KERNEL_TESTS=1 is set)");
-        return false;
-    }
-    panic!(
-        "{test}: kernel tests need root (they create network namespaces and change routes); \
-         run them as root, or set REDIRECT_SKIP_KERNEL_TESTS=1 to skip them"
-    );
-}
 
 /// A fresh network namespace, pinned by a bind mount on a file under /run/netns-test, so it
 /// outlives the thread that made it. Dropping it unmounts and removes the file.
@@ -162,11 +148,8 @@ const BOTH: [Family; 2] = [Family::V4, Family::V6];
 
 // ---- netns ----
 
-#[test]
+#[kernel_test]
 fn run_in_enters_the_namespace_and_leaves_the_caller_alone() {
-    if !kernel_tests_allowed("run_in_enters_the_namespace_and_leaves_the_caller_alone") {
-        return;
-    }
     let ns = TestNetns::new("enter");
     let before = current_netns_id().unwrap();
     let target = netns_id_of(&ns.path).unwrap();
@@ -224,11 +207,8 @@ fn run_in_on_a_missing_path_is_netns_open_naming_the_path() {
     assert!(!ran.load(Ordering::SeqCst), "the closure must not run");
 }
 
-#[test]
+#[kernel_test]
 fn run_in_turns_a_panic_into_netns_thread() {
-    if !kernel_tests_allowed("run_in_turns_a_panic_into_netns_thread") {
-        return;
-    }
     let ns = TestNetns::new("panic");
     let before = current_netns_id().unwrap();
     let err = redirect_kernel::netns::Netns::open(&ns.path)
@@ -244,11 +224,8 @@ fn run_in_turns_a_panic_into_netns_thread() {
     assert_eq!(current_netns_id().unwrap(), before);
 }
 
-#[test]
+#[kernel_test]
 fn run_in_on_a_file_that_is_no_network_namespace_is_not_netns() {
-    if !kernel_tests_allowed("run_in_on_a_file_that_is_no_network_namespace_is_not_netns") {
-        return;
-    }
     // A regular file, a directory, and a namespace of another kind: judged on the open
     // descriptor before any thread enters anything.
     for (path, found) in [
@@ -279,11 +256,8 @@ fn run_in_on_a_file_that_is_no_network_namespace_is_not_netns() {
 
 // ---- routes ----
 
-#[test]
+#[kernel_test]
 fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
-    if !kernel_tests_allowed("apply_tproxy_gives_the_same_state_as_istios_ip_commands") {
-        return;
-    }
     // Istio's defaults, and a table id above 255 (it travels in an attribute, not the header).
     for r in [
         ISTIO,
@@ -335,11 +309,8 @@ fn apply_tproxy_gives_the_same_state_as_istios_ip_commands() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn apply_tproxy_twice_changes_nothing() {
-    if !kernel_tests_allowed("apply_tproxy_twice_changes_nothing") {
-        return;
-    }
     let ns = TestNetns::with_lo_up("apply-twice");
     let r = ISTIO;
     redirect_kernel::testing::routes_in(&ns.path)
@@ -386,11 +357,8 @@ fn apply_tproxy_twice_changes_nothing() {
     assert_eq!(before, after);
 }
 
-#[test]
+#[kernel_test]
 fn apply_tproxy_touches_only_the_families_asked_for() {
-    if !kernel_tests_allowed("apply_tproxy_touches_only_the_families_asked_for") {
-        return;
-    }
     let ns = TestNetns::with_lo_up("apply-v4");
     let r = ISTIO;
     let v6_before = ip_view(&ns, Family::V6, &r);
@@ -408,11 +376,8 @@ fn apply_tproxy_touches_only_the_families_asked_for() {
     assert!(v4.is_complete(), "{v4:?}");
 }
 
-#[test]
+#[kernel_test]
 fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
-    if !kernel_tests_allowed("apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so") {
-        return;
-    }
     let ns = TestNetns::new("lo-down");
     let r = ISTIO;
     let err = redirect_kernel::testing::routes_in(&ns.path)
@@ -436,11 +401,8 @@ fn apply_tproxy_v6_with_lo_down_is_a_route_error_saying_so() {
     assert!(v4.is_complete(), "{v4:?}");
 }
 
-#[test]
+#[kernel_test]
 fn remove_tproxy_leaves_nothing_and_may_run_twice() {
-    if !kernel_tests_allowed("remove_tproxy_leaves_nothing_and_may_run_twice") {
-        return;
-    }
     let ns = TestNetns::with_lo_up("remove");
     let r = ISTIO;
     let pristine: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
@@ -469,11 +431,8 @@ fn remove_tproxy_leaves_nothing_and_may_run_twice() {
     assert_eq!(again, pristine);
 }
 
-#[test]
+#[kernel_test]
 fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
-    if !kernel_tests_allowed("remove_tproxy_removes_what_iproute2_made_duplicates_included") {
-        return;
-    }
     let ns = TestNetns::with_lo_up("remove-ip");
     let r = ISTIO;
     let pristine: Vec<IpView> = BOTH.iter().map(|&f| ip_view(&ns, f, &r)).collect();
@@ -502,11 +461,8 @@ fn remove_tproxy_removes_what_iproute2_made_duplicates_included() {
     assert_eq!(after, pristine);
 }
 
-#[test]
+#[kernel_test]
 fn remove_tproxy_leaves_other_rules_and_routes_alone() {
-    if !kernel_tests_allowed("remove_tproxy_leaves_other_rules_and_routes_alone") {
-        return;
-    }
     let ns = TestNetns::with_lo_up("remove-others");
     let r = ISTIO;
     // Near misses: another mark to the same table, the same mark with an extra selector, and
@@ -592,11 +548,8 @@ fn tproxy_routing_refuses_values_that_would_capture_everything() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn lo_v6_inbound_addr_is_idempotent_and_removable() {
-    if !kernel_tests_allowed("lo_v6_inbound_addr_is_idempotent_and_removable") {
-        return;
-    }
     let ns = TestNetns::new("lo6");
     let lo6_lines = |ns: &TestNetns| -> usize {
         ns.ip(&["-6", "addr", "show", "dev", "lo"])
@@ -655,11 +608,8 @@ fn lo_v6_inbound_addr_is_idempotent_and_removable() {
 /// address-configuration work runs (never, while `lo` is down; milliseconds later on a busy
 /// node), and a bind to it fails with EADDRNOTAVAIL meanwhile: the validation probe and the
 /// proxy bind it right after capture is applied.
-#[test]
+#[kernel_test]
 fn lo_v6_inbound_addr_is_usable_at_once() {
-    if !kernel_tests_allowed("lo_v6_inbound_addr_is_usable_at_once") {
-        return;
-    }
     let ns = TestNetns::new("lo6-now");
     redirect_kernel::testing::routes_in(&ns.path)
         .ensure_lo_v6_inbound_addr()

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use redirect_kernel::netns::Netns;
 use redirect_kernel::synthetic::{check, Outcome, DEADLINE, TARGET_V4, TARGET_V6};
 use redirect_model::AmbientConfig;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 /// A pod-like namespace: `lo` up, an interface with an address and a default route through a
 /// gateway that never answers (a veth whose peer, in the same namespace, has no address; the
@@ -40,11 +40,8 @@ fn listen(ns: &TestNetns, addr: &str) -> TcpListener {
     ns.run(move || TcpListener::bind(addr).unwrap())
 }
 
-#[test]
+#[kernel_test]
 fn synthetic_lands_on_15001_through_the_ambient_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, netns) = pod("syn");
     rules(&ns);
     let _outbound = listen(&ns, "127.0.0.1:15001");
@@ -66,11 +63,8 @@ fn synthetic_lands_on_15001_through_the_ambient_rules() {
 
 /// ztunnel's listener bound dual-stack (`[::]:15001`): the IPv4 connection is accepted on an
 /// IPv6 socket (mapped addresses), and found; the IPv6 target lands there too.
-#[test]
+#[kernel_test]
 fn synthetic_lands_on_a_dual_stack_listener_over_ipv4_and_ipv6() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, netns) = pod("syd");
     rules(&ns);
     let _outbound = listen(&ns, "[::]:15001");
@@ -80,11 +74,8 @@ fn synthetic_lands_on_a_dual_stack_listener_over_ipv4_and_ipv6() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn synthetic_is_refused_with_the_rules_and_no_listener() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, netns) = pod("syr");
     rules(&ns);
     let out = check(&netns, TARGET_V4, 15001, DEADLINE);
@@ -94,11 +85,8 @@ fn synthetic_is_refused_with_the_rules_and_no_listener() {
 
 /// Without the rules the connection goes to the gateway, which never answers: timed out,
 /// though ztunnel's listener is there.
-#[test]
+#[kernel_test]
 fn synthetic_times_out_without_the_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, netns) = pod("syt");
     let _outbound = listen(&ns, "127.0.0.1:15001");
     let started = std::time::Instant::now();
@@ -109,11 +97,8 @@ fn synthetic_times_out_without_the_rules() {
 }
 
 /// No route to the target: the kernel refuses before any rule could capture it.
-#[test]
+#[kernel_test]
 fn synthetic_has_no_route_in_a_namespace_without_one() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let ns = TestNetns::with_prefix("syn0");
     ns.sh("ip link set lo up");
     rules(&ns);
@@ -125,11 +110,8 @@ fn synthetic_has_no_route_in_a_namespace_without_one() {
 
 /// Something else answers (the target is the namespace's own address, served on port 9):
 /// connected, but no socket on 15001 has the connection for peer.
-#[test]
+#[kernel_test]
 fn synthetic_landed_elsewhere_when_another_socket_answers() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, netns) = pod("sye");
     ns.sh("ip addr add 192.0.2.1/32 dev d0");
     let _outbound = listen(&ns, "127.0.0.1:15001");
@@ -143,11 +125,8 @@ fn synthetic_landed_elsewhere_when_another_socket_answers() {
 /// 192.0.2.1:9): its end, closed before we look (`FIN_WAIT`), is still found by its peer. The
 /// ambient bench found 2 of 63 checks "landed elsewhere" while only established and half-open
 /// sockets were asked for.
-#[test]
+#[kernel_test]
 fn synthetic_finds_the_servers_end_after_the_server_closed_it() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let (ns, netns) = pod("syc");
     rules(&ns);
     let (from, found) = ns.run(|| {

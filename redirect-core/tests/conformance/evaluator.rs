@@ -22,7 +22,8 @@
 //! - `REDIRECT_EVAL_SHRINK=N`: how many shrink steps proptest may take after a failure
 //!   (default 24; each step builds a topology). `0` reports the first failing case as drawn.
 //! - `REDIRECT_EVAL_VERBOSE=1`: prints every flow with its verdict and the kernel's outcome.
-//! - `REDIRECT_SKIP_KERNEL_TESTS=1` skips the kernel test explicitly; otherwise it needs root.
+//! - The kernel test is a `#[kernel_test]`: ignored with its reason unless run with
+//!   `--include-ignored`, as root.
 //!
 //! A failure prints the seed to run it again and, for the failing case as drawn and again after
 //! shrinking, every flow that disagreed: the flow, the probe that carried it, the evaluator's
@@ -81,8 +82,8 @@ use redirect_core::{CaptureConfig, DnsCapture, GroupRef, InterceptionMode, Selec
 use redirect_model::{Action, Stage, L4};
 use redirect_testkit::plan_with;
 use redirect_testkit::{
-    kernel_tests_enabled, run_probes_report, From, Link, ListenerSpec, Outcome, Probe, ProbeReport,
-    Side, Topology, TopologySpec,
+    kernel_test, run_probes_report, From, Link, ListenerSpec, Outcome, Probe, ProbeReport, Side,
+    Topology, TopologySpec,
 };
 
 /// Flows per config (per topology).
@@ -1119,11 +1120,8 @@ fn seed_bytes(seed: u64) -> Vec<u8> {
     out
 }
 
-#[test]
+#[kernel_test]
 fn evaluator_agrees_with_the_kernel() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let cases: usize = env_number("REDIRECT_EVAL_CASES").unwrap_or(DEFAULT_CASES);
     let configs = cases.div_ceil(FLOWS_PER_CONFIG).max(1);
     let shrink: u32 = env_number("REDIRECT_EVAL_SHRINK").unwrap_or(DEFAULT_SHRINK);

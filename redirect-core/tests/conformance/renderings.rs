@@ -9,7 +9,7 @@ use redirect_core::Family;
 use redirect_core::{CaptureConfig, DnsCapture, InterceptionMode, Selection};
 use redirect_kernel::nft;
 use redirect_testkit::plan;
-use redirect_testkit::{kernel_tests_enabled, TestNetns};
+use redirect_testkit::{kernel_test, TestNetns};
 
 fn configs() -> Vec<(&'static str, CaptureConfig)> {
     vec![
@@ -103,11 +103,8 @@ fn canonical(elements: &[String]) -> Vec<String> {
         .collect()
 }
 
-#[test]
+#[kernel_test]
 fn nft_script_loads_with_nft_and_holds_the_same_rules() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for (name, cfg) in configs() {
         let rs = plan(&cfg).unwrap();
         let ns = TestNetns::new();
@@ -140,11 +137,8 @@ fn nft_script_loads_with_nft_and_holds_the_same_rules() {
     }
 }
 
-#[test]
+#[kernel_test]
 fn iptables_restore_input_loads_with_both_variants() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     for (name, cfg) in configs() {
         let rs = plan(&cfg).unwrap();
         let (v4, v6) = iptables_restore_all(&rs);

@@ -167,17 +167,10 @@ fn gc_seen(c: &Containerd) {
     ));
 }
 
-fn enabled() -> bool {
-    redirect_testkit::kernel_tests_enabled()
-}
-
 /// RunPodSandbox with Istio's sidecar annotations: ADD through containerd 2, our table in the
 /// sandbox equal to the annotations'; StopPodSandbox: DEL, no table; RemovePodSandbox.
-#[test]
+#[redirect_testkit::kernel_test]
 fn a_sandbox_is_captured_and_released() {
-    if !enabled() {
-        return;
-    }
     let t = Instant::now();
     let c = Containerd::start("capture");
     c.set_agent(&Readiness::Ready);
@@ -228,11 +221,8 @@ fn a_sandbox_is_captured_and_released() {
 /// How often containerd runs our STATUS on its own (idle, nobody asking), then per CRI
 /// `Status`; NetworkReady follows the agent's readiness file; a sandbox started while it is
 /// not ready is not held by containerd and runs captured.
-#[test]
+#[redirect_testkit::kernel_test]
 fn network_ready_follows_the_agent() {
-    if !enabled() {
-        return;
-    }
     let t = Instant::now();
     let c = Containerd::start("status");
     c.set_agent(&Readiness::Ready);

@@ -359,15 +359,12 @@ fn present_only(t: &NftTable, current: Option<&TableState>) -> NftTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redirect_testkit::{kernel_tests_enabled, netns::TestNetns};
+    use redirect_testkit::{kernel_test, netns::TestNetns};
 
     /// A batch computed from a generation the ruleset has left is refused whole (ERESTART),
     /// so a stale difference is never applied; `apply` then reads again and succeeds.
-    #[test]
+    #[kernel_test]
     fn a_batch_bound_to_an_old_generation_is_refused() {
-        if !kernel_tests_enabled() {
-            return;
-        }
         let ns = TestNetns::new();
         let rs = redirect_testkit::plan(&redirect_model::CaptureConfig::istio_sidecar_default())
             .unwrap();
