@@ -451,9 +451,23 @@ fn start_controller_with(
                 let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
                     .await
                     .unwrap();
+                let client = kube::Client::try_from(config).unwrap();
+                // The agent's pod informer, as the agent starts it, the controller subscribed.
+                let informers = cni_node::informers::Informers::default();
+                let mut tasks = tokio::task::JoinSet::new();
+                let watching = (cni_node::informers::config(None), watch_backoff, &m);
+                let node = settings.node_name.clone();
+                cni_node::informers::start(
+                    &client,
+                    &node,
+                    (&informers, false),
+                    watching,
+                    &mut tasks,
+                    &rx,
+                );
                 let controller = Controller {
-                    known: None,
-                    client: kube::Client::try_from(config).unwrap(),
+                    pods: informers.pods.clone(),
+                    client,
                     settings,
                     plugin: plugin_conf(),
                     metrics: m,
@@ -461,7 +475,6 @@ fn start_controller_with(
                         base: Duration::from_millis(50),
                         cap: Duration::from_millis(200),
                     },
-                    watch_backoff,
                     view: Default::default(),
                 };
                 controller.run(rx).await;

@@ -172,7 +172,7 @@ pub async fn run(
 ) {
     let mut logged: HashSet<String> = HashSet::new();
     loop {
-        let pods = known.get();
+        let pods = known.snapshot();
         let places = places.clone();
         let round = tokio::task::spawn_blocking(move || {
             let find = |uid: &str, ip: std::net::IpAddr| {

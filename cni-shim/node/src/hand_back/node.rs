@@ -64,7 +64,7 @@ pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -
                 .into(),
         });
     }
-    let pods = match (list_pods(settings, &node), known.map(KnownPods::get)) {
+    let pods = match (list_pods(settings, &node), known.map(KnownPods::snapshot)) {
         (Ok(pods), _) => pods,
         (Err(e), Some(last)) if !last.is_empty() => {
             tracing::warn!(

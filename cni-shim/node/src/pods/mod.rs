@@ -8,6 +8,7 @@
 pub mod capture;
 pub mod queue;
 pub mod search;
+pub mod selectors;
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -35,23 +36,10 @@ impl Default for Places {
     }
 }
 
-/// The pods of this node as the agent's pod watch last listed them: what the hand-back at an
-/// uninstall falls back on when the API server no longer answers it (its RBAC goes with the
-/// same `helm uninstall`).
-#[derive(Clone, Debug, Default)]
-pub struct KnownPods(Arc<Mutex<Vec<Pod>>>);
-
-impl KnownPods {
-    /// Replaces the list.
-    pub fn set(&self, pods: Vec<Pod>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = pods;
-    }
-
-    /// The list as last set.
-    pub fn get(&self) -> Vec<Pod> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
+/// The pods of this node as the pod informer (`crate::informers`) last listed them: what the
+/// hand-back at an uninstall falls back on when the API server no longer answers it (its RBAC
+/// goes with the same `helm uninstall`), and the pods whose counters are read.
+pub type KnownPods = crate::informers::Informer<Pod>;
 
 /// `namespace/name`, for logs.
 pub fn label(pod: &Pod) -> String {

@@ -1,4 +1,4 @@
-//! The health of the controller's watch of this node's pods. An outage starts at the first
+//! The health of an informer's watch (this node's pods, the namespaces). An outage starts at the first
 //! failed list or watch and ends at the first answer from the API server: a listed pod, the
 //! end of a listing, a change. kube's watcher starts each new listing with `Event::Init`
 //! before it sends the list request, so that event is no answer: counting it as one made an
@@ -6,8 +6,10 @@
 //! and flooded the log.
 //!
 //! One line when the outage starts (what failed, and that retries back off), one when it
-//! ends (how long it lasted, how many retries); the retries back off exponentially to a cap.
-//! The metrics say whether the watch works and when it last listed the pods.
+//! ends (how long it lasted, how many retries); the retries back off exponentially to a cap,
+//! each delay drawn between half and all of it, so that the agents of a cluster that lost the
+//! API server together come back spread out. The pods' watch's metrics say whether it works
+//! and when it last listed the pods.
 
 use std::time::{Duration, Instant};
 
@@ -22,11 +24,14 @@ pub const WATCH_BACKOFF: Backoff = Backoff {
     cap: Duration::from_secs(60),
 };
 
-/// The watch's state, as the controller learns it.
+/// The watch's state, as its informer learns it.
 pub struct WatchHealth {
+    /// What is watched, for the log (`this node's pods`).
+    what: &'static str,
     backoff: Backoff,
     outage: Option<Outage>,
-    metrics: Metrics,
+    /// The pods' watch's metrics (`redirect_cni_repair_watch_*`); `None` for another kind.
+    metrics: Option<Metrics>,
 }
 
 struct Outage {
@@ -35,9 +40,12 @@ struct Outage {
 }
 
 impl WatchHealth {
-    pub fn new(backoff: Backoff, metrics: Metrics) -> Self {
-        metrics.set_watch_up(false);
+    pub fn new(what: &'static str, backoff: Backoff, metrics: Option<Metrics>) -> Self {
+        if let Some(m) = &metrics {
+            m.set_watch_up(false);
+        }
         WatchHealth {
+            what,
             backoff,
             outage: None,
             metrics,
@@ -50,23 +58,28 @@ impl WatchHealth {
         if matches!(e, watcher::Error::WatchError(r) if r.code == 410) {
             // The server's history moved past our resource version: the watcher lists again
             // at once. Routine, not an outage.
-            tracing::debug!("the watch expired (410 Gone): listing the pods again");
+            tracing::debug!("the watch expired (410 Gone): listing {} again", self.what);
             return Duration::ZERO;
         }
-        self.metrics.set_watch_up(false);
+        if let Some(m) = &self.metrics {
+            m.set_watch_up(false);
+        }
+        let (what, backoff) = (self.what, self.backoff);
         let outage = self.outage.get_or_insert_with(|| {
             tracing::error!(
-                "watching this node's pods failed: {}; the repair controller acts on nothing until it works again; retrying with backoff ({} s doubling to {} s)",
-                describe(e),
-                self.backoff.base.as_secs_f64(),
-                self.backoff.cap.as_secs_f64()
+                "watching {what} failed: {}; the controllers act on what they last saw until it \
+                 works again; retrying with backoff ({} s doubling to {} s, jittered)",
+                describe(e, what),
+                backoff.base.as_secs_f64(),
+                backoff.cap.as_secs_f64()
             );
             Outage {
                 since: Instant::now(),
                 retries: 0,
             }
         });
-        let delay = self.backoff.delay(outage.retries);
+        // Between half and all of the delay: agents that failed together retry apart.
+        let delay = self.backoff.delay(outage.retries).mul_f64(0.5 + fastrand::f64() / 2.0);
         outage.retries += 1;
         tracing::debug!("watch retry {} in {delay:?}: {e}", outage.retries);
         delay
@@ -74,10 +87,13 @@ impl WatchHealth {
 
     /// The API server answered: an outage, if one was on, is over.
     pub fn answered(&mut self) {
-        self.metrics.set_watch_up(true);
+        if let Some(m) = &self.metrics {
+            m.set_watch_up(true);
+        }
         if let Some(o) = self.outage.take() {
             tracing::info!(
-                "watching this node's pods again, after {:.1} s down and {} retries",
+                "watching {} again, after {:.1} s down and {} retries",
+                self.what,
                 o.since.elapsed().as_secs_f64(),
                 o.retries
             );
@@ -87,12 +103,14 @@ impl WatchHealth {
     /// A listing of the pods completed.
     pub fn listed(&mut self) {
         self.answered();
-        self.metrics.watch_listed();
+        if let Some(m) = &self.metrics {
+            m.watch_listed();
+        }
     }
 }
 
 /// The watcher's error, with what to do when the API server refused the watch.
-fn describe(e: &watcher::Error) -> String {
+fn describe(e: &watcher::Error, what: &str) -> String {
     let forbidden = matches!(
         e,
         watcher::Error::InitialListFailed(kube::Error::Api(s))
@@ -100,7 +118,7 @@ fn describe(e: &watcher::Error) -> String {
             if s.code == 403 || s.code == 401
     );
     if forbidden {
-        format!("{e}: the agent's ServiceAccount needs list and watch on pods (its ClusterRole in the manifests)")
+        format!("{e}: the agent's ServiceAccount needs list and watch on {what} (its ClusterRole in the manifests)")
     } else {
         e.to_string()
     }
