@@ -1014,7 +1014,11 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
 /// requirement that cannot be read.
 fn selectors(v: &Values, key: &Flag, labels: bool) -> Result<String> {
     let text = v.string(key);
-    let (l, f) = if labels { (text.as_str(), "") } else { ("", text.as_str()) };
+    let (l, f) = if labels {
+        (text.as_str(), "")
+    } else {
+        ("", text.as_str())
+    };
     crate::pods::selectors::PodFilter::parse(l, f).map_err(|why| v.invalid(key, why))?;
     Ok(text)
 }

@@ -40,7 +40,7 @@ pub struct Agent {
     ready_file: PathBuf,
     thread: Option<JoinHandle<()>>,
     /// The node's pods as the pod watch last saw them (`HAND_BACK_ON_UNINSTALL` only).
-    known: Option<crate::pods::KnownPods>,
+    known: Option<crate::informers::KnownPods>,
 }
 
 impl Agent {
@@ -108,7 +108,7 @@ impl Agent {
 
     /// The node's pods as the agent's pod watch last listed them, kept when
     /// `HAND_BACK_ON_UNINSTALL` asks (the hand-back's fallback once the API is gone).
-    pub fn known_pods(&self) -> Option<crate::pods::KnownPods> {
+    pub fn known_pods(&self) -> Option<crate::informers::KnownPods> {
         self.known.clone()
     }
 
@@ -396,32 +396,24 @@ async fn with_client(
         informers,
     } = shared;
     if sidecar_pods || zds.is_some() {
-        let cfg = crate::informers::config(crate::informers::server_version(&client).await);
-        let want = (&informers, zds.is_some());
-        let watching = (cfg, crate::informers::health::WATCH_BACKOFF, &metrics);
-        crate::informers::start(&client, s.node(), want, watching, tasks, &stop);
+        start_informers(
+            s,
+            &client,
+            (&informers, zds.is_some(), &metrics),
+            tasks,
+            &stop,
+        )
+        .await;
     }
     sidecar_counters(s, (&plugin, &metrics, &informers.pods), tasks, &stop);
     if sidecar_pods {
-        let mut settings = s.repair.clone();
-        if !s.repair.enabled {
-            // Watching for adoption only: no repair action.
-            settings.action = None;
-        }
-        tracing::info!(
-            "pods holding Istio's capture rules: ADOPT_ISTIO={}",
-            s.repair.adopt_istio.word()
-        );
-        let controller = Controller {
-            client: client.clone(),
-            settings,
+        let parts = (
             plugin,
-            metrics: metrics.clone(),
-            view: view.clone(),
-            backoff: Backoff::default(),
-            pods: informers.pods.clone(),
-        };
-        tasks.spawn(controller.run(stop.clone()));
+            metrics.clone(),
+            view.clone(),
+            informers.pods.clone(),
+        );
+        tasks.spawn(repair_controller(s, client.clone(), parts).run(stop.clone()));
     }
     if let Some(zds) = zds {
         let parts = (metrics, view, informers);
@@ -438,11 +430,73 @@ async fn with_client(
     }
 }
 
+/// The repair controller (or, with `REPAIR_ENABLED=false`, the adoption alone), on the pod
+/// informer.
+fn repair_controller(
+    s: &Settings,
+    client: kube::Client,
+    (plugin, metrics, view, pods): (Arc<NetConf>, Metrics, NodeView, crate::informers::KnownPods),
+) -> Controller {
+    let mut settings = s.repair.clone();
+    if !s.repair.enabled {
+        // Watching for adoption only: no repair action.
+        settings.action = None;
+    }
+    tracing::info!(
+        "pods holding Istio's capture rules: ADOPT_ISTIO={}",
+        s.repair.adopt_istio.word()
+    );
+    Controller {
+        client,
+        settings,
+        plugin,
+        metrics,
+        view,
+        backoff: Backoff::default(),
+        pods,
+    }
+}
+
+/// The node's informers, from the server's version (streaming lists from 1.32): pods, and
+/// with `namespaces` (ambient mode) the namespaces.
+async fn start_informers(
+    s: &Settings,
+    client: &kube::Client,
+    (informers, namespaces, metrics): (&crate::informers::Informers, bool, &Metrics),
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &signal::Receiver<bool>,
+) {
+    let version = crate::informers::server_version(client).await;
+    let cfg = crate::informers::config(version);
+    tracing::info!(
+        "watching this node's pods{} ({})",
+        if namespaces {
+            " and the namespaces (metadata)"
+        } else {
+            ""
+        },
+        match version {
+            Some((1, m)) if m >= 32 => "streaming lists",
+            _ => "lists from the watch cache, then watches",
+        }
+    );
+    let backoff = crate::informers::health::WATCH_BACKOFF;
+    let watching = (cfg, backoff, Some(metrics.watch_gauges()));
+    crate::informers::start(
+        client,
+        s.node(),
+        (informers, namespaces),
+        watching,
+        tasks,
+        stop,
+    );
+}
+
 /// `CAPTURE_COUNTERS`: the sidecar pods' counters read every `CAPTURE_COUNTERS_INTERVAL` from
 /// the pods the pod informer lists (`known`).
 fn sidecar_counters(
     s: &Settings,
-    (plugin, metrics, known): (&NetConf, &Metrics, &crate::pods::KnownPods),
+    (plugin, metrics, known): (&NetConf, &Metrics, &crate::informers::KnownPods),
     tasks: &mut tokio::task::JoinSet<()>,
     stop: &signal::Receiver<bool>,
 ) {

@@ -17,7 +17,6 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::Event;
@@ -873,7 +872,6 @@ fn settings_change(
 fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
-
 
 #[cfg(test)]
 mod tests {

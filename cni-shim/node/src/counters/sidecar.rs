@@ -164,7 +164,7 @@ fn host_network(pod: &Pod) -> bool {
 /// listed (`known`), its counts set on `counts`; a problem is logged when it first appears.
 pub async fn run(
     mut reader: SidecarReader,
-    known: crate::pods::KnownPods,
+    known: crate::informers::KnownPods,
     counts: super::CaptureCounts,
     places: crate::pods::Places,
     interval: std::time::Duration,

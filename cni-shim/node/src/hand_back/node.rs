@@ -13,8 +13,8 @@ use kube::api::{Api, ListParams};
 use super::{hand_back_with, Bases, HandedBackPod};
 use crate::adopted_forms::{self, HandBackForm};
 use crate::error::{Error, Result};
+use crate::informers::KnownPods;
 use crate::pods::capture::Reach;
-use crate::pods::KnownPods;
 use crate::settings::Settings;
 use redirect_core::IstioForm;
 

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::watcher;
 
-use crate::metrics::Metrics;
 use crate::pods::queue::Backoff;
 
 /// The delays between two tries of a failed watch: 1 s doubling to 60 s.
@@ -24,6 +23,15 @@ pub const WATCH_BACKOFF: Backoff = Backoff {
     cap: Duration::from_secs(60),
 };
 
+/// Where a watch's health is shown: whether it works, and that it listed (the pods' watch's
+/// `redirect_cni_repair_watch_*` metrics, made by the metrics' `watch_gauges`).
+pub struct Gauges {
+    /// Whether the watch works.
+    pub up: Box<dyn Fn(bool) + Send + Sync>,
+    /// A listing completed.
+    pub listed: Box<dyn Fn() + Send + Sync>,
+}
+
 /// The watch's state, as its informer learns it.
 pub struct WatchHealth {
     /// What is watched, for the log (`this node's pods`).
@@ -31,7 +39,7 @@ pub struct WatchHealth {
     backoff: Backoff,
     outage: Option<Outage>,
     /// The pods' watch's metrics (`redirect_cni_repair_watch_*`); `None` for another kind.
-    metrics: Option<Metrics>,
+    metrics: Option<Gauges>,
 }
 
 struct Outage {
@@ -40,9 +48,11 @@ struct Outage {
 }
 
 impl WatchHealth {
-    pub fn new(what: &'static str, backoff: Backoff, metrics: Option<Metrics>) -> Self {
+    /// The health of the watch of `what` (for the log), retried after `backoff`'s delays; the
+    /// pods' watch sets its `metrics`.
+    pub fn new(what: &'static str, backoff: Backoff, metrics: Option<Gauges>) -> Self {
         if let Some(m) = &metrics {
-            m.set_watch_up(false);
+            (m.up)(false);
         }
         WatchHealth {
             what,
@@ -62,7 +72,7 @@ impl WatchHealth {
             return Duration::ZERO;
         }
         if let Some(m) = &self.metrics {
-            m.set_watch_up(false);
+            (m.up)(false);
         }
         let (what, backoff) = (self.what, self.backoff);
         let outage = self.outage.get_or_insert_with(|| {
@@ -79,7 +89,10 @@ impl WatchHealth {
             }
         });
         // Between half and all of the delay: agents that failed together retry apart.
-        let delay = self.backoff.delay(outage.retries).mul_f64(0.5 + fastrand::f64() / 2.0);
+        let delay = self
+            .backoff
+            .delay(outage.retries)
+            .mul_f64(0.5 + fastrand::f64() / 2.0);
         outage.retries += 1;
         tracing::debug!("watch retry {} in {delay:?}: {e}", outage.retries);
         delay
@@ -88,7 +101,7 @@ impl WatchHealth {
     /// The API server answered: an outage, if one was on, is over.
     pub fn answered(&mut self) {
         if let Some(m) = &self.metrics {
-            m.set_watch_up(true);
+            (m.up)(true);
         }
         if let Some(o) = self.outage.take() {
             tracing::info!(
@@ -104,7 +117,7 @@ impl WatchHealth {
     pub fn listed(&mut self) {
         self.answered();
         if let Some(m) = &self.metrics {
-            m.watch_listed();
+            (m.listed)();
         }
     }
 }
@@ -118,7 +131,12 @@ fn describe(e: &watcher::Error, what: &str) -> String {
             if s.code == 403 || s.code == 401
     );
     if forbidden {
-        format!("{e}: the agent's ServiceAccount needs list and watch on {what} (its ClusterRole in the manifests)")
+        let resource = if what.ends_with("pods") {
+            "pods"
+        } else {
+            "namespaces"
+        };
+        format!("{e}: the agent's ServiceAccount needs list and watch on {resource} (its ClusterRole in the manifests)")
     } else {
         e.to_string()
     }

@@ -26,8 +26,7 @@ use kube::{Client, Resource};
 use tokio::sync::mpsc;
 use tokio::sync::watch as signal;
 
-use crate::metrics::Metrics;
-use health::WatchHealth;
+use health::{Gauges, WatchHealth};
 
 /// A kind's objects as the one watch last gave them, and its subscribers.
 pub struct Informer<K> {
@@ -117,7 +116,9 @@ impl<K: Resource + Clone + Send + 'static> Informer<K> {
             Event::Init => sh.listing = Some(BTreeMap::new()),
             Event::InitApply(o) => {
                 let k = key(o);
-                sh.listing.get_or_insert_with(BTreeMap::new).insert(k, o.clone());
+                sh.listing
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(k, o.clone());
             }
             Event::InitDone => {
                 let listed = sh.listing.take().unwrap_or_default();
@@ -134,6 +135,11 @@ impl<K: Resource + Clone + Send + 'static> Informer<K> {
         sh.subscribers.retain(|s| s.send(e.clone()).is_ok());
     }
 }
+
+/// The pods of this node as the pod informer last listed them: what the hand-back at an
+/// uninstall falls back on when the API server no longer answers it (its RBAC goes with the
+/// same `helm uninstall`), and the pods whose counters are read.
+pub type KnownPods = Informer<Pod>;
 
 /// The node's informers.
 #[derive(Clone, Default)]
@@ -168,13 +174,13 @@ pub fn start(
     client: &Client,
     node: &str,
     (informers, namespaces): (&Informers, bool),
-    (cfg, backoff, metrics): (watcher::Config, crate::pods::queue::Backoff, &Metrics),
+    (cfg, backoff, gauges): (watcher::Config, crate::pods::queue::Backoff, Option<Gauges>),
     tasks: &mut tokio::task::JoinSet<()>,
     stop: &signal::Receiver<bool>,
 ) {
     let fields = format!("spec.nodeName={node}");
     let pods = watcher::watcher(Api::<Pod>::all(client.clone()), cfg.clone().fields(&fields));
-    let health = WatchHealth::new("this node's pods", backoff, Some(metrics.clone()));
+    let health = WatchHealth::new("this node's pods", backoff, gauges);
     tasks.spawn(feed(informers.pods.clone(), pods, health, stop.clone()));
     if namespaces {
         let api = Api::<Namespace>::all(client.clone());
@@ -188,7 +194,12 @@ pub fn start(
             })
         });
         let health = WatchHealth::new("the namespaces", backoff, None);
-        tasks.spawn(feed(informers.namespaces.clone(), meta, health, stop.clone()));
+        tasks.spawn(feed(
+            informers.namespaces.clone(),
+            meta,
+            health,
+            stop.clone(),
+        ));
     }
 }
 
@@ -275,16 +286,30 @@ mod tests {
         i.publish(Event::Delete(pod("a")));
         let mut late = i.subscribe();
         i.publish(Event::Apply(pod("d")));
-        assert_eq!(names(&mut early), ["init", "+a", "+b", "done", "~c", "-a", "~d"]);
-        assert_eq!(names(&mut during), ["init", "+a", "+b", "done", "~c", "-a", "~d"]);
+        assert_eq!(
+            names(&mut early),
+            ["init", "+a", "+b", "done", "~c", "-a", "~d"]
+        );
+        assert_eq!(
+            names(&mut during),
+            ["init", "+a", "+b", "done", "~c", "-a", "~d"]
+        );
         assert_eq!(names(&mut late), ["init", "+b", "+c", "done", "~d"]);
-        let snapshot: Vec<String> = i.snapshot().into_iter().filter_map(|p| p.metadata.name).collect();
+        let snapshot: Vec<String> = i
+            .snapshot()
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
         assert_eq!(snapshot, ["b", "c", "d"]);
         // A relist replaces the store at its end; a subscriber that went is dropped.
         drop(late);
         i.publish(Event::Init);
         i.publish(Event::InitApply(pod("e")));
-        assert_eq!(i.snapshot().len(), 3, "the old listing holds until the new one ends");
+        assert_eq!(
+            i.snapshot().len(),
+            3,
+            "the old listing holds until the new one ends"
+        );
         i.publish(Event::InitDone);
         assert_eq!(i.snapshot().len(), 1);
         assert_eq!(i.subscribers(), 2);
@@ -293,10 +318,24 @@ mod tests {
     #[test]
     fn streaming_lists_only_where_the_server_offers_them() {
         use kube::runtime::watcher::{InitialListStrategy, ListSemantic};
-        for (v, streaming) in [(Some((1, 20)), false), (Some((1, 31)), false), (Some((1, 32)), true), (Some((1, 36)), true), (None, false)] {
+        for (v, streaming) in [
+            (Some((1, 20)), false),
+            (Some((1, 31)), false),
+            (Some((1, 32)), true),
+            (Some((1, 36)), true),
+            (None, false),
+        ] {
             let c = config(v);
-            assert_eq!(c.initial_list_strategy == InitialListStrategy::StreamingList, streaming, "{v:?}");
-            assert_eq!(c.list_semantic, ListSemantic::Any, "lists from the watch cache");
+            assert_eq!(
+                c.initial_list_strategy == InitialListStrategy::StreamingList,
+                streaming,
+                "{v:?}"
+            );
+            assert_eq!(
+                c.list_semantic,
+                ListSemantic::Any,
+                "lists from the watch cache"
+            );
             assert!(c.bookmarks);
         }
     }

@@ -13,7 +13,6 @@ pub mod selectors;
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -35,11 +34,6 @@ impl Default for Places {
         }
     }
 }
-
-/// The pods of this node as the pod informer (`crate::informers`) last listed them: what the
-/// hand-back at an uninstall falls back on when the API server no longer answers it (its RBAC
-/// goes with the same `helm uninstall`), and the pods whose counters are read.
-pub type KnownPods = crate::informers::Informer<Pod>;
 
 /// `namespace/name`, for logs.
 pub fn label(pod: &Pod) -> String {

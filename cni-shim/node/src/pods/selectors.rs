@@ -108,11 +108,17 @@ fn split(s: &str) -> Vec<String> {
 fn label(r: &str) -> Result<Label, String> {
     let bad = |why: &str| format!("label requirement {r:?}: {why}");
     if let Some((k, v)) = r.split_once("!=") {
-        return Ok(Label::NotIn(key(k).map_err(|w| bad(&w))?, vec![v.trim().into()]));
+        return Ok(Label::NotIn(
+            key(k).map_err(|w| bad(&w))?,
+            vec![v.trim().into()],
+        ));
     }
     if let Some((k, v)) = r.split_once('=') {
         let v = v.strip_prefix('=').unwrap_or(v);
-        return Ok(Label::In(key(k).map_err(|w| bad(&w))?, vec![v.trim().into()]));
+        return Ok(Label::In(
+            key(k).map_err(|w| bad(&w))?,
+            vec![v.trim().into()],
+        ));
     }
     let words: Vec<&str> = r.splitn(2, char::is_whitespace).collect();
     if let [k, rest] = words.as_slice() {
@@ -120,7 +126,9 @@ fn label(r: &str) -> Result<Label, String> {
         let (op, set) = rest
             .split_once('(')
             .ok_or_else(|| bad("expected `in (...)` or `notin (...)`"))?;
-        let set = set.strip_suffix(')').ok_or_else(|| bad("a `(` without `)`"))?;
+        let set = set
+            .strip_suffix(')')
+            .ok_or_else(|| bad("a `(` without `)`"))?;
         let values = set.split(',').map(|v| v.trim().to_string()).collect();
         return match op.trim() {
             "in" => Ok(Label::In(key(k).map_err(|w| bad(&w))?, values)),
@@ -151,7 +159,11 @@ fn field(r: &str) -> Result<Field, String> {
         Some((p, v)) => (p, v, false),
         None => match r.split_once('=') {
             Some((p, v)) => (p, v.strip_prefix('=').unwrap_or(v), true),
-            None => return Err(format!("field requirement {r:?}: expected field=value or field!=value")),
+            None => {
+                return Err(format!(
+                    "field requirement {r:?}: expected field=value or field!=value"
+                ))
+            }
         },
     };
     let path = POD_FIELDS
@@ -207,13 +219,19 @@ mod tests {
 
     #[test]
     fn label_and_field_requirements_match_as_the_api_server_does() {
-        let p = pod(serde_json::json!({"app": "web", "tier": "front"}), "Running");
+        let p = pod(
+            serde_json::json!({"app": "web", "tier": "front"}),
+            "Running",
+        );
         let yes = [
             ("", ""),
             ("app=web", ""),
             ("app==web,tier", ""),
             ("app in (web, api),!canary", "status.phase=Running"),
-            ("tier notin (back)", "metadata.namespace==shop,spec.nodeName!=n2"),
+            (
+                "tier notin (back)",
+                "metadata.namespace==shop,spec.nodeName!=n2",
+            ),
         ];
         for (l, f) in yes {
             assert!(PodFilter::parse(l, f).unwrap().matches(&p), "{l:?} {f:?}");
@@ -237,7 +255,10 @@ mod tests {
         let e = PodFilter::parse("app in web", "").unwrap_err();
         assert!(e.contains("app in web"), "{e}");
         let e = PodFilter::parse("", "spec.containers=x").unwrap_err();
-        assert!(e.contains("spec.containers") && e.contains("status.phase"), "{e}");
+        assert!(
+            e.contains("spec.containers") && e.contains("status.phase"),
+            "{e}"
+        );
         let e = PodFilter::parse("a b=c", "").unwrap_err();
         assert!(e.contains("a b"), "{e}");
     }
