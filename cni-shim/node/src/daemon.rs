@@ -10,9 +10,9 @@ use tracing::level_filters::LevelFilter;
 
 use crate::agent::upgrade::Stop;
 use crate::agent::Agent;
+use crate::informers::KnownPods;
 use crate::install::{self, signals, StopHandle, WatchOptions};
 use crate::metrics::Install;
-use crate::pods::KnownPods;
 use crate::settings::{self, Parsed, Settings};
 use crate::Error;
 use cni_protocol::events::Readiness;

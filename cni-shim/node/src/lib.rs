@@ -17,6 +17,7 @@ pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod hand_back;
+pub mod informers;
 pub mod install;
 pub mod kube_client;
 pub mod metrics;

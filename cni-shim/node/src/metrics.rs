@@ -405,6 +405,16 @@ impl Metrics {
         self
     }
 
+    /// The pod watch's health on `redirect_cni_repair_watch_up` and
+    /// `redirect_cni_repair_watch_last_list_timestamp_seconds`, for its informer.
+    pub fn watch_gauges(&self) -> crate::informers::health::Gauges {
+        let (up, listed) = (self.clone(), self.clone());
+        crate::informers::health::Gauges {
+            up: Box::new(move |u| up.set_watch_up(u)),
+            listed: Box::new(move || listed.watch_listed()),
+        }
+    }
+
     /// The pods' counters (`CAPTURE_COUNTERS`), for the readers to set; `None` when off.
     pub fn capture_counts(&self) -> Option<&crate::counters::CaptureCounts> {
         self.counts.as_ref()

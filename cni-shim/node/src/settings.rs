@@ -997,8 +997,8 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
         },
         label_key: v.string(&REPAIR_BROKEN_POD_LABEL_KEY),
         label_value: v.string(&REPAIR_BROKEN_POD_LABEL_VALUE),
-        label_selectors: v.string(&REPAIR_LABEL_SELECTORS),
-        field_selectors: v.string(&REPAIR_FIELD_SELECTORS),
+        label_selectors: selectors(v, &REPAIR_LABEL_SELECTORS, true)?,
+        field_selectors: selectors(v, &REPAIR_FIELD_SELECTORS, false)?,
         max_attempts: v.number(&REPAIR_MAX_ATTEMPTS, 1..=100)? as u32,
         adopt_istio: AdoptIstio::parse(&v.string(&ADOPT_ISTIO))
             .map_err(|why| v.invalid(&ADOPT_ISTIO, why))?,
@@ -1008,6 +1008,19 @@ fn repair(v: &Values, node_name: &str) -> Result<RepairSettings> {
         },
         adopted_forms: Some(v.string(&CNI_AGENT_RUN_DIR).into()),
     })
+}
+
+/// A repair selector, read as the node matches it (`pods::selectors`): an error names the
+/// requirement that cannot be read.
+fn selectors(v: &Values, key: &Flag, labels: bool) -> Result<String> {
+    let text = v.string(key);
+    let (l, f) = if labels {
+        (text.as_str(), "")
+    } else {
+        ("", text.as_str())
+    };
+    crate::pods::selectors::PodFilter::parse(l, f).map_err(|why| v.invalid(key, why))?;
+    Ok(text)
 }
 
 /// `HAND_BACK_ON_UNINSTALL`: off, or a form; only where an uninstall can be told from a

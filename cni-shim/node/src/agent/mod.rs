@@ -40,7 +40,7 @@ pub struct Agent {
     ready_file: PathBuf,
     thread: Option<JoinHandle<()>>,
     /// The node's pods as the pod watch last saw them (`HAND_BACK_ON_UNINSTALL` only).
-    known: Option<crate::pods::KnownPods>,
+    known: Option<crate::informers::KnownPods>,
 }
 
 impl Agent {
@@ -78,11 +78,11 @@ impl Agent {
         );
         let (stop, stop_rx) = signal::channel(false);
         let (ready, ready_rx) = signal::channel(false);
-        // The pod watch's listing, for the hand-back's fallback and the sidecar counters.
-        let known = (settings.hand_back_on_uninstall.is_some() || settings.capture_counters.on())
-            .then(crate::pods::KnownPods::default);
+        // One informer per kind, shared by every controller; started once a client is made.
+        let informers = crate::informers::Informers::default();
+        let known = Some(informers.pods.clone());
         let parts = Parts {
-            known: known.clone(),
+            informers,
             settings: settings.clone(),
             plugin,
             metrics: metrics.clone(),
@@ -108,7 +108,7 @@ impl Agent {
 
     /// The node's pods as the agent's pod watch last listed them, kept when
     /// `HAND_BACK_ON_UNINSTALL` asks (the hand-back's fallback once the API is gone).
-    pub fn known_pods(&self) -> Option<crate::pods::KnownPods> {
+    pub fn known_pods(&self) -> Option<crate::informers::KnownPods> {
         self.known.clone()
     }
 
@@ -247,7 +247,7 @@ struct Parts {
     view: NodeView,
     stop: signal::Receiver<bool>,
     ready: signal::Receiver<bool>,
-    known: Option<crate::pods::KnownPods>,
+    informers: crate::informers::Informers,
 }
 
 impl Parts {
@@ -324,7 +324,7 @@ impl Parts {
             plugin: self.plugin.clone(),
             metrics: self.metrics.clone(),
             view: self.view.clone(),
-            known: self.known.clone(),
+            informers: self.informers.clone(),
         };
         with_client(
             s,
@@ -345,12 +345,12 @@ impl Parts {
     }
 }
 
-/// What the controllers share: the plugin's entry, the metrics, the node view.
+/// What the controllers share: the plugin's entry, the metrics, the node view, the informers.
 struct Shared {
     plugin: Arc<NetConf>,
     metrics: Metrics,
     view: NodeView,
-    known: Option<crate::pods::KnownPods>,
+    informers: crate::informers::Informers,
 }
 
 /// The parts that talk to the API server: the repair controller, ambient mode, the untaint.
@@ -374,8 +374,10 @@ async fn with_client(
             s.repair.adopt_istio.word()
         );
     }
-    // The hand-back at an uninstall keeps the pods the watch lists (its fallback).
-    let keeping = shared.known.is_some() && !s.repair.node_name.is_empty();
+    // The node's pods are watched for repair, adoption, the hand-back's fallback, the sidecar
+    // counters and ambient mode; all of them need the node's name.
+    let named = !s.repair.node_name.is_empty();
+    let keeping = named && (s.hand_back_on_uninstall.is_some() || s.capture_counters.on());
     let sidecar_pods = s.repair.enabled || adopting || keeping;
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
@@ -391,33 +393,31 @@ async fn with_client(
         plugin,
         metrics,
         view,
-        known,
+        informers,
     } = shared;
-    sidecar_counters(s, (&plugin, &metrics, known.as_ref()), tasks, &stop);
+    if sidecar_pods || zds.is_some() {
+        start_informers(
+            s,
+            &client,
+            (&informers, zds.is_some(), &metrics),
+            tasks,
+            &stop,
+        )
+        .await;
+    }
+    sidecar_counters(s, (&plugin, &metrics, &informers.pods), tasks, &stop);
     if sidecar_pods {
-        let mut settings = s.repair.clone();
-        if !s.repair.enabled {
-            // Watching for adoption only: no repair action.
-            settings.action = None;
-        }
-        tracing::info!(
-            "pods holding Istio's capture rules: ADOPT_ISTIO={}",
-            s.repair.adopt_istio.word()
-        );
-        let controller = Controller {
-            client: client.clone(),
-            settings,
+        let parts = (
             plugin,
-            metrics: metrics.clone(),
-            view: view.clone(),
-            backoff: Backoff::default(),
-            watch_backoff: crate::repair::watch_health::WATCH_BACKOFF,
-            known,
-        };
-        tasks.spawn(controller.run(stop.clone()));
+            metrics.clone(),
+            view.clone(),
+            informers.pods.clone(),
+        );
+        tasks.spawn(repair_controller(s, client.clone(), parts).run(stop.clone()));
     }
     if let Some(zds) = zds {
-        ambient_start(s, client.clone(), zds, (metrics, view), tasks, stop.clone());
+        let parts = (metrics, view, informers);
+        ambient_start(s, client.clone(), zds, parts, tasks, stop.clone());
     }
     if let Some(key) = &s.untaint {
         tasks.spawn(untaint::run(
@@ -430,15 +430,77 @@ async fn with_client(
     }
 }
 
-/// `CAPTURE_COUNTERS`: the sidecar pods' counters read every `CAPTURE_COUNTERS_INTERVAL` from
-/// the pods the watch lists (`known`).
-fn sidecar_counters(
+/// The repair controller (or, with `REPAIR_ENABLED=false`, the adoption alone), on the pod
+/// informer.
+fn repair_controller(
     s: &Settings,
-    (plugin, metrics, known): (&NetConf, &Metrics, Option<&crate::pods::KnownPods>),
+    client: kube::Client,
+    (plugin, metrics, view, pods): (Arc<NetConf>, Metrics, NodeView, crate::informers::KnownPods),
+) -> Controller {
+    let mut settings = s.repair.clone();
+    if !s.repair.enabled {
+        // Watching for adoption only: no repair action.
+        settings.action = None;
+    }
+    tracing::info!(
+        "pods holding Istio's capture rules: ADOPT_ISTIO={}",
+        s.repair.adopt_istio.word()
+    );
+    Controller {
+        client,
+        settings,
+        plugin,
+        metrics,
+        view,
+        backoff: Backoff::default(),
+        pods,
+    }
+}
+
+/// The node's informers, from the server's version (streaming lists from 1.32): pods, and
+/// with `namespaces` (ambient mode) the namespaces.
+async fn start_informers(
+    s: &Settings,
+    client: &kube::Client,
+    (informers, namespaces, metrics): (&crate::informers::Informers, bool, &Metrics),
     tasks: &mut tokio::task::JoinSet<()>,
     stop: &signal::Receiver<bool>,
 ) {
-    let (Some(counts), Some(known)) = (metrics.capture_counts(), known) else {
+    let version = crate::informers::server_version(client).await;
+    let cfg = crate::informers::config(version);
+    tracing::info!(
+        "watching this node's pods{} ({})",
+        if namespaces {
+            " and the namespaces (metadata)"
+        } else {
+            ""
+        },
+        match version {
+            Some((1, m)) if m >= 32 => "streaming lists",
+            _ => "lists from the watch cache, then watches",
+        }
+    );
+    let backoff = crate::informers::health::WATCH_BACKOFF;
+    let watching = (cfg, backoff, Some(metrics.watch_gauges()));
+    crate::informers::start(
+        client,
+        s.node(),
+        (informers, namespaces),
+        watching,
+        tasks,
+        stop,
+    );
+}
+
+/// `CAPTURE_COUNTERS`: the sidecar pods' counters read every `CAPTURE_COUNTERS_INTERVAL` from
+/// the pods the pod informer lists (`known`).
+fn sidecar_counters(
+    s: &Settings,
+    (plugin, metrics, known): (&NetConf, &Metrics, &crate::informers::KnownPods),
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &signal::Receiver<bool>,
+) {
+    let Some(counts) = metrics.capture_counts() else {
         return;
     };
     if s.repair.node_name.is_empty() {
@@ -513,7 +575,7 @@ fn ambient_start(
     s: &Settings,
     client: kube::Client,
     zds: ZdsServer,
-    (metrics, view): (Metrics, NodeView),
+    (metrics, view, informers): (Metrics, NodeView, crate::informers::Informers),
     tasks: &mut tokio::task::JoinSet<()>,
     stop: signal::Receiver<bool>,
 ) {
@@ -532,6 +594,7 @@ fn ambient_start(
     let controller = crate::ambient::controller::Controller {
         client,
         settings: s.ambient.clone(),
+        informers,
         node: s.node().to_owned(),
         excluded: s.exclude_namespaces.clone(),
         places: s.repair.places.clone(),

@@ -17,10 +17,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use kube::Client;
 use tokio::sync::watch as signal;
 use tokio::sync::{mpsc, Notify};
@@ -41,6 +40,8 @@ use redirect_core::ambient::REDIRECTION;
 pub struct Controller {
     pub client: Client,
     pub settings: AmbientSettings,
+    /// The node's pods and the namespaces (metadata), shared with the other controllers.
+    pub informers: crate::informers::Informers,
     pub node: String,
     pub excluded: Vec<String>,
     pub places: Places,
@@ -220,16 +221,8 @@ impl Controller {
             self.settings.ztunnel_socket.display(),
             self.settings.reconcile_interval
         );
-        let fields = format!("spec.nodeName={}", self.node);
-        let pods = watcher::watcher(
-            Api::<Pod>::all(self.client.clone()),
-            watcher::Config::default().fields(&fields),
-        );
-        let namespaces = watcher::watcher(
-            Api::<KubeNamespace>::all(self.client.clone()),
-            watcher::Config::default(),
-        );
-        let (mut pods, mut namespaces) = (std::pin::pin!(pods), std::pin::pin!(namespaces));
+        let mut pods = self.informers.pods.subscribe();
+        let mut namespaces = self.informers.namespaces.subscribe();
         let mut state = State::new();
         state.passes.interval_s = self.settings.reconcile_interval.as_secs_f64();
         // ztunnel came or went: a pass at once (the gauge, the annotations, what to resend).
@@ -249,22 +242,16 @@ impl Controller {
             let mut pass_due = false;
             tokio::select! {
                 _ = stop.changed() => break,
-                Some(e) = pods.next() => match e {
-                    Ok(e) => {
-                        let uid = |p: &Pod| p.metadata.uid.as_ref().is_some_and(|u| state.pods.contains_key(u));
-                        self.count_event(State::event_type(&e, uid));
-                        state.on_pod(e)
-                    }
-                    Err(e) => watch_failed("pods", &e).await,
-                },
-                Some(e) = namespaces.next() => match e {
-                    Ok(e) => {
-                        let name = |n: &KubeNamespace| n.metadata.name.as_ref().is_some_and(|n| state.namespaces.contains_key(n));
-                        self.count_event(State::event_type(&e, name));
-                        state.on_namespace(e)
-                    }
-                    Err(e) => watch_failed("namespaces", &e).await,
-                },
+                Some(e) = pods.recv() => {
+                    let uid = |p: &Pod| p.metadata.uid.as_ref().is_some_and(|u| state.pods.contains_key(u));
+                    self.count_event(State::event_type(&e, uid));
+                    state.on_pod(e)
+                }
+                Some(e) = namespaces.recv() => {
+                    let name = |n: &KubeNamespace| n.metadata.name.as_ref().is_some_and(|n| state.namespaces.contains_key(n));
+                    self.count_event(State::event_type(&e, name));
+                    state.on_namespace(e)
+                }
                 Some(r) = self.requests.recv() => self.plugin_request(&mut state, r).await,
                 _ = pass_timer.tick() => pass_due = true,
                 _ = wake.notified() => pass_due = true,
@@ -884,11 +871,6 @@ fn settings_change(
 
 fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
-}
-
-async fn watch_failed(what: &str, e: &watcher::Error) {
-    tracing::warn!("ambient: the watch of {what} failed: {e}; trying again in 1 s");
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 }
 
 #[cfg(test)]

@@ -164,7 +164,7 @@ fn host_network(pod: &Pod) -> bool {
 /// listed (`known`), its counts set on `counts`; a problem is logged when it first appears.
 pub async fn run(
     mut reader: SidecarReader,
-    known: crate::pods::KnownPods,
+    known: crate::informers::KnownPods,
     counts: super::CaptureCounts,
     places: crate::pods::Places,
     interval: std::time::Duration,
@@ -172,7 +172,7 @@ pub async fn run(
 ) {
     let mut logged: HashSet<String> = HashSet::new();
     loop {
-        let pods = known.get();
+        let pods = known.snapshot();
         let places = places.clone();
         let round = tokio::task::spawn_blocking(move || {
             let find = |uid: &str, ip: std::net::IpAddr| {

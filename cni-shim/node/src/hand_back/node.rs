@@ -13,8 +13,8 @@ use kube::api::{Api, ListParams};
 use super::{hand_back_with, Bases, HandedBackPod};
 use crate::adopted_forms::{self, HandBackForm};
 use crate::error::{Error, Result};
+use crate::informers::KnownPods;
 use crate::pods::capture::Reach;
-use crate::pods::KnownPods;
 use crate::settings::Settings;
 use redirect_core::IstioForm;
 
@@ -64,7 +64,7 @@ pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -
                 .into(),
         });
     }
-    let pods = match (list_pods(settings, &node), known.map(KnownPods::get)) {
+    let pods = match (list_pods(settings, &node), known.map(KnownPods::snapshot)) {
         (Ok(pods), _) => pods,
         (Err(e), Some(last)) if !last.is_empty() => {
             tracing::warn!(

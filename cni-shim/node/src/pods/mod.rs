@@ -8,11 +8,11 @@
 pub mod capture;
 pub mod queue;
 pub mod search;
+pub mod selectors;
 
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -32,24 +32,6 @@ impl Default for Places {
             proc: PathBuf::from("/host/proc"),
             pins: PathBuf::from("/var/run/netns"),
         }
-    }
-}
-
-/// The pods of this node as the agent's pod watch last listed them: what the hand-back at an
-/// uninstall falls back on when the API server no longer answers it (its RBAC goes with the
-/// same `helm uninstall`).
-#[derive(Clone, Debug, Default)]
-pub struct KnownPods(Arc<Mutex<Vec<Pod>>>);
-
-impl KnownPods {
-    /// Replaces the list.
-    pub fn set(&self, pods: Vec<Pod>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = pods;
-    }
-
-    /// The list as last set.
-    pub fn get(&self) -> Vec<Pod> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 

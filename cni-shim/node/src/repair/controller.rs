@@ -1,7 +1,8 @@
-//! The controller: kube's watcher on this node's pods, the latest object of each pod by UID,
-//! a queue of the broken ones, and one worker that acts on them in turn.
+//! The controller: this node's pods from the shared pod informer (`crate::informers`), the
+//! latest object of each pod by UID, a queue of the broken ones, and one worker that acts on
+//! them in turn.
 //!
-//! - Pods already broken when the agent starts come with the watcher's initial list.
+//! - Pods already broken when the agent starts come with the informer's listing.
 //! - A pod is looked at again, with its latest state, whenever it changes; a failed action is
 //!   retried with backoff up to `max_attempts` times, then waits for the pod's next change.
 //! - A pod repaired in place is not repaired again while it lives (its validation container
@@ -12,17 +13,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use kube::Client;
 use tokio::sync::watch as signal;
 
 use super::actions;
 use super::detect::{is_broken, Action};
 use super::in_place::{self, Outcome};
-use super::watch_health::WatchHealth;
 use super::RepairSettings;
 use crate::adopt::{self, AdoptIstio, Adopted};
 use crate::adopted_forms;
@@ -30,13 +28,16 @@ use crate::metrics::{Metrics, Result as Counted};
 use crate::node_view::{Kind, NodeView, PodEntry};
 use crate::node_view::{ReadBack, Repair, RepairKind};
 use crate::pods::queue::{Backoff, Queue, Retry};
+use crate::pods::selectors::PodFilter;
 use crate::pods::{label as pod_label, not_listed, sleep_until};
 use cni_protocol::cni::conf::NetConf;
 
 /// Everything the controller needs.
 pub struct Controller {
-    /// The API client: the watch, and the delete, label and Events of those modes.
+    /// The API client: the delete, label and Events of those modes.
     pub client: Client,
+    /// The node's pods (the shared informer), which the controller subscribes to.
+    pub pods: crate::informers::Informer<Pod>,
     /// What to watch, which pods are broken, and what to do with them.
     pub settings: RepairSettings,
     /// The plugin's own config entry, as the installer writes it: the capture of a repaired
@@ -46,12 +47,8 @@ pub struct Controller {
     pub metrics: Metrics,
     /// The retries of a failed repair, delete or label.
     pub backoff: Backoff,
-    /// The retries of a failed watch (`watch_health::WATCH_BACKOFF`).
-    pub watch_backoff: Backoff,
     /// Where the sidecar pods are shown (`/debug/node`).
     pub view: NodeView,
-    /// Where the pods last listed are kept for the hand-back at an uninstall, when asked for.
-    pub known: Option<crate::pods::KnownPods>,
 }
 
 /// What one attempt at a pod came to.
@@ -63,61 +60,39 @@ enum Done {
 }
 
 impl Controller {
-    /// Watches and acts until `stop` turns true.
+    /// Acts on the pods the node's pod informer gives until `stop` turns true.
     pub async fn run(self, mut stop: signal::Receiver<bool>) {
-        let selector = self.settings.field_selector();
         tracing::info!(
-            "starting the repair controller: mode {}, pods with fieldSelector {selector:?}{}, \
-             broken = init container {:?} last exited {} with annotation {:?}",
+            "starting the repair controller: mode {}, this node's pods{}{}, broken = init \
+             container {:?} last exited {} with annotation {:?}",
             self.settings.mode(),
+            match self.settings.field_selectors.trim() {
+                "" => String::new(),
+                f => format!(" with fields {f:?}"),
+            },
             match self.settings.label_selectors.trim() {
                 "" => String::new(),
-                l => format!(" and labelSelector {l:?}"),
+                l => format!(" and labels {l:?}"),
             },
             self.settings.filter.init_container_name,
             self.settings.filter.exit_code,
             self.settings.filter.sidecar_annotation,
         );
-        let mut config = watcher::Config::default().fields(&selector);
-        if !self.settings.label_selectors.trim().is_empty() {
-            config = config.labels(self.settings.label_selectors.trim());
-        }
-        let api: Api<Pod> = Api::all(self.client.clone());
-        // No kube backoff: it resets on the watcher's Event::Init, which comes before each
-        // list request (see watch_health); the controller waits between tries itself.
-        let events = watcher::watcher(api, config);
-        let mut events = std::pin::pin!(events);
+        // The settings were checked at start; a filter that cannot be read takes nothing.
+        let filter = self.settings.pod_filter().unwrap_or_else(|e| {
+            tracing::error!("the repair controller takes no pod: {e}");
+            PodFilter::none()
+        });
+        let mut events = self.pods.subscribe();
         let mut state = State::new(&self.settings, self.backoff);
-        let mut health = WatchHealth::new(self.watch_backoff, self.metrics.clone());
-        let mut resume: Option<Instant> = None;
         loop {
             let due = state.queue.next_due();
             tokio::select! {
                 _ = stop.changed() => break,
-                event = events.next(), if resume.is_none() => match event {
+                event = events.recv() => match event {
                     None => break,
-                    Some(Ok(event)) => {
-                        match &event {
-                            Event::Init => {}
-                            Event::InitDone => health.listed(),
-                            _ => health.answered(),
-                        }
-                        let touched = touched(&event);
-                        let relisted = matches!(event, Event::InitDone);
-                        state.observe(event, &self.settings);
-                        if let Some(known) = &self.known {
-                            known.set(state.pods.values().cloned().collect());
-                        }
-                        if relisted {
-                            self.view.keep_sidecars(|u| state.pods.contains_key(u));
-                        }
-                        for uid in touched {
-                            self.publish(&state, &uid);
-                        }
-                    }
-                    Some(Err(e)) => resume = Some(Instant::now() + health.failed(&e)),
+                    Some(event) => self.observe(&mut state, &filter, event),
                 },
-                _ = sleep_until(resume), if resume.is_some() => resume = None,
                 _ = sleep_until(due), if due.is_some() => {}
             }
             if *stop.borrow() {
@@ -132,6 +107,31 @@ impl Controller {
             }
         }
         tracing::info!("the repair controller stopped");
+    }
+
+    /// One event of the pod informer: a pod the settings' selectors leave out is one the
+    /// controller no longer holds (its adoption record stays: the pod lives).
+    fn observe(&self, state: &mut State, filter: &PodFilter, event: Event<Pod>) {
+        let event = match event {
+            Event::InitApply(p) | Event::Apply(p) if !filter.matches(&p) => {
+                if let Some(uid) = p.metadata.uid.as_deref() {
+                    if state.pods.contains_key(uid) {
+                        state.gone(uid);
+                    }
+                }
+                return;
+            }
+            e => e,
+        };
+        let touched = touched(&event);
+        let relisted = matches!(event, Event::InitDone);
+        state.observe(event, &self.settings);
+        if relisted {
+            self.view.keep_sidecars(|u| state.pods.contains_key(u));
+        }
+        for uid in touched {
+            self.publish(state, &uid);
+        }
     }
 
     /// One attempt at the pod `uid`, with its latest state.

@@ -9,7 +9,6 @@ pub mod actions;
 pub mod controller;
 pub mod detect;
 pub mod in_place;
-pub(crate) mod watch_health;
 
 use crate::pods::Places;
 use detect::{Action, Filter};
@@ -53,6 +52,13 @@ impl RepairSettings {
             "" => node,
             extra => format!("{extra},{node}"),
         }
+    }
+
+    /// The pods the controller takes among the node's: `REPAIR_LABEL_SELECTORS` and
+    /// `REPAIR_FIELD_SELECTORS`, matched on the node (the informer is shared); an error names
+    /// the requirement that cannot be read.
+    pub fn pod_filter(&self) -> Result<crate::pods::selectors::PodFilter, String> {
+        crate::pods::selectors::PodFilter::parse(&self.label_selectors, &self.field_selectors)
     }
 
     /// Whether pods holding Istio's rules are looked for: `ADOPT_ISTIO` is not `off`, and the

@@ -1,0 +1,143 @@
+//! The health of an informer's watch (this node's pods, the namespaces). An outage starts at the first
+//! failed list or watch and ends at the first answer from the API server: a listed pod, the
+//! end of a listing, a change. kube's watcher starts each new listing with `Event::Init`
+//! before it sends the list request, so that event is no answer: counting it as one made an
+//! unreachable server look back every 0.8 s (the backoff reset, "watching pods again" logged)
+//! and flooded the log.
+//!
+//! One line when the outage starts (what failed, and that retries back off), one when it
+//! ends (how long it lasted, how many retries); the retries back off exponentially to a cap,
+//! each delay drawn between half and all of it, so that the agents of a cluster that lost the
+//! API server together come back spread out. The pods' watch's metrics say whether it works
+//! and when it last listed the pods.
+
+use std::time::{Duration, Instant};
+
+use kube::runtime::watcher;
+
+use crate::pods::queue::Backoff;
+
+/// The delays between two tries of a failed watch: 1 s doubling to 60 s.
+pub const WATCH_BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(60),
+};
+
+/// Where a watch's health is shown: whether it works, and that it listed (the pods' watch's
+/// `redirect_cni_repair_watch_*` metrics, made by the metrics' `watch_gauges`).
+pub struct Gauges {
+    /// Whether the watch works.
+    pub up: Box<dyn Fn(bool) + Send + Sync>,
+    /// A listing completed.
+    pub listed: Box<dyn Fn() + Send + Sync>,
+}
+
+/// The watch's state, as its informer learns it.
+pub struct WatchHealth {
+    /// What is watched, for the log (`this node's pods`).
+    what: &'static str,
+    backoff: Backoff,
+    outage: Option<Outage>,
+    /// The pods' watch's metrics (`redirect_cni_repair_watch_*`); `None` for another kind.
+    metrics: Option<Gauges>,
+}
+
+struct Outage {
+    since: Instant,
+    retries: u32,
+}
+
+impl WatchHealth {
+    /// The health of the watch of `what` (for the log), retried after `backoff`'s delays; the
+    /// pods' watch sets its `metrics`.
+    pub fn new(what: &'static str, backoff: Backoff, metrics: Option<Gauges>) -> Self {
+        if let Some(m) = &metrics {
+            (m.up)(false);
+        }
+        WatchHealth {
+            what,
+            backoff,
+            outage: None,
+            metrics,
+        }
+    }
+
+    /// A list or watch failed: the first failure of an outage is logged; returns how long to
+    /// wait before trying again.
+    pub fn failed(&mut self, e: &watcher::Error) -> Duration {
+        if matches!(e, watcher::Error::WatchError(r) if r.code == 410) {
+            // The server's history moved past our resource version: the watcher lists again
+            // at once. Routine, not an outage.
+            tracing::debug!("the watch expired (410 Gone): listing {} again", self.what);
+            return Duration::ZERO;
+        }
+        if let Some(m) = &self.metrics {
+            (m.up)(false);
+        }
+        let (what, backoff) = (self.what, self.backoff);
+        let outage = self.outage.get_or_insert_with(|| {
+            tracing::error!(
+                "watching {what} failed: {}; the controllers act on what they last saw until it \
+                 works again; retrying with backoff ({} s doubling to {} s, jittered)",
+                describe(e, what),
+                backoff.base.as_secs_f64(),
+                backoff.cap.as_secs_f64()
+            );
+            Outage {
+                since: Instant::now(),
+                retries: 0,
+            }
+        });
+        // Between half and all of the delay: agents that failed together retry apart.
+        let delay = self
+            .backoff
+            .delay(outage.retries)
+            .mul_f64(0.5 + fastrand::f64() / 2.0);
+        outage.retries += 1;
+        tracing::debug!("watch retry {} in {delay:?}: {e}", outage.retries);
+        delay
+    }
+
+    /// The API server answered: an outage, if one was on, is over.
+    pub fn answered(&mut self) {
+        if let Some(m) = &self.metrics {
+            (m.up)(true);
+        }
+        if let Some(o) = self.outage.take() {
+            tracing::info!(
+                "watching {} again, after {:.1} s down and {} retries",
+                self.what,
+                o.since.elapsed().as_secs_f64(),
+                o.retries
+            );
+        }
+    }
+
+    /// A listing of the pods completed.
+    pub fn listed(&mut self) {
+        self.answered();
+        if let Some(m) = &self.metrics {
+            (m.listed)();
+        }
+    }
+}
+
+/// The watcher's error, with what to do when the API server refused the watch.
+fn describe(e: &watcher::Error, what: &str) -> String {
+    let forbidden = matches!(
+        e,
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            if s.code == 403 || s.code == 401
+    );
+    if forbidden {
+        let resource = if what.ends_with("pods") {
+            "pods"
+        } else {
+            "namespaces"
+        };
+        format!("{e}: the agent's ServiceAccount needs list and watch on {resource} (its ClusterRole in the manifests)")
+    } else {
+        e.to_string()
+    }
+}

@@ -1,0 +1,342 @@
+//! One informer per kind on this node, shared by every controller (issue 48): the node's pods
+//! (one watch, `spec.nodeName=<node>`) and, in ambient mode, the namespaces as metadata only
+//! (their labels are all the agent reads). A controller subscribes and gets what kube's watcher
+//! would have given it (`Init`, each object, `InitDone`, then every change), from the one watch;
+//! none opens its own (a test walks the sources for that).
+//!
+//! How the watch spares the API server:
+//! - lists are served from the watch cache (`resourceVersion=0`), not read from etcd;
+//! - bookmarks keep a watch's resource version fresh, so a reconnect resumes instead of
+//!   listing again;
+//! - a server that offers streaming lists (Kubernetes 1.32 and later) gets one watch with the
+//!   initial objects in it; an older one (down to 1.20) a list and a watch;
+//! - a failed list or watch is tried again after a jittered, doubling delay (`health`), so that
+//!   N agents that lost the API server together do not come back together.
+
+pub mod health;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource};
+use tokio::sync::mpsc;
+use tokio::sync::watch as signal;
+
+use health::{Gauges, WatchHealth};
+
+/// A kind's objects as the one watch last gave them, and its subscribers.
+pub struct Informer<K> {
+    shared: Arc<Mutex<Shared<K>>>,
+}
+
+impl<K> Clone for Informer<K> {
+    fn clone(&self) -> Self {
+        Informer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K> Default for Informer<K> {
+    fn default() -> Self {
+        Informer {
+            shared: Arc::new(Mutex::new(Shared {
+                store: BTreeMap::new(),
+                listing: None,
+                listed: false,
+                subscribers: Vec::new(),
+            })),
+        }
+    }
+}
+
+struct Shared<K> {
+    /// By `namespace/name`: the objects of the last complete listing, with the changes since.
+    store: BTreeMap<String, K>,
+    /// A listing under way: the objects it gave so far.
+    listing: Option<BTreeMap<String, K>>,
+    /// A listing completed once.
+    listed: bool,
+    subscribers: Vec<mpsc::UnboundedSender<Event<K>>>,
+}
+
+fn key<K: Resource>(o: &K) -> String {
+    let meta = o.meta();
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or("")
+    )
+}
+
+impl<K: Resource + Clone + Send + 'static> Informer<K> {
+    /// A subscription: what the watch holds now, as a listing (`Init`, each object, and
+    /// `InitDone` once a listing completed; a listing under way goes on live), then every event.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event<K>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let replay: Vec<Event<K>> = match (&sh.listing, sh.listed) {
+            (Some(partial), _) => std::iter::once(Event::Init)
+                .chain(partial.values().cloned().map(Event::InitApply))
+                .collect(),
+            (None, true) => std::iter::once(Event::Init)
+                .chain(sh.store.values().cloned().map(Event::InitApply))
+                .chain(std::iter::once(Event::InitDone))
+                .collect(),
+            (None, false) => Vec::new(),
+        };
+        for e in replay {
+            let _ = tx.send(e);
+        }
+        sh.subscribers.push(tx);
+        rx
+    }
+
+    /// The objects as last listed, with the changes since.
+    pub fn snapshot(&self) -> Vec<K> {
+        let sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        sh.store.values().cloned().collect()
+    }
+
+    /// How many subscriptions are open.
+    pub fn subscribers(&self) -> usize {
+        let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        sh.subscribers.retain(|s| !s.is_closed());
+        sh.subscribers.len()
+    }
+
+    /// One event of the watch: the store follows it, every subscriber gets it.
+    pub fn publish(&self, e: Event<K>) {
+        let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        match &e {
+            Event::Init => sh.listing = Some(BTreeMap::new()),
+            Event::InitApply(o) => {
+                let k = key(o);
+                sh.listing
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(k, o.clone());
+            }
+            Event::InitDone => {
+                let listed = sh.listing.take().unwrap_or_default();
+                sh.store = listed;
+                sh.listed = true;
+            }
+            Event::Apply(o) => {
+                sh.store.insert(key(o), o.clone());
+            }
+            Event::Delete(o) => {
+                sh.store.remove(&key(o));
+            }
+        }
+        sh.subscribers.retain(|s| s.send(e.clone()).is_ok());
+    }
+}
+
+/// The pods of this node as the pod informer last listed them: what the hand-back at an
+/// uninstall falls back on when the API server no longer answers it (its RBAC goes with the
+/// same `helm uninstall`), and the pods whose counters are read.
+pub type KnownPods = Informer<Pod>;
+
+/// The node's informers.
+#[derive(Clone, Default)]
+pub struct Informers {
+    /// The pods of this node (`spec.nodeName`).
+    pub pods: Informer<Pod>,
+    /// The namespaces, metadata only (spec and status empty); watched in ambient mode alone.
+    pub namespaces: Informer<Namespace>,
+}
+
+/// What the watches ask of the server, from its version.
+pub fn config(server: Option<(u32, u32)>) -> watcher::Config {
+    let c = watcher::Config::default().any_semantic();
+    match server {
+        Some((1, minor)) if minor >= 32 => c.streaming_lists(),
+        _ => c,
+    }
+}
+
+/// The server's version (`major`, `minor`), `None` when it cannot be read (the watches then
+/// list and watch, which every version serves).
+pub async fn server_version(client: &Client) -> Option<(u32, u32)> {
+    let v = client.apiserver_version().await.ok()?;
+    let digits = |s: &str| s.trim_end_matches('+').parse::<u32>().ok();
+    Some((digits(&v.major)?, digits(&v.minor)?))
+}
+
+/// Starts the pods' watch of `node`, and with `namespaces` the namespaces' (metadata only),
+/// feeding `informers` until `stop`; a failed watch is tried again after `backoff`'s delays
+/// (`health::WATCH_BACKOFF` in the agent), jittered.
+pub fn start(
+    client: &Client,
+    node: &str,
+    (informers, namespaces): (&Informers, bool),
+    (cfg, backoff, gauges): (watcher::Config, crate::pods::queue::Backoff, Option<Gauges>),
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &signal::Receiver<bool>,
+) {
+    let fields = format!("spec.nodeName={node}");
+    let pods = watcher::watcher(Api::<Pod>::all(client.clone()), cfg.clone().fields(&fields));
+    let health = WatchHealth::new("this node's pods", backoff, gauges);
+    tasks.spawn(feed(informers.pods.clone(), pods, health, stop.clone()));
+    if namespaces {
+        let api = Api::<Namespace>::all(client.clone());
+        let meta = watcher::metadata_watcher(api, cfg).map(|e| {
+            e.map(|e| match e {
+                Event::Apply(m) => Event::Apply(namespace(m)),
+                Event::Delete(m) => Event::Delete(namespace(m)),
+                Event::InitApply(m) => Event::InitApply(namespace(m)),
+                Event::Init => Event::Init,
+                Event::InitDone => Event::InitDone,
+            })
+        });
+        let health = WatchHealth::new("the namespaces", backoff, None);
+        tasks.spawn(feed(
+            informers.namespaces.clone(),
+            meta,
+            health,
+            stop.clone(),
+        ));
+    }
+}
+
+/// A namespace from its metadata alone.
+fn namespace(m: kube::core::PartialObjectMeta<Namespace>) -> Namespace {
+    Namespace {
+        metadata: m.metadata,
+        ..Namespace::default()
+    }
+}
+
+/// The watch's loop: each event published; a failure waits its jittered delay (the watcher
+/// lists or watches again on the next poll).
+async fn feed<K: Resource + Clone + Send + 'static>(
+    informer: Informer<K>,
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send,
+    mut health: WatchHealth,
+    mut stop: signal::Receiver<bool>,
+) {
+    let mut events = std::pin::pin!(events);
+    loop {
+        let next = tokio::select! {
+            _ = stop.changed() => return,
+            e = events.next() => e,
+        };
+        match next {
+            None => return,
+            Some(Ok(e)) => {
+                match &e {
+                    Event::Init => {}
+                    Event::InitDone => health.listed(),
+                    _ => health.answered(),
+                }
+                informer.publish(e);
+            }
+            Some(Err(e)) => {
+                let delay = health.failed(&e);
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "uid": name}
+        }))
+        .unwrap()
+    }
+
+    fn names(rx: &mut mpsc::UnboundedReceiver<Event<Pod>>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            out.push(match e {
+                Event::Init => "init".into(),
+                Event::InitApply(p) => format!("+{}", p.metadata.name.unwrap()),
+                Event::InitDone => "done".into(),
+                Event::Apply(p) => format!("~{}", p.metadata.name.unwrap()),
+                Event::Delete(p) => format!("-{}", p.metadata.name.unwrap()),
+            });
+        }
+        out
+    }
+
+    /// A late subscriber gets what the watch holds as a listing, then the changes: the same
+    /// as its own watch would have given it, from the one watch.
+    #[test]
+    fn a_subscriber_gets_the_listing_then_every_change_whenever_it_comes() {
+        let i: Informer<Pod> = Informer::default();
+        let mut early = i.subscribe();
+        i.publish(Event::Init);
+        i.publish(Event::InitApply(pod("a")));
+        let mut during = i.subscribe();
+        i.publish(Event::InitApply(pod("b")));
+        i.publish(Event::InitDone);
+        i.publish(Event::Apply(pod("c")));
+        i.publish(Event::Delete(pod("a")));
+        let mut late = i.subscribe();
+        i.publish(Event::Apply(pod("d")));
+        assert_eq!(
+            names(&mut early),
+            ["init", "+a", "+b", "done", "~c", "-a", "~d"]
+        );
+        assert_eq!(
+            names(&mut during),
+            ["init", "+a", "+b", "done", "~c", "-a", "~d"]
+        );
+        assert_eq!(names(&mut late), ["init", "+b", "+c", "done", "~d"]);
+        let snapshot: Vec<String> = i
+            .snapshot()
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        assert_eq!(snapshot, ["b", "c", "d"]);
+        // A relist replaces the store at its end; a subscriber that went is dropped.
+        drop(late);
+        i.publish(Event::Init);
+        i.publish(Event::InitApply(pod("e")));
+        assert_eq!(
+            i.snapshot().len(),
+            3,
+            "the old listing holds until the new one ends"
+        );
+        i.publish(Event::InitDone);
+        assert_eq!(i.snapshot().len(), 1);
+        assert_eq!(i.subscribers(), 2);
+    }
+
+    #[test]
+    fn streaming_lists_only_where_the_server_offers_them() {
+        use kube::runtime::watcher::{InitialListStrategy, ListSemantic};
+        for (v, streaming) in [
+            (Some((1, 20)), false),
+            (Some((1, 31)), false),
+            (Some((1, 32)), true),
+            (Some((1, 36)), true),
+            (None, false),
+        ] {
+            let c = config(v);
+            assert_eq!(
+                c.initial_list_strategy == InitialListStrategy::StreamingList,
+                streaming,
+                "{v:?}"
+            );
+            assert_eq!(
+                c.list_semantic,
+                ListSemantic::Any,
+                "lists from the watch cache"
+            );
+            assert!(c.bookmarks);
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! One informer per kind (issue 48): no controller opens its own watch.
+//!
+//! - In the sources: outside `src/informers/`, nothing in the agent calls kube's watchers or a
+//!   watch request.
+//! - Against a real API server: the agent with repair, adoption, ambient mode and the sidecar
+//!   counters all on holds one watch of pods and one of namespaces, whatever the controllers.
+
+use cni_testkit as common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::ambient::{Launch, Node};
+use redirect_testkit::kernel_tests_enabled;
+
+const WATCHES: [&str; 5] = [
+    "watcher::watcher(",
+    "metadata_watcher(",
+    "watch_object(",
+    "WatchParams",
+    ".watch(&",
+];
+
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn no_controller_opens_a_watch_of_its_own() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("informers")))
+    {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if WATCHES.iter().any(|w| line.contains(w)) {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(files.len() > 20, "{files:?}");
+    assert!(
+        found.is_empty(),
+        "watches opened outside the informers (subscribe to crate::informers instead):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The API server's registered watchers of `kind` (its `apiserver_registered_watchers`).
+fn watchers(n: &Node, kind: &str) -> Option<u64> {
+    let out = n.cp.kubectl_in(&["get", "--raw", "/metrics"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let prefix =
+        format!("apiserver_registered_watchers{{group=\"\",kind=\"{kind}\",version=\"v1\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+#[test]
+fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let n = Node::new();
+    n.ambient_namespace("shop");
+    let env = [
+        ("CAPTURE_COUNTERS", "node"),
+        ("ADOPT_ISTIO", "keep"),
+        ("HAND_BACK_ON_UNINSTALL", "iptables-nft"),
+    ];
+    let launch = Launch {
+        args: &["--monitoring-port=15014"],
+        env: &env,
+        ..Launch::default()
+    };
+    // The API server's own (its admission informers) before the agent: on main before issue
+    // 48 the agent added 2 of pods (repair's and ambient's) and 1 of namespaces.
+    let count = || {
+        (
+            watchers(&n, "Pod").unwrap_or(0),
+            watchers(&n, "Namespace").unwrap_or(0),
+        )
+    };
+    let before = count();
+    let agent = n.agent_as(&launch);
+    common::eventually_or(
+        "the agent's watches registered",
+        Duration::from_secs(30),
+        || agent.log(),
+        || {
+            let now = count();
+            (now.0 > before.0 && now.1 > before.1).then_some(())
+        },
+    );
+    // A moment more: a controller that opened its own would show by now.
+    std::thread::sleep(Duration::from_secs(2));
+    let now = count();
+    let added = (now.0 - before.0, now.1 - before.1);
+    assert_eq!(
+        added,
+        (1, 1),
+        "watches of pods and namespaces the agent added\n{}",
+        agent.log()
+    );
+}
