@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::ambient::{Launch, Node};
-use redirect_testkit::kernel_tests_enabled;
+use redirect_testkit::kernel_test;
 
 const WATCHES: [&str; 5] = [
     "watcher::watcher(",
@@ -68,11 +68,8 @@ fn watchers(n: &Node, kind: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-#[test]
+#[kernel_test]
 fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
-    if !kernel_tests_enabled() {
-        return;
-    }
     let n = Node::new();
     n.ambient_namespace("shop");
     let env = [
