@@ -24,6 +24,8 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
     etcd: Child,
     apiserver: Child,
+    /// The API server's command (to start it again: [`ControlPlane::restart_apiserver`]).
+    api_cmd: Vec<std::ffi::OsString>,
     /// `https://127.0.0.1:<port>`.
     pub url: String,
     /// The API server's self-signed certificate and its CA, as a client's CA bundle.
@@ -110,9 +112,14 @@ impl ControlPlane {
     /// The ports are picked free just before; should another process take one in between (the
     /// API server then exits), it starts over on new ports, twice at most.
     pub fn start() -> ControlPlane {
+        ControlPlane::start_with(&[])
+    }
+
+    /// [`ControlPlane::start`] with more arguments to kube-apiserver (an audit policy...).
+    pub fn start_with(extra: &[String]) -> ControlPlane {
         let mut last = String::new();
         for _ in 0..3 {
-            match ControlPlane::try_start() {
+            match ControlPlane::try_start(extra) {
                 Ok(cp) => return cp,
                 Err(e) => {
                     eprintln!("the control plane did not start, trying again: {e}");
@@ -123,7 +130,7 @@ impl ControlPlane {
         panic!("the control plane did not start in 3 tries; the last:\n{last}");
     }
 
-    fn try_start() -> Result<ControlPlane, String> {
+    fn try_start(extra: &[String]) -> Result<ControlPlane, String> {
         let bin = apiserver_bin();
         on_path("etcd");
         on_path("kubectl");
@@ -197,7 +204,12 @@ impl ControlPlane {
             .arg("--service-cluster-ip-range=10.96.0.0/24")
             .arg("--disable-admission-plugins=ServiceAccount")
             .arg("--endpoint-reconciler-type=none")
-            .arg("--v=0");
+            .arg("--v=0")
+            .args(extra);
+        let api_cmd = std::iter::once(api.get_program())
+            .chain(api.get_args())
+            .map(ToOwned::to_owned)
+            .collect();
         let apiserver = spawn(api, &d.join("apiserver.log"));
         let url = format!("https://127.0.0.1:{secure}");
         let ca = certs.join("apiserver.crt");
@@ -206,6 +218,7 @@ impl ControlPlane {
             dir,
             etcd,
             apiserver,
+            api_cmd,
             url,
             ca,
             admin,
@@ -421,6 +434,48 @@ impl ControlPlane {
             "kubectl apply {rel}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// The API server's process ID (to read its `/proc` entries).
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.id()
+    }
+
+    /// The API server stopped (SIGTERM, as a rolling upgrade stops it) and started again with
+    /// the same arguments and port, etcd kept; returns when `/readyz` answers 200 again, with
+    /// the time the old process took to exit and the new one to be ready. Its new output goes
+    /// to `apiserver-<n>.log`.
+    pub fn restart_apiserver(&mut self) -> (Duration, Duration) {
+        let t0 = Instant::now();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.apiserver.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.apiserver.wait();
+        let stopped = t0.elapsed();
+        let n = (1..)
+            .find(|n| !self.dir.path().join(format!("apiserver-{n}.log")).exists())
+            .unwrap();
+        let log = self.dir.path().join(format!("apiserver-{n}.log"));
+        let mut cmd = Command::new(&self.api_cmd[0]);
+        cmd.args(&self.api_cmd[1..]);
+        self.apiserver = spawn(cmd, &log);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+            if let Some(status) = self.apiserver.try_wait().unwrap() {
+                panic!(
+                    "kube-apiserver exited on restart ({status}):\n{}",
+                    tail(&log)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready within 120 s of its restart:\n{}",
+                tail(&log)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (stopped, t0.elapsed() - stopped)
     }
 
     /// The API server's port on 127.0.0.1.
