@@ -31,6 +31,10 @@ pub mod settings;
 pub use error::{Error, Result};
 pub use settings::{Parsed, Settings};
 
+/// The `type` (and binary name) of our plugin; an entry with this type is ours. Here, below
+/// both, because the settings refuse another in `PLUGIN_CONFIG_JSON` and `plugin_entry` writes it.
+pub const PLUGIN_TYPE: &str = "redirect-cni";
+
 /// `https://host:port`, with brackets around an IPv6 address.
 pub fn server_url(protocol: &str, host: &str, port: &str) -> String {
     let host = if host.contains(':') && !host.starts_with('[') {

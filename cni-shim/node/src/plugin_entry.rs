@@ -3,10 +3,8 @@
 
 use serde_json::{Map, Value};
 
-use super::settings::Settings;
-
-/// The `type` (and binary name) of our plugin; an entry with this type is ours.
-pub const PLUGIN_TYPE: &str = "redirect-cni";
+use crate::settings::Settings;
+use crate::PLUGIN_TYPE;
 
 /// The CNI version of the standalone config.
 pub const STANDALONE_CNI_VERSION: &str = "1.0.0";

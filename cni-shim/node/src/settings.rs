@@ -13,13 +13,13 @@ use redirect_core::cli::flag_table::{self, Flag, Table};
 use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
-use super::plugin_entry::PLUGIN_TYPE;
 use crate::adopt::AdoptIstio;
 use crate::ambient::synthetic::SyntheticCheck;
 use crate::ambient::AmbientSettings;
 use crate::pods::Places;
 use crate::repair::detect::{Action, Filter};
 use crate::repair::RepairSettings;
+use crate::PLUGIN_TYPE;
 use redirect_core::ambient::EnablementSelectors;
 use redirect_core::AmbientConfig;
 
