@@ -12,8 +12,8 @@ use crate::agent::upgrade::Stop;
 use crate::agent::Agent;
 use crate::informers::KnownPods;
 use crate::install::{self, signals, StopHandle, WatchOptions};
-use crate::metrics::Install;
 use crate::settings::{self, Parsed, Settings};
+use crate::telemetry::Install;
 use crate::Error;
 use cni_protocol::events::Readiness;
 

@@ -27,6 +27,8 @@ pub mod pods;
 pub mod repair;
 pub mod run_dir;
 pub mod settings;
+pub mod telemetry;
+pub mod untaint;
 
 pub use error::{Error, Result};
 pub use settings::{Parsed, Settings};

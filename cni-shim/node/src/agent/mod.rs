@@ -1,13 +1,12 @@
-//! The node agent's long-running parts beside the installer (`redirect-cni-node`): the repair
-//! controller, the untaint of its own node, the HTTP endpoints (metrics, probes; the node view
-//! on a socket of its own), and the plugin's events (`plugin_events`). They run on one thread with a current-thread tokio
-//! runtime; the installer's loop tells them when the plugin is installed
+//! The node agent beside the installer (`redirect-cni-node`): the wiring of its parts, each a
+//! module of its own with one entry, over what they share (the informers, the settings, the
+//! metrics recorded, the node view): the metrics server (`crate::metrics`), the repair
+//! controller (`crate::repair`), ambient mode (`crate::ambient`), the sidecar pods' counters
+//! (`crate::counters`) and the untaint of its own node (`crate::untaint`). They run on one
+//! thread with a current-thread tokio runtime; the installer's loop tells them when the plugin is installed
 //! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
 //! them before it uninstalls.
 
-pub(crate) mod http;
-pub mod plugin_events;
-pub mod untaint;
 pub mod upgrade;
 
 use std::net::TcpListener;
@@ -20,13 +19,13 @@ use tokio::sync::watch as signal;
 use crate::ambient::dataplane::Dataplane;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
 use crate::node_view::NodeView;
 use crate::plugin_entry::standalone_conf;
 use crate::pods::queue::Backoff;
 use crate::repair::controller::Controller;
 use crate::server_url;
 use crate::settings::Settings;
+use crate::telemetry::Metrics;
 use cni_protocol::cni::conf::NetConf;
 use cni_protocol::events::{Readiness, READY_NAME};
 use zds::server::ZdsServer;
@@ -63,7 +62,8 @@ impl Agent {
             metrics = metrics.with_ambient();
         }
         if settings.capture_counters.on() {
-            let counts = crate::counters::CaptureCounts::new(settings.capture_counters);
+            let counts =
+                crate::telemetry::capture_counts::CaptureCounts::new(settings.capture_counters);
             metrics = metrics.with_counters(counts);
         }
         // Before anything is installed: an unsafe socket folder stops the agent here.
@@ -270,55 +270,15 @@ impl Parts {
     async fn serve(self) {
         let s = &self.settings;
         let mut tasks = tokio::task::JoinSet::new();
-        let status = http::Status {
+        let endpoints = crate::metrics::Endpoints {
+            listener: self.listener,
+            port: s.monitoring_port,
+            run_dir: s.cni_agent_run_dir.clone(),
             metrics: self.metrics.clone(),
             ready: self.ready.clone(),
             view: self.view.clone(),
-            view_socket: s.cni_agent_run_dir.join(http::DEBUG_SOCKET),
         };
-        if let Some(l) = self.listener {
-            match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => {
-                    tracing::info!(
-                        "serving /metrics, /readyz and /healthz on port {}",
-                        s.monitoring_port
-                    );
-                    tasks.spawn(http::serve(l, status.clone(), self.stop.clone()));
-                }
-                Err(e) => tracing::error!("monitoring port {}: {e}", s.monitoring_port),
-            }
-        }
-        // The node view names every pod: on a socket only the node's root may open, whatever
-        // MONITORING_PORT says.
-        match http::bind_view_socket(&s.cni_agent_run_dir) {
-            Ok((l, path)) => {
-                tracing::info!(
-                    "serving the node view (/debug/node) on {}, root's alone",
-                    path.display()
-                );
-                tasks.spawn(http::serve_view(l, path, status, self.stop.clone()));
-            }
-            Err(e) => tracing::error!(
-                "{}: {e}; the node view (redirect-validate node) is not served",
-                status.view_socket.display()
-            ),
-        }
-        match plugin_events::bind(&s.cni_agent_run_dir) {
-            Ok((sock, path)) => {
-                tasks.spawn(plugin_events::receive(
-                    sock,
-                    path,
-                    self.metrics.clone(),
-                    self.stop.clone(),
-                ));
-            }
-            Err(e) => tracing::warn!(
-                "{}: {e}; the plugin's calls are not counted",
-                s.cni_agent_run_dir
-                    .join(cni_protocol::events::SOCKET_NAME)
-                    .display()
-            ),
-        }
+        tasks.spawn(crate::metrics::serve(endpoints, self.stop.clone()));
         let zds = self.zds;
         let shared = Shared {
             plugin: self.plugin.clone(),
@@ -420,7 +380,7 @@ async fn with_client(
         ambient_start(s, client.clone(), zds, parts, tasks, stop.clone());
     }
     if let Some(key) = &s.untaint {
-        tasks.spawn(untaint::run(
+        tasks.spawn(crate::untaint::run(
             client,
             s.node().to_owned(),
             key.clone(),
@@ -510,9 +470,8 @@ fn sidecar_counters(
         );
         return;
     }
-    let reader = crate::counters::sidecar::SidecarReader::new(plugin.mesh.clone());
-    tasks.spawn(crate::counters::sidecar::run(
-        reader,
+    tasks.spawn(crate::counters::run(
+        plugin.mesh.clone(),
         known.clone(),
         counts.clone(),
         s.repair.places.clone(),

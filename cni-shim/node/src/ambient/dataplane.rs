@@ -1093,8 +1093,13 @@ impl Dataplane {
     }
 
     /// Each enrolled pod's counters per path as the last pass read them (`CAPTURE_COUNTERS`).
-    pub fn counts(&self) -> Vec<(crate::counters::PodKey, redirect_core::PathCounts)> {
-        let key = |p: &PodRef| crate::counters::PodKey {
+    pub fn counts(
+        &self,
+    ) -> Vec<(
+        crate::telemetry::capture_counts::PodKey,
+        redirect_core::PathCounts,
+    )> {
+        let key = |p: &PodRef| crate::telemetry::capture_counts::PodKey {
             namespace: p.namespace.clone(),
             name: p.name.clone(),
             uid: p.uid.clone(),

@@ -20,7 +20,7 @@ use super::rate_limit::RewriteLimiter;
 use super::Progress;
 use crate::atomic_file::TEMP_MARKER;
 use crate::error::{Error, Result};
-use crate::metrics::Install;
+use crate::telemetry::Install;
 use crate::PLUGIN_TYPE;
 use cni_protocol::events::{Readiness, READY_NAME};
 

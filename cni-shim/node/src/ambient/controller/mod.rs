@@ -33,9 +33,9 @@ use super::identity::Binding;
 use super::plugin_requests::PluginRequest;
 use super::pods::{self, Want};
 use super::AmbientSettings;
-use crate::metrics::Metrics;
 use crate::node_view::{AmbientPart, Kind, NodeView, PodEntry, ZtunnelState};
 use crate::pods::{sleep_until, Places};
+use crate::telemetry::Metrics;
 use redirect_core::ambient::REDIRECTION;
 
 /// Everything the controller needs.
@@ -577,7 +577,10 @@ impl Controller {
             dp.zds().connections(),
         );
         if let Some(counts) = self.metrics.capture_counts() {
-            counts.set(crate::counters::Source::Ambient, dp.counts());
+            counts.set(
+                crate::telemetry::capture_counts::Source::Ambient,
+                dp.counts(),
+            );
         }
     }
 
