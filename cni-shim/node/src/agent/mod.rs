@@ -16,13 +16,10 @@ use std::thread::JoinHandle;
 
 use tokio::sync::watch as signal;
 
-use crate::ambient::dataplane::Dataplane;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
 use crate::node_view::NodeView;
 use crate::plugin_entry::standalone_conf;
-use crate::pods::queue::Backoff;
-use crate::repair::controller::Controller;
 use crate::server_url;
 use crate::settings::Settings;
 use crate::telemetry::Metrics;
@@ -322,23 +319,7 @@ async fn with_client(
     stop: signal::Receiver<bool>,
     tasks: &mut tokio::task::JoinSet<()>,
 ) {
-    if !s.repair.enabled {
-        tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
-    }
-    let adopting = s.repair.adopting();
-    if !adopting && s.repair.adopt_istio != crate::adopt::AdoptIstio::Off {
-        // Only the repair controller (on by default) makes a node name required.
-        tracing::warn!(
-            "ADOPT_ISTIO={} needs this node's name (NODE_NAME or REPAIR_NODE_NAME): pods holding \
-             Istio's rules are not looked for",
-            s.repair.adopt_istio.word()
-        );
-    }
-    // The node's pods are watched for repair, adoption, the hand-back's fallback, the sidecar
-    // counters and ambient mode; all of them need the node's name.
-    let named = !s.repair.node_name.is_empty();
-    let keeping = named && (s.hand_back_on_uninstall.is_some() || s.capture_counters.on());
-    let sidecar_pods = s.repair.enabled || adopting || keeping;
+    let sidecar_pods = sidecar_pods(s);
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
     }
@@ -367,17 +348,24 @@ async fn with_client(
     }
     sidecar_counters(s, (&plugin, &metrics, &informers.pods), tasks, &stop);
     if sidecar_pods {
-        let parts = (
-            plugin,
-            metrics.clone(),
-            view.clone(),
+        let shared = (plugin, metrics.clone(), view.clone());
+        tasks.spawn(crate::repair::run(
+            client.clone(),
             informers.pods.clone(),
-        );
-        tasks.spawn(repair_controller(s, client.clone(), parts).run(stop.clone()));
+            &s.repair,
+            shared,
+            stop.clone(),
+        ));
     }
     if let Some(zds) = zds {
-        let parts = (metrics, view, informers);
-        ambient_start(s, client.clone(), zds, parts, tasks, stop.clone());
+        tasks.spawn(crate::ambient::run(
+            client.clone(),
+            informers,
+            zds,
+            (&s.ambient, &ambient_node(s)),
+            (metrics, view),
+            stop.clone(),
+        ));
     }
     if let Some(key) = &s.untaint {
         tasks.spawn(crate::untaint::run(
@@ -390,30 +378,39 @@ async fn with_client(
     }
 }
 
-/// The repair controller (or, with `REPAIR_ENABLED=false`, the adoption alone), on the pod
-/// informer.
-fn repair_controller(
-    s: &Settings,
-    client: kube::Client,
-    (plugin, metrics, view, pods): (Arc<NetConf>, Metrics, NodeView, crate::informers::KnownPods),
-) -> Controller {
-    let mut settings = s.repair.clone();
+/// Whether the node's pods are watched: for repair, adoption, the hand-back's fallback and the
+/// sidecar counters (ambient mode watches them too). Says why a part that needs the node's name
+/// is not run.
+fn sidecar_pods(s: &Settings) -> bool {
     if !s.repair.enabled {
-        // Watching for adoption only: no repair action.
-        settings.action = None;
+        tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
     }
-    tracing::info!(
-        "pods holding Istio's capture rules: ADOPT_ISTIO={}",
-        s.repair.adopt_istio.word()
-    );
-    Controller {
-        client,
-        settings,
-        plugin,
-        metrics,
-        view,
-        backoff: Backoff::default(),
-        pods,
+    let adopting = s.repair.adopting();
+    if !adopting && s.repair.adopt_istio != crate::adopt::AdoptIstio::Off {
+        // Only the repair controller (on by default) makes a node name required.
+        tracing::warn!(
+            "ADOPT_ISTIO={} needs this node's name (NODE_NAME or REPAIR_NODE_NAME): pods holding \
+             Istio's rules are not looked for",
+            s.repair.adopt_istio.word()
+        );
+    }
+    // The node's pods are watched for repair, adoption, the hand-back's fallback, the sidecar
+    // counters and ambient mode; all of them need the node's name.
+    let named = !s.repair.node_name.is_empty();
+    let keeping = named && (s.hand_back_on_uninstall.is_some() || s.capture_counters.on());
+    s.repair.enabled || adopting || keeping
+}
+
+/// What ambient mode takes from the node's settings besides its own.
+fn ambient_node(s: &Settings) -> crate::ambient::NodeSettings {
+    crate::ambient::NodeSettings {
+        name: s.node().to_owned(),
+        excluded_namespaces: s.exclude_namespaces.clone(),
+        places: s.repair.places.clone(),
+        adopt_istio: s.repair.adopt_istio,
+        adopted_forms: s.repair.adopted_forms.clone(),
+        counters_every: s.capture_counters_interval,
+        run_dir: s.cni_agent_run_dir.clone(),
     }
 }
 
@@ -480,38 +477,6 @@ fn sidecar_counters(
     ));
 }
 
-/// The host's probe SNAT for kubelet's UID, found in the host's `/proc`: without it kubelet's
-/// probes to ambient pods are captured like any other connection, so its absence is an error
-/// in the log, not a stop.
-fn host_probe(s: &Settings, mut dp: Dataplane) -> Dataplane {
-    let base = &s.ambient.base;
-    let proc = &s.repair.places.proc;
-    let uid = match redirect_core::ambient::kubelet_uid(proc) {
-        Ok(uid) => uid,
-        Err(e) => {
-            tracing::error!(
-                "ambient: no probe SNAT on this node: {}",
-                redirect_program::errors::chain(&e)
-            );
-            return dp;
-        }
-    };
-    let cfg = redirect_core::HostProbeConfig {
-        kubelet_uid: uid,
-        snat_v4: base.probe_snat_v4,
-        snat_v6: base.ipv6.then_some(base.probe_snat_v6),
-    };
-    let (v4, v6) = (cfg.snat_v4, cfg.snat_v6);
-    match dp.set_host_probe(cfg) {
-        Ok(()) => tracing::info!(
-            "ambient: kubelet (UID {uid})'s TCP to enrolled pods is SNATed to {v4}{}",
-            v6.map(|a| format!(" and {a}")).unwrap_or_default()
-        ),
-        Err(e) => tracing::error!("ambient: no probe SNAT on this node: {e}"),
-    }
-    dp
-}
-
 /// The ZDS server, bound but not yet answering (`ambient::controller` lets ztunnel in once
 /// it knows every enrolled pod); `None` without ambient mode.
 fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
@@ -527,53 +492,6 @@ fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
     ZdsServer::bind_paused(path, zds::server::DEADLINE)
         .map(Some)
         .map_err(|e| invalid(format!("cannot listen there: {e}")))
-}
-
-/// Ambient mode's parts: the controller, and the plugin's socket feeding it.
-fn ambient_start(
-    s: &Settings,
-    client: kube::Client,
-    zds: ZdsServer,
-    (metrics, view, informers): (Metrics, NodeView, crate::informers::Informers),
-    tasks: &mut tokio::task::JoinSet<()>,
-    stop: signal::Receiver<bool>,
-) {
-    let (to, requests) = tokio::sync::mpsc::channel(crate::ambient::plugin_requests::IN_FLIGHT);
-    let listener = match crate::ambient::plugin_requests::listen_in(&s.cni_agent_run_dir, to) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::error!(
-                "ambient: cannot listen for the plugin in {}: {e}; ambient pods are enrolled \
-                 by the watch only, after they start",
-                s.cni_agent_run_dir.display()
-            );
-            None
-        }
-    };
-    let controller = crate::ambient::controller::Controller {
-        client,
-        settings: s.ambient.clone(),
-        informers,
-        node: s.node().to_owned(),
-        excluded: s.exclude_namespaces.clone(),
-        places: s.repair.places.clone(),
-        metrics,
-        dataplane: Arc::new(std::sync::Mutex::new(host_probe(
-            s,
-            Dataplane::new(zds)
-                .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
-                .with_branch_eni(s.ambient.aws_branch_eni_probe)
-                .with_listener_check(s.ambient.check_listeners)
-                .with_counters_every(s.capture_counters_interval)
-                .with_synthetic_check(s.ambient.synthetic_check.clone()),
-        ))),
-        requests,
-        view,
-    };
-    tasks.spawn(async move {
-        controller.run(stop).await;
-        drop(listener);
-    });
 }
 
 /// The agent's API client, from the same service account and server as the kubeconfig.
