@@ -3,11 +3,9 @@
 //! metrics recorded, the node view): the metrics server (`crate::metrics`), the repair
 //! controller (`crate::repair`), ambient mode (`crate::ambient`), the sidecar pods' counters
 //! (`crate::counters`) and the untaint of its own node (`crate::untaint`). They run on one
-//! thread with a current-thread tokio runtime; the installer's loop tells them when the plugin is installed
-//! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
-//! them before it uninstalls.
-
-pub mod upgrade;
+//! thread with a current-thread tokio runtime; the installer's loop tells them when the plugin
+//! is installed ([`Agent::set_ready`], also written to the run directory for the plugin's
+//! STATUS) and stops them before it uninstalls.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -19,8 +17,6 @@ use tokio::sync::watch as signal;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
 use crate::node_view::NodeView;
-use crate::plugin_entry::standalone_conf;
-use crate::server_url;
 use crate::settings::Settings;
 use crate::telemetry::Metrics;
 use cni_protocol::cni::conf::NetConf;
@@ -45,7 +41,7 @@ impl Agent {
     pub fn start(settings: &Settings) -> Result<Agent> {
         settings.check_agent()?;
         let listener = bind(settings.monitoring_port)?;
-        let plugin = Arc::new(plugin_conf(settings)?);
+        let plugin = Arc::new(crate::plugin_entry::plugin_conf(settings)?);
         let mut metrics = Metrics::new(
             settings
                 .repair
@@ -219,21 +215,6 @@ fn bind(port: u16) -> Result<Option<TcpListener>> {
     Ok(Some(listener))
 }
 
-/// The plugin's own config entry, parsed as the plugin parses it.
-pub(crate) fn plugin_conf(settings: &Settings) -> Result<NetConf> {
-    let text = standalone_conf(settings).to_string();
-    cni_protocol::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
-        setting: "PLUGIN_CONFIG_JSON",
-        value: settings
-            .plugin_config
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(","),
-        reason: format!("the plugin would refuse its config entry: {}", e.msg),
-    })
-}
-
 /// What the agent's thread owns.
 struct Parts {
     settings: Settings,
@@ -323,7 +304,7 @@ async fn with_client(
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
     }
-    let client = match client(s).await {
+    let client = match crate::kube_client::client(s).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}; no repair controller, no ambient mode and no untaint");
@@ -492,17 +473,4 @@ fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
     ZdsServer::bind_paused(path, zds::server::DEADLINE)
         .map(Some)
         .map_err(|e| invalid(format!("cannot listen there: {e}")))
-}
-
-/// The agent's API client, from the same service account and server as the kubeconfig.
-pub(crate) async fn client(s: &Settings) -> std::result::Result<kube::Client, String> {
-    let host = s.kubernetes_service_host.as_deref().ok_or_else(|| {
-        "KUBERNETES_SERVICE_HOST is not set: the agent cannot reach the API server".to_string()
-    })?;
-    let server = server_url(
-        &s.kubernetes_service_protocol,
-        host,
-        &s.kubernetes_service_port,
-    );
-    crate::kube_client::agent_client(&server, s.ca_path().as_deref(), &s.token_path()).await
 }
