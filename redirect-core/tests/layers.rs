@@ -1,6 +1,6 @@
 //! The layers are crates, and their manifests hold the dependency rules of docs/architecture.md
 //! (read here from `cargo metadata`, not by scanning source text); the map in that document
-//! names every place of the library crates, and only places that exist. Inside each crate, the
+//! names every place of the library crates and of the node agent, and only places that exist. Inside each crate, the
 //! modules use each other without a cycle and each type's inherent impls are in one file
 //! (`layers/modules.rs` reads the sources with syn).
 
@@ -309,28 +309,23 @@ fn each_types_inherent_impls_are_in_one_file() {
 /// parent (one), and a test module's use (none).
 #[test]
 fn the_module_walk_finds_a_cycle_and_a_split_impl() {
-    let dir = std::env::temp_dir().join(format!("layers-modules-{}", std::process::id()));
-    let files = [
-        ("src/lib.rs", "mod a; mod b; mod c;"),
-        (
-            "src/a.rs",
-            "use crate::b::B; pub struct A; impl A { fn f() {} }\n\
-             #[cfg(test)] mod tests { use crate::c::C; }",
-        ),
-        (
-            "src/b.rs",
-            "pub struct B; impl crate::a::A { fn g() { log!(\"{}\", super::a::X); } }",
-        ),
-        ("src/c/mod.rs", "mod d; pub struct C; use self::d::D;"),
-        ("src/c/d.rs", "pub struct D; fn f() -> super::C { todo!() }"),
-    ];
-    for (f, text) in files {
-        let p = dir.join(f);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    }
-    let c = modules::read("fixture", &dir);
-    std::fs::remove_dir_all(&dir).unwrap();
+    let c = fixture(
+        "walk",
+        &[
+            ("src/lib.rs", "mod a; mod b; mod c;"),
+            (
+                "src/a.rs",
+                "use crate::b::B; pub struct A; impl A { fn f() {} }\n\
+                 #[cfg(test)] mod tests { use crate::c::C; }",
+            ),
+            (
+                "src/b.rs",
+                "pub struct B; impl crate::a::A { fn g() { log!(\"{}\", super::a::X); } }",
+            ),
+            ("src/c/mod.rs", "mod d; pub struct C; use self::d::D;"),
+            ("src/c/d.rs", "pub struct D; fn f() -> super::C { todo!() }"),
+        ],
+    );
     let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
     let graph = c.graph();
     assert_eq!(graph.len(), 3, "{graph:?}");
@@ -340,6 +335,92 @@ fn the_module_walk_finds_a_cycle_and_a_split_impl() {
     assert_eq!(modules::cycles(&graph), vec![vec![m("a"), m("b"), m("a")]]);
     let split = &c.impls[&("A".to_string(), "src/a.rs".to_string())];
     assert_eq!(split.len(), 2, "{:?}", c.impls);
+}
+
+/// A crate of `files` (path under its folder, text), written to a folder of its own and read
+/// as `modules::read` reads ours.
+fn fixture(name: &str, files: &[(&str, &str)]) -> modules::Crate {
+    let dir = std::env::temp_dir().join(format!("layers-{name}-{}", std::process::id()));
+    for (f, text) in files {
+        let p = dir.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let c = modules::read(name, &dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    c
+}
+
+/// The node agent's controllers: each a part with one entry, over what they share.
+const CONTROLLERS: [&str; 6] = [
+    "install", "repair", "untaint", "ambient", "metrics", "counters",
+];
+
+/// Where one of [`CONTROLLERS`] uses another in `c` (a path from one's modules into the
+/// other's, outside `#[cfg(test)]`): `repair -> ambient: file:line path`.
+fn controllers_using_each_other(c: &modules::Crate) -> Vec<String> {
+    let part = |m: &[String]| {
+        m.first()
+            .filter(|t| CONTROLLERS.contains(&t.as_str()))
+            .cloned()
+    };
+    let mut out = Vec::new();
+    for (from, uses) in &c.uses {
+        for (to, at) in uses {
+            if let (Some(a), Some(b)) = (part(from), part(to)) {
+                if a != b {
+                    out.push(format!("{a} -> {b}: {at}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The node agent's controllers are parts (issue 48): the installer, repair, untaint, ambient,
+/// the metrics and the counters each run from one entry, and none uses another; what they
+/// share is below them (the informers, the pods, the settings, the errors, the node view), and
+/// `agent` wires them.
+#[test]
+fn the_node_agents_controllers_use_none_of_each_other() {
+    let node = modules::read("cni-node", &dir_of("cni-node"));
+    let mut found: Vec<String> = CONTROLLERS
+        .iter()
+        .filter(|part| {
+            !node
+                .modules
+                .iter()
+                .any(|m| m.first() == Some(&part.to_string()))
+        })
+        .map(|part| format!("no top-level module {part}"))
+        .collect();
+    found.extend(controllers_using_each_other(&node));
+    assert!(
+        found.is_empty(),
+        "the node agent's controllers are not parts (move what two need below them, or let \
+         the agent pass it in):\n{}",
+        found.join("\n")
+    );
+    // And the check finds a controller that does.
+    let made = fixture(
+        "controllers",
+        &[
+            ("src/lib.rs", "mod ambient; mod repair; mod pods;"),
+            (
+                "src/ambient.rs",
+                "use crate::pods::Pod; pub struct Enrolled;",
+            ),
+            (
+                "src/repair.rs",
+                "fn f() -> crate::ambient::Enrolled { todo!() }",
+            ),
+            ("src/pods.rs", "pub struct Pod;"),
+        ],
+    );
+    assert_eq!(
+        controllers_using_each_other(&made),
+        ["repair -> ambient: src/repair.rs:1 crate::ambient::Enrolled"]
+    );
 }
 
 /// Every library of the workspace documents whatever it makes public: its root denies
@@ -439,7 +520,8 @@ fn the_map_names_every_place_and_only_places_that_exist() {
             "docs/architecture.md's map names {p}, which does not exist"
         );
     }
-    for krate in LIBRARIES {
+    // The node agent too: its parts are many, and each says what it holds there.
+    for krate in LIBRARIES.iter().chain(&["cni-node"]) {
         let src = dir_of(krate).join("src");
         for entry in std::fs::read_dir(&src).unwrap() {
             let name = entry.unwrap().file_name().to_string_lossy().into_owned();

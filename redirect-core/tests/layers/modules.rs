@@ -17,6 +17,8 @@ pub type Module = Vec<String>;
 /// One crate's modules, what each uses, and where its types' inherent impl blocks are.
 pub struct Crate {
     pub name: String,
+    /// Every module read (test-only files aside).
+    pub modules: BTreeSet<Module>,
     /// module → the modules it uses, each with the first place it does (`file:line path`).
     pub uses: BTreeMap<Module, BTreeMap<Module, String>>,
     /// A type (its name, the file defining it) → the files with an inherent impl of it.
@@ -332,6 +334,7 @@ pub fn read(name: &str, dir: &Path) -> Crate {
     let (impls, unresolved) = impls(&files, &modules);
     Crate {
         name: name.to_string(),
+        modules,
         uses,
         impls,
         unresolved,
