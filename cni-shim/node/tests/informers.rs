@@ -112,3 +112,84 @@ fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
         agent.log()
     );
 }
+
+/// A server that refuses the streaming list asked for (Kubernetes before 1.27, or with the
+/// WatchList feature off: the test's 1.20 answers `sendInitialEvents` with 400 or 422) gets a
+/// list and a watch instead, and the informer fills: without the fallback it retried the same
+/// refused request forever, blind.
+#[kernel_test]
+fn a_refused_streaming_list_falls_back_to_list_and_watch() {
+    use cni_node::informers::{self, Informers};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher::InitialListStrategy;
+
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let cp = common::apiserver::ControlPlane::start();
+    let pod = |name: &str| {
+        format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"{name}\",\
+             \"namespace\":\"default\"}},\"spec\":{{\"nodeName\":\"node-a\",\"containers\":\
+             [{{\"name\":\"c\",\"image\":\"i\"}}]}}}}"
+        )
+    };
+    cp.kubectl_in(&["apply", "-f", "-"], Some(&pod("before")));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let names = |i: &Informers| -> Vec<String> {
+        let mut v: Vec<String> = i
+            .pods
+            .snapshot()
+            .into_iter()
+            .filter_map(|p: Pod| p.metadata.name)
+            .collect();
+        v.sort();
+        v
+    };
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(&cp.admin).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        // As the agent asks a server of 1.32 or later.
+        let cfg = informers::config(Some((1, 32)));
+        assert_eq!(
+            cfg.initial_list_strategy,
+            InitialListStrategy::StreamingList
+        );
+        let i = Informers::default();
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        let backoff = informers::health::WATCH_BACKOFF;
+        informers::start(
+            &client,
+            "node-a",
+            (&i, false),
+            (cfg, backoff, None),
+            &mut tasks,
+            &stop,
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while names(&i) != ["before"] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the informer did not list the node's pod: {:?}",
+                names(&i)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // And it watches: a pod created now arrives.
+        cp.kubectl_in(&["apply", "-f", "-"], Some(&pod("after")));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while names(&i) != ["after", "before"] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the informer did not see the new pod: {:?}",
+                names(&i)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
