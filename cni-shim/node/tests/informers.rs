@@ -68,6 +68,18 @@ fn watchers(n: &Node, kind: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
+/// The API server's list calls to etcd of `ty` (`*[]core.Pod`): a list served from the watch
+/// cache makes none.
+fn etcd_lists(n: &Node, ty: &str) -> u64 {
+    let out = n.cp.kubectl_in(&["get", "--raw", "/metrics"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter(|l| l.starts_with("etcd_request_duration_seconds_count{"))
+        .filter(|l| l.contains("operation=\"list\"") && l.contains(&format!("type=\"{ty}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 #[kernel_test]
 fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
     let n = Node::new();
@@ -91,6 +103,13 @@ fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
         )
     };
     let before = count();
+    let kinds = ["*[]core.Pod", "*[]core.Namespace"];
+    let etcd_before = kinds.map(|k| etcd_lists(&n, k));
+    // The server's own watch cache listed each kind once at its start: the metric is there.
+    assert!(
+        etcd_before.iter().all(|c| *c > 0),
+        "{kinds:?}: {etcd_before:?}"
+    );
     let agent = n.agent_as(&launch);
     common::eventually_or(
         "the agent's watches registered",
@@ -110,6 +129,13 @@ fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
         (1, 1),
         "watches of pods and namespaces the agent added\n{}",
         agent.log()
+    );
+    // Its lists came from the watch cache: the API server read etcd for none of them (kube
+    // made each list with its default page a quorum read before issue 48).
+    assert_eq!(
+        kinds.map(|k| etcd_lists(&n, k)),
+        etcd_before,
+        "the API server's etcd lists of {kinds:?} before and after the agent listed"
     );
 }
 

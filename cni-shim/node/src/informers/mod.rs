@@ -153,7 +153,12 @@ pub struct Informers {
 
 /// What the watches ask of the server, from its version.
 pub fn config(server: Option<(u32, u32)>) -> watcher::Config {
-    let c = watcher::Config::default().any_semantic();
+    let mut c = watcher::Config::default().any_semantic();
+    // kube drops `resourceVersion=0` from a list that has a limit (a paged list cannot come
+    // from the cache), so its default page of 500 made every list a quorum read from etcd,
+    // which for the node's pods pages through every pod of the cluster. Unpaged, the watch
+    // cache answers: this node's pods, and the namespaces' metadata.
+    c.page_size = None;
     match server {
         Some((1, minor)) if minor >= 32 => c.streaming_lists(),
         _ => c,
@@ -385,6 +390,10 @@ mod tests {
                 "lists from the watch cache"
             );
             assert!(c.bookmarks);
+            assert_eq!(
+                c.page_size, None,
+                "a limit would make kube drop resourceVersion=0"
+            );
         }
     }
 }
