@@ -389,6 +389,35 @@ const SETTINGS: &[Case] = &[
         edit: no_edit,
     },
     Case {
+        name: "flowControl.enabled=false: no FlowSchema, no PriorityLevelConfiguration",
+        args: &["--set", "flowControl.enabled=false"],
+        files: &[K8S],
+        edit: no_edit,
+    },
+    Case {
+        name: "cni.flowControl.apiVersion=...v1beta3 (Kubernetes 1.26 to 1.28)",
+        args: &[
+            "--set",
+            "cni.flowControl.apiVersion=flowcontrol.apiserver.k8s.io/v1beta3",
+            "--kube-version",
+            "1.28.0",
+        ],
+        files: &[K8S],
+        edit: |o| {
+            for key in [
+                "FlowSchema/redirect-cni",
+                "PriorityLevelConfiguration/redirect-cni",
+            ] {
+                set(
+                    o,
+                    key,
+                    "/apiVersion",
+                    json!("flowcontrol.apiserver.k8s.io/v1beta3"),
+                );
+            }
+        },
+    },
+    Case {
         name: "1. OpenShift standalone (global.platform=openshift)",
         args: &[
             "--set",
@@ -1266,10 +1295,29 @@ const SEEDS: &[Case] = &[
     },
 ];
 
+/// The platform's flowcontrol.yaml, which every rendering holds unless the case turns
+/// `flowControl` off (or renders no cluster-scoped object).
+fn with_flow_control(case: &Case) -> Objects {
+    let mut expected = plain(case.files);
+    let off = case
+        .args
+        .iter()
+        .any(|a| a.contains("flowControl.enabled=false") || a.contains("resourceScope=namespace"));
+    if !off {
+        let platform = if case.files.iter().any(|f| f.starts_with("openshift/")) {
+            "openshift/flowcontrol.yaml"
+        } else {
+            "kubernetes/flowcontrol.yaml"
+        };
+        expected.extend(plain(&[platform]));
+    }
+    expected
+}
+
 fn case_problems(cases: &[Case]) -> Vec<String> {
     let mut problems = Vec::new();
     for case in cases {
-        let mut expected = plain(case.files);
+        let mut expected = with_flow_control(case);
         (case.edit)(&mut expected);
         match template(NS, case.args) {
             Ok(yaml) => problems.extend(
@@ -1359,7 +1407,11 @@ fn without_ambient_mode_none_of_it_is_rendered() {
     for args in cases {
         let yaml = template(NS, args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         let objects = parse(&yaml, "helm template");
-        for (key, obj) in &objects {
+        // The FlowSchema's rule matches every namespace of the agents' requests.
+        for (key, obj) in objects
+            .iter()
+            .filter(|(k, _)| *k != "FlowSchema/redirect-cni")
+        {
             let text = obj.to_string();
             for word in [
                 "AMBIENT_",
@@ -1385,7 +1437,11 @@ fn istios_value_names_reach_the_installer_and_the_pod() {
 /// The helper the API-server tests copy renders the default, which is the plain manifest.
 #[test]
 fn render_with_no_values_is_the_plain_kubernetes_manifest() {
-    let problems = differences(&render(&[]), &plain(&[K8S]), NS);
+    let problems = differences(
+        &render(&[]),
+        &plain(&[K8S, "kubernetes/flowcontrol.yaml"]),
+        NS,
+    );
     assert_no_problems(problems);
 }
 
@@ -1406,6 +1462,7 @@ fn the_release_namespace_is_the_namespace_of_the_objects_and_the_subjects() {
         "openshift/repair-label-pods.yaml",
         "openshift/untaint-node.yaml",
         "kubernetes/resourcequota-critical-pods.yaml",
+        "openshift/flowcontrol.yaml",
     ]);
     istio_cni_conf(&mut expected);
     set(
@@ -1429,6 +1486,12 @@ fn the_release_namespace_is_the_namespace_of_the_objects_and_the_subjects() {
         }
     }
     assert_eq!(bindings, 3);
+    let agents = "/spec/rules/0/subjects/0/serviceAccount/namespace";
+    let fs = expected
+        .get_mut("FlowSchema/redirect-cni")
+        .expect("the FlowSchema");
+    assert_eq!(fs.pointer(agents), Some(&json!(NS)), "the SET-ME line");
+    *fs.pointer_mut(agents).unwrap() = json!(ns);
     // The NetworkAttachmentDefinition stays in "default", where every namespace may use it.
     assert_eq!(
         expected["NetworkAttachmentDefinition/istio-cni"]["metadata"]["namespace"],
@@ -2903,6 +2966,27 @@ const KUBERNETES: [&str; 2] = ["1.25.0", "1.37.0"];
 /// manifests above, which tests/manifests.rs checks against their CRDs' fields.
 const CRDS: [&str; 2] = ["NetworkAttachmentDefinition", "SecurityContextConstraints"];
 
+/// The flowcontrol API versions that `version` does not serve, for which kubernetes-validate
+/// has no schema: the chart renders v1 (1.29+) or v1beta3 (1.26-1.28) by what the cluster
+/// serves (none on 1.25), so the oldest bundled (1.25) has neither and the newest (1.37) no
+/// v1beta3.
+fn unserved_flow_control(line: &str, version: &str) -> bool {
+    let unserved: &[&str] = match version {
+        "1.25.0" => &["v1", "v1beta3"],
+        _ => &["v1beta3"],
+    };
+    line.starts_with("WARN ")
+        && ["FlowSchema", "PriorityLevelConfiguration"]
+            .iter()
+            .any(|k| {
+                unserved.iter().any(|v| {
+                    line.contains(&format!(
+                        "kind {k} with api version flowcontrol.apiserver.k8s.io/{v} "
+                    ))
+                })
+            })
+}
+
 /// kubernetes-validate --strict on `files`, for each version at once: the complaints.
 fn validate(files: &[PathBuf]) -> Vec<String> {
     let runs: Vec<_> = KUBERNETES
@@ -2933,6 +3017,7 @@ fn validate(files: &[PathBuf]) -> Vec<String> {
             text.lines()
                 .filter(|l| !l.trim().is_empty())
                 .filter(|l| !(l.starts_with("WARN ") && CRDS.iter().any(|k| l.contains(k))))
+                .filter(|l| !unserved_flow_control(l, version))
                 .map(|l| format!("{version}: {l}")),
         );
         if !out.status.success() && problems.len() == before {
@@ -3032,8 +3117,13 @@ fn istio_facts(yaml: &str, origin: &str) -> BTreeMap<&'static str, String> {
         .collect();
     kinds.sort();
     kinds.dedup();
+    // Ours adds the agents' flow control, which Istio's chart has not: a fact of its own.
+    let (flow, kinds): (Vec<String>, Vec<String>) = kinds
+        .into_iter()
+        .partition(|k| k == "FlowSchema" || k == "PriorityLevelConfiguration");
     let mut out = BTreeMap::new();
     out.insert("kinds", kinds.join(","));
+    out.insert("flow_control", flow.join(","));
     let rev: Vec<String> = objects
         .values()
         .map(|o| {
@@ -3098,12 +3188,12 @@ fn istios_scopes_revision_policy_and_security_values_render_as_istios() {
         (
             &["--set", "global.resourceScope=cluster"],
             &[("kinds", "ClusterRole,ClusterRoleBinding")],
-            &[],
+            &[("flow_control", "FlowSchema,PriorityLevelConfiguration")],
         ),
         (
             &["--set", "global.resourceScope=namespace"],
             &[("kinds", "ConfigMap,DaemonSet,ServiceAccount")],
-            &[],
+            &[("flow_control", "")],
         ),
         (
             &["--set", "global.resourceScope=neither"],

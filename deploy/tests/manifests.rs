@@ -266,6 +266,8 @@ const CLUSTER_SCOPED: &[&str] = &[
     "ClusterRoleBinding",
     "PriorityClass",
     "SecurityContextConstraints",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
 ];
 
 /// Walks `orig` and reports every key (with its JSON path) that is missing from `round`, the
@@ -535,7 +537,7 @@ fn check_nad(doc: &Value, p: &mut Problems) {
 
 /// The structure check of one document: typed round trip, or the CRD's field list.
 fn check_structure(doc: &Value, p: &mut Problems) {
-    use k8s_openapi::api::{apps, core, networking, policy, rbac, scheduling};
+    use k8s_openapi::api::{apps, core, flowcontrol, networking, policy, rbac, scheduling};
     let api_version = str_at(doc, &["apiVersion"]).unwrap_or("");
     let kind = str_at(doc, &["kind"]).unwrap_or("");
     macro_rules! typed {
@@ -566,6 +568,8 @@ fn check_structure(doc: &Value, p: &mut Problems) {
         scheduling::v1::PriorityClass,
         policy::v1::PodDisruptionBudget,
         networking::v1::NetworkPolicy,
+        flowcontrol::v1::FlowSchema,
+        flowcontrol::v1::PriorityLevelConfiguration,
     );
     // The CRDs: their metadata is an ObjectMeta all the same.
     let crd: Option<fn(&Value, &mut Problems)> = match (api_version, kind) {
@@ -1088,6 +1092,7 @@ fn every_manifest_in_deploy_is_valid_kubernetes_yaml() {
         "kubernetes/repair-label-pods.yaml",
         "kubernetes/untaint-node.yaml",
         "kubernetes/ambient.yaml",
+        "kubernetes/flowcontrol.yaml",
         "openshift/redirect-cni.yaml",
         "openshift/network-attachment-definition.yaml",
         "openshift/repair-delete-pods.yaml",
@@ -1134,6 +1139,8 @@ fn every_manifest_in_deploy_is_valid_kubernetes_yaml() {
         "ResourceQuota",
         "SecurityContextConstraints",
         "NetworkAttachmentDefinition",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
     ] {
         assert!(kinds.contains(kind), "no {kind} seen: {kinds:?}");
     }

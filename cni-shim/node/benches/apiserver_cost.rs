@@ -212,7 +212,7 @@ fn run(s: &Scale) {
     settle(&admin, s);
     let n = s.agents as f64;
 
-    watches(&mut rows, &base_metrics, &admin.metrics(), n);
+    watches(&mut rows, &base_metrics, &admin.metrics(), n, "");
 
     // Idle.
     let idle_start = SystemTime::now();
@@ -313,6 +313,10 @@ fn run(s: &Scale) {
     );
 
     restart(&mut rows, &mut cp, &admin, &audit, &pids, s);
+    // Every agent's watches back after the restart (the server's own, counted in the base, are
+    // the same after it): a missing one is a controller gone blind.
+    let when = format!(" {} s after the restart", s.after_restart.as_secs());
+    watches(&mut rows, &base_metrics, &admin.metrics(), n, &when);
     for a in &agents {
         assert!(
             a.agent.log().contains("no probe SNAT on this node"),
@@ -591,11 +595,11 @@ fn watches_by_resource(m: &str) -> BTreeMap<String, f64> {
 }
 
 /// The watch rows: open WATCH requests and registered watchers, per agent, by resource.
-fn watches(rows: &mut Row, base: &str, now: &str, n: f64) {
+fn watches(rows: &mut Row, base: &str, now: &str, n: f64, when: &str) {
     let (b, a) = (watches_by_resource(base), watches_by_resource(now));
     let total: f64 = a.values().sum::<f64>() - b.values().sum::<f64>();
     rows.add(
-        "watches open per agent (WATCH requests, by resource)",
+        &format!("watches open per agent{when} (WATCH requests, by resource)"),
         format!(
             "{:.2}: {}",
             total / n,
@@ -614,7 +618,7 @@ fn watches(rows: &mut Row, base: &str, now: &str, n: f64) {
     };
     let (b, a) = (by_kind(base), by_kind(now));
     rows.add(
-        "registered watchers per agent (watch cache, by kind)",
+        &format!("registered watchers per agent{when} (watch cache, by kind)"),
         a.iter()
             .map(|(k, v)| format!("{k} {:.2}", (v - b.get(k).unwrap_or(&0.0)) / n))
             .filter(|s| !s.ends_with(" 0.00"))

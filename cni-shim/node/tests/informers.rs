@@ -68,6 +68,18 @@ fn watchers(n: &Node, kind: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
+/// The API server's list calls to etcd of `ty` (`*[]core.Pod`): a list served from the watch
+/// cache makes none.
+fn etcd_lists(n: &Node, ty: &str) -> u64 {
+    let out = n.cp.kubectl_in(&["get", "--raw", "/metrics"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter(|l| l.starts_with("etcd_request_duration_seconds_count{"))
+        .filter(|l| l.contains("operation=\"list\"") && l.contains(&format!("type=\"{ty}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 #[kernel_test]
 fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
     let n = Node::new();
@@ -91,6 +103,13 @@ fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
         )
     };
     let before = count();
+    let kinds = ["*[]core.Pod", "*[]core.Namespace"];
+    let etcd_before = kinds.map(|k| etcd_lists(&n, k));
+    // The server's own watch cache listed each kind once at its start: the metric is there.
+    assert!(
+        etcd_before.iter().all(|c| *c > 0),
+        "{kinds:?}: {etcd_before:?}"
+    );
     let agent = n.agent_as(&launch);
     common::eventually_or(
         "the agent's watches registered",
@@ -111,4 +130,92 @@ fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
         "watches of pods and namespaces the agent added\n{}",
         agent.log()
     );
+    // Its lists came from the watch cache: the API server read etcd for none of them (kube
+    // made each list with its default page a quorum read before issue 48).
+    assert_eq!(
+        kinds.map(|k| etcd_lists(&n, k)),
+        etcd_before,
+        "the API server's etcd lists of {kinds:?} before and after the agent listed"
+    );
+}
+
+/// A server that refuses the streaming list asked for (Kubernetes before 1.27, or with the
+/// WatchList feature off: the test's 1.20 answers `sendInitialEvents` with 400 or 422) gets a
+/// list and a watch instead, and the informer fills: without the fallback it retried the same
+/// refused request forever, blind.
+#[kernel_test]
+fn a_refused_streaming_list_falls_back_to_list_and_watch() {
+    use cni_node::informers::{self, Informers};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher::InitialListStrategy;
+
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let cp = common::apiserver::ControlPlane::start();
+    let pod = |name: &str| {
+        format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"{name}\",\
+             \"namespace\":\"default\"}},\"spec\":{{\"nodeName\":\"node-a\",\"containers\":\
+             [{{\"name\":\"c\",\"image\":\"i\"}}]}}}}"
+        )
+    };
+    cp.kubectl_in(&["apply", "-f", "-"], Some(&pod("before")));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let names = |i: &Informers| -> Vec<String> {
+        let mut v: Vec<String> = i
+            .pods
+            .snapshot()
+            .into_iter()
+            .filter_map(|p: Pod| p.metadata.name)
+            .collect();
+        v.sort();
+        v
+    };
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(&cp.admin).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        // As the agent asks a server of 1.32 or later.
+        let cfg = informers::config(Some((1, 32)));
+        assert_eq!(
+            cfg.initial_list_strategy,
+            InitialListStrategy::StreamingList
+        );
+        let i = Informers::default();
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        let backoff = informers::health::WATCH_BACKOFF;
+        informers::start(
+            &client,
+            "node-a",
+            (&i, false),
+            (cfg, backoff, None),
+            &mut tasks,
+            &stop,
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while names(&i) != ["before"] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the informer did not list the node's pod: {:?}",
+                names(&i)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // And it watches: a pod created now arrives.
+        cp.kubectl_in(&["apply", "-f", "-"], Some(&pod("after")));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while names(&i) != ["after", "before"] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the informer did not see the new pod: {:?}",
+                names(&i)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
 }

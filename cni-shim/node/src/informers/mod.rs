@@ -18,10 +18,11 @@ pub mod health;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use futures_util::{Stream, StreamExt};
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::{self, Event, InitialListStrategy};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 use tokio::sync::watch as signal;
@@ -152,7 +153,12 @@ pub struct Informers {
 
 /// What the watches ask of the server, from its version.
 pub fn config(server: Option<(u32, u32)>) -> watcher::Config {
-    let c = watcher::Config::default().any_semantic();
+    let mut c = watcher::Config::default().any_semantic();
+    // kube drops `resourceVersion=0` from a list that has a limit (a paged list cannot come
+    // from the cache), so its default page of 500 made every list a quorum read from etcd,
+    // which for the node's pods pages through every pod of the cluster. Unpaged, the watch
+    // cache answers: this node's pods, and the namespaces' metadata.
+    c.page_size = None;
     match server {
         Some((1, minor)) if minor >= 32 => c.streaming_lists(),
         _ => c,
@@ -179,29 +185,63 @@ pub fn start(
     stop: &signal::Receiver<bool>,
 ) {
     let fields = format!("spec.nodeName={node}");
-    let pods = watcher::watcher(Api::<Pod>::all(client.clone()), cfg.clone().fields(&fields));
+    let api = Api::<Pod>::all(client.clone());
+    let pods = move |c: watcher::Config| watcher::watcher(api.clone(), c.fields(&fields)).boxed();
     let health = WatchHealth::new("this node's pods", backoff, gauges);
-    tasks.spawn(feed(informers.pods.clone(), pods, health, stop.clone()));
+    let watch = Watch {
+        make: pods,
+        cfg: cfg.clone(),
+    };
+    tasks.spawn(feed(informers.pods.clone(), watch, health, stop.clone()));
     if namespaces {
         let api = Api::<Namespace>::all(client.clone());
-        let meta = watcher::metadata_watcher(api, cfg).map(|e| {
-            e.map(|e| match e {
-                Event::Apply(m) => Event::Apply(namespace(m)),
-                Event::Delete(m) => Event::Delete(namespace(m)),
-                Event::InitApply(m) => Event::InitApply(namespace(m)),
-                Event::Init => Event::Init,
-                Event::InitDone => Event::InitDone,
-            })
-        });
+        let meta = move |c: watcher::Config| {
+            watcher::metadata_watcher(api.clone(), c)
+                .map(|e| {
+                    e.map(|e| match e {
+                        Event::Apply(m) => Event::Apply(namespace(m)),
+                        Event::Delete(m) => Event::Delete(namespace(m)),
+                        Event::InitApply(m) => Event::InitApply(namespace(m)),
+                        Event::Init => Event::Init,
+                        Event::InitDone => Event::InitDone,
+                    })
+                })
+                .boxed()
+        };
         let health = WatchHealth::new("the namespaces", backoff, None);
+        let watch = Watch { make: meta, cfg };
         tasks.spawn(feed(
             informers.namespaces.clone(),
-            meta,
+            watch,
             health,
             stop.clone(),
         ));
     }
 }
+
+/// A kind's watch as it can be made again: with a list and a watch, when the server refuses
+/// the streaming list it was asked for.
+struct Watch<F> {
+    make: F,
+    cfg: watcher::Config,
+}
+
+/// Whether `e` is the server refusing a streaming list: an old server (before 1.27) or one
+/// with the WatchList feature off answers the watch's `sendInitialEvents` and
+/// `resourceVersionMatch` with 400 or 422 (Invalid), at every try (1.20: 422 "resourceVersionMatch
+/// is forbidden for watch", as the watch stream's first answer); a list and a watch work.
+pub fn refuses_streaming(e: &watcher::Error) -> bool {
+    let invalid = |code: u16| code == 400 || code == 422;
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(r))
+        | watcher::Error::WatchFailed(kube::Error::Api(r)) => invalid(r.code),
+        watcher::Error::WatchError(r) => invalid(r.code),
+        _ => false,
+    }
+}
+
+/// A kind's events, as its watcher gives them.
+type Events<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
 
 /// A namespace from its metadata alone.
 fn namespace(m: kube::core::PartialObjectMeta<Namespace>) -> Namespace {
@@ -213,13 +253,16 @@ fn namespace(m: kube::core::PartialObjectMeta<Namespace>) -> Namespace {
 
 /// The watch's loop: each event published; a failure waits its jittered delay (the watcher
 /// lists or watches again on the next poll).
-async fn feed<K: Resource + Clone + Send + 'static>(
+async fn feed<K, F>(
     informer: Informer<K>,
-    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send,
+    mut watch: Watch<F>,
     mut health: WatchHealth,
     mut stop: signal::Receiver<bool>,
-) {
-    let mut events = std::pin::pin!(events);
+) where
+    K: Resource + Clone + Send + 'static,
+    F: Fn(watcher::Config) -> Events<K>,
+{
+    let mut events = (watch.make)(watch.cfg.clone());
     loop {
         let next = tokio::select! {
             _ = stop.changed() => return,
@@ -234,6 +277,16 @@ async fn feed<K: Resource + Clone + Send + 'static>(
                     _ => health.answered(),
                 }
                 informer.publish(e);
+            }
+            Some(Err(e))
+                if watch.cfg.initial_list_strategy == InitialListStrategy::StreamingList
+                    && refuses_streaming(&e) =>
+            {
+                tracing::warn!(
+                    "the API server refused a streaming list ({e}): listing and watching instead"
+                );
+                watch.cfg.initial_list_strategy = InitialListStrategy::ListWatch;
+                events = (watch.make)(watch.cfg.clone());
             }
             Some(Err(e)) => {
                 let delay = health.failed(&e);
@@ -337,6 +390,10 @@ mod tests {
                 "lists from the watch cache"
             );
             assert!(c.bookmarks);
+            assert_eq!(
+                c.page_size, None,
+                "a limit would make kube drop resourceVersion=0"
+            );
         }
     }
 }

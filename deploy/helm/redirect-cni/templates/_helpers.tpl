@@ -359,3 +359,23 @@ replace
 off
 {{- end -}}
 {{- end -}}
+
+{{/*
+The API version of the agents' FlowSchema and PriorityLevelConfiguration, or nothing when
+flowControl.enabled is false or the cluster serves neither version: flowControl.apiVersion when
+given, else flowcontrol.apiserver.k8s.io/v1 (Kubernetes 1.29+) when the cluster serves it, else
+v1beta3 (1.26-1.28). v1beta3's nominalConcurrencyShares and lendablePercent mean what v1's do.
+*/}}
+{{- define "redirect-cni.flowControlVersion" -}}
+{{- $fc := (include "redirect-cni.cni" . | fromYaml).flowControl | default dict -}}
+{{- if or $fc.enabled (kindIs "invalid" $fc.enabled) -}}
+{{- $given := $fc.apiVersion | default "" -}}
+{{- if $given -}}
+{{- $given -}}
+{{- else if .Capabilities.APIVersions.Has "flowcontrol.apiserver.k8s.io/v1" -}}
+flowcontrol.apiserver.k8s.io/v1
+{{- else if .Capabilities.APIVersions.Has "flowcontrol.apiserver.k8s.io/v1beta3" -}}
+flowcontrol.apiserver.k8s.io/v1beta3
+{{- end -}}
+{{- end -}}
+{{- end -}}
