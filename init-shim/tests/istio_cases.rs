@@ -7,8 +7,8 @@
 mod common;
 
 use common::{run_in, Run};
-use redirect_testkit::istio::{list_cases, load_istio_case, probe_matrix, IstioCase};
-use redirect_testkit::{kernel_test, run_probes, Topology};
+use redirect_testkit::istio::{self, list_cases, load_istio_case, probe_matrix, IstioCase};
+use redirect_testkit::{kernel_test, run_probes};
 
 /// Flags that take a value, by the case JSON's key, with the variable Istio binds to them.
 const VALUE_FLAGS: &[(&str, Option<&str>)] = &[
@@ -112,9 +112,9 @@ fn redirect_init_captures_like_istio_in_every_case() {
     for (i, name) in cases.iter().enumerate() {
         let case = IstioCase::load(name);
         let probes = probe_matrix(&case);
-        let theirs = Topology::for_case(&case);
+        let theirs = istio::case_topology(&case);
         load_istio_case(&theirs.pod, &case);
-        let ours = Topology::for_case(&case);
+        let ours = istio::case_topology(&case);
         let run = invocation(&case, i % 2 == 1);
         let ran = run_in(&ours.pod, &run);
         assert_eq!(

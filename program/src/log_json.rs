@@ -1,17 +1,18 @@
 //! Istio's JSON log line (`--log_as_json`, `global.logAsJson`): one object per line with
 //! `level`, `time` (RFC 3339, microseconds, UTC), `scope` and `msg`, then the event's fields;
-//! a line of another crate names it in `target`. serde_json escapes every control character,
+//! a line of another crate names it in `target` (the caller, which knows our crates, says
+//! which). serde_json escapes every control character,
 //! so no value can break the line.
 
 use std::time::SystemTime;
 
 use serde_json::{Map, Value};
 
-/// The JSON line, newline included.
+/// The JSON line, newline included; `foreign` is the target of another crate's line.
 pub(crate) fn line(
     level: &str,
     scope: &str,
-    target: &str,
+    foreign: Option<&str>,
     msg: &str,
     fields: &[(&'static str, String)],
 ) -> String {
@@ -20,7 +21,7 @@ pub(crate) fn line(
     let time = humantime::format_rfc3339_micros(SystemTime::now()).to_string();
     m.insert("time".into(), time.into());
     m.insert("scope".into(), scope.into());
-    if !crate::logging::is_ours(target) {
+    if let Some(target) = foreign {
         m.insert("target".into(), target.into());
     }
     m.insert("msg".into(), msg.into());

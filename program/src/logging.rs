@@ -246,7 +246,7 @@ impl Lines {
             return crate::log_json::line(
                 level_name(level),
                 scope_of(target),
-                target,
+                (!is_ours(target)).then_some(target),
                 &text,
                 &fields.pairs,
             );
@@ -415,7 +415,7 @@ pub fn json_lines() -> bool {
 /// report). With a JSON sink installed, the line is a JSON object of scope `default`.
 pub fn stderr_line(level: &str, message: &str) {
     if JSON_LINES.load(Ordering::Relaxed) {
-        let line = crate::log_json::line(level, "default", "redirect_program", message, &[]);
+        let line = crate::log_json::line(level, "default", None, message, &[]);
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
         return;
     }

@@ -15,10 +15,13 @@ use redirect_kernel::netns::Netns;
 use redirect_kernel::nft::{self, Nft, TableState};
 use redirect_kernel::routes::{Routes, TproxyRouting};
 use redirect_kernel::SystemGroups;
-use redirect_model::{Capture, HostProbeConfig, PathCounts, Ruleset, ValidConfig};
+use redirect_model::{
+    AmbientConfig, Capture, CaptureConfig, HostProbeConfig, PathCounts, Ruleset, ValidConfig,
+};
 
 use crate::error::{Error, Result};
 use crate::foreign::{Applied, Apply, Foreign, ForeignRules, Ours, OursBefore};
+use crate::hand_back::{self, HandedBack, IstioForm};
 
 /// A network namespace, opened once: work is done through the descriptor that was judged,
 /// never through the path again, so a path that changes between two calls cannot send it
@@ -392,6 +395,32 @@ impl Namespace {
     /// caller that needs one piece.
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
+    }
+}
+
+impl Namespace {
+    /// Istio's rules for `cfg` (a sidecar's config) in `form`, in place of our table, in one
+    /// batch bound to the generation our table was read at: no packet sees neither. The
+    /// TPROXY routing and `::6` on `lo` are Istio's values and stay. Refused before anything
+    /// is changed: a config Istio has no rule for (our bypass UIDs), a group name the host does
+    /// not know, and a namespace that holds Istio's rules already (which the new ones would
+    /// double).
+    pub fn hand_back(&self, cfg: &CaptureConfig, form: IstioForm) -> Result<HandedBack> {
+        cfg.validate()?;
+        hand_back::refuse_istio_held(&self.foreign()?)?;
+        hand_back::sidecar(self.backend(), cfg, form)
+    }
+
+    /// Istio's ambient in-pod rules for `cfg` (an enrolled pod's) in `form`, in place of our
+    /// in-pod table, in one batch as [`Namespace::hand_back`]: its native nftables tables
+    /// (`inet istio-ambient-*`, Istio ≥ 1.28 with `nativeNftables`) or its iptables rules as
+    /// iptables-nft keeps them. The policy routing of ztunnel's replies (mark `0x111`, table
+    /// 100) is Istio's too and stays; so do ztunnel's sockets in the pod. Refused before
+    /// anything is changed: a namespace that holds Istio's rules already.
+    pub fn hand_back_ambient(&self, cfg: &AmbientConfig, form: IstioForm) -> Result<HandedBack> {
+        cfg.plan()?;
+        hand_back::refuse_istio_held(&self.foreign()?)?;
+        hand_back::ambient(self.backend(), cfg, form)
     }
 }
 

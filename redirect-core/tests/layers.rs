@@ -1,12 +1,18 @@
 //! The layers are crates, and their manifests hold the dependency rules of docs/architecture.md
 //! (read here from `cargo metadata`, not by scanning source text); the map in that document
-//! names every place of the library crates, and only places that exist.
+//! names every place of the library crates and of the node agent, and only places that exist. Inside each crate, the
+//! modules use each other without a cycle and each type's inherent impls are in one file
+//! (`layers/modules.rs` reads the sources with syn).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+// A folder of its own, so that cargo does not take it for a test of its own.
+#[path = "layers/modules.rs"]
+mod modules;
 
 fn repo() -> PathBuf {
     redirect_testkit::docs::workspace()
@@ -216,60 +222,205 @@ fn no_dependency_cycle_even_through_tests() {
             (name.clone(), deps)
         })
         .collect();
-    assert_no_cycle(&graph);
+    let found = cycles_named(&graph, |c: &String| c.clone());
+    assert!(found.is_empty(), "crate cycles: {found:?}");
 }
 
-/// Fails naming the path of the first cycle found in `graph` (node → the nodes it uses).
-fn assert_no_cycle(graph: &BTreeMap<String, BTreeSet<String>>) {
-    for start in graph.keys() {
-        let (mut seen, mut todo) = (BTreeSet::new(), vec![vec![start.clone()]]);
-        while let Some(path) = todo.pop() {
-            for next in graph.get(path.last().unwrap()).into_iter().flatten() {
-                assert!(next != start, "a cycle: {} -> {start}", path.join(" -> "));
-                if seen.insert(next.clone()) {
-                    let mut p = path.clone();
-                    p.push(next.clone());
-                    todo.push(p);
+/// Every crate of the workspace with a `src/`, read module by module.
+fn crates() -> Vec<modules::Crate> {
+    let meta = metadata();
+    meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| {
+            let dir = Path::new(p["manifest_path"].as_str().unwrap()).parent()?;
+            let name = p["name"].as_str().unwrap();
+            dir.join("src").is_dir().then(|| modules::read(name, dir))
+        })
+        .collect()
+}
+
+/// `graph`'s cycles, each as `a -> b -> a`.
+fn cycles_named<T: Ord + Clone>(
+    graph: &BTreeMap<T, BTreeSet<T>>,
+    show: impl Fn(&T) -> String,
+) -> Vec<String> {
+    modules::cycles(graph)
+        .iter()
+        .map(|c| c.iter().map(&show).collect::<Vec<_>>().join(" -> "))
+        .collect()
+}
+
+/// No crate's modules use each other in a cycle (`layers/modules.rs` says what a use is): a
+/// cycle makes two modules one, to read and to change. Each hop is named with where it is.
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let (mut found, mut edges) = (Vec::new(), 0);
+    for c in crates() {
+        edges += c.uses.values().map(|u| u.len()).sum::<usize>();
+        for cycle in modules::cycles(&c.graph()) {
+            let path: Vec<String> = cycle.iter().map(|m| modules::show(m)).collect();
+            found.push(format!("{}: {}", c.name, path.join(" -> ")));
+            for hop in cycle.windows(2) {
+                found.push(format!("    {}", c.uses[&hop[0]][&hop[1]]));
+            }
+        }
+    }
+    assert!(
+        edges > 200,
+        "only {edges} uses between modules read: the walk reads nothing"
+    );
+    assert!(
+        found.is_empty(),
+        "module cycles (move what both need to a module below them, or pass it in):\n{}",
+        found.join("\n")
+    );
+}
+
+/// A type's inherent impl blocks (`impl Type {`, not `impl Trait for Type`) are in one file:
+/// a type split across files is one module in two places.
+#[test]
+fn each_types_inherent_impls_are_in_one_file() {
+    let mut found = Vec::new();
+    for c in crates() {
+        for u in &c.unresolved {
+            found.push(format!(
+                "{}: {u}: which type of that name? say it by its path",
+                c.name
+            ));
+        }
+        for ((ty, defined), files) in &c.impls {
+            if files.len() > 1 {
+                let files: Vec<&str> = files.iter().map(|f| f.as_str()).collect();
+                found.push(format!(
+                    "{}: `{ty}` ({defined}) has inherent impl blocks in {}",
+                    c.name,
+                    files.join(", ")
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The module walk on a crate made for it: a cycle through a `use` and a macro's tokens, an
+/// impl split across two files, a parent's use of its child (no use) and a child's of its
+/// parent (one), and a test module's use (none).
+#[test]
+fn the_module_walk_finds_a_cycle_and_a_split_impl() {
+    let c = fixture(
+        "walk",
+        &[
+            ("src/lib.rs", "mod a; mod b; mod c;"),
+            (
+                "src/a.rs",
+                "use crate::b::B; pub struct A; impl A { fn f() {} }\n\
+                 #[cfg(test)] mod tests { use crate::c::C; }",
+            ),
+            (
+                "src/b.rs",
+                "pub struct B; impl crate::a::A { fn g() { log!(\"{}\", super::a::X); } }",
+            ),
+            ("src/c/mod.rs", "mod d; pub struct C; use self::d::D;"),
+            ("src/c/d.rs", "pub struct D; fn f() -> super::C { todo!() }"),
+        ],
+    );
+    let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+    let graph = c.graph();
+    assert_eq!(graph.len(), 3, "{graph:?}");
+    assert_eq!(graph[&m("a")], BTreeSet::from([m("b")]));
+    assert_eq!(graph[&m("b")], BTreeSet::from([m("a")]));
+    assert_eq!(graph[&m("c::d")], BTreeSet::from([m("c")]));
+    assert_eq!(modules::cycles(&graph), vec![vec![m("a"), m("b"), m("a")]]);
+    let split = &c.impls[&("A".to_string(), "src/a.rs".to_string())];
+    assert_eq!(split.len(), 2, "{:?}", c.impls);
+}
+
+/// A crate of `files` (path under its folder, text), written to a folder of its own and read
+/// as `modules::read` reads ours.
+fn fixture(name: &str, files: &[(&str, &str)]) -> modules::Crate {
+    let dir = std::env::temp_dir().join(format!("layers-{name}-{}", std::process::id()));
+    for (f, text) in files {
+        let p = dir.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let c = modules::read(name, &dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    c
+}
+
+/// The node agent's controllers: each a part with one entry, over what they share.
+const CONTROLLERS: [&str; 6] = [
+    "install", "repair", "untaint", "ambient", "metrics", "counters",
+];
+
+/// Where one of [`CONTROLLERS`] uses another in `c` (a path from one's modules into the
+/// other's, outside `#[cfg(test)]`): `repair -> ambient: file:line path`.
+fn controllers_using_each_other(c: &modules::Crate) -> Vec<String> {
+    let part = |m: &[String]| {
+        m.first()
+            .filter(|t| CONTROLLERS.contains(&t.as_str()))
+            .cloned()
+    };
+    let mut out = Vec::new();
+    for (from, uses) in &c.uses {
+        for (to, at) in uses {
+            if let (Some(a), Some(b)) = (part(from), part(to)) {
+                if a != b {
+                    out.push(format!("{a} -> {b}: {at}"));
                 }
             }
         }
     }
+    out
 }
 
-/// The node agent's modules import each other without a cycle: "the pods on this node" is one
-/// module that repair and ambient both use, and neither reaches into the other (the source's
-/// `crate::module` paths, outside its `#[cfg(test)]` parts).
+/// The node agent's controllers are parts (issue 48): the installer, repair, untaint, ambient,
+/// the metrics and the counters each run from one entry, and none uses another; what they
+/// share is below them (the informers, the pods, the settings, the errors, the node view), and
+/// `agent` wires them.
 #[test]
-fn the_node_agents_modules_have_no_cycle() {
-    let src = dir_of("cni-node").join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut uses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in files {
-        let rel = f.strip_prefix(&src).unwrap();
-        let top = rel
-            .iter()
-            .next()
-            .unwrap()
-            .to_string_lossy()
-            .replace(".rs", "");
-        if top == "lib" || top == "main" {
-            continue;
-        }
-        let text = std::fs::read_to_string(&f).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap();
-        for (i, _) in code.match_indices("crate::") {
-            let name: String = code[i + 7..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) && name != top {
-                uses.entry(top.clone()).or_default().insert(name);
-            }
-        }
-    }
-    assert!(uses.contains_key("ambient"), "no module read: {uses:?}");
-    assert_no_cycle(&uses);
+fn the_node_agents_controllers_use_none_of_each_other() {
+    let node = modules::read("cni-node", &dir_of("cni-node"));
+    let mut found: Vec<String> = CONTROLLERS
+        .iter()
+        .filter(|part| {
+            !node
+                .modules
+                .iter()
+                .any(|m| m.first() == Some(&part.to_string()))
+        })
+        .map(|part| format!("no top-level module {part}"))
+        .collect();
+    found.extend(controllers_using_each_other(&node));
+    assert!(
+        found.is_empty(),
+        "the node agent's controllers are not parts (move what two need below them, or let \
+         the agent pass it in):\n{}",
+        found.join("\n")
+    );
+    // And the check finds a controller that does.
+    let made = fixture(
+        "controllers",
+        &[
+            ("src/lib.rs", "mod ambient; mod repair; mod pods;"),
+            (
+                "src/ambient.rs",
+                "use crate::pods::Pod; pub struct Enrolled;",
+            ),
+            (
+                "src/repair.rs",
+                "fn f() -> crate::ambient::Enrolled { todo!() }",
+            ),
+            ("src/pods.rs", "pub struct Pod;"),
+        ],
+    );
+    assert_eq!(
+        controllers_using_each_other(&made),
+        ["repair -> ambient: src/repair.rs:1 crate::ambient::Enrolled"]
+    );
 }
 
 /// Every library of the workspace documents whatever it makes public: its root denies
@@ -307,7 +458,7 @@ fn unsafe_code_is_forbidden_or_said_why() {
             continue;
         }
         let mut files = Vec::new();
-        rust_files(&src, &mut files);
+        modules::rust_files(&src, &mut files);
         for f in files {
             let text = std::fs::read_to_string(&f).unwrap();
             let lines: Vec<&str> = text.lines().collect();
@@ -326,17 +477,6 @@ fn unsafe_code_is_forbidden_or_said_why() {
                     i + 1
                 );
             }
-        }
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
         }
     }
 }
@@ -380,7 +520,8 @@ fn the_map_names_every_place_and_only_places_that_exist() {
             "docs/architecture.md's map names {p}, which does not exist"
         );
     }
-    for krate in LIBRARIES {
+    // The node agent too: its parts are many, and each says what it holds there.
+    for krate in LIBRARIES.iter().chain(&["cni-node"]) {
         let src = dir_of(krate).join("src");
         for entry in std::fs::read_dir(&src).unwrap() {
             let name = entry.unwrap().file_name().to_string_lossy().into_owned();

@@ -591,7 +591,7 @@ fn family_cidrs(nets: Vec<IpNet>, v6: bool) -> Vec<IpNet> {
 }
 
 /// The pod interfaces a case names besides `eth0` (reroute and exclude interfaces), in the order
-/// [`Topology::for_case`] creates them.
+/// [`case_topology`] creates them.
 pub fn case_extra_ifaces(case: &IstioCase) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for i in case
@@ -658,55 +658,53 @@ fn dns_servers(case: &IstioCase, v6: bool) -> Vec<IpAddr> {
     }
 }
 
-impl Topology {
-    /// A topology for an Istio case: extra links for its reroute and exclude interfaces, the
-    /// peer owning the first host of each include/exclude CIDR (and a host routed through each
-    /// exclude interface), the case's DNS servers on the pod's `lo`, pod listeners on every port
-    /// the matrix probes (DNS proxy owned by the first proxy uid/gid), peer listeners on 80,
-    /// 15020, 53 and the outbound include/exclude ports.
-    pub fn for_case(case: &IstioCase) -> Topology {
-        let mut spec = TopologySpec {
-            extra_ifaces: case_extra_ifaces(case),
-            ..TopologySpec::default()
-        };
-        for v6 in [false, true] {
-            spec.remote_addrs.extend(
-                cidr_targets(case, v6)
-                    .into_iter()
-                    .filter(|a| !a.is_loopback()),
-            );
-            for (k, iface) in case.exclude_interfaces.iter().enumerate() {
-                let (a, routed) = exclude_iface_target(case, k, iface, v6);
-                if routed {
-                    spec.remote_via.push((a, iface.clone()));
-                }
-            }
-            for s in dns_servers(case, v6) {
-                let local = match s {
-                    IpAddr::V4(a) => a.is_loopback(),
-                    IpAddr::V6(a) => a.is_loopback(),
-                };
-                if !local {
-                    spec.pod_lo_addrs.push(s);
-                }
+/// A topology for an Istio case: extra links for its reroute and exclude interfaces, the
+/// peer owning the first host of each include/exclude CIDR (and a host routed through each
+/// exclude interface), the case's DNS servers on the pod's `lo`, pod listeners on every port
+/// the matrix probes (DNS proxy owned by the first proxy uid/gid), peer listeners on 80,
+/// 15020, 53 and the outbound include/exclude ports.
+pub fn case_topology(case: &IstioCase) -> Topology {
+    let mut spec = TopologySpec {
+        extra_ifaces: case_extra_ifaces(case),
+        ..TopologySpec::default()
+    };
+    for v6 in [false, true] {
+        spec.remote_addrs.extend(
+            cidr_targets(case, v6)
+                .into_iter()
+                .filter(|a| !a.is_loopback()),
+        );
+        for (k, iface) in case.exclude_interfaces.iter().enumerate() {
+            let (a, routed) = exclude_iface_target(case, k, iface, v6);
+            if routed {
+                spec.remote_via.push((a, iface.clone()));
             }
         }
-        spec.remote_addrs = dedup(spec.remote_addrs);
-        let mut app = vec![8080, case.inbound_tunnel_port];
-        app.extend(case.inbound_port_list());
-        app.extend(case.local_exclude_port_list());
-        app.extend([15020, 15021, 15090]);
-        spec.pod_listeners = ListenerSpec::pod(&app);
-        spec.pod_listeners.dns_proxy_owner = Some((
-            case.proxy_uids().first().copied().unwrap_or(1337),
-            case.proxy_gids().first().copied().unwrap_or(1337),
-        ));
-        let mut peer = vec![80, 15020];
-        peer.extend(case.outbound_port_list());
-        peer.extend(case.outbound_exclude_port_list());
-        spec.peer_listeners = ListenerSpec::peer(&peer);
-        Topology::new(&spec)
+        for s in dns_servers(case, v6) {
+            let local = match s {
+                IpAddr::V4(a) => a.is_loopback(),
+                IpAddr::V6(a) => a.is_loopback(),
+            };
+            if !local {
+                spec.pod_lo_addrs.push(s);
+            }
+        }
     }
+    spec.remote_addrs = dedup(spec.remote_addrs);
+    let mut app = vec![8080, case.inbound_tunnel_port];
+    app.extend(case.inbound_port_list());
+    app.extend(case.local_exclude_port_list());
+    app.extend([15020, 15021, 15090]);
+    spec.pod_listeners = ListenerSpec::pod(&app);
+    spec.pod_listeners.dns_proxy_owner = Some((
+        case.proxy_uids().first().copied().unwrap_or(1337),
+        case.proxy_gids().first().copied().unwrap_or(1337),
+    ));
+    let mut peer = vec![80, 15020];
+    peer.extend(case.outbound_port_list());
+    peer.extend(case.outbound_exclude_port_list());
+    spec.peer_listeners = ListenerSpec::peer(&peer);
+    Topology::new(&spec)
 }
 
 /// A probe matrix that exercises everything `case` configures, for each of its families:

@@ -18,11 +18,11 @@
 //! Typical use, for any ruleset:
 //!
 //! ```no_run
-//! use redirect_testkit::{istio, kernel_test, run_probes, Topology};
+//! use redirect_testkit::{istio, kernel_test, run_probes};
 //! #[kernel_test]
 //! fn tproxy_case_lands_as_istio_says() {
 //! let case = istio::IstioCase::load("tproxy");
-//! let topo = Topology::for_case(&case);
+//! let topo = istio::case_topology(&case);
 //! istio::load_istio_case(&topo.pod, &case); // or: topo.pod.run(|| apply_our_rules())
 //! let outcomes = run_probes(&topo, &istio::probe_matrix(&case));
 //! }

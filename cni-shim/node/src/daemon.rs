@@ -8,12 +8,12 @@ use std::ffi::OsString;
 use redirect_program::logging::Sink;
 use tracing::level_filters::LevelFilter;
 
-use crate::agent::upgrade::Stop;
 use crate::agent::Agent;
 use crate::informers::KnownPods;
 use crate::install::{self, signals, StopHandle, WatchOptions};
-use crate::metrics::Install;
 use crate::settings::{self, Parsed, Settings};
+use crate::telemetry::Install;
+use crate::upgrade::Stop;
 use crate::Error;
 use cni_protocol::events::Readiness;
 
@@ -126,7 +126,7 @@ impl install::Progress for WithAgent {
         if !self.1.safe_upgrade {
             return None;
         }
-        match crate::agent::upgrade::decide(&self.1) {
+        match crate::upgrade::decide(&self.1) {
             Stop::Keep(why) => Some(why),
             Stop::Remove(why) => {
                 tracing::info!("not an upgrade: {why}");

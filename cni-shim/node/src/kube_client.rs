@@ -10,6 +10,8 @@ use ::kube::config::{
 };
 use ::kube::{Client, Config};
 
+use crate::settings::Settings;
+
 const AGENT_USER_AGENT: &str = concat!("redirect-cni-agent/", env!("CARGO_PKG_VERSION"));
 
 /// A client for `server` that authenticates with the token in `token_file` and verifies the
@@ -59,4 +61,17 @@ pub async fn agent_client(
         http::HeaderValue::from_static(AGENT_USER_AGENT),
     ));
     Client::try_from(config).map_err(|e| format!("API client for {server}: {e}"))
+}
+
+/// The agent's API client, from the same service account and server as the kubeconfig.
+pub(crate) async fn client(s: &Settings) -> Result<Client, String> {
+    let host = s.kubernetes_service_host.as_deref().ok_or_else(|| {
+        "KUBERNETES_SERVICE_HOST is not set: the agent cannot reach the API server".to_string()
+    })?;
+    let server = crate::server_url(
+        &s.kubernetes_service_protocol,
+        host,
+        &s.kubernetes_service_port,
+    );
+    agent_client(&server, s.ca_path().as_deref(), &s.token_path()).await
 }

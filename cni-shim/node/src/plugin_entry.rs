@@ -1,12 +1,13 @@
 //! Our plugin's entry in the CNI config: the chained entry (no `cniVersion`, the list's applies)
-//! and the standalone config (`cniVersion` 1.0.0 plus the entry).
+//! and the standalone config (`cniVersion` 1.0.0 plus the entry), and that config as the plugin
+//! parses it (`plugin_conf`, what the agent's parts capture a pod with).
 
+use cni_protocol::cni::conf::NetConf;
 use serde_json::{Map, Value};
 
-use super::settings::Settings;
-
-/// The `type` (and binary name) of our plugin; an entry with this type is ours.
-pub const PLUGIN_TYPE: &str = "redirect-cni";
+use crate::error::{Error, Result};
+use crate::settings::Settings;
+use crate::PLUGIN_TYPE;
 
 /// The CNI version of the standalone config.
 pub const STANDALONE_CNI_VERSION: &str = "1.0.0";
@@ -94,4 +95,19 @@ fn merge(into: &mut Map<String, Value>, extra: &Map<String, Value>) {
 /// Whether a plugin entry is ours (by `type`).
 pub fn is_ours(plugin: &Value) -> bool {
     plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
+}
+
+/// The plugin's own config entry, parsed as the plugin parses it.
+pub(crate) fn plugin_conf(settings: &Settings) -> Result<NetConf> {
+    let text = standalone_conf(settings).to_string();
+    cni_protocol::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
+        setting: "PLUGIN_CONFIG_JSON",
+        value: settings
+            .plugin_config
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        reason: format!("the plugin would refuse its config entry: {}", e.msg),
+    })
 }

@@ -13,13 +13,13 @@ use redirect_core::cli::flag_table::{self, Flag, Table};
 use serde_json::{Map, Value};
 
 use super::error::{Error, Result};
-use super::plugin_entry::PLUGIN_TYPE;
 use crate::adopt::AdoptIstio;
 use crate::ambient::synthetic::SyntheticCheck;
 use crate::ambient::AmbientSettings;
 use crate::pods::Places;
 use crate::repair::detect::{Action, Filter};
 use crate::repair::RepairSettings;
+use crate::PLUGIN_TYPE;
 use redirect_core::ambient::EnablementSelectors;
 use redirect_core::AmbientConfig;
 
@@ -588,7 +588,7 @@ pub struct Settings {
     /// The agent's HTTP port; 0: no endpoints.
     pub monitoring_port: u16,
     /// `CAPTURE_COUNTERS`: counters on the capture rules, exported per path (and pod).
-    pub capture_counters: crate::counters::CountersMode,
+    pub capture_counters: crate::telemetry::capture_counts::CountersMode,
     /// `CAPTURE_COUNTERS_INTERVAL`: how often the sidecar pods' counters are read.
     pub capture_counters_interval: Duration,
     /// Ambient mode (`AMBIENT_ENABLED` and the rest).
@@ -860,8 +860,8 @@ fn ambient(v: &Values) -> Result<AmbientSettings> {
 }
 
 /// `CAPTURE_COUNTERS`'s value.
-fn counters_mode(v: &Values) -> Result<crate::counters::CountersMode> {
-    crate::counters::CountersMode::parse(&v.string(&CAPTURE_COUNTERS))
+fn counters_mode(v: &Values) -> Result<crate::telemetry::capture_counts::CountersMode> {
+    crate::telemetry::capture_counts::CountersMode::parse(&v.string(&CAPTURE_COUNTERS))
         .map_err(|why| v.invalid(&CAPTURE_COUNTERS, why))
 }
 

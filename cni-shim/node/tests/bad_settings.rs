@@ -345,9 +345,9 @@ fn the_enablement_selector_is_read_as_istio_writes_it_and_reaches_the_plugin() {
 /// sidecar pod's rules) in either mode that counts, and ambient's in-pod rules carry them too.
 #[test]
 fn capture_counters_reach_the_plugin_entry_and_ambients_rules() {
-    use cni_node::counters::CountersMode;
     use cni_node::plugin_entry::plugin_entry;
     use cni_node::settings::{parse, Parsed};
+    use cni_node::telemetry::capture_counts::CountersMode;
     let with = |value: &str| {
         let env = |k: &str| (k == "CAPTURE_COUNTERS").then(|| value.to_string());
         match parse(Vec::<OsString>::new(), &env) {

@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use cni_node::counters::sidecar::SidecarReader;
+use cni_node::counters::SidecarReader;
 use cni_node::pods::capture::Reach;
 use cni_node::pods::search::FindError;
 use common::ambient::{Launch, Node};

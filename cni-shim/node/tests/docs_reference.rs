@@ -149,10 +149,11 @@ fn every_installer_flag_and_variable_the_page_names_exists() {
 /// docs/repair.md, and every metric that page names in backticks exists.
 #[test]
 fn every_metric_is_documented_and_exists() {
-    use cni_node::metrics::{Install, Metrics};
     use cni_node::repair::detect::Action;
+    use cni_node::telemetry::capture_counts::{CaptureCounts, CountersMode};
+    use cni_node::telemetry::{Install, Metrics};
     use cni_protocol::events::Event;
-    let counts = cni_node::counters::CaptureCounts::new(cni_node::counters::CountersMode::Pod);
+    let counts = CaptureCounts::new(CountersMode::Pod);
     let m = Metrics::new(Some(Action::Repair.metric_type()), true)
         .with_ambient()
         .with_counters(counts);

@@ -1974,7 +1974,7 @@ fn an_owned_config_takes_over_a_chained_entry_and_refuses_what_the_runtime_would
 /// as always, except with an owned config file, where it stays (Istio's default there).
 #[test]
 fn an_unanswered_stop_keeps_an_owned_config_and_removes_a_chained_entry() {
-    use cni_node::agent::upgrade::{decide, Stop};
+    use cni_node::upgrade::{decide, Stop};
     let node = Node::new();
     // A port nothing listens on: the connection is refused at once.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cni_node::adopt::AdoptIstio;
-use cni_node::metrics::Metrics;
 use cni_node::pods::queue::Backoff;
 use cni_node::pods::search::{find, FindError};
 use cni_node::repair::controller::Controller;
 use cni_node::repair::detect::{Action, Filter};
 use cni_node::repair::in_place::{repair, Outcome, Places, RepairError};
 use cni_node::repair::RepairSettings;
+use cni_node::telemetry::Metrics;
 use cni_protocol::cni::conf::NetConf;
 use common::cluster::Cluster;
 use common::host_proc::{cgroupfs, FakeProc};

@@ -16,7 +16,7 @@ use cni_protocol::seqpacket::{self, Datagram};
 use prost::Message;
 
 use crate::proto::{WorkloadInfo, WorkloadRequest, ZdsHello, VERSION_V1};
-use crate::server::{bad, exchange, Conn, Inner, State, MAX_OPEN};
+use crate::state::{bad, exchange, Conn, Inner, State, MAX_OPEN};
 use crate::wire;
 
 /// Connections that have not said hello, held at once (the oldest closed past that).

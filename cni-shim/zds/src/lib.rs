@@ -3,12 +3,14 @@
 //! in-pod listeners. [`proto`]: the messages; [`wire`]: one datagram each on a
 //! `SOCK_SEQPACKET` socket, the namespace as `SCM_RIGHTS`; [`server`]: the listening side, what
 //! each connection acked, its snapshot on each connection and its one-request-at-a-time
-//! exchange (the door and the handshakes in `handshake`). Used by the node agent, ztunnel's
-//! stand-in (`testpod ztunnel`) and the tests.
+//! exchange (the door and the handshakes in `handshake`; what both share, the pods held and
+//! the connections open, in `state`). Used by the node agent, ztunnel's stand-in
+//! (`testpod ztunnel`) and the tests.
 
 #![deny(missing_docs)]
 
 mod handshake;
 pub mod proto;
 pub mod server;
+mod state;
 pub mod wire;

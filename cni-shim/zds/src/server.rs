@@ -21,28 +21,23 @@
 //! idle connection is watched for ztunnel's hang-up (as Istio probes it), so that its death
 //! shows at once.
 
-use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cni_protocol::folder::NotOwn;
 use cni_protocol::gate::Closed;
 use cni_protocol::seqpacket;
-use prost::Message;
 
-use crate::proto::{ResponsePayload, WorkloadInfo, WorkloadRequest, WorkloadResponse};
-use crate::wire;
+use crate::proto::{WorkloadInfo, WorkloadRequest};
+pub use crate::state::MAX_OPEN;
+use crate::state::{exchange, Conn, Inner, State, Workload};
 
 /// ztunnel's deadline for each step; the agent uses the same.
 pub const DEADLINE: Duration = Duration::from_secs(5);
-
-/// Connections open at once; past that the oldest is closed. ztunnel is one process per node,
-/// two during its rollout (Istio sets no bound; each open connection costs a descriptor).
-pub const MAX_OPEN: usize = 8;
 
 /// What went wrong delivering a request to ztunnel.
 #[derive(Debug, thiserror::Error)]
@@ -106,73 +101,6 @@ impl Connection {
     }
 }
 
-/// A pod to serve: who it is and, while the agent holds it, its network namespace; `gen`
-/// changes with the namespace, so an ack of an older one does not count.
-pub(super) struct Workload {
-    pub(super) info: WorkloadInfo,
-    pub(super) netns: Option<OwnedFd>,
-    pub(super) gen: u64,
-}
-
-pub(super) struct Conn {
-    pub(super) id: u64,
-    pub(super) sock: OwnedFd,
-    pub(super) since: SystemTime,
-    /// Pods this connection acked, with the generation acked.
-    pub(super) acked: HashMap<String, u64>,
-    /// Pods this connection refused, with its error.
-    pub(super) refused: HashMap<String, String>,
-}
-
-#[derive(Default)]
-pub(super) struct State {
-    pub(super) pods: BTreeMap<String, Workload>,
-    /// Every connection open (each had its snapshot), oldest first: the last serves adds.
-    pub(super) conns: Vec<Conn>,
-    pub(super) gen: u64,
-}
-
-impl State {
-    /// The connection serving adds: the newest.
-    fn newest(&self) -> Option<&Conn> {
-        self.conns.last()
-    }
-
-    fn conn_mut(&mut self, id: u64) -> Option<&mut Conn> {
-        self.conns.iter_mut().find(|c| c.id == id)
-    }
-
-    /// Who serves adds now, for the log.
-    pub(super) fn serving(&self) -> String {
-        match self.conns.as_slice() {
-            [] => "no ztunnel is connected".into(),
-            [only] => format!("connection {} serves", only.id),
-            [.., last] => format!(
-                "connection {} serves adds, {} connections open",
-                last.id,
-                self.conns.len()
-            ),
-        }
-    }
-}
-
-type OnChange = Box<dyn Fn() + Send + Sync>;
-
-pub(super) struct Inner {
-    state: Mutex<State>,
-    pub(super) deadline: Duration,
-    pub(super) stop: AtomicBool,
-    /// Hellos wait until the agent knows every enrolled pod: a snapshot that missed one would
-    /// make ztunnel drop it.
-    pub(super) serving: AtomicBool,
-    pub(super) connections: AtomicU64,
-    pub(super) next_id: AtomicU64,
-    pub(super) handshakes: AtomicUsize,
-    /// Called when a connection comes or goes.
-    on_change: Mutex<Option<OnChange>>,
-    pub(super) closed: Mutex<Closed>,
-}
-
 /// The ZDS server; dropping it stops accepting and closes every connection.
 pub struct ZdsServer {
     inner: Arc<Inner>,
@@ -214,17 +142,7 @@ impl ZdsServer {
             Err(e) => return Err(e),
         }
         let listener = seqpacket::listen_private(path, 64)?;
-        let inner = Arc::new(Inner {
-            state: Mutex::new(State::default()),
-            deadline,
-            stop: AtomicBool::new(false),
-            serving: AtomicBool::new(false),
-            connections: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
-            handshakes: AtomicUsize::new(0),
-            on_change: Mutex::new(None),
-            closed: Mutex::new(Closed::default()),
-        });
+        let inner = Arc::new(Inner::new(deadline));
         let for_thread = inner.clone();
         let accept = std::thread::Builder::new()
             .name("zds-accept".into())
@@ -243,11 +161,7 @@ impl ZdsServer {
 
     /// `f` runs (on the server's threads) each time a connection comes or goes.
     pub fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
-        *self
-            .inner
-            .on_change
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+        self.inner.on_change(Box::new(f));
     }
 
     /// Holds `uid` with its namespace (`None`: ztunnel is told to keep what it has, in each
@@ -290,9 +204,7 @@ impl ZdsServer {
             return Ok(Delivery::Queued);
         };
         let request = WorkloadRequest::add(uid, w.info.clone());
-        let result = self
-            .inner
-            .send_to(&mut state, id, &request, Some(fd.as_fd()));
+        let result = send_to(&self.inner, &mut state, id, &request, Some(fd.as_fd()));
         if let Some(c) = state.conn_mut(id) {
             match &result {
                 Ok(Delivery::Acked) => {
@@ -336,9 +248,13 @@ impl ZdsServer {
             let Some(id) = state.newest().map(|c| c.id) else {
                 return Ok(Delivery::Queued);
             };
-            let sent = self
-                .inner
-                .send_to(&mut state, id, &WorkloadRequest::del(uid), None);
+            let sent = send_to(
+                &self.inner,
+                &mut state,
+                id,
+                &WorkloadRequest::del(uid),
+                None,
+            );
             if let Some(c) = state.conn_mut(id) {
                 c.acked.remove(uid);
             }
@@ -361,9 +277,13 @@ impl ZdsServer {
             false => Ok(Delivery::Acked),
         };
         for id in ids {
-            let sent = self
-                .inner
-                .send_to(&mut state, id, &WorkloadRequest::del(uid), None);
+            let sent = send_to(
+                &self.inner,
+                &mut state,
+                id,
+                &WorkloadRequest::del(uid),
+                None,
+            );
             if let Some(c) = state.conn_mut(id) {
                 c.acked.remove(uid);
                 c.refused.remove(uid);
@@ -484,132 +404,38 @@ impl Drop for ZdsServer {
     }
 }
 
-impl Inner {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding it leaves the map as it was between two requests.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn changed(&self) {
-        if let Some(f) = self
-            .on_change
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            f();
-        }
-    }
-
-    /// Sends `request` on connection `id` and waits for its answer; on a failure the
-    /// connection is closed (the next newest then serves adds, if it was the newest).
-    fn send_to(
-        &self,
-        state: &mut State,
-        id: u64,
-        request: &WorkloadRequest,
-        fd: Option<BorrowedFd<'_>>,
-    ) -> Result<Delivery, ZdsError> {
-        let Some(conn) = state.conns.iter().find(|c| c.id == id) else {
-            return Ok(Delivery::Queued);
-        };
-        match exchange(conn.sock.as_fd(), request, fd) {
-            Ok(None) => Ok(Delivery::Acked),
-            Ok(Some(error)) => Err(ZdsError::Nack {
-                request: request.describe(),
-                error,
-            }),
-            Err(source) => {
-                state.conns.retain(|c| c.id != id);
-                tracing::warn!(
-                    "ZDS connection {id}: {} failed: {source}; closed it ({})",
-                    request.describe(),
-                    state.serving()
-                );
-                self.changed();
-                Err(ZdsError::Connection {
-                    request: request.describe(),
-                    source,
-                })
-            }
-        }
-    }
-
-    /// Closes each connection whose ztunnel hung up (or sent something unasked, which breaks
-    /// the one-answer-per-request order).
-    fn drop_if_hung_up(&self, state: &mut State) {
-        let newest = state.newest().map(|c| c.id);
-        let mut gone = Vec::new();
-        state.conns.retain(|c| {
-            let dead = hung_up(c.sock.as_fd());
-            if dead {
-                gone.push(c.id);
-            }
-            !dead
-        });
-        if gone.is_empty() {
-            return;
-        }
-        for id in gone {
-            // An older ztunnel leaving is the end of a rollout; the newest leaving is not.
-            if Some(id) == newest {
-                tracing::warn!(
-                    "ZDS connection {id}: ztunnel closed it; {}",
-                    state.serving()
-                );
-            } else {
-                tracing::info!(
-                    "ZDS connection {id}: ztunnel closed it; {}",
-                    state.serving()
-                );
-            }
-        }
-        self.changed();
-    }
-
-    /// Run by the door's thread between connections: each idle connection looked at, unless
-    /// a request holds the lock (that request sees a hang-up itself).
-    pub(super) fn liveness(&self) {
-        let Ok(mut state) = self.state.try_lock() else {
-            return;
-        };
-        self.drop_if_hung_up(&mut state);
-    }
-}
-
-/// Whether ztunnel closed the connection (or sent something unasked) since the last answer.
-fn hung_up(sock: BorrowedFd<'_>) -> bool {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let mut fds = [PollFd::new(sock, PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(0) => false,
-        Ok(_) => true,
-        Err(_) => true,
-    }
-}
-
-/// One request and its answer: `None` for an ack, the error of a nack.
-pub(super) fn exchange(
-    sock: BorrowedFd<'_>,
+/// Sends `request` on connection `id` and waits for its answer; on a failure the
+/// connection is closed (the next newest then serves adds, if it was the newest).
+fn send_to(
+    inner: &Inner,
+    state: &mut State,
+    id: u64,
     request: &WorkloadRequest,
     fd: Option<BorrowedFd<'_>>,
-) -> io::Result<Option<String>> {
-    wire::send(sock, &request.encode_to_vec(), fd)?;
-    let answer = wire::recv(sock)?;
-    if !answer.fds.is_empty() {
-        return Err(bad("an answer carrying descriptors"));
+) -> Result<Delivery, ZdsError> {
+    let Some(conn) = state.conns.iter().find(|c| c.id == id) else {
+        return Ok(Delivery::Queued);
+    };
+    match exchange(conn.sock.as_fd(), request, fd) {
+        Ok(None) => Ok(Delivery::Acked),
+        Ok(Some(error)) => Err(ZdsError::Nack {
+            request: request.describe(),
+            error,
+        }),
+        Err(source) => {
+            state.conns.retain(|c| c.id != id);
+            tracing::warn!(
+                "ZDS connection {id}: {} failed: {source}; closed it ({})",
+                request.describe(),
+                state.serving()
+            );
+            inner.changed();
+            Err(ZdsError::Connection {
+                request: request.describe(),
+                source,
+            })
+        }
     }
-    let response = WorkloadResponse::decode(answer.bytes.as_slice())
-        .map_err(|e| bad(&format!("an answer that is not a WorkloadResponse ({e})")))?;
-    match response.payload {
-        Some(ResponsePayload::Ack(ack)) if ack.error.is_empty() => Ok(None),
-        Some(ResponsePayload::Ack(ack)) => Ok(Some(ack.error)),
-        None => Err(bad("an answer with no ack")),
-    }
-}
-
-pub(super) fn bad(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("ztunnel sent {what}"))
 }
 
 /// Refuses a socket folder that is not the agent's alone (see [`ZdsServer::bind_paused`]).

@@ -11,7 +11,7 @@ use common::config_of;
 use redirect_testkit::istio::{
     self, group_gid, list_cases, load_istio_case, probe_matrix, IstioCase,
 };
-use redirect_testkit::{kernel_test, run_probes, Topology};
+use redirect_testkit::{kernel_test, run_probes};
 use redirect_testkit::{run_probe_with, Outcome, Timing};
 
 #[kernel_test]
@@ -27,9 +27,9 @@ fn every_istio_case_sends_every_probe_to_the_same_place() {
         let probes = probe_matrix(&case);
         assert!(!probes.is_empty(), "{name}: empty probe matrix");
 
-        let theirs = Topology::for_case(&case);
+        let theirs = istio::case_topology(&case);
         load_istio_case(&theirs.pod, &case);
-        let ours = Topology::for_case(&case);
+        let ours = istio::case_topology(&case);
         let rs = redirect_testkit::plan_with(&cfg, &resolver)
             .unwrap_or_else(|e| panic!("{name}: plan: {e}"));
         redirect_kernel::capture::apply_in(

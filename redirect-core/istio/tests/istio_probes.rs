@@ -258,7 +258,7 @@ fn every_istio_case_gives_definite_outcomes() {
     for name in &names {
         let t0 = Instant::now();
         let case = IstioCase::load(name);
-        let topo = Topology::for_case(&case);
+        let topo = istio::case_topology(&case);
         istio::load_istio_case(&topo.pod, &case);
         let matrix = istio::probe_matrix(&case);
         let reports = run_probes_report(&topo, &matrix);

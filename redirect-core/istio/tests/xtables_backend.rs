@@ -482,12 +482,12 @@ fn istio_leftovers_are_found_and_removed_for_both_variants() {
         for variant in VARIANTS {
             // "No rules" = the case's routes and addresses (`::6` on lo, TPROXY routing)
             // without any iptables rule: loaded, then flushed with iptables itself.
-            let reference = Topology::for_case(&case);
+            let reference = istio::case_topology(&case);
             load_istio_case_with(&reference.pod, &case, Some(&variant.to_string()));
             flush_all(&reference.pod, variant);
             let baseline = run_probes(&reference, &probes);
 
-            let topo = Topology::for_case(&case);
+            let topo = istio::case_topology(&case);
             load_istio_case_with(&topo.pod, &case, Some(&variant.to_string()));
             let with_rules = run_probes(&topo, &probes);
             assert_ne!(
@@ -679,7 +679,7 @@ fn iptables_nft_chains_are_read_and_removed_over_netlink_as_the_binaries_do() {
         let case = IstioCase::load(name);
         let twins: Vec<Topology> = (0..2)
             .map(|_| {
-                let t = Topology::for_case(&case);
+                let t = istio::case_topology(&case);
                 load_istio_case_with(&t.pod, &case, Some("nft"));
                 t.pod.sh(
                     "iptables-nft -t nat -N MINE && iptables-nft -t nat -A MINE -i eth1 -j RETURN",

@@ -29,7 +29,7 @@ pub(crate) use crate::node_view::{
 use redirect_core::synthetic::Outcome;
 
 use super::branch_eni::{self, BranchEniRules};
-use super::error::AmbientError;
+use super::error::{AddError, AmbientError};
 use super::identity::Binding;
 use super::listeners::{self, PodListeners};
 use super::synthetic::{self, Checked, SyntheticCheck};
@@ -90,29 +90,6 @@ pub enum Rules {
     /// Leave them as they are (`AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false`); a table
     /// someone deletes later is still put back.
     Leave,
-}
-
-/// Why a pod could not be enrolled.
-#[derive(Debug, thiserror::Error)]
-pub enum AddError {
-    /// The in-pod rules could not be programmed: nothing of ours is left in the pod.
-    #[error("cannot program the in-pod rules in {netns}: {error}")]
-    Rules {
-        netns: String,
-        error: redirect_core::Error,
-    },
-    /// The pod's addresses could not be put in the host's probe sets.
-    #[error("cannot add {ips} to the host's probe SNAT sets: {error}")]
-    Probe {
-        ips: String,
-        error: redirect_core::Error,
-    },
-    /// The namespace's descriptor could not be duplicated for ztunnel.
-    #[error("cannot hand {netns} to ztunnel: {error}")]
-    Descriptor {
-        netns: String,
-        error: std::io::Error,
-    },
 }
 
 /// What the data plane holds of an enrolled pod.
@@ -1116,8 +1093,13 @@ impl Dataplane {
     }
 
     /// Each enrolled pod's counters per path as the last pass read them (`CAPTURE_COUNTERS`).
-    pub fn counts(&self) -> Vec<(crate::counters::PodKey, redirect_core::PathCounts)> {
-        let key = |p: &PodRef| crate::counters::PodKey {
+    pub fn counts(
+        &self,
+    ) -> Vec<(
+        crate::telemetry::capture_counts::PodKey,
+        redirect_core::PathCounts,
+    )> {
+        let key = |p: &PodRef| crate::telemetry::capture_counts::PodKey {
             namespace: p.namespace.clone(),
             name: p.name.clone(),
             uid: p.uid.clone(),

@@ -5,7 +5,6 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use super::dataplane::AddError;
 use super::identity::Refused;
 use crate::pods::search::FindError;
 
@@ -72,6 +71,29 @@ pub enum AmbientError {
     /// A blocking task (the search, the data plane) panicked or was cancelled.
     #[error("a blocking task failed: {0}")]
     Task(String),
+}
+
+/// Why a pod could not be enrolled.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    /// The in-pod rules could not be programmed: nothing of ours is left in the pod.
+    #[error("cannot program the in-pod rules in {netns}: {error}")]
+    Rules {
+        netns: String,
+        error: redirect_core::Error,
+    },
+    /// The pod's addresses could not be put in the host's probe sets.
+    #[error("cannot add {ips} to the host's probe SNAT sets: {error}")]
+    Probe {
+        ips: String,
+        error: redirect_core::Error,
+    },
+    /// The namespace's descriptor could not be duplicated for ztunnel.
+    #[error("cannot hand {netns} to ztunnel: {error}")]
+    Descriptor {
+        netns: String,
+        error: std::io::Error,
+    },
 }
 
 impl From<tokio::task::JoinError> for AmbientError {

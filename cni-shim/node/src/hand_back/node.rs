@@ -53,7 +53,7 @@ pub fn main(settings: &Settings) -> i32 {
 /// from the API server; when it does not answer and `known` holds the pods the agent's watch
 /// last listed (at an uninstall, whose `helm uninstall` takes the RBAC away too), those.
 pub fn run(settings: &Settings, form: HandBackForm, known: Option<&KnownPods>) -> Result<Summary> {
-    let plugin = crate::agent::plugin_conf(settings)?;
+    let plugin = crate::plugin_entry::plugin_conf(settings)?;
     let node = settings.node().to_string();
     if node.is_empty() {
         return Err(Error::InvalidSetting {
@@ -185,7 +185,7 @@ fn list_pods(settings: &Settings, node: &str) -> Result<Vec<Pod>> {
         .build()
         .map_err(|e| failed(e.to_string()))?;
     runtime.block_on(async {
-        let client = crate::agent::client(settings).await.map_err(failed)?;
+        let client = crate::kube_client::client(settings).await.map_err(failed)?;
         let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let list = Api::<Pod>::all(client)
             .list(&params)

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::atomic_file::{self, FileAttrs};
 use crate::error::{Error, Result};
-use crate::plugin_entry::PLUGIN_TYPE;
+use crate::PLUGIN_TYPE;
 
 pub(crate) const BINARY_MODE: u32 = 0o755;
 

@@ -9,8 +9,8 @@ use super::binaries::{self, BinaryInstall};
 use super::config_file::{CniConfig, ConfigStatus};
 use super::kubeconfig::Kubeconfig;
 use crate::error::{Error, Result};
-use crate::plugin_entry::PLUGIN_TYPE;
 use crate::settings::Settings;
+use crate::PLUGIN_TYPE;
 
 /// The plugin's installation on this node: its binary, kubeconfig and CNI config, put in
 /// place and removed together.

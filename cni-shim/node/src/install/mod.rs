@@ -29,7 +29,7 @@ pub use config_file::ConfigStatus;
 pub use installer::Installer;
 pub use watch::{StopHandle, WatchOptions};
 
-use crate::metrics::Install;
+use crate::telemetry::Install;
 use crate::{Error, Result, Settings};
 use cni_protocol::events::Readiness;
 

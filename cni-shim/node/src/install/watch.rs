@@ -20,8 +20,8 @@ use super::rate_limit::RewriteLimiter;
 use super::Progress;
 use crate::atomic_file::TEMP_MARKER;
 use crate::error::{Error, Result};
-use crate::metrics::Install;
-use crate::plugin_entry::PLUGIN_TYPE;
+use crate::telemetry::Install;
+use crate::PLUGIN_TYPE;
 use cni_protocol::events::{Readiness, READY_NAME};
 
 /// Stops a running `watch` (and so `run`) from another thread or a signal handler.

@@ -24,12 +24,12 @@ use super::in_place::{self, Outcome};
 use super::RepairSettings;
 use crate::adopt::{self, AdoptIstio, Adopted};
 use crate::adopted_forms;
-use crate::metrics::{Metrics, Result as Counted};
 use crate::node_view::{Kind, NodeView, PodEntry};
 use crate::node_view::{ReadBack, Repair, RepairKind};
 use crate::pods::queue::{Backoff, Queue, Retry};
 use crate::pods::selectors::PodFilter;
 use crate::pods::{label as pod_label, not_listed, sleep_until};
+use crate::telemetry::{Metrics, Result as Counted};
 use cni_protocol::cni::conf::NetConf;
 
 /// Everything the controller needs.

@@ -2,16 +2,58 @@
 //! node's pods, finds those that started without the plugin's rules (`detect`), and repairs them
 //! in place (`in_place`, in the namespace `crate::pods::search` finds), deletes them or labels
 //! them (`actions`), one pod at a time from a queue keyed by pod UID (`crate::pods::queue`),
-//! driven by `controller`, whose watch's outages `watch_health` logs, backs off and tells the
-//! metrics.
+//! driven by `controller` on the node's shared pod informer (`crate::informers`). The agent
+//! starts it with [`run`], its one entry.
 
 pub mod actions;
 pub mod controller;
 pub mod detect;
 pub mod in_place;
 
+use std::future::Future;
+use std::sync::Arc;
+
+use cni_protocol::cni::conf::NetConf;
+use tokio::sync::watch as signal;
+
+use crate::informers::KnownPods;
+use crate::node_view::NodeView;
+use crate::pods::queue::Backoff;
 use crate::pods::Places;
+use crate::telemetry::Metrics;
 use detect::{Action, Filter};
+
+/// The repair controller, the agent's part (or, with `REPAIR_ENABLED=false`, the adoption
+/// alone), on the node's pod informer until `stop`: `plugin` is the plugin's own entry (a
+/// repaired pod gets the capture its ADD would have), the actions are counted in `metrics`
+/// and the sidecar pods shown in `view`.
+pub fn run(
+    client: kube::Client,
+    pods: KnownPods,
+    settings: &RepairSettings,
+    (plugin, metrics, view): (Arc<NetConf>, Metrics, NodeView),
+    stop: signal::Receiver<bool>,
+) -> impl Future<Output = ()> {
+    let mut settings = settings.clone();
+    if !settings.enabled {
+        // Watching for adoption only: no repair action.
+        settings.action = None;
+    }
+    tracing::info!(
+        "pods holding Istio's capture rules: ADOPT_ISTIO={}",
+        settings.adopt_istio.word()
+    );
+    let controller = controller::Controller {
+        client,
+        settings,
+        plugin,
+        metrics,
+        view,
+        backoff: Backoff::default(),
+        pods,
+    };
+    controller.run(stop)
+}
 
 /// The controller's settings (`REPAIR_*`, with the defaults of Istio's chart).
 #[derive(Clone, Debug, PartialEq, Eq)]

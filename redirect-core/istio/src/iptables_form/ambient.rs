@@ -15,59 +15,56 @@ use super::{Builder, Fam, IstioIptables};
 const PRERT: &str = "ISTIO_PRERT";
 const OUTPUT: &str = "ISTIO_OUTPUT";
 
-impl IstioIptables {
-    /// Istio's in-pod rules for an ambient pod's `cfg` (its DNS capture, IPv6, inbound bypass
-    /// and virtual interfaces), per family.
-    pub fn ambient(cfg: &AmbientConfig) -> IstioIptables {
-        let mut b = Builder {
-            v4: Vec::new(),
-            v6: Vec::new(),
-        };
-        let mark = format!("{ZTUNNEL_MARK:#x}/{MARK_MASK:#x}");
-        let reply = format!("{REPLY_MARK:#x}/{MARK_MASK:#x}");
-        jumps(&mut b, cfg.dns_capture);
-        for i in &cfg.virtual_interfaces {
-            let redirect = format!("-i {i} -p tcp -j REDIRECT --to-ports {OUTBOUND_PORT}");
-            b.add(Fam::Both, "nat", PRERT, &redirect);
-            b.add(Fam::Both, "nat", PRERT, &format!("-i {i} -p tcp -j RETURN"));
-        }
-        let connmark = format!("-m mark --mark {mark} -j CONNMARK --set-xmark {reply}");
-        b.add(Fam::Both, "mangle", PRERT, &connmark);
-        let (probe4, probe6) = (cfg.probe_snat_v4.to_string(), cfg.probe_snat_v6.to_string());
-        if !cfg.bypass_inbound {
-            let line = "-s {ip} -p tcp -m tcp -j ACCEPT";
-            b.versioned(&probe4, &probe6, "nat", PRERT, line);
-        }
-        let line = "-d {ip} -p tcp -m tcp -j ACCEPT";
-        b.versioned(&probe4, &probe6, "nat", OUTPUT, line);
-        let not_lo = |line: &str| line.replace("{not_lo}", "! -d {ip}");
-        let (lo4, lo6) = ("127.0.0.1/32", "::1/128");
-        if !cfg.bypass_inbound {
-            let line = not_lo(&format!(
-                "{{not_lo}} -p tcp ! --dport {HBONE_PORT} -m mark ! --mark {mark} \
-                 -j REDIRECT --to-ports {INBOUND_PORT}"
-            ));
-            b.versioned(lo4, lo6, "nat", PRERT, &line);
-        }
-        let restore = format!(
-            "-m connmark --mark {reply} -j CONNMARK --restore-mark --nfmask {all:#x} --ctmask {all:#x}",
-            all = u32::MAX
-        );
-        b.add(Fam::Both, "mangle", OUTPUT, &restore);
-        if cfg.dns_capture {
-            dns(&mut b, &mark);
-        }
-        let accept = format!("-p tcp -m mark --mark {reply} -j ACCEPT");
-        b.add(Fam::Both, "nat", OUTPUT, &accept);
-        b.versioned(lo4, lo6, "nat", OUTPUT, &not_lo("{not_lo} -o lo -j ACCEPT"));
-        let outbound = not_lo(&format!(
-            "{{not_lo}} -p tcp -m mark ! --mark {mark} -j REDIRECT --to-ports {OUTBOUND_PORT}"
+/// [`IstioIptables::ambient`]: Istio's in-pod rules, per family.
+pub(super) fn rules(cfg: &AmbientConfig) -> IstioIptables {
+    let mut b = Builder {
+        v4: Vec::new(),
+        v6: Vec::new(),
+    };
+    let mark = format!("{ZTUNNEL_MARK:#x}/{MARK_MASK:#x}");
+    let reply = format!("{REPLY_MARK:#x}/{MARK_MASK:#x}");
+    jumps(&mut b, cfg.dns_capture);
+    for i in &cfg.virtual_interfaces {
+        let redirect = format!("-i {i} -p tcp -j REDIRECT --to-ports {OUTBOUND_PORT}");
+        b.add(Fam::Both, "nat", PRERT, &redirect);
+        b.add(Fam::Both, "nat", PRERT, &format!("-i {i} -p tcp -j RETURN"));
+    }
+    let connmark = format!("-m mark --mark {mark} -j CONNMARK --set-xmark {reply}");
+    b.add(Fam::Both, "mangle", PRERT, &connmark);
+    let (probe4, probe6) = (cfg.probe_snat_v4.to_string(), cfg.probe_snat_v6.to_string());
+    if !cfg.bypass_inbound {
+        let line = "-s {ip} -p tcp -m tcp -j ACCEPT";
+        b.versioned(&probe4, &probe6, "nat", PRERT, line);
+    }
+    let line = "-d {ip} -p tcp -m tcp -j ACCEPT";
+    b.versioned(&probe4, &probe6, "nat", OUTPUT, line);
+    let not_lo = |line: &str| line.replace("{not_lo}", "! -d {ip}");
+    let (lo4, lo6) = ("127.0.0.1/32", "::1/128");
+    if !cfg.bypass_inbound {
+        let line = not_lo(&format!(
+            "{{not_lo}} -p tcp ! --dport {HBONE_PORT} -m mark ! --mark {mark} \
+             -j REDIRECT --to-ports {INBOUND_PORT}"
         ));
-        b.versioned(lo4, lo6, "nat", OUTPUT, &outbound);
-        IstioIptables {
-            v4: b.v4,
-            v6: cfg.ipv6.then_some(b.v6),
-        }
+        b.versioned(lo4, lo6, "nat", PRERT, &line);
+    }
+    let restore = format!(
+        "-m connmark --mark {reply} -j CONNMARK --restore-mark --nfmask {all:#x} --ctmask {all:#x}",
+        all = u32::MAX
+    );
+    b.add(Fam::Both, "mangle", OUTPUT, &restore);
+    if cfg.dns_capture {
+        dns(&mut b, &mark);
+    }
+    let accept = format!("-p tcp -m mark --mark {reply} -j ACCEPT");
+    b.add(Fam::Both, "nat", OUTPUT, &accept);
+    b.versioned(lo4, lo6, "nat", OUTPUT, &not_lo("{not_lo} -o lo -j ACCEPT"));
+    let outbound = not_lo(&format!(
+        "{{not_lo}} -p tcp -m mark ! --mark {mark} -j REDIRECT --to-ports {OUTBOUND_PORT}"
+    ));
+    b.versioned(lo4, lo6, "nat", OUTPUT, &outbound);
+    IstioIptables {
+        v4: b.v4,
+        v6: cfg.ipv6.then_some(b.v6),
     }
 }
 

@@ -19,16 +19,16 @@ use crate::nft_form::Unsupported;
 
 pub(super) const BUILT_IN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
 
-impl IstioIptables {
-    /// The tables of both families as iptables-nft keeps them, for one batch. Group names are
-    /// resolved with `groups`; one that does not resolve is refused, as iptables refuses it.
-    pub fn lower(&self, groups: &dyn GroupResolver) -> Result<Vec<XtTable>, Unsupported> {
-        let mut out = lower_family(&self.v4, Family::V4, groups)?;
-        if let Some(v6) = &self.v6 {
-            out.extend(lower_family(v6, Family::V6, groups)?);
-        }
-        Ok(out)
+/// [`IstioIptables::lower`]: both families' tables as iptables-nft keeps them.
+pub(super) fn lower(
+    form: &IstioIptables,
+    groups: &dyn GroupResolver,
+) -> Result<Vec<XtTable>, Unsupported> {
+    let mut out = lower_family(&form.v4, Family::V4, groups)?;
+    if let Some(v6) = &form.v6 {
+        out.extend(lower_family(v6, Family::V6, groups)?);
     }
+    Ok(out)
 }
 
 fn lower_family(

@@ -11,7 +11,11 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use redirect_model::{CaptureConfig, DnsCapture, InterceptionMode, Selection, DNS_AGENT_PORT};
+use redirect_kernel::nft::XtTable;
+use redirect_model::{
+    AmbientConfig, CaptureConfig, DnsCapture, GroupResolver, InterceptionMode, Selection,
+    DNS_AGENT_PORT,
+};
 
 use crate::nft_form::Unsupported;
 
@@ -212,6 +216,18 @@ impl IstioIptables {
             v4: b.v4,
             v6: cfg.ipv6.then_some(b.v6),
         })
+    }
+
+    /// Istio's in-pod rules for an ambient pod's `cfg` (its DNS capture, IPv6, inbound bypass
+    /// and virtual interfaces), per family.
+    pub fn ambient(cfg: &AmbientConfig) -> IstioIptables {
+        ambient::rules(cfg)
+    }
+
+    /// The tables of both families as iptables-nft keeps them, for one batch. Group names are
+    /// resolved with `groups`; one that does not resolve is refused, as iptables refuses it.
+    pub fn lower(&self, groups: &dyn GroupResolver) -> Result<Vec<XtTable>, Unsupported> {
+        lower::lower(self, groups)
     }
 }
 

@@ -213,21 +213,18 @@ fn mangle() -> Rules {
     mangle
 }
 
-impl IstioNft {
-    /// Istio's in-pod tables for an ambient pod's `cfg` (its DNS capture, IPv6, inbound bypass
-    /// and virtual interfaces).
-    pub fn ambient(cfg: &AmbientConfig) -> IstioNft {
-        let families: &[bool] = if cfg.ipv6 { &[false, true] } else { &[false] };
-        let pod = Pod { cfg, families };
-        let (dns, raw) = match cfg.dns_capture {
-            true => {
-                let (nat, raw) = pod.dns();
-                (nat, Some(raw))
-            }
-            false => (Vec::new(), None),
-        };
-        let mut tables = vec![pod.nat(&dns).table(), mangle().table()];
-        tables.extend(raw.map(Rules::table));
-        IstioNft { tables }
-    }
+/// [`IstioNft::ambient`]: Istio's in-pod tables for an ambient pod.
+pub(super) fn tables(cfg: &AmbientConfig) -> IstioNft {
+    let families: &[bool] = if cfg.ipv6 { &[false, true] } else { &[false] };
+    let pod = Pod { cfg, families };
+    let (dns, raw) = match cfg.dns_capture {
+        true => {
+            let (nat, raw) = pod.dns();
+            (nat, Some(raw))
+        }
+        false => (Vec::new(), None),
+    };
+    let mut tables = vec![pod.nat(&dns).table(), mangle().table()];
+    tables.extend(raw.map(Rules::table));
+    IstioNft { tables }
 }

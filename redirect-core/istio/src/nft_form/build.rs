@@ -189,79 +189,76 @@ impl Dns {
     }
 }
 
-impl IstioNft {
-    /// The tables Istio's nftables backend writes for `cfg`. Refused for what Istio has no
-    /// rule for (our bypass UIDs and GIDs).
-    pub fn build(cfg: &CaptureConfig) -> Result<IstioNft, Unsupported> {
-        refuse_bypass(cfg)?;
-        let mut b = Builder {
-            ipv6: cfg.ipv6,
-            rules: Vec::new(),
-        };
-        let dns = Dns::of(cfg);
-        exclude_interfaces(&mut b, cfg);
-        for i in &cfg.reroute_interfaces {
-            b.insert(Nat, "prerouting", 0, vec![iif(i), Counter, ret()]);
-        }
-        if cfg.drop_invalid {
-            let invalid = Item::CtState(CtStates::Invalid);
-            b.append(
-                Mangle,
-                "prerouting",
-                vec![tcp(), invalid, Counter, jump("istio-drop")],
-            );
-            b.append(
-                Mangle,
-                "istio-drop",
-                vec![Counter, Item::Verdict(Verdict::Drop)],
-            );
-        }
-        let tunnel = cfg.inbound_tunnel_port;
-        b.append(
-            Nat,
-            "istio-inbound",
-            vec![tcp(), port(L4::Tcp, false, false, tunnel), Counter, ret()],
-        );
-        b.append(
-            Nat,
-            "istio-redirect",
-            vec![tcp(), Counter, Item::Redirect(cfg.envoy_port)],
-        );
-        let capture = Item::Redirect(cfg.inbound_capture_port);
-        b.append(Nat, "istio-in-redirect", vec![tcp(), Counter, capture]);
-        inbound(&mut b, cfg);
-        b.append(Nat, "output", vec![Counter, jump("istio-output")]);
-        for p in &cfg.outbound_exclude_ports {
-            for l4 in [L4::Tcp, L4::Udp] {
-                b.append(
-                    Nat,
-                    "istio-output",
-                    vec![port(l4, false, false, *p), Counter, ret()],
-                );
-            }
-        }
-        let lo = oif("lo");
-        b.append(
-            Nat,
-            "istio-output",
-            vec![lo.clone(), addr(true, false, lo4_6()), Counter, ret()],
-        );
-        b.append6(
-            Nat,
-            "istio-output",
-            vec![lo, addr(true, false, lo6()), Counter, ret()],
-        );
-        proxy_owners(&mut b, cfg, dns.is_some());
-        owner_groups(&mut b, cfg);
-        if let Some(dns) = &dns {
-            dns_redirect(&mut b, cfg, dns);
-        }
-        outbound(&mut b, cfg);
-        if cfg.mode == InterceptionMode::Tproxy {
-            tproxy_marks(&mut b, cfg);
-        }
-        Ok(b.finish())
+/// [`IstioNft::build`]: the tables Istio's nftables backend writes for `cfg`.
+pub(super) fn tables(cfg: &CaptureConfig) -> Result<IstioNft, Unsupported> {
+    refuse_bypass(cfg)?;
+    let mut b = Builder {
+        ipv6: cfg.ipv6,
+        rules: Vec::new(),
+    };
+    let dns = Dns::of(cfg);
+    exclude_interfaces(&mut b, cfg);
+    for i in &cfg.reroute_interfaces {
+        b.insert(Nat, "prerouting", 0, vec![iif(i), Counter, ret()]);
     }
+    if cfg.drop_invalid {
+        let invalid = Item::CtState(CtStates::Invalid);
+        b.append(
+            Mangle,
+            "prerouting",
+            vec![tcp(), invalid, Counter, jump("istio-drop")],
+        );
+        b.append(
+            Mangle,
+            "istio-drop",
+            vec![Counter, Item::Verdict(Verdict::Drop)],
+        );
+    }
+    let tunnel = cfg.inbound_tunnel_port;
+    b.append(
+        Nat,
+        "istio-inbound",
+        vec![tcp(), port(L4::Tcp, false, false, tunnel), Counter, ret()],
+    );
+    b.append(
+        Nat,
+        "istio-redirect",
+        vec![tcp(), Counter, Item::Redirect(cfg.envoy_port)],
+    );
+    let capture = Item::Redirect(cfg.inbound_capture_port);
+    b.append(Nat, "istio-in-redirect", vec![tcp(), Counter, capture]);
+    inbound(&mut b, cfg);
+    b.append(Nat, "output", vec![Counter, jump("istio-output")]);
+    for p in &cfg.outbound_exclude_ports {
+        for l4 in [L4::Tcp, L4::Udp] {
+            b.append(
+                Nat,
+                "istio-output",
+                vec![port(l4, false, false, *p), Counter, ret()],
+            );
+        }
+    }
+    let lo = oif("lo");
+    b.append(
+        Nat,
+        "istio-output",
+        vec![lo.clone(), addr(true, false, lo4_6()), Counter, ret()],
+    );
+    b.append6(
+        Nat,
+        "istio-output",
+        vec![lo, addr(true, false, lo6()), Counter, ret()],
+    );
+    proxy_owners(&mut b, cfg, dns.is_some());
+    owner_groups(&mut b, cfg);
+    if let Some(dns) = &dns {
+        dns_redirect(&mut b, cfg, dns);
+    }
+    outbound(&mut b, cfg);
+    if cfg.mode == InterceptionMode::Tproxy {
+        tproxy_marks(&mut b, cfg);
+    }
+    Ok(b.finish())
 }
 
 fn exclude_interfaces(b: &mut Builder, cfg: &CaptureConfig) {

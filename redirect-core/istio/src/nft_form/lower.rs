@@ -23,45 +23,45 @@ struct Rule<'a> {
     next_id: &'a mut u32,
 }
 
-impl IstioNft {
-    /// The tables as nf_tables objects for one batch. Group names are resolved with
-    /// `groups`; one that does not resolve is refused, as `nft` refuses it.
-    pub fn lower(&self, groups: &dyn GroupResolver) -> Result<Vec<NftTable>, Unsupported> {
-        let mut next_id = 1;
-        let mut out = Vec::new();
-        for t in &self.tables {
-            let mut table = NftTable::named(t.table.name());
-            let mut chains = Vec::new();
-            for c in &t.chains {
-                let mut rules = Vec::new();
-                for r in &c.rules {
-                    let mut rule = Rule {
-                        exprs: Vec::new(),
-                        l4: None,
-                        v6: None,
-                        table: &mut table,
-                        next_id: &mut next_id,
-                    };
-                    for item in r {
-                        rule.item(item, groups)?;
-                    }
-                    rules.push(rule.exprs);
+/// [`IstioNft::lower`]: the tables as nf_tables objects.
+pub(super) fn lower(
+    form: &IstioNft,
+    groups: &dyn GroupResolver,
+) -> Result<Vec<NftTable>, Unsupported> {
+    let mut next_id = 1;
+    let mut out = Vec::new();
+    for t in &form.tables {
+        let mut table = NftTable::named(t.table.name());
+        let mut chains = Vec::new();
+        for c in &t.chains {
+            let mut rules = Vec::new();
+            for r in &c.rules {
+                let mut rule = Rule {
+                    exprs: Vec::new(),
+                    l4: None,
+                    v6: None,
+                    table: &mut table,
+                    next_id: &mut next_id,
+                };
+                for item in r {
+                    rule.item(item, groups)?;
                 }
-                chains.push(NftChain {
-                    name: c.name.to_string(),
-                    base: c.base.map(|b| BaseSpec {
-                        hook: b.hook,
-                        kind: b.kind,
-                        priority: b.priority,
-                    }),
-                    rules,
-                });
+                rules.push(rule.exprs);
             }
-            table.chains = chains;
-            out.push(table);
+            chains.push(NftChain {
+                name: c.name.to_string(),
+                base: c.base.map(|b| BaseSpec {
+                    hook: b.hook,
+                    kind: b.kind,
+                    priority: b.priority,
+                }),
+                rules,
+            });
         }
-        Ok(out)
+        table.chains = chains;
+        out.push(table);
     }
+    Ok(out)
 }
 
 fn cmp(eq: bool, data: Vec<u8>) -> Expr {

@@ -17,7 +17,8 @@
 use std::fmt;
 
 use ipnet::IpNet;
-use redirect_model::{ChainKind, CtStates, Hook, L4};
+use redirect_kernel::nft::NftTable;
+use redirect_model::{AmbientConfig, CaptureConfig, ChainKind, CtStates, GroupResolver, Hook, L4};
 
 mod ambient;
 mod build;
@@ -326,6 +327,24 @@ pub struct IstioNft {
 }
 
 impl IstioNft {
+    /// The tables Istio's nftables backend writes for `cfg`. Refused for what Istio has no
+    /// rule for (our bypass UIDs and GIDs).
+    pub fn build(cfg: &CaptureConfig) -> Result<IstioNft, Unsupported> {
+        build::tables(cfg)
+    }
+
+    /// Istio's in-pod tables for an ambient pod's `cfg` (its DNS capture, IPv6, inbound bypass
+    /// and virtual interfaces).
+    pub fn ambient(cfg: &AmbientConfig) -> IstioNft {
+        ambient::tables(cfg)
+    }
+
+    /// The tables as nf_tables objects for one batch. Group names are resolved with
+    /// `groups`; one that does not resolve is refused, as `nft` refuses it.
+    pub fn lower(&self, groups: &dyn GroupResolver) -> Result<Vec<NftTable>, Unsupported> {
+        lower::lower(self, groups)
+    }
+
     /// Every rule as `add rule inet <table> <chain> <rule>`, in the tables' final order.
     pub fn rule_lines(&self) -> Vec<String> {
         let mut out = Vec::new();

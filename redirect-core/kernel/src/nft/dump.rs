@@ -175,7 +175,7 @@ pub(super) fn rule(payload: &[u8]) -> Result<(String, String, Vec<Expr>), Decode
     let mut exprs = Vec::new();
     let (table, chain) = rule_walk(payload, |e| {
         let list = ListAttribute::<ExpressionAttribute>::parse(e)?;
-        exprs.push(Expr::decode(&list));
+        exprs.push(super::expr::decode(&list));
         Ok(())
     })?;
     Ok((table, chain, exprs))

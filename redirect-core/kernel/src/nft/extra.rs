@@ -7,8 +7,6 @@ use netlink_packet_core::{
     emit_u32_be, parse_u32_be, DecodeError, DefaultNla, Emitable, Nla, NlaBuffer, Parseable,
 };
 
-use super::expr::{CtKey, Expr};
-
 // enum nft_ct_keys
 pub(super) const NFT_CT_STATE: u32 = 0;
 pub(super) const NFT_CT_MARK: u32 = 3;
@@ -135,13 +133,4 @@ where
         .collect::<Option<Vec<A>>>()?;
     out.sort_by_key(|a| a.kind());
     Some(out)
-}
-
-/// `ct` loads or sets with register 1; anything else (a direction, another key) is not ours.
-pub(super) fn decode_ct(attrs: &[DefaultNla]) -> Option<Expr> {
-    match parse_all::<CtAttr>(attrs)?.as_slice() {
-        [CtAttr::Dreg(1), CtAttr::Key(k)] => Some(Expr::Ct(CtKey::from_raw(*k)?)),
-        [CtAttr::Key(k), CtAttr::Sreg(1)] => Some(Expr::CtSet(CtKey::from_raw(*k)?)),
-        _ => None,
-    }
 }

@@ -5,7 +5,7 @@ use redirect_model::Ruleset;
 use super::error::{Error, MissingFeature, Result};
 use super::foreign::TableList;
 use super::socket::{self, Socket};
-use super::{dump, foreign, lower_named, state, update, Changes, Difference, Encoded, Features};
+use super::{compare, dump, foreign, lower_named, update, Changes, Difference, Encoded, Features};
 use super::{probe, xtables, Feature, XtChain, XtFound};
 use super::{NftTable, TableState, TABLE};
 use crate::netns::Netns;
@@ -62,11 +62,6 @@ impl Nft {
     pub fn with_table(mut self, name: &str) -> Nft {
         self.table = name.into();
         self
-    }
-
-    /// The socket, for the jobs of other modules (`trace`).
-    pub(super) fn socket(&self) -> &Socket {
-        &self.sock
     }
 
     /// The name of the table this handle acts on.
@@ -289,9 +284,26 @@ impl Nft {
         Err(Error::ReadUnsettled { tries: APPLY_TRIES })
     }
 
+    /// Create the trace table `t` ([`super::trace_table`]) over this handle's socket, owned by
+    /// the socket where the kernel has owner tables (5.12+). Returns whether it is owned: when
+    /// not, the kernel refused the flag (EOPNOTSUPP) and the table was created without it, so
+    /// only [`Nft::remove_named`] removes it.
+    pub fn add_trace_table(&self, t: &NftTable) -> Result<bool> {
+        super::trace::add_table(&self.sock, t)
+    }
+
+    /// The rules of our table named `table`, with their handles, in chain order; empty when
+    /// the table does not exist.
+    pub fn rule_handles(&self, table: &str) -> Result<Vec<super::RuleHandle>> {
+        super::trace::rule_handles(&self.sock, table)
+    }
+
     /// Compare our table with a ruleset; empty when they are equal.
     pub fn diff(&self, rs: &Ruleset) -> Result<Vec<Difference>> {
-        Ok(state::compare(&super::expected(rs), self.read()?.as_ref()))
+        Ok(compare::compare(
+            &super::expected(rs),
+            self.read()?.as_ref(),
+        ))
     }
 
     /// Our table with the ruleset generation it was read at (one state of it, as [`Nft::read`]).

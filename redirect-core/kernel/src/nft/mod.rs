@@ -25,12 +25,13 @@
 //! oracle and the benchmarks.
 //!
 //! Layers: `lower` (Ruleset → typed table), `expr` and `extra` (expressions), `message` (each
-//! netlink message), `batch`, `socket`, `dump`, `state` (read-back and comparison), `text` (nft
-//! syntax), `update` (which batch), `foreign` (other tables), `handle` (the socket's jobs).
-//! Messages are byte-identical to libnftnl's; `tests/nft_oracle.rs` checks that against
-//! libnftnl itself.
+//! netlink message), `batch`, `socket`, `dump`, `state` (read-back), `text` (nft syntax),
+//! `compare` (read-back against the plan), `update` (which batch), `foreign` (other tables),
+//! `handle` (the socket's jobs). Messages are byte-identical to libnftnl's;
+//! `tests/nft_oracle.rs` checks that against libnftnl itself.
 
 mod batch;
+mod compare;
 mod counters;
 mod dump;
 mod elements;
@@ -55,6 +56,7 @@ mod xt_write;
 mod xtables;
 
 pub use batch::{Encoded, Label};
+pub use compare::{table_flags, Difference};
 pub use counters::{counters, path_counts, RuleCounter};
 pub use error::{Error, MissingFeature, Result};
 pub use expr::{Base, CtKey, Expr, Foreign, MetaKey, Verdict};
@@ -67,7 +69,7 @@ pub use lower::{
 };
 pub use probe::PROBE_TABLE;
 pub use redirect_model::table::TABLE;
-pub use state::{table_flags, BaseState, ChainState, Difference, SetState, TableState};
+pub use state::{BaseState, ChainState, SetState, TableState};
 pub use trace::{trace_batch, trace_table, RuleHandle, TraceMatch, TRACE_CHAIN, TRACE_PRIORITY};
 #[cfg(feature = "testing")]
 pub(crate) use update::changes;
@@ -147,5 +149,5 @@ pub fn state_of(t: &NftTable) -> TableState {
 
 /// Compare a table already read (None = no table) with a ruleset; empty when they are equal.
 pub fn compare(rs: &Ruleset, actual: Option<&TableState>) -> Vec<Difference> {
-    state::compare(&expected(rs), actual)
+    compare::compare(&expected(rs), actual)
 }

@@ -5,7 +5,8 @@
 //! created with `NFT_TABLE_F_OWNER` where the kernel has it (5.12+): it dies with the socket
 //! that created it, so a killed tracer leaves nothing.
 //!
-//! Also here: our table's rules by handle (`Nft::rule_handles`), which the reports name.
+//! Also here: our table's rules by handle (`Nft::rule_handles`), which the reports name. The
+//! handle's methods call these with its socket.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -19,7 +20,8 @@ use super::batch::{Batch, Encoded, Label};
 use super::error::Result;
 use super::expr::{Base, Expr, MetaKey};
 use super::lower::{BaseSpec, ChainKind, NftChain, NftTable};
-use super::{dump, message, text, Features, Nft};
+use super::socket::Socket;
+use super::{dump, message, text, Features};
 
 /// The trace chain's priority: before raw (-300), so every capture chain sees the bit set.
 pub const TRACE_PRIORITY: i32 = -350;
@@ -194,63 +196,56 @@ const NFTA_RULE_HANDLE: u16 = 3;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 
-impl Nft {
-    /// Create the trace table `t` ([`trace_table`]) over this handle's socket, owned by the
-    /// socket where the kernel has owner tables (5.12+). Returns whether it is owned: when
-    /// not, the kernel refused the flag (EOPNOTSUPP) and the table was created without it, so
-    /// only [`Nft::remove_named`] removes it.
-    pub fn add_trace_table(&self, t: &NftTable) -> Result<bool> {
-        let sock = self.socket();
-        for owner in [true, false] {
-            let batch = trace_batch(t, owner, sock.next_seq(), sock.features());
-            match sock.send_batch_answer(&batch)? {
-                None => return Ok(owner),
-                Some((_, errno)) if owner && errno == libc::EOPNOTSUPP => continue,
-                Some((seq, errno)) => {
-                    let what = match batch.label_of(seq) {
-                        Some(l) => l.describe(t),
-                        None => format!("the trace table's batch (message {seq})"),
-                    };
-                    return Err(super::socket::rejected(what, errno));
-                }
+/// `Nft::add_trace_table`: the trace table `t` created over `sock`, owned by it where the
+/// kernel can; whether it is owned.
+pub(super) fn add_table(sock: &Socket, t: &NftTable) -> Result<bool> {
+    for owner in [true, false] {
+        let batch = trace_batch(t, owner, sock.next_seq(), sock.features());
+        match sock.send_batch_answer(&batch)? {
+            None => return Ok(owner),
+            Some((_, errno)) if owner && errno == libc::EOPNOTSUPP => continue,
+            Some((seq, errno)) => {
+                let what = match batch.label_of(seq) {
+                    Some(l) => l.describe(t),
+                    None => format!("the trace table's batch (message {seq})"),
+                };
+                return Err(super::socket::rejected(what, errno));
             }
         }
-        unreachable!("the second try has no owner flag to refuse")
     }
+    unreachable!("the second try has no owner flag to refuse")
+}
 
-    /// The rules of our table named `table`, with their handles, in chain order; empty when
-    /// the table does not exist.
-    pub fn rule_handles(&self, table: &str) -> Result<Vec<RuleHandle>> {
-        let raws = self
-            .socket()
-            .dump_ours(message::get_rules(table), "our rules")?
-            .unwrap_or_default();
-        let mut out: Vec<RuleHandle> = Vec::new();
-        for raw in raws {
-            let (mut t, mut chain, mut handle) = (String::new(), String::new(), 0u64);
-            for nla in NlasIterator::new(&raw.payload[..]) {
-                let nla = nla.map_err(|e| dump::bad("a dumped rule", e))?;
-                match nla.kind() {
-                    NFTA_RULE_TABLE => t = parse_string(nla.value()).unwrap_or_default(),
-                    NFTA_RULE_CHAIN => chain = parse_string(nla.value()).unwrap_or_default(),
-                    NFTA_RULE_HANDLE => handle = parse_u64_be(nla.value()).unwrap_or(0),
-                    _ => {}
-                }
+/// `Nft::rule_handles`: the rules of the table `table` with their handles, in chain order.
+pub(super) fn rule_handles(sock: &Socket, table: &str) -> Result<Vec<RuleHandle>> {
+    let raws = sock
+        .dump_ours(message::get_rules(table), "our rules")?
+        .unwrap_or_default();
+    let mut out: Vec<RuleHandle> = Vec::new();
+    for raw in raws {
+        let (mut t, mut chain, mut handle) = (String::new(), String::new(), 0u64);
+        for nla in NlasIterator::new(&raw.payload[..]) {
+            let nla = nla.map_err(|e| dump::bad("a dumped rule", e))?;
+            match nla.kind() {
+                NFTA_RULE_TABLE => t = parse_string(nla.value()).unwrap_or_default(),
+                NFTA_RULE_CHAIN => chain = parse_string(nla.value()).unwrap_or_default(),
+                NFTA_RULE_HANDLE => handle = parse_u64_be(nla.value()).unwrap_or(0),
+                _ => {}
             }
-            if t != table {
-                continue;
-            }
-            let exprs = dump::rule(&raw.payload)
-                .map_err(|e| dump::bad("a dumped rule", e))?
-                .2;
-            let position = out.iter().filter(|r| r.chain == chain).count() + 1;
-            out.push(RuleHandle {
-                chain,
-                handle,
-                position,
-                text: text::exprs(&exprs),
-            });
         }
-        Ok(out)
+        if t != table {
+            continue;
+        }
+        let exprs = dump::rule(&raw.payload)
+            .map_err(|e| dump::bad("a dumped rule", e))?
+            .2;
+        let position = out.iter().filter(|r| r.chain == chain).count() + 1;
+        out.push(RuleHandle {
+            chain,
+            handle,
+            position,
+            text: text::exprs(&exprs),
+        });
     }
+    Ok(out)
 }

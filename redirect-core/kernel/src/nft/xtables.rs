@@ -361,7 +361,7 @@ fn rule(payload: &[u8]) -> std::result::Result<Rule, DecodeError> {
             NFTA_RULE_EXPRESSIONS => {
                 for e in NlasIterator::new(nla.value()) {
                     let list = ListAttribute::<ExpressionAttribute>::parse(&e?)?;
-                    exprs.push(Expr::decode(&list));
+                    exprs.push(super::expr::decode(&list));
                 }
             }
             _ => {}

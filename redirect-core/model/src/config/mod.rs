@@ -290,6 +290,16 @@ impl CaptureConfig {
         }
     }
 
+    /// Check every field; the error names the first bad field, its value, and what is accepted.
+    pub fn validate(&self) -> Result<()> {
+        validate::validate(self)
+    }
+
+    /// Check every field (see [`CaptureConfig::validate`]) and keep the proof.
+    pub fn validated(self) -> Result<ValidConfig> {
+        ValidConfig::of(self)
+    }
+
     /// Parse JSON (as written by `to_json`) and validate: the config, ready to plan.
     pub fn from_json(s: &str) -> Result<ValidConfig> {
         let cfg: CaptureConfig = serde_json::from_str(s).map_err(|e| Error::Config {

@@ -7,26 +7,34 @@ use std::ops::Deref;
 
 use serde::Serialize;
 
-use super::{CaptureConfig, DnsCapture};
+use super::{validate, CaptureConfig, DnsCapture};
 use crate::error::Result;
+use crate::plan::GroupResolver;
+use crate::ruleset::Ruleset;
 
 /// A validated [`CaptureConfig`]; read it through `Deref`.
 #[derive(Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct ValidConfig(CaptureConfig);
 
-impl CaptureConfig {
-    /// Check every field (see [`CaptureConfig::validate`]) and keep the proof.
-    pub fn validated(self) -> Result<ValidConfig> {
-        self.validate()?;
-        Ok(ValidConfig(self))
-    }
-}
-
 impl ValidConfig {
+    /// `cfg` once it passed [`CaptureConfig::validate`] (`CaptureConfig::validated`).
+    pub(super) fn of(cfg: CaptureConfig) -> Result<ValidConfig> {
+        cfg.validate()?;
+        Ok(ValidConfig(cfg))
+    }
+
     /// Istio's sidecar defaults, which are valid.
     pub fn istio_sidecar_default() -> ValidConfig {
         ValidConfig(CaptureConfig::istio_sidecar_default())
+    }
+
+    /// The rules for this config: the one way to plan, from a config validated once. Owner
+    /// group names are resolved by `groups` (the host's group database is
+    /// `redirect_kernel::SystemGroups`; [`NoGroupDatabase`](crate::NoGroupDatabase) takes
+    /// numeric GIDs only, and a name is then an error naming it). The plan is `crate::plan`'s.
+    pub fn plan(&self, groups: &dyn GroupResolver) -> Result<Ruleset> {
+        crate::plan::plan_checked(self, groups)
     }
 
     /// The same config with other proxy IDs: the checks that involve them run again (at
@@ -37,8 +45,8 @@ impl ValidConfig {
             proxy_gids: gids,
             ..self.0
         };
-        cfg.check_proxy_ids()?;
-        cfg.check_bypass()?;
+        validate::check_proxy_ids(&cfg)?;
+        validate::check_bypass(&cfg)?;
         Ok(ValidConfig(cfg))
     }
 

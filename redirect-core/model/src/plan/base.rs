@@ -9,64 +9,61 @@ use super::{
 use crate::ruleset::{Action, CountedPath, CtStates, Match, Stage};
 use Stage::{Mangle, Nat};
 
-impl FamilyPlanner<'_> {
-    /// 1. Excluded interfaces: nothing is captured on them.
-    pub(super) fn excluded_interfaces(&mut self) {
-        let tproxy = self.tproxy();
-        for i in &self.cfg.exclude_interfaces {
-            let b = &mut self.b;
-            let excluded = CountedPath::Excluded;
-            b.append_counted(excluded, (Nat, PREROUTING), vec![iif(i)], Action::Return);
-            b.append_counted(excluded, (Nat, OUTPUT), vec![oif(i)], Action::Return);
-            if tproxy {
-                b.append(Mangle, PREROUTING, vec![iif(i)], Action::Return);
-                b.append(Mangle, OUTPUT, vec![oif(i)], Action::Return);
-            }
+/// 1. Excluded interfaces: nothing is captured on them.
+pub(super) fn excluded_interfaces(p: &mut FamilyPlanner<'_>) {
+    let tproxy = p.tproxy();
+    for i in &p.cfg.exclude_interfaces {
+        let b = &mut p.b;
+        let excluded = CountedPath::Excluded;
+        b.append_counted(excluded, (Nat, PREROUTING), vec![iif(i)], Action::Return);
+        b.append_counted(excluded, (Nat, OUTPUT), vec![oif(i)], Action::Return);
+        if tproxy {
+            b.append(Mangle, PREROUTING, vec![iif(i)], Action::Return);
+            b.append(Mangle, OUTPUT, vec![oif(i)], Action::Return);
         }
     }
+}
 
-    /// 2. Reroute (KubeVirt) interfaces: other traffic from them is not inbound capture.
-    pub(super) fn reroute_interfaces(&mut self) {
-        for i in &self.cfg.reroute_interfaces {
-            self.b
-                .insert(Nat, PREROUTING, 1, vec![iif(i)], Action::Return);
-        }
+/// 2. Reroute (KubeVirt) interfaces: other traffic from them is not inbound capture.
+pub(super) fn reroute_interfaces(p: &mut FamilyPlanner<'_>) {
+    for i in &p.cfg.reroute_interfaces {
+        p.b.insert(Nat, PREROUTING, 1, vec![iif(i)], Action::Return);
     }
+}
 
-    /// 3. Drop conntrack-invalid packets.
-    pub(super) fn drop_invalid(&mut self) {
-        if self.cfg.drop_invalid {
-            self.b.append(
-                Mangle,
-                PREROUTING,
-                vec![Match::CtState(CtStates::Invalid)],
-                jump(ISTIO_DROP),
-            );
-            self.b.append(Mangle, ISTIO_DROP, vec![], Action::Drop);
-        }
+/// 3. Drop conntrack-invalid packets.
+pub(super) fn drop_invalid(p: &mut FamilyPlanner<'_>) {
+    if p.cfg.drop_invalid {
+        p.b.append(
+            Mangle,
+            PREROUTING,
+            vec![Match::CtState(CtStates::Invalid)],
+            jump(ISTIO_DROP),
+        );
+        p.b.append(Mangle, ISTIO_DROP, vec![], Action::Drop);
     }
+}
 
-    /// 4. Always present: tunnel port RETURN and the two redirect chains.
-    pub(super) fn fixed_rules(&mut self) {
-        let cfg = self.cfg;
-        let b = &mut self.b;
-        b.append(
-            Nat,
-            ISTIO_INBOUND,
-            vec![tcp(), dport(cfg.inbound_tunnel_port)],
-            Action::Return,
-        );
-        b.append_counted(
-            CountedPath::OutboundCaptured,
-            (Nat, ISTIO_REDIRECT),
-            vec![tcp()],
-            Action::Redirect(cfg.envoy_port),
-        );
-        b.append_counted(
-            CountedPath::InboundCaptured,
-            (Nat, ISTIO_IN_REDIRECT),
-            vec![tcp()],
-            Action::Redirect(cfg.inbound_capture_port),
-        );
-    }
+/// 4. Always present: tunnel port RETURN and the two redirect chains.
+pub(super) fn fixed_rules(p: &mut FamilyPlanner<'_>) {
+    let cfg = p.cfg;
+    let b = &mut p.b;
+    b.append(
+        Nat,
+        ISTIO_INBOUND,
+        vec![tcp(), dport(cfg.inbound_tunnel_port)],
+        Action::Return,
+    );
+    b.append_counted(
+        CountedPath::OutboundCaptured,
+        (Nat, ISTIO_REDIRECT),
+        vec![tcp()],
+        Action::Redirect(cfg.envoy_port),
+    );
+    b.append_counted(
+        CountedPath::InboundCaptured,
+        (Nat, ISTIO_IN_REDIRECT),
+        vec![tcp()],
+        Action::Redirect(cfg.inbound_capture_port),
+    );
 }

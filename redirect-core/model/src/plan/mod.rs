@@ -8,16 +8,16 @@
 //! matters (with two proxy UIDs, the second UID's loopback traffic meets the first UID's
 //! `! --uid-owner` RETURN first, as in Istio).
 //!
-//! `FamilyPlanner::run` lists Istio's steps in order; each step is a method in the file of its
-//! part of the capture: `base` (interfaces, invalid drop, the fixed rules), `inbound`,
-//! `outbound`, `dns`, `tproxy` (marks). `builder` holds the append/insert semantics and the
-//! set registry they write with.
+//! `FamilyPlanner::run` lists Istio's steps in order; each step is a function on the planner
+//! in the file of its part of the capture: `base` (interfaces, invalid drop, the fixed rules),
+//! `inbound`, `outbound`, `dns`, `tproxy` (marks). `builder` holds the append/insert semantics
+//! and the set registry they write with.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv6Net};
 
-use crate::config::{CaptureConfig, GroupRef, InterceptionMode, Selection, ValidConfig};
+use crate::config::{CaptureConfig, GroupRef, InterceptionMode, Selection};
 use crate::error::{Error, Result};
 use crate::ruleset::{AddrMatch, Chain, Family, Match, PortMatch, Ruleset};
 
@@ -60,23 +60,14 @@ impl<F: Fn(&str) -> Option<u32>> GroupResolver for F {
     }
 }
 
-impl ValidConfig {
-    /// The rules for this config: the one way to plan, from a config validated once. Owner
-    /// group names are resolved by `groups` (the host's group database is
-    /// `redirect_kernel::SystemGroups`; [`NoGroupDatabase`] takes numeric GIDs only, and a
-    /// name is then an error naming it).
-    pub fn plan(&self, groups: &dyn GroupResolver) -> Result<Ruleset> {
-        plan_checked(self, groups)
-    }
-}
-
 /// Validate and plan with numeric groups only, for this crate's tests.
 #[cfg(test)]
 pub(crate) fn plan(cfg: &CaptureConfig) -> Result<Ruleset> {
     cfg.clone().validated()?.plan(&NoGroupDatabase)
 }
 
-fn plan_checked(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
+/// `ValidConfig::plan`: the rules of a config validated once.
+pub(crate) fn plan_checked(cfg: &CaptureConfig, groups: &dyn GroupResolver) -> Result<Ruleset> {
     let owner_include = match &cfg.owner_groups_include {
         Selection::All => None,
         Selection::List(l) => Some(resolve_groups(l, groups)?),
@@ -130,25 +121,26 @@ impl FamilyPlanner<'_> {
     /// Istio's steps in Istio's order: the order of the appends and inserts is the order of
     /// the rules, so the steps must not be reordered.
     fn run(mut self, sets: &mut SetRegistry) -> Vec<Chain> {
-        self.excluded_interfaces(); // 1
-        self.reroute_interfaces(); // 2
-        self.drop_invalid(); // 3
-        self.fixed_rules(); // 4
-        self.inbound_capture(sets); // 5
-        self.outbound_entry(); // 6, and our bypass IDs
-        self.outbound_exclude_ports(sets); // 7
-        self.inbound_passthrough(); // 8
-        self.proxy_traffic(); // 9-10
-        self.owner_groups(); // 11
-        if self.dns() {
-            self.dns_capture(); // 12
+        let p = &mut self;
+        base::excluded_interfaces(p); // 1
+        base::reroute_interfaces(p); // 2
+        base::drop_invalid(p); // 3
+        base::fixed_rules(p); // 4
+        inbound::inbound_capture(p, sets); // 5
+        outbound::outbound_entry(p); // 6, and our bypass IDs
+        outbound::outbound_exclude_ports(p, sets); // 7
+        outbound::inbound_passthrough(p); // 8
+        outbound::proxy_traffic(p); // 9-10
+        outbound::owner_groups(p); // 11
+        if p.dns() {
+            dns::dns_capture(p); // 12
         }
-        self.loopback_destinations(); // 13
-        self.exclude_cidrs(sets); // 14
-        self.include_ports(sets); // 15
-        self.include_cidrs(sets); // 16
-        if self.tproxy() {
-            self.tproxy_marks(); // 17
+        outbound::loopback_destinations(p); // 13
+        outbound::exclude_cidrs(p, sets); // 14
+        outbound::include_ports(p, sets); // 15
+        outbound::include_cidrs(p, sets); // 16
+        if p.tproxy() {
+            tproxy::tproxy_marks(p); // 17
         }
         self.b.finish()
     }

@@ -1,11 +1,38 @@
-//! Where the model's stages and hooks sit in netfilter: each hook's names and `NF_INET_*`
-//! number, each stage's priority, and the type of base chain a (stage, hook) needs; and which
-//! (stage, hook) pairs a ruleset uses. One table, read by the nftables lowering, the nft script,
-//! the read-back's text and the plan, so that they cannot disagree.
+//! The model's stages and hooks, and where they sit in netfilter: each hook's names and
+//! `NF_INET_*` number, each stage's priority, and the type of base chain a (stage, hook) needs;
+//! and the (stage, hook) pairs a ruleset uses (`HookedChains`, from `Ruleset::hooked_chains`).
+//! One table, read by the nftables lowering, the nft script, the read-back's text and the plan,
+//! so that they cannot disagree.
 
-use super::{Chain, Hook, Ruleset, Stage};
+use serde::{Deserialize, Serialize};
+
+use super::Chain;
+
+/// The netfilter stage a chain runs at, named after the iptables table with the same priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Priority -300, before conntrack: conntrack zones.
+    Raw,
+    /// Priority -150: marks, TPROXY, invalid drop.
+    Mangle,
+    /// Priority -100, first packet of a connection only: REDIRECT.
+    Nat,
+}
 
 impl Stage {
+    /// Every stage, in the order netfilter runs them (raw, mangle, nat).
+    pub const ALL: [Stage; 3] = [Stage::Raw, Stage::Mangle, Stage::Nat];
+
+    /// The iptables table name.
+    pub fn table_name(self) -> &'static str {
+        match self {
+            Stage::Raw => "raw",
+            Stage::Mangle => "mangle",
+            Stage::Nat => "nat",
+        }
+    }
+
     /// The netfilter hook priority of this stage.
     pub fn priority(self) -> i32 {
         match self {
@@ -35,7 +62,22 @@ impl Stage {
     }
 }
 
+/// The netfilter hook of a built-in chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Hook {
+    /// Before routing: packets arriving on an interface, `lo` included.
+    Prerouting,
+    /// Packets sent by a local process, which still carry their socket (owner UID/GID).
+    Output,
+    /// After routing, on the way out: where source NAT runs (the host's probe SNAT).
+    Postrouting,
+}
+
 impl Hook {
+    /// Every hook the model uses, in the order a backend declares their base chains.
+    pub const ALL: [Hook; 3] = [Hook::Prerouting, Hook::Output, Hook::Postrouting];
+
     /// The iptables built-in chain name.
     pub fn chain_name(self) -> &'static str {
         match self {
@@ -109,29 +151,4 @@ pub struct HookedChains<'a> {
     pub hook: Hook,
     /// The ruleset's built-in chains at this stage and hook, at most one per family.
     pub chains: Vec<&'a Chain>,
-}
-
-impl Ruleset {
-    /// Every (stage, hook) some chain is hooked at, in stage then hook order: the base chains
-    /// a backend declares.
-    pub fn hooked_chains(&self) -> Vec<HookedChains<'_>> {
-        let mut out = Vec::new();
-        for stage in Stage::ALL {
-            for hook in Hook::ALL {
-                let chains: Vec<&Chain> = self
-                    .chains
-                    .iter()
-                    .filter(|c| c.stage == stage && c.hook == Some(hook))
-                    .collect();
-                if !chains.is_empty() {
-                    out.push(HookedChains {
-                        stage,
-                        hook,
-                        chains,
-                    });
-                }
-            }
-        }
-        out
-    }
 }

@@ -5,8 +5,8 @@
 //! keeps the iptables-restore rendering direct and the parity with Istio easy to reason about;
 //! the nftables backend folds it into one `inet` table (see `nft`).
 //!
-//! Where each stage and hook sits in netfilter (names, numbers, priorities, base chain types)
-//! is in `hooks`, the one table every backend reads it from.
+//! The stages and hooks, and where each sits in netfilter (names, numbers, priorities, base
+//! chain types), are in `hooks`, the one table every backend reads it from.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -18,7 +18,7 @@ mod counted;
 mod hooks;
 
 pub use counted::{Count, CountedPath, PathCounts};
-pub use hooks::{ChainKind, HookedChains};
+pub use hooks::{ChainKind, Hook, HookedChains, Stage};
 
 /// Address family of a chain. Rules of a family never see the other family's packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -41,49 +41,6 @@ impl Family {
             Family::V6 => "ip6",
         }
     }
-}
-
-/// The netfilter stage a chain runs at, named after the iptables table with the same priority.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    /// Priority -300, before conntrack: conntrack zones.
-    Raw,
-    /// Priority -150: marks, TPROXY, invalid drop.
-    Mangle,
-    /// Priority -100, first packet of a connection only: REDIRECT.
-    Nat,
-}
-
-impl Stage {
-    /// Every stage, in the order netfilter runs them (raw, mangle, nat).
-    pub const ALL: [Stage; 3] = [Stage::Raw, Stage::Mangle, Stage::Nat];
-
-    /// The iptables table name.
-    pub fn table_name(self) -> &'static str {
-        match self {
-            Stage::Raw => "raw",
-            Stage::Mangle => "mangle",
-            Stage::Nat => "nat",
-        }
-    }
-}
-
-/// The netfilter hook of a built-in chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Hook {
-    /// Before routing: packets arriving on an interface, `lo` included.
-    Prerouting,
-    /// Packets sent by a local process, which still carry their socket (owner UID/GID).
-    Output,
-    /// After routing, on the way out: where source NAT runs (the host's probe SNAT).
-    Postrouting,
-}
-
-impl Hook {
-    /// Every hook the model uses, in the order a backend declares their base chains.
-    pub const ALL: [Hook; 3] = [Hook::Prerouting, Hook::Output, Hook::Postrouting];
 }
 
 /// Transport protocol of a match.
@@ -345,6 +302,29 @@ pub struct Ruleset {
 }
 
 impl Ruleset {
+    /// Every (stage, hook) some chain is hooked at, in stage then hook order: the base chains
+    /// a backend declares.
+    pub fn hooked_chains(&self) -> Vec<HookedChains<'_>> {
+        let mut out = Vec::new();
+        for stage in Stage::ALL {
+            for hook in Hook::ALL {
+                let chains: Vec<&Chain> = self
+                    .chains
+                    .iter()
+                    .filter(|c| c.stage == stage && c.hook == Some(hook))
+                    .collect();
+                if !chains.is_empty() {
+                    out.push(HookedChains {
+                        stage,
+                        hook,
+                        chains,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// The chain named `name` of one family and stage, if the plan has it.
     pub fn chain(&self, family: Family, stage: Stage, name: &str) -> Option<&Chain> {
         self.chains

@@ -10,45 +10,43 @@ use netlink_packet_netfilter::nftables::{
 };
 
 use super::{
-    Base, Expr, Foreign, MetaKey, Verdict, NFT_LOOKUP_F_INV, NFT_NAT_SNAT, NF_ACCEPT, NF_DROP,
-    NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED,
+    Base, CtKey, Expr, Foreign, MetaKey, Verdict, NFT_LOOKUP_F_INV, NFT_NAT_SNAT, NF_ACCEPT,
+    NF_DROP, NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED,
 };
-use crate::nft::extra::{self, NatAttr, RedirAttr, TproxyAttr};
+use crate::nft::extra::{self, CtAttr, NatAttr, RedirAttr, TproxyAttr};
 
 /// Every expression we write uses register 1.
 const R1: Register = Register::Reg1;
 
-impl Expr {
-    /// Decode one `NFTA_LIST_ELEM` of a rule. A shape we do not write becomes `Foreign`.
-    pub(in crate::nft) fn decode(elem: &ListAttribute<ExpressionAttribute>) -> Expr {
-        let ListAttribute::Element(attrs) = elem else {
-            return Expr::Foreign(Foreign {
-                name: "(not an expression)".into(),
-                attrs: raw(std::slice::from_ref(elem)),
-            });
-        };
-        let mut name = String::new();
-        let mut data = None;
-        for a in attrs {
-            match a {
-                ExpressionAttribute::Name(n) => name = n.clone(),
-                ExpressionAttribute::Data(d) => data = Some(d),
-                _ => {}
-            }
+/// Decode one `NFTA_LIST_ELEM` of a rule. A shape we do not write becomes `Foreign`.
+pub(in crate::nft) fn decode(elem: &ListAttribute<ExpressionAttribute>) -> Expr {
+    let ListAttribute::Element(attrs) = elem else {
+        return Expr::Foreign(Foreign {
+            name: "(not an expression)".into(),
+            attrs: raw(std::slice::from_ref(elem)),
+        });
+    };
+    let mut name = String::new();
+    let mut data = None;
+    for a in attrs {
+        match a {
+            ExpressionAttribute::Name(n) => name = n.clone(),
+            ExpressionAttribute::Data(d) => data = Some(d),
+            _ => {}
         }
-        let Some(data) = data else {
-            return Expr::Foreign(Foreign {
-                name,
-                attrs: Vec::new(),
-            });
-        };
-        decode_data(data).unwrap_or_else(|| {
-            Expr::Foreign(Foreign {
-                name,
-                attrs: raw_expressions(data),
-            })
-        })
     }
+    let Some(data) = data else {
+        return Expr::Foreign(Foreign {
+            name,
+            attrs: Vec::new(),
+        });
+    };
+    decode_data(data).unwrap_or_else(|| {
+        Expr::Foreign(Foreign {
+            name,
+            attrs: raw_expressions(data),
+        })
+    })
 }
 
 /// Attributes as (type with its flags, value bytes).
@@ -228,7 +226,7 @@ fn decode_immediate(attrs: &[Immediate]) -> Option<Expr> {
 /// attribute types.
 fn decode_other(expression_type: &str, attributes: &[DefaultNla]) -> Option<Expr> {
     match expression_type {
-        "ct" => extra::decode_ct(attributes),
+        "ct" => decode_ct(attributes),
         "redir" => {
             let want = [
                 RedirAttr::RegProtoMin(1),
@@ -244,6 +242,15 @@ fn decode_other(expression_type: &str, attributes: &[DefaultNla]) -> Option<Expr
         "nat" => decode_snat(attributes),
         // Packet and byte counts are the kernel's; any counter is our counter.
         "counter" => Some(Expr::Counter),
+        _ => None,
+    }
+}
+
+/// `ct` loads or sets with register 1; anything else (a direction, another key) is not ours.
+fn decode_ct(attrs: &[DefaultNla]) -> Option<Expr> {
+    match extra::parse_all::<CtAttr>(attrs)?.as_slice() {
+        [CtAttr::Dreg(1), CtAttr::Key(k)] => Some(Expr::Ct(CtKey::from_raw(*k)?)),
+        [CtAttr::Key(k), CtAttr::Sreg(1)] => Some(Expr::CtSet(CtKey::from_raw(*k)?)),
         _ => None,
     }
 }
@@ -293,7 +300,7 @@ mod tests {
             Meta::Key(NlMetaKey::L4Proto),
             Meta::DestinationRegister(Register::Reg2),
         ]);
-        let decoded = Expr::decode(&e.into());
+        let decoded = decode(&e.into());
         let Expr::Foreign(f) = decoded else {
             panic!("{decoded:?}")
         };

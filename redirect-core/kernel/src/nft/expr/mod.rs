@@ -7,7 +7,8 @@
 //! (`extra`). Attributes are written in libnftnl's order, so every rule is byte-identical to
 //! the one libnftnl builds (the oracle test in `tests/nft_oracle.rs` holds us to it).
 //!
-//! Here: the types and the encoder; `decode` reads a dumped expression back.
+//! Here: the types and the encoder; `decode` reads a dumped expression back (with `extra`'s
+//! attribute types).
 
 use netlink_packet_netfilter::nftables::MetaKey as NlMetaKey;
 
@@ -17,6 +18,8 @@ use super::nla_writer::NlaWriter;
 mod decode;
 #[cfg(test)]
 mod typed;
+
+pub(in crate::nft) use decode::decode;
 
 /// Where a payload load reads from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,7 +398,7 @@ mod tests {
         attr.emit(&mut buf);
         let parsed =
             ListAttribute::<ExpressionAttribute>::parse(&NlaBuffer::new(&buf[..])).unwrap();
-        Expr::decode(&parsed)
+        decode(&parsed)
     }
 
     /// Every shape of every expression we write, and a foreign one.

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 use redirect_core::mesh::MeshDefaults;
 use redirect_core::{Capture, Namespace, PathCounts};
 
-use super::PodKey;
 use crate::pods::capture::{locate, Located, Reach};
+use crate::telemetry::capture_counts::{CaptureCounts, PodKey, Source};
 
 /// A pod whose counters are read: its namespace's sockets and the capture ADD applied.
 struct Held {
@@ -160,16 +160,19 @@ fn host_network(pod: &Pod) -> bool {
         .unwrap_or(false)
 }
 
-/// The reader's loop in the agent: a round every `interval` over the pods the pod watch last
-/// listed (`known`), its counts set on `counts`; a problem is logged when it first appears.
+/// The sidecar pods' counters, the agent's part (`CAPTURE_COUNTERS`): a round every `every`
+/// over the pods the pod informer lists (`known`), each captured as the plugin with
+/// `defaults` captures it, its counts set on `counts`; a problem is logged when it first
+/// appears. Runs until `stop`.
 pub async fn run(
-    mut reader: SidecarReader,
+    defaults: MeshDefaults,
     known: crate::informers::KnownPods,
-    counts: super::CaptureCounts,
+    counts: CaptureCounts,
     places: crate::pods::Places,
-    interval: std::time::Duration,
+    every: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut reader = SidecarReader::new(defaults);
     let mut logged: HashSet<String> = HashSet::new();
     loop {
         let pods = known.snapshot();
@@ -191,7 +194,7 @@ pub async fn run(
             return;
         };
         reader = back;
-        counts.set(super::Source::Sidecar, read);
+        counts.set(Source::Sidecar, read);
         for p in &problems {
             if !logged.contains(p) {
                 tracing::warn!("counters: {p}");
@@ -200,7 +203,7 @@ pub async fn run(
         logged = problems.into_iter().collect();
         tokio::select! {
             _ = stop.changed() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(every) => {}
         }
     }
 }

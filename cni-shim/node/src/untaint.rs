@@ -14,7 +14,7 @@ use tokio::sync::watch as signal;
 
 /// What an untaint pass found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Untainted {
+enum Untainted {
     /// Our taint was there and is gone now.
     Removed,
     /// The node does not carry it.
@@ -22,7 +22,7 @@ pub enum Untainted {
 }
 
 /// Removes every taint with key `key` from node `node`.
-pub async fn untaint(client: &Client, node: &str, key: &str) -> Result<Untainted, kube::Error> {
+async fn untaint(client: &Client, node: &str, key: &str) -> Result<Untainted, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let current = nodes.get(node).await?;
     let taints = current

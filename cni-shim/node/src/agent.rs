@@ -1,14 +1,11 @@
-//! The node agent's long-running parts beside the installer (`redirect-cni-node`): the repair
-//! controller, the untaint of its own node, the HTTP endpoints (metrics, probes; the node view
-//! on a socket of its own), and the plugin's events (`plugin_events`). They run on one thread with a current-thread tokio
-//! runtime; the installer's loop tells them when the plugin is installed
-//! ([`Agent::set_ready`], also written to the run directory for the plugin's STATUS) and stops
-//! them before it uninstalls.
-
-pub(crate) mod http;
-pub mod plugin_events;
-pub mod untaint;
-pub mod upgrade;
+//! The node agent beside the installer (`redirect-cni-node`): the wiring of its parts, each a
+//! module of its own with one entry, over what they share (the informers, the settings, the
+//! metrics recorded, the node view): the metrics server (`crate::metrics`), the repair
+//! controller (`crate::repair`), ambient mode (`crate::ambient`), the sidecar pods' counters
+//! (`crate::counters`) and the untaint of its own node (`crate::untaint`). They run on one
+//! thread with a current-thread tokio runtime; the installer's loop tells them when the plugin
+//! is installed ([`Agent::set_ready`], also written to the run directory for the plugin's
+//! STATUS) and stops them before it uninstalls.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -17,16 +14,11 @@ use std::thread::JoinHandle;
 
 use tokio::sync::watch as signal;
 
-use crate::ambient::dataplane::Dataplane;
 use crate::atomic_file::{write_atomic, FileAttrs};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
 use crate::node_view::NodeView;
-use crate::plugin_entry::standalone_conf;
-use crate::pods::queue::Backoff;
-use crate::repair::controller::Controller;
-use crate::server_url;
 use crate::settings::Settings;
+use crate::telemetry::Metrics;
 use cni_protocol::cni::conf::NetConf;
 use cni_protocol::events::{Readiness, READY_NAME};
 use zds::server::ZdsServer;
@@ -49,7 +41,7 @@ impl Agent {
     pub fn start(settings: &Settings) -> Result<Agent> {
         settings.check_agent()?;
         let listener = bind(settings.monitoring_port)?;
-        let plugin = Arc::new(plugin_conf(settings)?);
+        let plugin = Arc::new(crate::plugin_entry::plugin_conf(settings)?);
         let mut metrics = Metrics::new(
             settings
                 .repair
@@ -63,7 +55,8 @@ impl Agent {
             metrics = metrics.with_ambient();
         }
         if settings.capture_counters.on() {
-            let counts = crate::counters::CaptureCounts::new(settings.capture_counters);
+            let counts =
+                crate::telemetry::capture_counts::CaptureCounts::new(settings.capture_counters);
             metrics = metrics.with_counters(counts);
         }
         // Before anything is installed: an unsafe socket folder stops the agent here.
@@ -222,21 +215,6 @@ fn bind(port: u16) -> Result<Option<TcpListener>> {
     Ok(Some(listener))
 }
 
-/// The plugin's own config entry, parsed as the plugin parses it.
-pub(crate) fn plugin_conf(settings: &Settings) -> Result<NetConf> {
-    let text = standalone_conf(settings).to_string();
-    cni_protocol::cni::conf::parse(text.as_bytes()).map_err(|e| Error::InvalidSetting {
-        setting: "PLUGIN_CONFIG_JSON",
-        value: settings
-            .plugin_config
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(","),
-        reason: format!("the plugin would refuse its config entry: {}", e.msg),
-    })
-}
-
 /// What the agent's thread owns.
 struct Parts {
     settings: Settings,
@@ -270,55 +248,15 @@ impl Parts {
     async fn serve(self) {
         let s = &self.settings;
         let mut tasks = tokio::task::JoinSet::new();
-        let status = http::Status {
+        let endpoints = crate::metrics::Endpoints {
+            listener: self.listener,
+            port: s.monitoring_port,
+            run_dir: s.cni_agent_run_dir.clone(),
             metrics: self.metrics.clone(),
             ready: self.ready.clone(),
             view: self.view.clone(),
-            view_socket: s.cni_agent_run_dir.join(http::DEBUG_SOCKET),
         };
-        if let Some(l) = self.listener {
-            match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => {
-                    tracing::info!(
-                        "serving /metrics, /readyz and /healthz on port {}",
-                        s.monitoring_port
-                    );
-                    tasks.spawn(http::serve(l, status.clone(), self.stop.clone()));
-                }
-                Err(e) => tracing::error!("monitoring port {}: {e}", s.monitoring_port),
-            }
-        }
-        // The node view names every pod: on a socket only the node's root may open, whatever
-        // MONITORING_PORT says.
-        match http::bind_view_socket(&s.cni_agent_run_dir) {
-            Ok((l, path)) => {
-                tracing::info!(
-                    "serving the node view (/debug/node) on {}, root's alone",
-                    path.display()
-                );
-                tasks.spawn(http::serve_view(l, path, status, self.stop.clone()));
-            }
-            Err(e) => tracing::error!(
-                "{}: {e}; the node view (redirect-validate node) is not served",
-                status.view_socket.display()
-            ),
-        }
-        match plugin_events::bind(&s.cni_agent_run_dir) {
-            Ok((sock, path)) => {
-                tasks.spawn(plugin_events::receive(
-                    sock,
-                    path,
-                    self.metrics.clone(),
-                    self.stop.clone(),
-                ));
-            }
-            Err(e) => tracing::warn!(
-                "{}: {e}; the plugin's calls are not counted",
-                s.cni_agent_run_dir
-                    .join(cni_protocol::events::SOCKET_NAME)
-                    .display()
-            ),
-        }
+        tasks.spawn(crate::metrics::serve(endpoints, self.stop.clone()));
         let zds = self.zds;
         let shared = Shared {
             plugin: self.plugin.clone(),
@@ -362,27 +300,11 @@ async fn with_client(
     stop: signal::Receiver<bool>,
     tasks: &mut tokio::task::JoinSet<()>,
 ) {
-    if !s.repair.enabled {
-        tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
-    }
-    let adopting = s.repair.adopting();
-    if !adopting && s.repair.adopt_istio != crate::adopt::AdoptIstio::Off {
-        // Only the repair controller (on by default) makes a node name required.
-        tracing::warn!(
-            "ADOPT_ISTIO={} needs this node's name (NODE_NAME or REPAIR_NODE_NAME): pods holding \
-             Istio's rules are not looked for",
-            s.repair.adopt_istio.word()
-        );
-    }
-    // The node's pods are watched for repair, adoption, the hand-back's fallback, the sidecar
-    // counters and ambient mode; all of them need the node's name.
-    let named = !s.repair.node_name.is_empty();
-    let keeping = named && (s.hand_back_on_uninstall.is_some() || s.capture_counters.on());
-    let sidecar_pods = s.repair.enabled || adopting || keeping;
+    let sidecar_pods = sidecar_pods(s);
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
     }
-    let client = match client(s).await {
+    let client = match crate::kube_client::client(s).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}; no repair controller, no ambient mode and no untaint");
@@ -407,20 +329,27 @@ async fn with_client(
     }
     sidecar_counters(s, (&plugin, &metrics, &informers.pods), tasks, &stop);
     if sidecar_pods {
-        let parts = (
-            plugin,
-            metrics.clone(),
-            view.clone(),
+        let shared = (plugin, metrics.clone(), view.clone());
+        tasks.spawn(crate::repair::run(
+            client.clone(),
             informers.pods.clone(),
-        );
-        tasks.spawn(repair_controller(s, client.clone(), parts).run(stop.clone()));
+            &s.repair,
+            shared,
+            stop.clone(),
+        ));
     }
     if let Some(zds) = zds {
-        let parts = (metrics, view, informers);
-        ambient_start(s, client.clone(), zds, parts, tasks, stop.clone());
+        tasks.spawn(crate::ambient::run(
+            client.clone(),
+            informers,
+            zds,
+            (&s.ambient, &ambient_node(s)),
+            (metrics, view),
+            stop.clone(),
+        ));
     }
     if let Some(key) = &s.untaint {
-        tasks.spawn(untaint::run(
+        tasks.spawn(crate::untaint::run(
             client,
             s.node().to_owned(),
             key.clone(),
@@ -430,30 +359,39 @@ async fn with_client(
     }
 }
 
-/// The repair controller (or, with `REPAIR_ENABLED=false`, the adoption alone), on the pod
-/// informer.
-fn repair_controller(
-    s: &Settings,
-    client: kube::Client,
-    (plugin, metrics, view, pods): (Arc<NetConf>, Metrics, NodeView, crate::informers::KnownPods),
-) -> Controller {
-    let mut settings = s.repair.clone();
+/// Whether the node's pods are watched: for repair, adoption, the hand-back's fallback and the
+/// sidecar counters (ambient mode watches them too). Says why a part that needs the node's name
+/// is not run.
+fn sidecar_pods(s: &Settings) -> bool {
     if !s.repair.enabled {
-        // Watching for adoption only: no repair action.
-        settings.action = None;
+        tracing::info!("the repair controller is disabled (REPAIR_ENABLED=false)");
     }
-    tracing::info!(
-        "pods holding Istio's capture rules: ADOPT_ISTIO={}",
-        s.repair.adopt_istio.word()
-    );
-    Controller {
-        client,
-        settings,
-        plugin,
-        metrics,
-        view,
-        backoff: Backoff::default(),
-        pods,
+    let adopting = s.repair.adopting();
+    if !adopting && s.repair.adopt_istio != crate::adopt::AdoptIstio::Off {
+        // Only the repair controller (on by default) makes a node name required.
+        tracing::warn!(
+            "ADOPT_ISTIO={} needs this node's name (NODE_NAME or REPAIR_NODE_NAME): pods holding \
+             Istio's rules are not looked for",
+            s.repair.adopt_istio.word()
+        );
+    }
+    // The node's pods are watched for repair, adoption, the hand-back's fallback, the sidecar
+    // counters and ambient mode; all of them need the node's name.
+    let named = !s.repair.node_name.is_empty();
+    let keeping = named && (s.hand_back_on_uninstall.is_some() || s.capture_counters.on());
+    s.repair.enabled || adopting || keeping
+}
+
+/// What ambient mode takes from the node's settings besides its own.
+fn ambient_node(s: &Settings) -> crate::ambient::NodeSettings {
+    crate::ambient::NodeSettings {
+        name: s.node().to_owned(),
+        excluded_namespaces: s.exclude_namespaces.clone(),
+        places: s.repair.places.clone(),
+        adopt_istio: s.repair.adopt_istio,
+        adopted_forms: s.repair.adopted_forms.clone(),
+        counters_every: s.capture_counters_interval,
+        run_dir: s.cni_agent_run_dir.clone(),
     }
 }
 
@@ -510,47 +448,14 @@ fn sidecar_counters(
         );
         return;
     }
-    let reader = crate::counters::sidecar::SidecarReader::new(plugin.mesh.clone());
-    tasks.spawn(crate::counters::sidecar::run(
-        reader,
+    tasks.spawn(crate::counters::run(
+        plugin.mesh.clone(),
         known.clone(),
         counts.clone(),
         s.repair.places.clone(),
         s.capture_counters_interval,
         stop.clone(),
     ));
-}
-
-/// The host's probe SNAT for kubelet's UID, found in the host's `/proc`: without it kubelet's
-/// probes to ambient pods are captured like any other connection, so its absence is an error
-/// in the log, not a stop.
-fn host_probe(s: &Settings, mut dp: Dataplane) -> Dataplane {
-    let base = &s.ambient.base;
-    let proc = &s.repair.places.proc;
-    let uid = match redirect_core::ambient::kubelet_uid(proc) {
-        Ok(uid) => uid,
-        Err(e) => {
-            tracing::error!(
-                "ambient: no probe SNAT on this node: {}",
-                redirect_program::errors::chain(&e)
-            );
-            return dp;
-        }
-    };
-    let cfg = redirect_core::HostProbeConfig {
-        kubelet_uid: uid,
-        snat_v4: base.probe_snat_v4,
-        snat_v6: base.ipv6.then_some(base.probe_snat_v6),
-    };
-    let (v4, v6) = (cfg.snat_v4, cfg.snat_v6);
-    match dp.set_host_probe(cfg) {
-        Ok(()) => tracing::info!(
-            "ambient: kubelet (UID {uid})'s TCP to enrolled pods is SNATed to {v4}{}",
-            v6.map(|a| format!(" and {a}")).unwrap_or_default()
-        ),
-        Err(e) => tracing::error!("ambient: no probe SNAT on this node: {e}"),
-    }
-    dp
 }
 
 /// The ZDS server, bound but not yet answering (`ambient::controller` lets ztunnel in once
@@ -568,64 +473,4 @@ fn zds_server(settings: &Settings) -> Result<Option<ZdsServer>> {
     ZdsServer::bind_paused(path, zds::server::DEADLINE)
         .map(Some)
         .map_err(|e| invalid(format!("cannot listen there: {e}")))
-}
-
-/// Ambient mode's parts: the controller, and the plugin's socket feeding it.
-fn ambient_start(
-    s: &Settings,
-    client: kube::Client,
-    zds: ZdsServer,
-    (metrics, view, informers): (Metrics, NodeView, crate::informers::Informers),
-    tasks: &mut tokio::task::JoinSet<()>,
-    stop: signal::Receiver<bool>,
-) {
-    let (to, requests) = tokio::sync::mpsc::channel(crate::ambient::plugin_requests::IN_FLIGHT);
-    let listener = match crate::ambient::plugin_requests::listen_in(&s.cni_agent_run_dir, to) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::error!(
-                "ambient: cannot listen for the plugin in {}: {e}; ambient pods are enrolled \
-                 by the watch only, after they start",
-                s.cni_agent_run_dir.display()
-            );
-            None
-        }
-    };
-    let controller = crate::ambient::controller::Controller {
-        client,
-        settings: s.ambient.clone(),
-        informers,
-        node: s.node().to_owned(),
-        excluded: s.exclude_namespaces.clone(),
-        places: s.repair.places.clone(),
-        metrics,
-        dataplane: Arc::new(std::sync::Mutex::new(host_probe(
-            s,
-            Dataplane::new(zds)
-                .with_adoption(s.repair.adopt_istio, s.repair.adopted_forms.clone())
-                .with_branch_eni(s.ambient.aws_branch_eni_probe)
-                .with_listener_check(s.ambient.check_listeners)
-                .with_counters_every(s.capture_counters_interval)
-                .with_synthetic_check(s.ambient.synthetic_check.clone()),
-        ))),
-        requests,
-        view,
-    };
-    tasks.spawn(async move {
-        controller.run(stop).await;
-        drop(listener);
-    });
-}
-
-/// The agent's API client, from the same service account and server as the kubeconfig.
-pub(crate) async fn client(s: &Settings) -> std::result::Result<kube::Client, String> {
-    let host = s.kubernetes_service_host.as_deref().ok_or_else(|| {
-        "KUBERNETES_SERVICE_HOST is not set: the agent cannot reach the API server".to_string()
-    })?;
-    let server = server_url(
-        &s.kubernetes_service_protocol,
-        host,
-        &s.kubernetes_service_port,
-    );
-    crate::kube_client::agent_client(&server, s.ca_path().as_deref(), &s.token_path()).await
 }

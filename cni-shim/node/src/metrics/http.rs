@@ -26,15 +26,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch as signal;
 
-use crate::metrics::{self, Metrics};
 use crate::node_view::NodeView;
+use crate::telemetry::{self, Metrics};
 
 /// The node view's socket in the run directory.
-pub const DEBUG_SOCKET: &str = "debug.sock";
+pub(super) const DEBUG_SOCKET: &str = "debug.sock";
 
 /// What the endpoints report.
 #[derive(Clone)]
-pub struct Status {
+pub(super) struct Status {
     pub metrics: Metrics,
     pub ready: signal::Receiver<bool>,
     pub view: NodeView,
@@ -72,13 +72,13 @@ impl Listener for UnixListener {
 }
 
 /// Serves the monitoring port until `stop` turns true.
-pub async fn serve(listener: TcpListener, status: Status, stop: signal::Receiver<bool>) {
+pub(super) async fn serve(listener: TcpListener, status: Status, stop: signal::Receiver<bool>) {
     serve_on(&listener, Door::Port, status, stop).await
 }
 
 /// Serves the node view on `listener`, bound at `path` (by [`bind_view_socket`]), until `stop`
 /// turns true; then removes the socket, if it is still this one.
-pub async fn serve_view(
+pub(super) async fn serve_view(
     listener: UnixListener,
     path: PathBuf,
     status: Status,
@@ -98,7 +98,7 @@ pub async fn serve_view(
 
 /// Binds the node view's socket in `run_dir` (root's alone, mode 0600), in place of whatever a
 /// previous agent left there (see `run_dir::bind_socket`).
-pub fn bind_view_socket(run_dir: &Path) -> std::io::Result<(UnixListener, PathBuf)> {
+pub(super) fn bind_view_socket(run_dir: &Path) -> std::io::Result<(UnixListener, PathBuf)> {
     let (l, path) = crate::run_dir::bind_socket(run_dir, DEBUG_SOCKET, |p| {
         std::os::unix::net::UnixListener::bind(p)
     })?;
@@ -171,7 +171,7 @@ fn answer(req: &Request<Incoming>, status: &Status, door: Door) -> Response<Full
     match req.uri().path() {
         "/metrics" => reply(
             StatusCode::OK,
-            metrics::CONTENT_TYPE,
+            telemetry::CONTENT_TYPE,
             status.metrics.encode(),
         ),
         "/readyz" if *status.ready.borrow() => reply(StatusCode::OK, TEXT, "ready\n".into()),

@@ -7,18 +7,18 @@ use std::path::{Path, PathBuf};
 use tokio::net::UnixDatagram;
 use tokio::sync::watch as signal;
 
-use crate::metrics::Metrics;
+use crate::telemetry::Metrics;
 use cni_protocol::events::{Event, LogLine, MAX_EVENT, SOCKET_NAME};
 
 /// Binds the socket in `run_dir` (a stale one from an agent killed before is replaced). A
 /// datagram socket takes datagrams as soon as it is bound: `run_dir::bind_socket` makes it
 /// 0600 before it is in place.
-pub fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {
+pub(super) fn bind(run_dir: &Path) -> std::io::Result<(UnixDatagram, PathBuf)> {
     crate::run_dir::bind_socket(run_dir, SOCKET_NAME, |p| UnixDatagram::bind(p))
 }
 
 /// Counts every event until `stop`; then removes the socket.
-pub async fn receive(
+pub(super) async fn receive(
     sock: UnixDatagram,
     path: PathBuf,
     metrics: Metrics,

@@ -1,5 +1,8 @@
-//! The agent's metrics, under Istio's names where Istio has them so that existing dashboards
-//! keep working, and ours where it has none:
+//! What the agent's parts record, for the metrics server (`crate::metrics`) to serve: one
+//! registry ([`Metrics`]) that the installer, repair, ambient and the plugin's events count
+//! into, and the capture counters' store ([`capture_counts`]). Below every part, so that none
+//! reaches into another to count. The metrics, under Istio's names where Istio has them so
+//! that existing dashboards keep working, and ours where it has none:
 //!
 //! - `istio_cni_repair_pods_repaired_total{type,result}`: the repair controller's actions;
 //! - `istio_cni_install_ready`: whether the plugin is installed and the agent ready;
@@ -33,6 +36,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use cni_protocol::events::Event;
+
+pub mod capture_counts;
 
 /// The histograms' buckets, in seconds: 0.5 ms to 10 s (an ADD takes a few milliseconds; a
 /// pod read from a slow API server, seconds).
@@ -130,7 +135,7 @@ pub struct Metrics {
     adopted: Family<AdoptLabels, Counter>,
     ambient: AmbientMetrics,
     /// `CAPTURE_COUNTERS`: the pods' counters, encoded at each scrape.
-    counts: Option<crate::counters::CaptureCounts>,
+    counts: Option<crate::telemetry::capture_counts::CaptureCounts>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -396,7 +401,10 @@ impl Metrics {
     /// Adds the capture counters (`CAPTURE_COUNTERS`, right after [`Metrics::new`], before
     /// any clone): `redirect_cni_capture_packets_total` and `redirect_cni_capture_bytes_total`,
     /// per path, and per pod when the mode says so.
-    pub fn with_counters(mut self, counts: crate::counters::CaptureCounts) -> Self {
+    pub fn with_counters(
+        mut self,
+        counts: crate::telemetry::capture_counts::CaptureCounts,
+    ) -> Self {
         let Some(registry) = Arc::get_mut(&mut self.registry) else {
             return self;
         };
@@ -416,7 +424,7 @@ impl Metrics {
     }
 
     /// The pods' counters (`CAPTURE_COUNTERS`), for the readers to set; `None` when off.
-    pub fn capture_counts(&self) -> Option<&crate::counters::CaptureCounts> {
+    pub fn capture_counts(&self) -> Option<&crate::telemetry::capture_counts::CaptureCounts> {
         self.counts.as_ref()
     }
 

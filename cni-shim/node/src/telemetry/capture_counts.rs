@@ -1,12 +1,10 @@
 //! The capture counters on the metrics port (`CAPTURE_COUNTERS`): each pod's counts per path as
-//! last read (ambient pods by the ambient pass, sidecar pods by `sidecar`'s reader), encoded
-//! at each scrape as counters, per pod or summed over the node.
+//! last read (ambient pods by the ambient pass, sidecar pods by `crate::counters`' reader),
+//! encoded at each scrape as counters, per pod or summed over the node.
 //!
 //! The node's sums stay monotonic, as a counter must: when a pod goes, or its counts fall (its
 //! table was programmed again, which zeroes its counters), what it had counted is kept in
 //! `retired` and still summed.
-
-pub mod sidecar;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -52,7 +50,7 @@ impl CountersMode {
 /// Who read a pod's counts: its kind of capture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Source {
-    /// The plugin's sidecar capture, read by `sidecar`'s reader.
+    /// The plugin's sidecar capture, read by `crate::counters`' reader.
     Sidecar,
     /// Ambient's in-pod rules, read by the ambient pass.
     Ambient,
