@@ -23,6 +23,12 @@ pub const WATCH_BACKOFF: Backoff = Backoff {
     cap: Duration::from_secs(60),
 };
 
+/// How far apart the agents list again after a 410 Gone: each waits a uniform random part
+/// of it. An API server that restarts answers 410 to every agent's watch within a second; at
+/// 5,000 nodes, 10 s makes that 500 lists a second instead of 5,000 at once (each from the
+/// watch cache), while an agent's controllers act on what they last saw for at most 10 s.
+pub const RELIST_SPREAD: Duration = Duration::from_secs(10);
+
 /// Where a watch's health is shown: whether it works, and that it listed (the pods' watch's
 /// `redirect_cni_repair_watch_*` metrics, made by the metrics' `watch_gauges`).
 pub struct Gauges {
@@ -66,10 +72,15 @@ impl WatchHealth {
     /// wait before trying again.
     pub fn failed(&mut self, e: &watcher::Error) -> Duration {
         if matches!(e, watcher::Error::WatchError(r) if r.code == 410) {
-            // The server's history moved past our resource version: the watcher lists again
-            // at once. Routine, not an outage.
-            tracing::debug!("the watch expired (410 Gone): listing {} again", self.what);
-            return Duration::ZERO;
+            // The server's history moved past our resource version: the watcher lists again.
+            // Routine, not an outage; but a restarted API server answers it to every agent of
+            // the cluster at once, so each lists after its own random part of RELIST_SPREAD.
+            let delay = RELIST_SPREAD.mul_f64(fastrand::f64());
+            tracing::debug!(
+                "the watch expired (410 Gone): listing {} again in {delay:?}",
+                self.what
+            );
+            return delay;
         }
         if let Some(m) = &self.metrics {
             (m.up)(false);
@@ -139,5 +150,34 @@ fn describe(e: &watcher::Error, what: &str) -> String {
         format!("{e}: the agent's ServiceAccount needs list and watch on {resource} (its ClusterRole in the manifests)")
     } else {
         e.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gone() -> watcher::Error {
+        watcher::Error::WatchError(kube::core::ErrorResponse {
+            status: "Failure".into(),
+            message: "too old resource version".into(),
+            reason: "Expired".into(),
+            code: 410,
+        })
+    }
+
+    /// A 410 is no outage, and the agents that get it together list apart: each delay within
+    /// RELIST_SPREAD, and not all the same.
+    #[test]
+    fn a_410_relists_within_the_spread_and_apart() {
+        let mut h = WatchHealth::new("this node's pods", WATCH_BACKOFF, None);
+        let delays: Vec<Duration> = (0..100).map(|_| h.failed(&gone())).collect();
+        assert!(delays.iter().all(|d| *d < RELIST_SPREAD), "{delays:?}");
+        let (min, max) = (delays.iter().min().unwrap(), delays.iter().max().unwrap());
+        assert!(
+            *max - *min > RELIST_SPREAD / 2,
+            "100 draws spread over less than half: {min:?} to {max:?}"
+        );
+        assert!(h.outage.is_none(), "a 410 is no outage");
     }
 }
