@@ -10,8 +10,8 @@
 //! deleted table recreated, a pod's rules reprogrammed, what ztunnel has not acked sent
 //! again), each repair returned for the log and the metrics.
 //!
-//! Everything here blocks (netlink, ZDS's 5 s deadlines): the controller calls it from a
-//! blocking task, one change at a time.
+//! Everything here blocks (netlink, ZDS's 5 s deadlines): it lives on a thread of its own
+//! (`dataplane_thread`), where the controller's calls are served one change at a time.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

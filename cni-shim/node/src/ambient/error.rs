@@ -68,7 +68,7 @@ pub enum AmbientError {
         error: Box<kube::Error>,
     },
 
-    /// A blocking task (the search, the data plane) panicked or was cancelled.
+    /// A blocking task (the search of a pod's namespace) panicked or was cancelled.
     #[error("a blocking task failed: {0}")]
     Task(String),
 }

@@ -8,6 +8,7 @@
 pub(crate) mod branch_eni;
 pub(crate) mod controller;
 pub(crate) mod dataplane;
+pub(crate) mod dataplane_thread;
 pub(crate) mod error;
 pub(crate) mod identity;
 pub(crate) mod listeners;
@@ -17,7 +18,6 @@ pub mod synthetic;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redirect_core::ambient::EnablementSelectors;
@@ -31,6 +31,7 @@ use crate::node_view::NodeView;
 use crate::pods::Places;
 use crate::telemetry::Metrics;
 use dataplane::Dataplane;
+use dataplane_thread::DataplaneThread;
 
 /// The agent's ambient settings (`AMBIENT_*`, `ZTUNNEL_UDS_ADDRESS`, `HOST_PROBE_SNAT_*`).
 #[derive(Clone, Debug, PartialEq)]
@@ -107,7 +108,16 @@ pub fn run(
         .with_listener_check(settings.check_listeners)
         .with_counters_every(node.counters_every)
         .with_synthetic_check(settings.synthetic_check.clone());
-    let controller = controller::Controller {
+    let dataplane = host_probe(&settings.base, &node.places.proc, dataplane);
+    // The data plane blocks (netlink, setns, ZDS's sockets): it is its own thread's.
+    let dataplane = match DataplaneThread::start("ambient-dataplane", dataplane) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::error!("ambient: no thread for the data plane: {e}; no pod is enrolled");
+            None
+        }
+    };
+    let controller = dataplane.map(|dataplane| controller::Controller {
         client,
         settings: settings.clone(),
         informers,
@@ -115,16 +125,14 @@ pub fn run(
         excluded: node.excluded_namespaces.clone(),
         places: node.places.clone(),
         metrics,
-        dataplane: Arc::new(Mutex::new(host_probe(
-            &settings.base,
-            &node.places.proc,
-            dataplane,
-        ))),
+        dataplane,
         requests,
         view,
-    };
+    });
     async move {
-        controller.run(stop).await;
+        if let Some(controller) = controller {
+            controller.run(stop).await;
+        }
         drop(listener);
     }
 }

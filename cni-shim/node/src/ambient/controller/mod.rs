@@ -13,7 +13,7 @@
 //! only then lets ztunnel connect: ztunnel drops the pods a snapshot does not name.
 
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod};
@@ -28,6 +28,7 @@ mod state;
 use state::State;
 
 use super::dataplane::{Dataplane, PassReport, Rules, Stage};
+use super::dataplane_thread::DataplaneThread;
 use super::error::AmbientError;
 use super::identity::Binding;
 use super::plugin_requests::PluginRequest;
@@ -48,7 +49,8 @@ pub struct Controller {
     pub excluded: Vec<String>,
     pub places: Places,
     pub metrics: Metrics,
-    pub dataplane: Arc<Mutex<Dataplane>>,
+    /// The data plane, on its own thread: every step that blocks goes there, in turn.
+    pub dataplane: DataplaneThread,
     pub requests: mpsc::Receiver<PluginRequest>,
     pub view: NodeView,
 }
@@ -79,14 +81,9 @@ impl Controller {
         state.passes.interval_s = self.settings.reconcile_interval.as_secs_f64();
         // ztunnel came or went: a pass at once (the gauge, the annotations, what to resend).
         let wake = Arc::new(Notify::new());
-        {
-            let w = wake.clone();
-            self.dataplane
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .zds()
-                .on_change(move || w.notify_one());
-        }
+        let w = wake.clone();
+        self.with_dataplane(move |dp| dp.zds().on_change(move || w.notify_one()))
+            .await;
         let mut pass_timer = tokio::time::interval(self.settings.reconcile_interval);
         pass_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -120,6 +117,8 @@ impl Controller {
                 }
             }
         }
+        // The data plane dropped (its ZDS socket removed) before the controller is done.
+        self.dataplane.close().await;
         tracing::info!("the ambient controller stopped");
     }
 
@@ -141,15 +140,18 @@ impl Controller {
         }
         if first {
             state.started = true;
-            let dp = self.dataplane.lock().unwrap_or_else(|p| p.into_inner());
-            dp.zds().serve_connections();
+            let enrolled = self
+                .with_dataplane(|dp| {
+                    dp.zds().serve_connections();
+                    dp.len()
+                })
+                .await;
             tracing::info!(
-                "ambient: {} pod(s) enrolled at start; ztunnel may connect to {}",
-                dp.len(),
+                "ambient: {enrolled} pod(s) enrolled at start; ztunnel may connect to {}",
                 self.settings.ztunnel_socket.display()
             );
         }
-        self.update_metrics();
+        self.update_metrics().await;
     }
 
     /// One pass: the data plane read back and converged, the kept pods looked for, the
@@ -185,7 +187,7 @@ impl Controller {
         state.passes.took_ms = report.took.as_secs_f64() * 1000.0;
         self.metrics.ambient_pass(report.took);
         // The stages and, with CAPTURE_COUNTERS, the counters this pass read.
-        self.update_metrics();
+        self.update_metrics().await;
         self.publish(state).await;
     }
 
@@ -542,18 +544,12 @@ impl Controller {
         Ok(())
     }
 
-    /// Runs `f` on the data plane in a blocking task.
+    /// Runs `f` on the data plane, on its thread, after the calls before it.
     pub(super) async fn with_dataplane<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Dataplane) -> T + Send + 'static,
     ) -> T {
-        let dp = self.dataplane.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut dp = dp.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut dp)
-        })
-        .await
-        .expect("the data plane's task does not panic")
+        self.dataplane.call(f).await
     }
 
     /// One watch event in Istio's `nodeagent_reconcile_events_total`.
@@ -563,24 +559,33 @@ impl Controller {
         }
     }
 
-    pub(super) fn update_metrics(&self) {
-        let dp = self.dataplane.lock().unwrap_or_else(|p| p.into_inner());
-        let uids = dp.enrolled();
-        let enabled = uids
-            .iter()
-            .filter(|u| dp.stage(u) == Some(Stage::Enabled))
-            .count();
-        self.metrics.set_ambient(
-            enabled,
-            uids.len() - enabled,
-            dp.zds().open().len(),
-            dp.zds().connections(),
-        );
-        if let Some(counts) = self.metrics.capture_counts() {
-            counts.set(
-                crate::telemetry::capture_counts::Source::Ambient,
-                dp.counts(),
-            );
+    /// The ambient gauges and, with `CAPTURE_COUNTERS`, the enrolled pods' counters, as the
+    /// data plane holds them now (read in one call).
+    pub(super) async fn update_metrics(&self) {
+        let counted = self.metrics.capture_counts();
+        let with_counts = counted.is_some();
+        let (enabled, pods, open, connections, counts) = self
+            .with_dataplane(move |dp| {
+                let uids = dp.enrolled();
+                let enabled = uids
+                    .iter()
+                    .filter(|u| dp.stage(u) == Some(Stage::Enabled))
+                    .count();
+                let counts = with_counts.then(|| dp.counts());
+                let zds = dp.zds();
+                (
+                    enabled,
+                    uids.len(),
+                    zds.open().len(),
+                    zds.connections(),
+                    counts,
+                )
+            })
+            .await;
+        self.metrics
+            .set_ambient(enabled, pods - enabled, open, connections);
+        if let (Some(store), Some(counts)) = (counted, counts) {
+            store.set(crate::telemetry::capture_counts::Source::Ambient, counts);
         }
     }
 

@@ -87,7 +87,7 @@ pub(super) async fn answer(c: &Controller, state: &mut State, r: PluginRequest) 
             );
         }
     }
-    c.update_metrics();
+    c.update_metrics().await;
 }
 
 /// The pod and whether it is ambient (`Ok(Err(reason))` when not).
