@@ -4,7 +4,7 @@
 //! Istio itself would write (its agent then finds nothing to change).
 //!
 //! - [`IstioNft::build`]: the tables for a
-//!   [`CaptureConfig`](redirect_model::CaptureConfig), in their final order (Istio's inserts
+//!   [`CaptureConfig`], in their final order (Istio's inserts
 //!   already placed), each chain with its rules and each table only if it has one.
 //! - [`IstioNft::rule_lines`]: the rules as Istio writes them (`add rule inet ...`), one per
 //!   line, which Istio's goldens hold.
