@@ -217,7 +217,7 @@ struct Sample {
 impl Sample {
     fn take(n: &Node, pid: u32) -> Sample {
         Sample {
-            cpu_ms: cpu_ms(pid),
+            cpu_ms: cni_testkit::process_cpu_seconds(pid) * 1000.0,
             passes: metric(n, "redirect_cni_ambient_reconcile_passes_total", &[]),
             pass_seconds: metric(n, "redirect_cni_ambient_reconcile_pass_seconds_sum", &[]),
             // JSON: the agent's client (kube-apiserver's own loops, which GET namespaces and
@@ -229,19 +229,6 @@ impl Sample {
             }),
         }
     }
-}
-
-/// The process's user and system time, all threads, in ms (`/proc/PID/stat` fields 14, 15).
-fn cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks * 1000.0 / hz
 }
 
 fn metric(n: &Node, name: &str, labels: &[&str]) -> f64 {

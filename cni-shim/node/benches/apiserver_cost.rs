@@ -278,9 +278,9 @@ fn run(s: &Scale) {
 
     // Churn.
     let before = admin.metrics();
-    let cpu = cpu_s(cp.apiserver_pid());
+    let cpu = cni_testkit::process_cpu_seconds(cp.apiserver_pid());
     let churn = Traffic::over(cp.port(), &pids, || admin.churn(s));
-    let churn_cpu = (cpu_s(cp.apiserver_pid()) - cpu) * per_min;
+    let churn_cpu = (cni_testkit::process_cpu_seconds(cp.apiserver_pid()) - cpu) * per_min;
     rows.add(
         "bytes received per agent per minute, churn (1 pod/s created, 1/s deleted, a namespace label every 10 s)",
         format!(
@@ -747,25 +747,14 @@ struct ApiUsage {
 impl ApiUsage {
     fn over(cp: &ControlPlane, window: Duration) -> ApiUsage {
         let pid = cp.apiserver_pid();
-        let before = cpu_s(pid);
+        let before = cni_testkit::process_cpu_seconds(pid);
         std::thread::sleep(window);
         ApiUsage {
-            cpu_per_min: (cpu_s(pid) - before) * 60.0 / window.as_secs_f64(),
+            cpu_per_min: (cni_testkit::process_cpu_seconds(pid) - before) * 60.0
+                / window.as_secs_f64(),
             rss_mb: rss_kb(pid) as f64 / 1024.0,
         }
     }
-}
-
-fn cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks / hz
 }
 
 /// The bytes the agents received from the API server over a window, from their sockets.

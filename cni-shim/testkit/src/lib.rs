@@ -27,6 +27,21 @@ use std::sync::OnceLock;
 
 use redirect_testkit::{Landings, TestNetns};
 
+/// A process's user and system CPU time so far, all threads, in seconds (`/proc/PID/stat`
+/// fields 14 and 15, at clock-tick resolution): what the benchmarks charge a process.
+pub fn process_cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which may hold spaces: the state is field 3.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks / hz
+}
+
 /// The plugin's binary of this build (`target/<profile>/redirect-cni`).
 pub fn plugin_bin() -> &'static str {
     static BIN: OnceLock<String> = OnceLock::new();
