@@ -304,7 +304,7 @@ async fn with_client(
     if !(sidecar_pods || s.untaint.is_some() || zds.is_some()) {
         return;
     }
-    let client = match crate::kube_client::client(s).await {
+    let client = match crate::kube_client::client(s, Some(&shared.informers.starts)).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}; no repair controller, no ambient mode and no untaint");

@@ -4,22 +4,27 @@
 
 use std::path::Path;
 
+use ::kube::client::ClientBuilder;
 use ::kube::config::{
     AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
     NamedContext,
 };
 use ::kube::{Client, Config};
 
+use crate::informers::started::WatchStarts;
 use crate::settings::Settings;
 
 const AGENT_USER_AGENT: &str = concat!("redirect-cni-agent/", env!("CARGO_PKG_VERSION"));
 
 /// A client for `server` that authenticates with the token in `token_file` and verifies the
-/// server with the PEM CA bundle `ca` (`None`: no verification, `--skip-tls-verify`).
+/// server with the PEM CA bundle `ca` (`None`: no verification, `--skip-tls-verify`); the
+/// watches the server accepts are noted in `starts` (the informers' sign that a quiet watch is
+/// back).
 pub async fn agent_client(
     server: &str,
     ca: Option<&Path>,
     token_file: &Path,
+    starts: &WatchStarts,
 ) -> Result<Client, String> {
     let name = "agent".to_string();
     let kc = Kubeconfig {
@@ -60,11 +65,14 @@ pub async fn agent_client(
         http::header::USER_AGENT,
         http::HeaderValue::from_static(AGENT_USER_AGENT),
     ));
-    Client::try_from(config).map_err(|e| format!("API client for {server}: {e}"))
+    let builder =
+        ClientBuilder::try_from(config).map_err(|e| format!("API client for {server}: {e}"))?;
+    Ok(builder.with_layer(&starts.layer()).build())
 }
 
-/// The agent's API client, from the same service account and server as the kubeconfig.
-pub(crate) async fn client(s: &Settings) -> Result<Client, String> {
+/// The agent's API client, from the same service account and server as the kubeconfig; the
+/// watches it has accepted are noted in `starts` (the informers'), or nowhere.
+pub(crate) async fn client(s: &Settings, starts: Option<&WatchStarts>) -> Result<Client, String> {
     let host = s.kubernetes_service_host.as_deref().ok_or_else(|| {
         "KUBERNETES_SERVICE_HOST is not set: the agent cannot reach the API server".to_string()
     })?;
@@ -73,5 +81,7 @@ pub(crate) async fn client(s: &Settings) -> Result<Client, String> {
         host,
         &s.kubernetes_service_port,
     );
-    agent_client(&server, s.ca_path().as_deref(), &s.token_path()).await
+    let nowhere = WatchStarts::default();
+    let starts = starts.unwrap_or(&nowhere);
+    agent_client(&server, s.ca_path().as_deref(), &s.token_path(), starts).await
 }

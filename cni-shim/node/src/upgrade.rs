@@ -60,7 +60,7 @@ pub fn decide(settings: &Settings) -> Stop {
         Err(e) => return unsure(format!("cannot ask the API server: {e}")),
     };
     runtime.block_on(async {
-        let client = match crate::kube_client::client(settings).await {
+        let client = match crate::kube_client::client(settings, None).await {
             Ok(c) => c,
             Err(e) => return unsure(format!("cannot ask the API server: {e}")),
         };

@@ -139,6 +139,36 @@ fn the_agent_holds_one_watch_per_kind_with_every_controller_on() {
     );
 }
 
+/// A watch that comes back quiet after the API server crashed is reported back: one line for
+/// the outage, one for its end, within `STAYED_UP` of the server's return. The pods' watch is
+/// made the quiet one: a pod created on the node is the last write before the crash, so the
+/// restarted server resumes that watch (no 410, no relist) and, nothing changing, sends it
+/// nothing; the namespaces' watch, older, gets a 410 and lists again. Before the agent's
+/// client noted accepted watches (`informers::started`), the pods' outage never ended in the
+/// log, and their watch gauge stayed 0, until a pod of the node changed.
+#[kernel_test]
+fn a_quiet_watch_is_reported_back_after_the_api_server_crashes() {
+    let mut n = Node::new();
+    let agent = n.agent_as(&Launch::default());
+    agent.line_with(&["watching this node's pods"]);
+    common::ambient::create_pod(&n.cp, "default", "last-write");
+    // The ADDED event reaches the agent's watch over loopback in milliseconds; nothing in the
+    // agent shows it for a pod of no ambient namespace, hence a pause rather than a wait.
+    std::thread::sleep(Duration::from_secs(2));
+    n.cp.crash_apiserver();
+    agent.line_with(&["watching this node's pods failed"]);
+    agent.line_with(&["watching this node's pods again, after"]);
+    agent.line_with(&["watching the namespaces again, after"]);
+    let log = agent.log();
+    for what in ["this node's pods", "the namespaces"] {
+        assert_eq!(
+            log.matches(&format!("watching {what} failed")).count(),
+            1,
+            "one line for the outage of {what}\n{log}"
+        );
+    }
+}
+
 /// A server that refuses the streaming list asked for (Kubernetes before 1.27, or with the
 /// WatchList feature off: the test's 1.20 answers `sendInitialEvents` with 400 or 422) gets a
 /// list and a watch instead, and the informer fills: without the fallback it retried the same

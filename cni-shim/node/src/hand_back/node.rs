@@ -185,7 +185,9 @@ fn list_pods(settings: &Settings, node: &str) -> Result<Vec<Pod>> {
         .build()
         .map_err(|e| failed(e.to_string()))?;
     runtime.block_on(async {
-        let client = crate::kube_client::client(settings).await.map_err(failed)?;
+        let client = crate::kube_client::client(settings, None)
+            .await
+            .map_err(failed)?;
         let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let list = Api::<Pod>::all(client)
             .list(&params)

@@ -29,6 +29,12 @@ pub const WATCH_BACKOFF: Backoff = Backoff {
 /// watch cache), while an agent's controllers act on what they last saw for at most 10 s.
 pub const RELIST_SPREAD: Duration = Duration::from_secs(10);
 
+/// How long a watch the API server accepted must stay up to end an outage (and start the
+/// next one's backoff from its base again): kube's watcher gives no event for a quiet kind, so
+/// an accepted watch is the sign it works; a server that accepts each watch and fails it at
+/// once keeps the outage, and its backoff.
+pub const STAYED_UP: Duration = Duration::from_secs(5);
+
 /// Where a watch's health is shown: whether it works, and that it listed (the pods' watch's
 /// `redirect_cni_repair_watch_*` metrics, made by the metrics' `watch_gauges`).
 pub struct Gauges {

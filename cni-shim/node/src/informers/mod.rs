@@ -14,6 +14,7 @@
 //!   N agents that lost the API server together do not come back together.
 
 pub mod health;
+pub mod started;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -149,6 +150,9 @@ pub struct Informers {
     pub pods: Informer<Pod>,
     /// The namespaces, metadata only (spec and status empty); watched in ambient mode alone.
     pub namespaces: Informer<Namespace>,
+    /// The watch requests the API server accepted, as the agent's client notes them
+    /// (`kube_client::client`): a quiet watch's only sign that it is back.
+    pub starts: started::WatchStarts,
 }
 
 /// What the watches ask of the server, from its version.
@@ -191,6 +195,7 @@ pub fn start(
     let watch = Watch {
         make: pods,
         cfg: cfg.clone(),
+        accepted: informers.starts.subscribe("/api/v1/pods"),
     };
     tasks.spawn(feed(informers.pods.clone(), watch, health, stop.clone()));
     if namespaces {
@@ -209,7 +214,11 @@ pub fn start(
                 .boxed()
         };
         let health = WatchHealth::new("the namespaces", backoff, None);
-        let watch = Watch { make: meta, cfg };
+        let watch = Watch {
+            make: meta,
+            cfg,
+            accepted: informers.starts.subscribe("/api/v1/namespaces"),
+        };
         tasks.spawn(feed(
             informers.namespaces.clone(),
             watch,
@@ -224,6 +233,8 @@ pub fn start(
 struct Watch<F> {
     make: F,
     cfg: watcher::Config,
+    /// Changes when the server accepts a watch of this kind.
+    accepted: signal::Receiver<u64>,
 }
 
 /// Whether `e` is the server refusing a streaming list: an old server (before 1.27) or one
@@ -251,8 +262,27 @@ fn namespace(m: kube::core::PartialObjectMeta<Namespace>) -> Namespace {
     }
 }
 
+/// What woke the watch's loop.
+enum Woke<K> {
+    Stop,
+    /// The server accepted a watch of this kind.
+    Accepted,
+    /// The watch accepted last stayed up `health::STAYED_UP`.
+    StayedUp,
+    Event(Option<Result<Event<K>, watcher::Error>>),
+}
+
+/// Ready when `timer` is set and ends; never when it is not.
+async fn stayed(timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match timer {
+        Some(t) => t.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The watch's loop: each event published; a failure waits its jittered delay (the watcher
-/// lists or watches again on the next poll).
+/// lists or watches again on the next poll). A watch the server accepted that stays up
+/// `health::STAYED_UP` ends an outage, as an event would: a quiet kind sends none.
 async fn feed<K, F>(
     informer: Informer<K>,
     mut watch: Watch<F>,
@@ -263,10 +293,26 @@ async fn feed<K, F>(
     F: Fn(watcher::Config) -> Events<K>,
 {
     let mut events = (watch.make)(watch.cfg.clone());
+    let mut up = None;
     loop {
-        let next = tokio::select! {
-            _ = stop.changed() => return,
-            e = events.next() => e,
+        let woke = tokio::select! {
+            _ = stop.changed() => Woke::Stop,
+            Ok(()) = watch.accepted.changed() => Woke::Accepted,
+            () = stayed(&mut up) => Woke::StayedUp,
+            e = events.next() => Woke::Event(e),
+        };
+        let next = match woke {
+            Woke::Stop => return,
+            Woke::Accepted => {
+                up = Some(Box::pin(tokio::time::sleep(health::STAYED_UP)));
+                continue;
+            }
+            Woke::StayedUp => {
+                up = None;
+                health.answered();
+                continue;
+            }
+            Woke::Event(next) => next,
         };
         match next {
             None => return,
@@ -289,6 +335,7 @@ async fn feed<K, F>(
                 events = (watch.make)(watch.cfg.clone());
             }
             Some(Err(e)) => {
+                up = None;
                 let delay = health.failed(&e);
                 tokio::select! {
                     _ = stop.changed() => return,
