@@ -341,14 +341,34 @@ async fn feed<K, F>(
                     _ = stop.changed() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
+                if unreadable(&e) {
+                    events = (watch.make)(watch.cfg.clone());
+                }
             }
         }
     }
 }
 
+/// Whether `e` is a line of the watch's answer that holds no watch event. kube reads a watch's
+/// answer line by line whatever its HTTP status, and stays on it after an error: the 403 that
+/// a restarted API server (1.20) answers to a metadata watch before its RBAC cache is filled is
+/// a pretty-printed Status of about 10 lines, each one another error and another backoff
+/// delay (the namespaces' watch came back only minutes later). A proxy's error page reads the
+/// same; and an event that could not be read is one the store missed. So the rest of that
+/// answer is dropped, and a new watcher lists again, from the watch cache.
+pub fn unreadable(e: &watcher::Error) -> bool {
+    matches!(
+        e,
+        watcher::Error::WatchFailed(
+            kube::Error::SerdeError(_) | kube::Error::LinesCodecMaxLineLengthExceeded
+        )
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn pod(name: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -413,6 +433,54 @@ mod tests {
         i.publish(Event::InitDone);
         assert_eq!(i.snapshot().len(), 1);
         assert_eq!(i.subscribers(), 2);
+    }
+
+    /// One unreadable line of a watch's answer (the first of a pretty-printed 403) makes a new
+    /// watcher after one backoff delay: kube's own would have read the next line, and the next,
+    /// each after a doubled delay (1 + 2 + 4 + ... seconds for the 10 lines).
+    #[tokio::test(start_paused = true)]
+    async fn an_unreadable_answer_is_dropped_and_the_kind_listed_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let made = Arc::new(AtomicUsize::new(0));
+        let counted = made.clone();
+        let make = move |_: watcher::Config| -> Events<Pod> {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            let items: Vec<Result<Event<Pod>, watcher::Error>> = if first {
+                (0..10)
+                    .map(|_| {
+                        let e = serde_json::from_str::<u8>("\"kind\": \"Status\",").unwrap_err();
+                        Err(watcher::Error::WatchFailed(kube::Error::SerdeError(e)))
+                    })
+                    .collect()
+            } else {
+                vec![
+                    Ok(Event::Init),
+                    Ok(Event::InitApply(pod("a"))),
+                    Ok(Event::InitDone),
+                ]
+            };
+            futures_util::stream::iter(items)
+                .chain(futures_util::stream::pending())
+                .boxed()
+        };
+        let informer: Informer<Pod> = Informer::default();
+        let watch = Watch {
+            make,
+            cfg: watcher::Config::default(),
+            accepted: started::WatchStarts::default().subscribe("/api/v1/pods"),
+        };
+        let health = WatchHealth::new("this node's pods", health::WATCH_BACKOFF, None);
+        let (_stop_tx, stop) = signal::channel(false);
+        let task = tokio::spawn(feed(informer.clone(), watch, health, stop));
+        // One delay: at most the backoff's base.
+        tokio::time::sleep(health::WATCH_BACKOFF.base + Duration::from_millis(10)).await;
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            2,
+            "a new watcher after one delay"
+        );
+        assert_eq!(informer.snapshot().len(), 1, "the kind listed again");
+        task.abort();
     }
 
     #[test]
