@@ -169,6 +169,48 @@ fn a_quiet_watch_is_reported_back_after_the_api_server_crashes() {
     }
 }
 
+/// A watch answered with an error over many lines is dropped at its first line and the kind
+/// listed again: the 403 the API server (1.20) answers to a metadata watch is a pretty-printed
+/// Status, and kube read it line by line, one error and one doubled backoff delay per line (a
+/// restarted server answers it until its RBAC cache is filled: in CI the namespaces came back
+/// minutes later). Here the agent's permission on namespaces is taken away and the server
+/// crashed, so that its namespace watch is made again and refused; once allowed again, the
+/// namespaces are back within a retry or two, not after the 10 lines' delays (15 s at the
+/// least, more than a minute at most).
+#[kernel_test]
+fn a_watch_refused_over_many_lines_is_listed_again_once_allowed() {
+    let mut n = Node::new();
+    let env = [("LOG_OUTPUT_LEVEL", "default:debug")];
+    let agent = n.agent_as(&Launch {
+        env: &env,
+        ..Launch::default()
+    });
+    agent.line_with(&["watching this node's pods"]);
+    let binding = n.cp.kubectl(&[
+        "get",
+        "clusterrolebinding",
+        "redirect-cni-ambient",
+        "-o",
+        "json",
+    ]);
+    assert!(binding.status.success(), "{binding:?}");
+    let deleted =
+        n.cp.kubectl(&["delete", "clusterrolebinding", "redirect-cni-ambient"]);
+    assert!(deleted.status.success(), "{deleted:?}");
+    n.cp.crash_apiserver();
+    // The 403's second line, as kube reads it: the answer holds more than one line.
+    agent.line_with(&["Error deserializing response", "\"kind\""]);
+    let binding = String::from_utf8(binding.stdout).unwrap();
+    let created = n.cp.kubectl_in(&["create", "-f", "-"], Some(&binding));
+    assert!(created.status.success(), "{created:?}");
+    let allowed = std::time::Instant::now();
+    agent.line_with(&["watching the namespaces again, after"]);
+    println!(
+        "the namespaces back {:?} after they were allowed again",
+        allowed.elapsed()
+    );
+}
+
 /// A server that refuses the streaming list asked for (Kubernetes before 1.27, or with the
 /// WatchList feature off: the test's 1.20 answers `sendInitialEvents` with 400 or 422) gets a
 /// list and a watch instead, and the informer fills: without the fallback it retried the same
